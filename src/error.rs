@@ -1,0 +1,112 @@
+//! The crate's one error type.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Why an owner-checked operation found that we no longer hold the lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NotHeldReason {
+    /// The key is gone: the lease ran out (or someone deleted it) and nobody
+    /// has taken the lock since.
+    Expired,
+    /// The key holds another owner's token: our lease ran out and another
+    /// client acquired the lock.
+    OwnedByOther,
+}
+
+impl fmt::Display for NotHeldReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NotHeldReason::Expired => "the lease expired and the key is gone",
+            NotHeldReason::OwnedByOther => "the key now holds another owner's token",
+        })
+    }
+}
+
+/// Everything that can go wrong taking, keeping or releasing a lock.
+#[non_exhaustive]
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// [`DistributedLock::lock`](crate::DistributedLock::lock) waited its
+    /// whole `wait` and the lock stayed held by someone else.
+    #[error("timed out after {waited:?} waiting for lock {key:?}")]
+    Timeout {
+        /// The lock key.
+        key: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+    /// An owner-checked operation (release, extend) found the lock is no
+    /// longer ours. Nothing was changed in Redis.
+    #[error("lock {key:?} is not held by this owner: {reason}")]
+    NotHeld {
+        /// The lock key.
+        key: String,
+        /// Expired (key gone) or taken by another owner.
+        reason: NotHeldReason,
+    },
+    /// The caller passed something unusable (an empty key, a ttl under 1 ms,
+    /// a URL that does not parse). Nothing was sent to Redis.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The key exists but holds a value that is not a string (a hash, a list…),
+    /// so it is not a lock of this crate. Nothing was changed in Redis.
+    #[error("key {key:?} holds a non-string value (WRONGTYPE): it is not a lock key; pick another key")]
+    WrongType {
+        /// The lock key.
+        key: String,
+    },
+    /// Redis answered with an error, or the connection failed or timed out.
+    #[error("redis error: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// No connection could be had from the pool within its connection timeout
+    /// (the server is unreachable, or the pool is exhausted).
+    #[error("no Redis connection from the pool: {0}")]
+    Pool(#[from] r2d2::Error),
+}
+
+impl Error {
+    /// True for [`Error::Timeout`].
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Timeout { .. })
+    }
+
+    /// True for [`Error::NotHeld`], whatever the reason.
+    pub fn is_not_held(&self) -> bool {
+        matches!(self, Error::NotHeld { .. })
+    }
+
+    /// The reason of an [`Error::NotHeld`], `None` for every other error.
+    pub fn not_held_reason(&self) -> Option<NotHeldReason> {
+        match self {
+            Error::NotHeld { reason, .. } => Some(*reason),
+            _ => None,
+        }
+    }
+
+    /// True when the error came from the network or the server rather than
+    /// from the lock's state or the caller's input: [`Error::Redis`] and
+    /// [`Error::Pool`]. Such an operation may be retried.
+    pub fn is_connection(&self) -> bool {
+        matches!(self, Error::Redis(_) | Error::Pool(_))
+    }
+
+    /// Maps a Redis error about `key`, turning WRONGTYPE into
+    /// [`Error::WrongType`] with the key's name.
+    pub(crate) fn from_redis(key: &str, err: redis::RedisError) -> Error {
+        if err.code() == Some("WRONGTYPE") {
+            Error::WrongType {
+                key: key.to_owned(),
+            }
+        } else {
+            Error::Redis(err)
+        }
+    }
+
+    pub(crate) fn not_held(key: &str, reason: NotHeldReason) -> Error {
+        Error::NotHeld {
+            key: key.to_owned(),
+            reason,
+        }
+    }
+}

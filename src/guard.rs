@@ -1,0 +1,267 @@
+//! `LockGuard` and the lease its guards share.
+
+use std::cell::Cell;
+use std::fmt;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use crate::client::LockClient;
+use crate::error::Error;
+use crate::options::{Release, ttl_millis};
+use crate::{reentrancy, release, scripts};
+
+/// The safety margin taken off the local estimate of a lease: clocks drift,
+/// and Redis expires keys on its own clock. 1 % of the ttl plus 2 ms, the
+/// allowance the Redlock description uses.
+pub(crate) fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// What is left of a lease that Redis was asked to expire `ttl` after
+/// `sent` (the moment the request left, so Redis's own deadline is never
+/// earlier), seen at `now`, minus the drift allowance.
+pub(crate) fn remaining(sent: Instant, ttl: Duration, now: Instant) -> Duration {
+    (sent + ttl)
+        .saturating_duration_since(now)
+        .saturating_sub(drift(ttl))
+}
+
+/// One acquisition in Redis: a key holding our token until it expires. The
+/// guards of a reentrant hold share it through an `Rc`; when the last one
+/// goes, it is released.
+pub(crate) struct Lease {
+    client: LockClient,
+    key: String,
+    token: String,
+    release: Release,
+    /// When the request that set the current expiry was sent.
+    sent: Cell<Instant>,
+    /// The ttl that request asked for.
+    ttl: Cell<Duration>,
+    released: Cell<bool>,
+}
+
+impl Lease {
+    pub(crate) fn new(
+        client: LockClient,
+        key: String,
+        token: String,
+        release: Release,
+        sent: Instant,
+        ttl: Duration,
+    ) -> Lease {
+        Lease {
+            client,
+            key,
+            token,
+            release,
+            sent: Cell::new(sent),
+            ttl: Cell::new(ttl),
+            released: Cell::new(false),
+        }
+    }
+
+    pub(crate) fn is_released(&self) -> bool {
+        self.released.get()
+    }
+
+    pub(crate) fn validity(&self) -> Duration {
+        if self.released.get() {
+            return Duration::ZERO;
+        }
+        remaining(self.sent.get(), self.ttl.get(), Instant::now())
+    }
+
+    /// Releases in Redis, once: whatever the outcome, the lease is done
+    /// (a failed release leaves the key to expire by its ttl).
+    fn release_now(&self, how: Release) -> Result<(), Error> {
+        if self.released.replace(true) {
+            return Ok(());
+        }
+        reentrancy::leave(self.client.id(), &self.key, self);
+        let (key, token) = (self.key.as_str(), self.token.as_str());
+        let outcome = self.client.with_connection(key, |con| match how {
+            Release::Lua => release::release_lua(con, key, token),
+            Release::Watch => release::release_watch(con, key, token),
+        })?;
+        outcome.map_err(|reason| Error::not_held(key, reason))
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.released.get() {
+            return;
+        }
+        match self.release_now(self.release) {
+            Ok(()) => {}
+            Err(err) => log::warn!("redmutex: releasing {:?} on drop: {err}", self.key),
+        }
+    }
+}
+
+/// Proof that this thread holds a lock. Dropping it releases the lock
+/// (best effort, errors logged); [`LockGuard::unlock`] releases and reports.
+///
+/// The guard owns what release needs (no lifetime ties it to the
+/// [`DistributedLock`](crate::DistributedLock)). Guards of a reentrant hold
+/// share one lease in Redis, released when the last of them goes, whatever
+/// the order they are dropped in.
+///
+/// A guard is `!Send`: the reentrancy count lives in the acquiring thread.
+///
+/// ```compile_fail
+/// fn assert_send<T: Send>() {}
+/// assert_send::<redmutex::LockGuard>();
+/// ```
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct LockGuard {
+    lease: Rc<Lease>,
+    hold_count: u32,
+}
+
+impl LockGuard {
+    pub(crate) fn new(lease: Rc<Lease>) -> LockGuard {
+        let hold_count = u32::try_from(Rc::strong_count(&lease)).unwrap_or(u32::MAX);
+        LockGuard { lease, hold_count }
+    }
+
+    /// The lock key.
+    pub fn key(&self) -> &str {
+        &self.lease.key
+    }
+
+    /// The random token (a UUID v4) this acquisition wrote into the key;
+    /// shared by the guards of a reentrant hold.
+    pub fn token(&self) -> &str {
+        &self.lease.token
+    }
+
+    /// This guard's depth in a reentrant hold: 1 for the guard that acquired
+    /// in Redis, 2 for the first nested guard, and so on.
+    pub fn hold_count(&self) -> u32 {
+        self.hold_count
+    }
+
+    /// The lease left by the local monotonic clock, minus a drift allowance
+    /// (1 % of the ttl + 2 ms). Measured from when the acquiring (or last
+    /// extending) request was sent, so it is never more than Redis allows.
+    /// Zero once the lease has run out. This is an estimate without a round
+    /// trip; [`LockGuard::is_held`] asks Redis.
+    pub fn validity(&self) -> Duration {
+        self.lease.validity()
+    }
+
+    /// Asks Redis whether the key still holds this guard's token.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`] or [`Error::Pool`] when Redis cannot be asked;
+    /// [`Error::WrongType`] when the key now holds a non-string value.
+    pub fn is_held(&self) -> Result<bool, Error> {
+        let key = self.key();
+        let current: Option<Vec<u8>> = self
+            .lease
+            .client
+            .with_connection(key, |con| redis::cmd("GET").arg(key).query(con))?;
+        Ok(current.is_some_and(|v| v == self.token().as_bytes()))
+    }
+
+    /// Sets the lease to expire `ttl` from now, if the key still holds our
+    /// token (`lua/extend.lua`: an owner-checked `PEXPIRE`). An expired lock
+    /// is never re-created. Applies to the whole reentrant hold.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a ttl under 1 ms or over ten years
+    /// (nothing is sent); [`Error::NotHeld`] with
+    /// [`NotHeldReason::Expired`](crate::NotHeldReason::Expired) when the key is gone or
+    /// [`NotHeldReason::OwnedByOther`](crate::NotHeldReason::OwnedByOther) when another owner holds it (nothing
+    /// changes in Redis); [`Error::Redis`], [`Error::Pool`] or
+    /// [`Error::WrongType`] when Redis fails.
+    pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        let millis = ttl_millis(ttl)?;
+        let ttl = Duration::from_millis(millis);
+        let (key, token) = (self.key(), self.token());
+        let sent = Instant::now();
+        let reply: i64 = self.lease.client.with_connection(key, |con| {
+            scripts::EXTEND.key(key).arg(token).arg(millis).invoke(con)
+        })?;
+        match scripts::owner_checked(reply) {
+            Ok(()) => {
+                self.lease.sent.set(sent);
+                self.lease.ttl.set(ttl);
+                Ok(())
+            }
+            Err(reason) => Err(Error::not_held(key, reason)),
+        }
+    }
+
+    /// Releases the lock with the lock's configured [`Release`] and reports
+    /// the outcome. A nested guard (other guards of the same hold still
+    /// alive on this thread) only gives up its share: `Ok(())`, nothing
+    /// sent; the last guard releases in Redis.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] when the lease had already run out
+    /// ([`NotHeldReason::Expired`](crate::NotHeldReason::Expired)) or another owner holds the key
+    /// ([`NotHeldReason::OwnedByOther`](crate::NotHeldReason::OwnedByOther)); nothing is deleted then.
+    /// [`Error::Redis`] or [`Error::Pool`] when Redis fails; the key then
+    /// expires after its ttl.
+    pub fn unlock(self) -> Result<(), Error> {
+        let how = self.lease.release;
+        self.unlock_with(how)
+    }
+
+    /// Like [`LockGuard::unlock`], with the given release method.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockGuard::unlock`].
+    pub fn unlock_with(self, release: Release) -> Result<(), Error> {
+        if Rc::strong_count(&self.lease) > 1 {
+            return Ok(());
+        }
+        self.lease.release_now(release)
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("key", &self.key())
+            .field("token", &self.token())
+            .field("hold_count", &self.hold_count)
+            .field("validity", &self.validity())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn drift_is_one_percent_plus_two_ms() {
+        assert_eq!(drift(Duration::from_secs(10)), Duration::from_millis(102));
+        assert_eq!(drift(Duration::from_millis(100)), Duration::from_millis(3));
+    }
+
+    #[test]
+    fn remaining_counts_from_the_send_time_minus_drift() {
+        let sent = Instant::now();
+        let ttl = Duration::from_secs(1);
+        // 1000 - 12 (drift) - 300 elapsed
+        assert_eq!(
+            remaining(sent, ttl, sent + Duration::from_millis(300)),
+            Duration::from_millis(688)
+        );
+        assert_eq!(remaining(sent, ttl, sent), Duration::from_millis(988));
+        assert_eq!(
+            remaining(sent, ttl, sent + Duration::from_millis(990)),
+            Duration::ZERO
+        );
+        assert_eq!(remaining(sent, ttl, sent + Duration::from_secs(5)), Duration::ZERO);
+    }
+}

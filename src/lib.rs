@@ -1,0 +1,101 @@
+//! # redmutex
+//!
+//! A synchronous, blocking distributed lock on Redis, for threaded programs
+//! and batch jobs that must not run twice at once across machines.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use redmutex::{DistributedLock, LockClient, LockOptions};
+//!
+//! # fn main() -> Result<(), redmutex::Error> {
+//! let client = LockClient::open("redis://127.0.0.1:6379/")?;
+//! let lock = DistributedLock::with_options(
+//!     &client,
+//!     "jobs:nightly-report",
+//!     LockOptions::default().ttl(Duration::from_secs(60)).wait(Duration::from_secs(5)),
+//! );
+//! let guard = lock.lock()?;            // Err(Error::Timeout { .. }) after 5 s
+//! // ... work, shorter than the 60 s lease ...
+//! assert!(guard.validity() > Duration::ZERO);
+//! guard.unlock()?;                     // Err(Error::NotHeld { .. }) if the lease ran out
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## How it works
+//!
+//! * **Acquire**: `SET key token NX PX ttl GET`, one round trip, with a fresh
+//!   UUID v4 token. [`DistributedLock::lock`], [`DistributedLock::try_lock_for`]
+//!   and [`DistributedLock::try_lock_until`] retry with exponential backoff and
+//!   full jitter, never sleeping past the deadline, with one last attempt at it.
+//! * **Release** is owner-checked, by [`Release::Lua`] (one `EVALSHA`,
+//!   reloaded after `NOSCRIPT`) or [`Release::Watch`] (`WATCH`+`GET`, then
+//!   `MULTI`/`DEL`/`EXEC`: two round trips, `UNWATCH` on every other path).
+//!   Both report [`NotHeldReason::Expired`] and [`NotHeldReason::OwnedByOther`]
+//!   apart and never delete a key they do not own.
+//! * **Reentrancy** is per thread and per [`LockClient`]: a second acquire of
+//!   a key the thread holds returns a nested guard without any Redis command;
+//!   the lock is released in Redis when the last guard of the hold goes. So a
+//!   [`LockGuard`] is `!Send`.
+//! * **No hangs**: [`LockClient::open`] gives its pool connect, read and write
+//!   timeouts (2 s), and no `PING` per checkout.
+//!
+//! ## Guarantees
+//!
+//! With one Redis server that keeps its data:
+//!
+//! * **Mutual exclusion while the lease lasts**: at most one token is in the
+//!   key at a time, so two guards of different holds are never valid at once
+//!   while both holders finish within their lease.
+//! * **Owner-checked release and extension**: a guard never deletes or
+//!   extends a key holding another owner's token, and says which case it met.
+//! * **Crash safety**: a holder that dies frees the lock after at most the
+//!   ttl.
+//! * **Bounded calls**: every call returns within the wait plus the
+//!   connection timeouts; an unreachable server is an error, never
+//!   `Ok(None)`.
+//!
+//! ## Non-guarantees: it is a lease, not a mutex
+//!
+//! * If the holder runs longer than the ttl (a long pause, a stop-the-world
+//!   GC, a swapped-out process, a slow network), the key expires and another
+//!   client may acquire while the first still believes it holds the lock.
+//!   [`LockGuard::validity`] tells the time left by the local clock;
+//!   [`LockGuard::extend`] renews; [`LockGuard::is_held`] asks Redis. None of
+//!   them can stop a paused process from acting late: protect the resource
+//!   itself with a fencing token when correctness depends on it.
+//! * **Replication is asynchronous**: after a failover to a replica that had
+//!   not received the key, a second client can acquire the same lock.
+//! * **Restarts without persistence** (`--save ''`, no AOF) forget every
+//!   lock; with `appendfsync everysec` the last second can be lost.
+//! * **Eviction**: under `maxmemory` with an `allkeys-*` policy Redis may
+//!   evict a lock key; use `noeviction` or a `volatile-*` policy with care.
+//!
+//! ## Requirements
+//!
+//! Redis 7.0 or newer (`SET … NX … GET`), Rust 1.88.
+
+#![warn(missing_docs)]
+
+mod backoff;
+mod client;
+mod error;
+mod guard;
+mod lock;
+mod options;
+mod reentrancy;
+mod release;
+mod scripts;
+
+pub use client::{DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT, LockClient};
+pub use error::{Error, NotHeldReason};
+pub use guard::LockGuard;
+pub use lock::DistributedLock;
+pub use options::{Backoff, LockOptions, Release};
+
+/// The connection pool type a [`LockClient`] is built on.
+pub type Pool = r2d2::Pool<redis::Client>;
+
+// Re-exported so users build pools and match errors with the same versions.
+pub use r2d2;
+pub use redis;

@@ -1,0 +1,236 @@
+//! Per-lock settings: lease length, how long to wait, how to back off, how to release.
+
+use std::time::Duration;
+
+use crate::error::Error;
+
+/// The shortest lease Redis can express (`PX` takes whole milliseconds).
+pub(crate) const MIN_TTL: Duration = Duration::from_millis(1);
+/// The longest lease accepted: ten years, far below what overflows Redis's
+/// millisecond clock arithmetic.
+pub(crate) const MAX_TTL: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
+/// How a lock is released in Redis. Both are owner-checked: neither ever
+/// deletes a key that holds another owner's token.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Release {
+    /// `EVALSHA` of `lua/release.lua`: compare and delete in one round trip.
+    /// The script is loaded again transparently after `NOSCRIPT` (a
+    /// `SCRIPT FLUSH` or a server restart).
+    #[default]
+    Lua,
+    /// `WATCH`+`GET` in one round trip, then `MULTI`/`DEL`/`EXEC` in another:
+    /// two round trips, for servers where scripting is disabled and for
+    /// comparison. Retried while `EXEC` aborts and the key is still ours;
+    /// every path that does not reach `EXEC` sends `UNWATCH`, so no pooled
+    /// connection is handed back with a `WATCH` on it.
+    Watch,
+}
+
+/// Exponential backoff with full jitter between attempts to acquire a held
+/// lock.
+///
+/// The n-th wait (counting from 0) is a uniformly random duration in
+/// `[0, min(max, initial * factor^n)]` ("full jitter"), and is never longer
+/// than the time left before the caller's deadline. The vocabulary follows
+/// crossbeam's `Backoff`: a fresh sequence per wait, stepped by each snooze.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    pub(crate) initial: Duration,
+    pub(crate) max: Duration,
+    pub(crate) factor: u32,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            initial: Duration::from_millis(2),
+            max: Duration::from_millis(64),
+            factor: 2,
+        }
+    }
+}
+
+impl Backoff {
+    /// A backoff starting at `initial` and growing by `factor` per attempt up
+    /// to `max`.
+    ///
+    /// A `factor` of 0 is treated as 1 (constant backoff), and a `max` below
+    /// `initial` as `initial`.
+    pub fn new(initial: Duration, max: Duration, factor: u32) -> Self {
+        Backoff {
+            initial,
+            max: max.max(initial),
+            factor: factor.max(1),
+        }
+    }
+
+    /// A constant upper bound: every wait is a random duration in `[0, delay]`.
+    pub fn constant(delay: Duration) -> Self {
+        Backoff::new(delay, delay, 1)
+    }
+
+    /// The first wait's upper bound. Defaults to 2 ms.
+    pub fn initial(&self) -> Duration {
+        self.initial
+    }
+
+    /// The cap on any wait's upper bound. Defaults to 64 ms.
+    pub fn max(&self) -> Duration {
+        self.max
+    }
+
+    /// The growth factor per attempt. Defaults to 2.
+    pub fn factor(&self) -> u32 {
+        self.factor
+    }
+
+    /// The upper bound of the `attempt`-th wait (counting from 0):
+    /// `min(max, initial * factor^attempt)`, computed without overflow.
+    pub(crate) fn ceiling(&self, attempt: u32) -> Duration {
+        let mut ceiling = self.initial;
+        for _ in 0..attempt {
+            if ceiling >= self.max {
+                break;
+            }
+            ceiling = ceiling.saturating_mul(self.factor);
+        }
+        ceiling.min(self.max)
+    }
+}
+
+/// Settings for a [`DistributedLock`](crate::DistributedLock).
+///
+/// Built with consuming setters:
+///
+/// ```
+/// use std::time::Duration;
+/// use redmutex::{LockOptions, Release};
+///
+/// let options = LockOptions::default()
+///     .ttl(Duration::from_secs(10))
+///     .wait(Duration::from_secs(2))
+///     .release(Release::Watch);
+/// assert_eq!(options.get_ttl(), Duration::from_secs(10));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockOptions {
+    pub(crate) ttl: Duration,
+    pub(crate) wait: Duration,
+    pub(crate) backoff: Backoff,
+    pub(crate) release: Release,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        LockOptions {
+            ttl: Duration::from_secs(30),
+            wait: Duration::from_secs(10),
+            backoff: Backoff::default(),
+            release: Release::Lua,
+        }
+    }
+}
+
+impl LockOptions {
+    /// The lease: how long Redis keeps the lock if its holder never releases
+    /// it (a crash, a partition, a pause). Whole milliseconds; between 1 ms
+    /// and ten years, checked when a lock is taken. Defaults to 30 s.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long [`DistributedLock::lock`](crate::DistributedLock::lock) waits
+    /// for a held lock before it gives up with [`Error::Timeout`]. Defaults
+    /// to 10 s.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// How waiting attempts are spaced. Defaults to [`Backoff::default`]:
+    /// 2 ms doubling up to 64 ms, with full jitter.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// How guards of this lock release it in Redis. Defaults to
+    /// [`Release::Lua`].
+    pub fn release(mut self, release: Release) -> Self {
+        self.release = release;
+        self
+    }
+
+    /// The lease length set by [`LockOptions::ttl`].
+    pub fn get_ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The wait set by [`LockOptions::wait`].
+    pub fn get_wait(&self) -> Duration {
+        self.wait
+    }
+
+    /// The backoff set by [`LockOptions::backoff`].
+    pub fn get_backoff(&self) -> Backoff {
+        self.backoff
+    }
+
+    /// The release method set by [`LockOptions::release`].
+    pub fn get_release(&self) -> Release {
+        self.release
+    }
+}
+
+/// A validated lease length in whole milliseconds, as sent with `PX`.
+pub(crate) fn ttl_millis(ttl: Duration) -> Result<u64, Error> {
+    if ttl < MIN_TTL {
+        return Err(Error::InvalidArgument(format!(
+            "ttl must be at least 1 ms (Redis PX takes whole milliseconds), got {ttl:?}"
+        )));
+    }
+    if ttl > MAX_TTL {
+        return Err(Error::InvalidArgument(format!(
+            "ttl must be at most ten years, got {ttl:?}"
+        )));
+    }
+    // Bounded by MAX_TTL above, so the conversion cannot truncate.
+    Ok(ttl.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ceiling_grows_then_caps() {
+        let b = Backoff::new(Duration::from_millis(2), Duration::from_millis(20), 2);
+        let got: Vec<u128> = (0..6).map(|n| b.ceiling(n).as_millis()).collect();
+        assert_eq!(got, vec![2, 4, 8, 16, 20, 20]);
+    }
+
+    #[test]
+    fn ceiling_never_overflows() {
+        let b = Backoff::new(Duration::from_millis(1), Duration::MAX, u32::MAX);
+        assert_eq!(b.ceiling(u32::MAX), Duration::MAX);
+    }
+
+    #[test]
+    fn degenerate_backoff_is_normalised() {
+        let b = Backoff::new(Duration::from_millis(5), Duration::from_millis(1), 0);
+        assert_eq!(b.max(), Duration::from_millis(5));
+        assert_eq!(b.factor(), 1);
+        assert_eq!(b.ceiling(10), Duration::from_millis(5));
+    }
+
+    #[test]
+    fn ttl_bounds_are_checked() {
+        assert!(ttl_millis(Duration::ZERO).is_err());
+        assert!(ttl_millis(Duration::from_micros(999)).is_err());
+        assert_eq!(ttl_millis(Duration::from_micros(1500)).ok(), Some(1));
+        assert_eq!(ttl_millis(Duration::from_secs(30)).ok(), Some(30_000));
+        assert!(ttl_millis(MAX_TTL + Duration::from_millis(1)).is_err());
+    }
+}

@@ -1,0 +1,26 @@
+//! The Lua scripts, compiled in from `lua/` and sent with `EVALSHA`.
+//!
+//! `redis::Script::invoke` tries `EVALSHA` and, when the server answers
+//! `NOSCRIPT` (after `SCRIPT FLUSH` or a restart), loads the script and tries
+//! again, so callers never see `NOSCRIPT`.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// `lua/release.lua`: owner-checked delete. Returns 1 released, 0 gone, -1 other owner.
+pub(crate) static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/release.lua")));
+
+/// `lua/extend.lua`: owner-checked PEXPIRE. Returns 1 extended, 0 gone, -1 other owner.
+pub(crate) static EXTEND: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/extend.lua")));
+
+/// Reads the common reply of the owner-checked scripts.
+pub(crate) fn owner_checked(reply: i64) -> Result<(), crate::NotHeldReason> {
+    match reply {
+        1 => Ok(()),
+        0 => Err(crate::NotHeldReason::Expired),
+        _ => Err(crate::NotHeldReason::OwnedByOther),
+    }
+}
