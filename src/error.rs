@@ -91,10 +91,14 @@ impl Error {
         matches!(self, Error::Redis(_) | Error::Pool(_))
     }
 
-    /// Maps a Redis error about `key`, turning WRONGTYPE into
-    /// [`Error::WrongType`] with the key's name.
+    /// Maps a Redis error about `key`, turning WRONGTYPE (alone or inside a
+    /// pipeline's errors) into [`Error::WrongType`] with the key's name.
     pub(crate) fn from_redis(key: &str, err: redis::RedisError) -> Error {
-        if err.code() == Some("WRONGTYPE") {
+        let wrong_type = err.code() == Some("WRONGTYPE")
+            || err.clone().into_server_errors().is_some_and(|errors| {
+                errors.iter().any(|(_, error)| error.code() == "WRONGTYPE")
+            });
+        if wrong_type {
             Error::WrongType {
                 key: key.to_owned(),
             }

@@ -1,0 +1,259 @@
+//! Private `redis-server` processes for tests, benches and examples.
+//!
+//! Each [`RedisServer`] runs on a free loopback port (never 6379 or any fixed
+//! port), with no persistence, in its own temporary directory, and is killed
+//! when dropped. Shared by `tests/`, `benches/` and `examples/` through
+//! `#[path = "…/tests/support/mod.rs"]`.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::net::{Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a fresh server may take to answer PING.
+const READY_WITHIN: Duration = Duration::from_secs(10);
+/// How many ports to try when another process grabs the one we picked.
+const START_TRIES: u32 = 5;
+
+/// The redis-server binary: `$REDIS_SERVER` or `redis-server` on the PATH.
+pub fn redis_server_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("REDIS_SERVER") {
+        return PathBuf::from(path);
+    }
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join("redis-server"))
+            .find(|candidate| candidate.is_file())
+    });
+    match found {
+        Some(path) => path,
+        None => panic!(
+            "redis-server was not found on the PATH. These tests start private \
+             redis-server processes (Redis 7.0 or newer). Install it with \
+             `sudo apt-get install -y redis-server` (Debian/Ubuntu), \
+             `brew install redis` (macOS), or point $REDIS_SERVER at the binary."
+        ),
+    }
+}
+
+/// A port nobody listens on right now (the OS picks it).
+pub fn free_port() -> u16 {
+    let listener =
+        TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind an ephemeral loopback port");
+    listener.local_addr().expect("local address").port()
+}
+
+/// A private redis-server on 127.0.0.1.
+pub struct RedisServer {
+    port: u16,
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    /// Starts a server with the standard test settings.
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Starts a server with extra `--option value` arguments.
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let dir = tempfile::Builder::new()
+            .prefix("redmutex-redis-")
+            .tempdir()
+            .expect("create a temporary directory");
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let mut last_log = String::new();
+        for _ in 0..START_TRIES {
+            let port = free_port();
+            match spawn(port, dir.path(), &extra) {
+                Ok(child) => {
+                    return RedisServer {
+                        port,
+                        child: Some(child),
+                        dir,
+                        extra,
+                    };
+                }
+                Err(log) => last_log = log,
+            }
+        }
+        panic!("redis-server did not start after {START_TRIES} tries; last log:\n{last_log}");
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// A plain connection for setting up and inspecting state.
+    pub fn conn(&self) -> redis::Connection {
+        let client = redis::Client::open(self.url()).expect("parse test URL");
+        let con = client
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .expect("connect to the test redis-server");
+        con.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("set read timeout");
+        con
+    }
+
+    /// A lock client with its own pool, as `LockClient::open` builds it.
+    pub fn lock_client(&self) -> redmutex::LockClient {
+        redmutex::LockClient::open(&self.url()).expect("open a LockClient")
+    }
+
+    /// A lock client whose pool holds exactly one connection, so the next
+    /// user gets the connection the last one returned.
+    pub fn lock_client_single(&self) -> redmutex::LockClient {
+        let client = redis::Client::open(self.url()).expect("parse test URL");
+        let pool = redmutex::r2d2::Pool::builder()
+            .max_size(1)
+            .test_on_check_out(false)
+            .connection_timeout(Duration::from_secs(2))
+            .build(client)
+            .expect("build a one-connection pool");
+        redmutex::LockClient::new(pool)
+    }
+
+    /// Calls of one command so far, from `INFO commandstats`.
+    pub fn command_calls(&self, command: &str) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut self.conn())
+            .expect("INFO commandstats");
+        parse_calls(&info, command)
+    }
+
+    /// Kills the server (SIGKILL) and waits for it to go.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the server and starts a fresh one (no persistence: empty) on the
+    /// same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + READY_WITHIN;
+        loop {
+            match spawn(self.port, self.dir.path(), &self.extra) {
+                Ok(child) => {
+                    self.child = Some(child);
+                    return;
+                }
+                Err(log) if Instant::now() > deadline => {
+                    panic!("redis-server did not restart on port {}:\n{log}", self.port)
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Runs redis-server on `port` and waits until it answers PING.
+fn spawn(port: u16, dir: &Path, extra: &[String]) -> Result<Child, String> {
+    let log_path = dir.join("redis.log");
+    let mut child = Command::new(redis_server_binary())
+        .arg("--port")
+        .arg(port.to_string())
+        .args(["--bind", "127.0.0.1"])
+        .args(["--save", ""])
+        .args(["--appendonly", "no"])
+        .args(["--enable-debug-command", "local"])
+        .args(["--daemonize", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .arg("--logfile")
+        .arg(&log_path)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {:?}: {e}", redis_server_binary()));
+    let url = format!("redis://127.0.0.1:{port}/");
+    let deadline = Instant::now() + READY_WITHIN;
+    loop {
+        if let Ok(Some(_status)) = child.try_wait() {
+            let mut stderr = String::new();
+            if let Some(mut pipe) = child.stderr.take() {
+                let _ = pipe.read_to_string(&mut stderr);
+            }
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            return Err(format!("{stderr}{log}"));
+        }
+        if ping(&url) {
+            return Ok(child);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            return Err(format!("no PONG within {READY_WITHIN:?}\n{log}"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn ping(url: &str) -> bool {
+    let Ok(client) = redis::Client::open(url) else {
+        return false;
+    };
+    let Ok(mut con) = client.get_connection_with_timeout(Duration::from_millis(200)) else {
+        return false;
+    };
+    redis::cmd("PING").query::<String>(&mut con).is_ok()
+}
+
+/// Reads `cmdstat_<command>:calls=N,...` out of `INFO commandstats`.
+pub fn parse_calls(info: &str, command: &str) -> u64 {
+    let prefix = format!("cmdstat_{}:", command.to_ascii_lowercase());
+    info.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.strip_prefix("calls="))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// All `cmdstat_*` call counts added up.
+pub fn total_calls(info: &str) -> u64 {
+    info.lines()
+        .filter(|line| line.starts_with("cmdstat_"))
+        .filter_map(|line| line.split_once(":calls="))
+        .filter_map(|(_, rest)| rest.split(',').next())
+        .filter_map(|n| n.parse::<u64>().ok())
+        .sum()
+}
+
+/// Polls `condition` every 5 ms until it holds or `within` passes.
+pub fn wait_until(within: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if condition() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
