@@ -1,0 +1,226 @@
+//! Mutual exclusion, checked two ways: a deliberately non-atomic GET/SET
+//! counter under the lock must come out exact, and recorded hold intervals
+//! must not overlap. Across threads, across OS processes, and with a holder
+//! process killed by SIGKILL.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::Commands;
+use redmutex::{DistributedLock, LockClient, LockOptions, Release};
+use support::RedisServer;
+
+/// Set in a child process of this test binary: which role to play.
+const ROLE: &str = "REDMUTEX_TEST_ROLE";
+const URL: &str = "REDMUTEX_TEST_URL";
+
+fn options(release: Release) -> LockOptions {
+    LockOptions::default()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(60))
+        .release(release)
+}
+
+/// One critical section: a read-modify-write split over two round trips, so
+/// any overlap of two holders loses an increment.
+fn increment(con: &mut redis::Connection) {
+    let value: Option<i64> = con.get("counter").expect("GET counter");
+    let _: () = con.set("counter", value.unwrap_or(0) + 1).expect("SET counter");
+}
+
+/// Runs `threads` workers, each taking the lock `iterations` times through
+/// `clients[i % clients.len()]`. Returns the local hold intervals. With
+/// `log`, each hold also appends "+id" and "-id" to the Redis list `events`,
+/// an order that spans processes.
+fn run_workers(
+    url: &str,
+    clients: &[LockClient],
+    threads: usize,
+    iterations: usize,
+    release: Release,
+    log: Option<&str>,
+) -> Vec<(Instant, Instant)> {
+    let intervals = Arc::new(Mutex::new(Vec::with_capacity(threads * iterations)));
+    let handles: Vec<_> = (0..threads)
+        .map(|i| {
+            let lock = DistributedLock::with_options(&clients[i % clients.len()], "mx", options(release));
+            let mut con = redis::Client::open(url)
+                .expect("url")
+                .get_connection()
+                .expect("connection");
+            let intervals = intervals.clone();
+            let id = log.map(|prefix| format!("{prefix}.{i}"));
+            std::thread::spawn(move || {
+                for _ in 0..iterations {
+                    let guard = lock.lock().expect("lock");
+                    let entered = Instant::now();
+                    if let Some(id) = &id {
+                        let _: () = con.rpush("events", format!("+{id}")).expect("RPUSH");
+                    }
+                    increment(&mut con);
+                    if let Some(id) = &id {
+                        let _: () = con.rpush("events", format!("-{id}")).expect("RPUSH");
+                    }
+                    let left = Instant::now();
+                    intervals.lock().expect("intervals").push((entered, left));
+                    guard.unlock().expect("unlock");
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().expect("worker");
+    }
+    let mut intervals = std::mem::take(&mut *intervals.lock().expect("intervals"));
+    intervals.sort();
+    intervals
+}
+
+fn assert_disjoint(intervals: &[(Instant, Instant)]) {
+    for pair in intervals.windows(2) {
+        assert!(
+            pair[1].0 >= pair[0].1,
+            "two holders overlapped: {:?} started before the previous hold ended",
+            pair[1].0
+        );
+    }
+}
+
+/// The Redis event log must read "+a -a +b -b …": each hold ends before the
+/// next begins.
+fn assert_alternating(events: &[String]) {
+    for pair in events.chunks(2) {
+        let [enter, leave] = pair else {
+            panic!("an unmatched event: {pair:?}");
+        };
+        assert!(enter.starts_with('+') && leave.starts_with('-'), "{enter} then {leave}");
+        assert_eq!(enter[1..], leave[1..], "a hold was interleaved with another");
+    }
+}
+
+#[test]
+fn eight_threads_over_two_clients() {
+    let server = RedisServer::start();
+    for release in [Release::Lua, Release::Watch] {
+        let _: () = server.conn().del("counter").expect("DEL");
+        let clients = [server.lock_client(), server.lock_client()];
+        let intervals = run_workers(&server.url(), &clients, 8, 200, release, None);
+        let counter: i64 = server.conn().get("counter").expect("GET");
+        assert_eq!(counter, 1600, "{release:?}: lost increments mean overlapping holders");
+        assert_eq!(intervals.len(), 1600);
+        assert_disjoint(&intervals);
+    }
+}
+
+#[test]
+fn two_processes() {
+    if let Ok(role) = std::env::var(ROLE) {
+        // Child: 4 threads, one client of its own, 200 iterations each.
+        let url = std::env::var(URL).expect("url from the parent");
+        let client = LockClient::open(&url).expect("client");
+        let intervals = run_workers(&url, &[client], 4, 200, Release::Lua, Some(&role));
+        assert_disjoint(&intervals);
+        return;
+    }
+    let server = RedisServer::start();
+    let exe = std::env::current_exe().expect("test binary");
+    let mut children: Vec<_> = ["p1", "p2"]
+        .iter()
+        .map(|role| {
+            Command::new(&exe)
+                .args(["two_processes", "--exact", "--nocapture", "--test-threads=1"])
+                .env(ROLE, role)
+                .env(URL, server.url())
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("spawn a child")
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for child in &mut children {
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("a child process did not finish in time");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success(), "a child failed: {status}");
+    }
+    let mut con = server.conn();
+    let counter: i64 = con.get("counter").expect("GET");
+    assert_eq!(counter, 1600, "lost increments mean overlapping holders");
+    let events: Vec<String> = con.lrange("events", 0, -1).expect("LRANGE");
+    assert_eq!(events.len(), 3200);
+    assert_alternating(&events);
+    for process in ["p1", "p2"] {
+        let holds = events.iter().filter(|e| e[1..].starts_with(process)).count() / 2;
+        assert_eq!(holds, 800, "{process} ran all its iterations");
+    }
+}
+
+#[test]
+fn a_sigkilled_holder_frees_the_lock_after_its_ttl() {
+    let ttl = Duration::from_millis(1_000);
+    if std::env::var(ROLE).as_deref() == Ok("holder") {
+        let url = std::env::var(URL).expect("url from the parent");
+        let client = LockClient::open(&url).expect("client");
+        let lock = DistributedLock::with_options(&client, "killed", LockOptions::default().ttl(ttl));
+        let guard = lock.lock().expect("lock");
+        println!("ACQUIRED {}", guard.token());
+        std::thread::sleep(Duration::from_secs(60)); // until killed
+        return;
+    }
+    let server = RedisServer::start();
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "a_sigkilled_holder_frees_the_lock_after_its_ttl",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ROLE, "holder")
+        .env(URL, server.url())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the holder");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            // libtest may print "test name ... " on the same line first.
+            if let Some((_, token)) = line.split_once("ACQUIRED ") {
+                let _ = tx.send(token.trim().to_owned());
+                return;
+            }
+        }
+    });
+    let token = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the holder acquired");
+    let acquired = Instant::now();
+    child.kill().expect("SIGKILL the holder");
+    child.wait().expect("reap");
+
+    let other = server.lock_client();
+    let lock = DistributedLock::with_options(
+        &other,
+        "killed",
+        LockOptions::default().wait(Duration::from_secs(5)),
+    );
+    let held_by: Option<String> = server.conn().get("killed").expect("GET");
+    assert_eq!(held_by.as_deref(), Some(token.as_str()), "the dead holder's key stays");
+    assert!(lock.try_lock().expect("try").is_none());
+    let guard = lock.lock().expect("acquired once the lease ran out");
+    let after = acquired.elapsed();
+    assert!(after >= ttl - Duration::from_millis(300), "freed too early: {after:?}");
+    assert!(after <= ttl + Duration::from_millis(500), "freed too late: {after:?}");
+    assert_ne!(guard.token(), token);
+}
