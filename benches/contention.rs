@@ -1,1 +1,138 @@
-fn main() {}
+//! Criterion benches against a private redis-server (started here, on a free
+//! loopback port, through `tests/support`).
+//!
+//! `cargo bench --bench contention`, then open
+//! `target/criterion/report/index.html`.
+//!
+//! * `uncontended`: acquire+release with `Release::Lua` and `Release::Watch`,
+//!   and a `PING` on the same kind of pooled connection, the floor (a cycle
+//!   is two round trips, so its ideal is 2x the PING).
+//! * `release`: the release alone, Lua vs WATCH (acquire untimed).
+//! * `contended`: one key, 1/2/4/8/16 threads of one client; time per
+//!   acquisition.
+//! * `keys`: 8 threads over 64 keys; time per acquisition.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use redmutex::{DistributedLock, LockClient, LockOptions, Release};
+
+fn options(release: Release) -> LockOptions {
+    LockOptions::default()
+        .ttl(Duration::from_secs(10))
+        .wait(Duration::from_secs(60))
+        .release(release)
+}
+
+fn uncontended(c: &mut Criterion, client: &LockClient) {
+    let mut group = c.benchmark_group("uncontended");
+    group.throughput(Throughput::Elements(1));
+    for (name, release) in [("lua", Release::Lua), ("watch", Release::Watch)] {
+        let lock = DistributedLock::with_options(client, format!("bench:{name}"), options(release));
+        group.bench_function(format!("acquire+release/{name}"), |b| {
+            b.iter(|| {
+                let guard = lock.lock().expect("lock");
+                guard.unlock().expect("unlock");
+            })
+        });
+    }
+    group.bench_function("ping", |b| {
+        b.iter(|| {
+            let mut con = client.pool().get().expect("connection");
+            let pong: String = redis::cmd("PING").query(&mut *con).expect("PING");
+            pong
+        })
+    });
+    group.finish();
+}
+
+fn release_alone(c: &mut Criterion, client: &LockClient) {
+    let mut group = c.benchmark_group("release");
+    for (name, release) in [("lua", Release::Lua), ("watch", Release::Watch)] {
+        let lock = DistributedLock::with_options(client, format!("bench:rel:{name}"), options(release));
+        group.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut timed = Duration::ZERO;
+                for _ in 0..iters {
+                    let guard = lock.lock().expect("lock");
+                    let started = Instant::now();
+                    guard.unlock().expect("unlock");
+                    timed += started.elapsed();
+                }
+                timed
+            })
+        });
+    }
+    group.finish();
+}
+
+/// Runs `iters` lock cycles split over `threads` threads, the n-th thread
+/// cycling through `keys`; returns the wall time of the whole batch.
+fn run_threads(client: &LockClient, threads: usize, keys: usize, iters: u64) -> Duration {
+    let per_thread = iters.div_ceil(threads as u64);
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let locks: Vec<_> = (0..keys)
+                .map(|k| DistributedLock::with_options(client, format!("bench:key:{k}"), options(Release::Lua)))
+                .collect();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                for i in 0..per_thread as usize {
+                    let lock = &locks[(t + i * threads) % locks.len()];
+                    lock.lock().expect("lock").unlock().expect("unlock");
+                }
+            })
+        })
+        .collect();
+    barrier.wait();
+    let started = Instant::now();
+    for handle in handles {
+        handle.join().expect("bench thread");
+    }
+    started.elapsed()
+}
+
+fn contended(c: &mut Criterion, client: &LockClient) {
+    let mut group = c.benchmark_group("contended");
+    group.throughput(Throughput::Elements(1));
+    for threads in [1usize, 2, 4, 8, 16] {
+        group.bench_with_input(BenchmarkId::new("one-key", threads), &threads, |b, &threads| {
+            b.iter_custom(|iters| run_threads(client, threads, 1, iters))
+        });
+    }
+    group.finish();
+}
+
+fn many_keys(c: &mut Criterion, client: &LockClient) {
+    let mut group = c.benchmark_group("keys");
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("8-threads-64-keys", |b| {
+        b.iter_custom(|iters| run_threads(client, 8, 64, iters))
+    });
+    group.finish();
+}
+
+fn benches(c: &mut Criterion) {
+    let server = support::RedisServer::start();
+    let client = server.lock_client();
+    uncontended(c, &client);
+    release_alone(c, &client);
+    contended(c, &client);
+    many_keys(c, &client);
+}
+
+criterion_group! {
+    name = contention;
+    config = Criterion::default()
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    targets = benches
+}
+criterion_main!(contention);
