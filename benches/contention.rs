@@ -53,7 +53,8 @@ fn uncontended(c: &mut Criterion, client: &LockClient) {
 fn release_alone(c: &mut Criterion, client: &LockClient) {
     let mut group = c.benchmark_group("release");
     for (name, release) in [("lua", Release::Lua), ("watch", Release::Watch)] {
-        let lock = DistributedLock::with_options(client, format!("bench:rel:{name}"), options(release));
+        let lock =
+            DistributedLock::with_options(client, format!("bench:rel:{name}"), options(release));
         group.bench_function(name, |b| {
             b.iter_custom(|iters| {
                 let mut timed = Duration::ZERO;
@@ -78,7 +79,13 @@ fn run_threads(client: &LockClient, threads: usize, keys: usize, iters: u64) -> 
     let handles: Vec<_> = (0..threads)
         .map(|t| {
             let locks: Vec<_> = (0..keys)
-                .map(|k| DistributedLock::with_options(client, format!("bench:key:{k}"), options(Release::Lua)))
+                .map(|k| {
+                    DistributedLock::with_options(
+                        client,
+                        format!("bench:key:{k}"),
+                        options(Release::Lua),
+                    )
+                })
                 .collect();
             let barrier = barrier.clone();
             std::thread::spawn(move || {
@@ -102,9 +109,11 @@ fn contended(c: &mut Criterion, client: &LockClient) {
     let mut group = c.benchmark_group("contended");
     group.throughput(Throughput::Elements(1));
     for threads in [1usize, 2, 4, 8, 16] {
-        group.bench_with_input(BenchmarkId::new("one-key", threads), &threads, |b, &threads| {
-            b.iter_custom(|iters| run_threads(client, threads, 1, iters))
-        });
+        group.bench_with_input(
+            BenchmarkId::new("one-key", threads),
+            &threads,
+            |b, &threads| b.iter_custom(|iters| run_threads(client, threads, 1, iters)),
+        );
     }
     group.finish();
 }

@@ -177,7 +177,12 @@ mod tests {
     }
 
     fn sleeps_ms(clock: &FakeClock) -> Vec<u128> {
-        clock.sleeps.borrow().iter().map(|d| d.as_millis()).collect()
+        clock
+            .sleeps
+            .borrow()
+            .iter()
+            .map(|d| d.as_millis())
+            .collect()
     }
 
     #[test]
@@ -200,7 +205,11 @@ mod tests {
         // 10 + 20 + 40 = 70, then 30 (clamped from 40) ends exactly at the deadline.
         assert_eq!(sleeps_ms(&clock), vec![10, 20, 40, 30]);
         let at: Vec<u128> = attempts.iter().map(|d| d.as_millis()).collect();
-        assert_eq!(at, vec![0, 10, 30, 70, 100], "one last attempt at the deadline");
+        assert_eq!(
+            at,
+            vec![0, 10, 30, 70, 100],
+            "one last attempt at the deadline"
+        );
         assert_eq!(clock.now(), deadline, "never sleeps past the deadline");
     }
 

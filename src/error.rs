@@ -51,7 +51,9 @@ pub enum Error {
     InvalidArgument(String),
     /// The key exists but holds a value that is not a string (a hash, a list…),
     /// so it is not a lock of this crate. Nothing was changed in Redis.
-    #[error("key {key:?} holds a non-string value (WRONGTYPE): it is not a lock key; pick another key")]
+    #[error(
+        "key {key:?} holds a non-string value (WRONGTYPE): it is not a lock key; pick another key"
+    )]
     WrongType {
         /// The lock key.
         key: String,
@@ -95,9 +97,10 @@ impl Error {
     /// pipeline's errors) into [`Error::WrongType`] with the key's name.
     pub(crate) fn from_redis(key: &str, err: redis::RedisError) -> Error {
         let wrong_type = err.code() == Some("WRONGTYPE")
-            || err.clone().into_server_errors().is_some_and(|errors| {
-                errors.iter().any(|(_, error)| error.code() == "WRONGTYPE")
-            });
+            || err
+                .clone()
+                .into_server_errors()
+                .is_some_and(|errors| errors.iter().any(|(_, error)| error.code() == "WRONGTYPE"));
         if wrong_type {
             Error::WrongType {
                 key: key.to_owned(),

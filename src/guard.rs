@@ -262,6 +262,9 @@ mod tests {
             remaining(sent, ttl, sent + Duration::from_millis(990)),
             Duration::ZERO
         );
-        assert_eq!(remaining(sent, ttl, sent + Duration::from_secs(5)), Duration::ZERO);
+        assert_eq!(
+            remaining(sent, ttl, sent + Duration::from_secs(5)),
+            Duration::ZERO
+        );
     }
 }

@@ -99,3 +99,8 @@ pub type Pool = r2d2::Pool<redis::Client>;
 // Re-exported so users build pools and match errors with the same versions.
 pub use r2d2;
 pub use redis;
+
+/// The README's examples, compiled as doc tests so they cannot rot.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

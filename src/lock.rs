@@ -20,6 +20,14 @@ use crate::reentrancy;
 ///
 /// A thread that already holds the key through the same [`LockClient`] gets
 /// a nested guard at once, with nothing sent to Redis.
+///
+/// Locks and clients go freely between threads; guards stay on theirs:
+///
+/// ```
+/// fn assert_send_sync<T: Send + Sync>() {}
+/// assert_send_sync::<redmutex::DistributedLock>();
+/// assert_send_sync::<redmutex::LockClient>();
+/// ```
 #[derive(Clone, Debug)]
 pub struct DistributedLock {
     client: LockClient,
@@ -113,7 +121,9 @@ impl DistributedLock {
     /// end, taken as no limit.
     fn acquire(&self, deadline: Option<Instant>) -> Result<Option<LockGuard>, Error> {
         if self.key.is_empty() {
-            return Err(Error::InvalidArgument("the lock key must not be empty".into()));
+            return Err(Error::InvalidArgument(
+                "the lock key must not be empty".into(),
+            ));
         }
         let millis = ttl_millis(self.options.ttl)?;
         if let Some(lease) = reentrancy::current(self.client.id(), &self.key) {

@@ -51,7 +51,10 @@ fn exists_then_set_lets_two_holders_in() {
     let b_sees: bool = b.exists("job").expect("EXISTS");
     let _: () = a.set("job", "1").expect("SET");
     let _: () = b.set("job", "1").expect("SET");
-    assert!(!a_sees && !b_sees, "BROKEN: both saw it free and both 'acquired'");
+    assert!(
+        !a_sees && !b_sees,
+        "BROKEN: both saw it free and both 'acquired'"
+    );
 
     // This crate: one atomic SET NX; of two contenders exactly one wins.
     let _: () = a.del("job").expect("DEL");
@@ -76,7 +79,10 @@ fn setnx_then_expire_deadlocks_when_the_holder_dies_between() {
     assert_eq!(ttl, -1, "BROKEN: the lock key has no expiry at all");
     std::thread::sleep(Duration::from_millis(3 * LEASE_MS)); // far past the intended lease
     let taken: bool = other.set_nx("job", "other").expect("SETNX");
-    assert!(!taken, "BROKEN: nobody can ever take the lock again (deadlock)");
+    assert!(
+        !taken,
+        "BROKEN: nobody can ever take the lock again (deadlock)"
+    );
 
     // This crate: the expiry is part of the one SET that acquires, so a
     // holder that dies right after acquiring frees the lock after its ttl.
@@ -88,7 +94,10 @@ fn setnx_then_expire_deadlocks_when_the_holder_dies_between() {
     );
     let guard = lock.lock().expect("lock");
     let pttl: i64 = other.pttl("job2").expect("PTTL");
-    assert!(pttl > 0 && pttl <= LEASE_MS as i64, "expiry set atomically: {pttl}");
+    assert!(
+        pttl > 0 && pttl <= LEASE_MS as i64,
+        "expiry set atomically: {pttl}"
+    );
     std::mem::forget(guard); // dies without releasing
     let stranger = server.lock_client();
     let later = DistributedLock::with_options(
@@ -108,7 +117,10 @@ fn del_without_check_deletes_another_owners_lock() {
     let (mut a, mut b, mut c) = (server.conn(), server.conn(), server.conn());
     assert!(set_nx_px(&mut a, "job", "a"));
     pause_until_expired(&mut a, "job");
-    assert!(set_nx_px(&mut b, "job", "b"), "b acquires after a's lease ran out");
+    assert!(
+        set_nx_px(&mut b, "job", "b"),
+        "b acquires after a's lease ran out"
+    );
     let _: () = a.del("job").expect("a's late, unchecked DEL");
     assert!(
         set_nx_px(&mut c, "job", "c"),
@@ -117,15 +129,26 @@ fn del_without_check_deletes_another_owners_lock() {
 
     // This crate: the late release is owner-checked and tells a what happened.
     let _: () = a.del("job").expect("DEL");
-    let (ca, cb, cc) = (server.lock_client(), server.lock_client(), server.lock_client());
+    let (ca, cb, cc) = (
+        server.lock_client(),
+        server.lock_client(),
+        server.lock_client(),
+    );
     let opts = LockOptions::default().ttl(Duration::from_millis(LEASE_MS));
-    let a_guard = DistributedLock::with_options(&ca, "job", opts.clone()).lock().expect("a");
+    let a_guard = DistributedLock::with_options(&ca, "job", opts.clone())
+        .lock()
+        .expect("a");
     pause_until_expired(&mut a, "job");
     let b_guard = DistributedLock::new(&cb, "job").lock().expect("b");
     let err = a_guard.unlock().expect_err("a no longer holds it");
     assert_eq!(err.not_held_reason(), Some(NotHeldReason::OwnedByOther));
     assert_eq!(get(&mut a, "job").as_deref(), Some(b_guard.token()));
-    assert!(DistributedLock::new(&cc, "job").try_lock().expect("try").is_none());
+    assert!(
+        DistributedLock::new(&cc, "job")
+            .try_lock()
+            .expect("try")
+            .is_none()
+    );
 }
 
 #[test]
@@ -141,12 +164,19 @@ fn get_then_del_deletes_another_owners_lock() {
     pause_until_expired(&mut a, "job"); // paused between GET and DEL
     assert!(set_nx_px(&mut b, "job", "b"));
     let _: () = a.del("job").expect("DEL after the check");
-    assert_eq!(get(&mut b, "job"), None, "BROKEN: b's lock was deleted by a");
+    assert_eq!(
+        get(&mut b, "job"),
+        None,
+        "BROKEN: b's lock was deleted by a"
+    );
 
     // The WATCH/MULTI/EXEC form of the same check is safe: b's write to the
     // watched key makes a's EXEC abort.
     assert!(set_nx_px(&mut a, "job2", "a"));
-    let _: () = redis::cmd("WATCH").arg("job2").query(&mut a).expect("WATCH");
+    let _: () = redis::cmd("WATCH")
+        .arg("job2")
+        .query(&mut a)
+        .expect("WATCH");
     assert_eq!(get(&mut a, "job2").as_deref(), Some("a"));
     pause_until_expired(&mut a, "job2");
     assert!(set_nx_px(&mut b, "job2", "b"));
@@ -165,12 +195,18 @@ fn get_then_del_deletes_another_owners_lock() {
         let opts = LockOptions::default()
             .ttl(Duration::from_millis(LEASE_MS))
             .release(release);
-        let a_guard = DistributedLock::with_options(&ca, "job3", opts).lock().expect("a");
+        let a_guard = DistributedLock::with_options(&ca, "job3", opts)
+            .lock()
+            .expect("a");
         pause_until_expired(&mut a, "job3");
         let b_guard = DistributedLock::new(&cb, "job3").lock().expect("b");
         let err = a_guard.unlock().expect_err("not a's");
         assert_eq!(err.not_held_reason(), Some(NotHeldReason::OwnedByOther));
-        assert_eq!(get(&mut b, "job3").as_deref(), Some(b_guard.token()), "{release:?}");
+        assert_eq!(
+            get(&mut b, "job3").as_deref(),
+            Some(b_guard.token()),
+            "{release:?}"
+        );
     }
 }
 

@@ -29,7 +29,9 @@ fn options(release: Release) -> LockOptions {
 /// any overlap of two holders loses an increment.
 fn increment(con: &mut redis::Connection) {
     let value: Option<i64> = con.get("counter").expect("GET counter");
-    let _: () = con.set("counter", value.unwrap_or(0) + 1).expect("SET counter");
+    let _: () = con
+        .set("counter", value.unwrap_or(0) + 1)
+        .expect("SET counter");
 }
 
 /// Runs `threads` workers, each taking the lock `iterations` times through
@@ -47,7 +49,8 @@ fn run_workers(
     let intervals = Arc::new(Mutex::new(Vec::with_capacity(threads * iterations)));
     let handles: Vec<_> = (0..threads)
         .map(|i| {
-            let lock = DistributedLock::with_options(&clients[i % clients.len()], "mx", options(release));
+            let lock =
+                DistributedLock::with_options(&clients[i % clients.len()], "mx", options(release));
             let mut con = redis::Client::open(url)
                 .expect("url")
                 .get_connection()
@@ -97,8 +100,15 @@ fn assert_alternating(events: &[String]) {
         let [enter, leave] = pair else {
             panic!("an unmatched event: {pair:?}");
         };
-        assert!(enter.starts_with('+') && leave.starts_with('-'), "{enter} then {leave}");
-        assert_eq!(enter[1..], leave[1..], "a hold was interleaved with another");
+        assert!(
+            enter.starts_with('+') && leave.starts_with('-'),
+            "{enter} then {leave}"
+        );
+        assert_eq!(
+            enter[1..],
+            leave[1..],
+            "a hold was interleaved with another"
+        );
     }
 }
 
@@ -110,7 +120,10 @@ fn eight_threads_over_two_clients() {
         let clients = [server.lock_client(), server.lock_client()];
         let intervals = run_workers(&server.url(), &clients, 8, 200, release, None);
         let counter: i64 = server.conn().get("counter").expect("GET");
-        assert_eq!(counter, 1600, "{release:?}: lost increments mean overlapping holders");
+        assert_eq!(
+            counter, 1600,
+            "{release:?}: lost increments mean overlapping holders"
+        );
         assert_eq!(intervals.len(), 1600);
         assert_disjoint(&intervals);
     }
@@ -132,7 +145,12 @@ fn two_processes() {
         .iter()
         .map(|role| {
             Command::new(&exe)
-                .args(["two_processes", "--exact", "--nocapture", "--test-threads=1"])
+                .args([
+                    "two_processes",
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
                 .env(ROLE, role)
                 .env(URL, server.url())
                 .stdout(Stdio::null())
@@ -161,7 +179,11 @@ fn two_processes() {
     assert_eq!(events.len(), 3200);
     assert_alternating(&events);
     for process in ["p1", "p2"] {
-        let holds = events.iter().filter(|e| e[1..].starts_with(process)).count() / 2;
+        let holds = events
+            .iter()
+            .filter(|e| e[1..].starts_with(process))
+            .count()
+            / 2;
         assert_eq!(holds, 800, "{process} ran all its iterations");
     }
 }
@@ -172,7 +194,8 @@ fn a_sigkilled_holder_frees_the_lock_after_its_ttl() {
     if std::env::var(ROLE).as_deref() == Ok("holder") {
         let url = std::env::var(URL).expect("url from the parent");
         let client = LockClient::open(&url).expect("client");
-        let lock = DistributedLock::with_options(&client, "killed", LockOptions::default().ttl(ttl));
+        let lock =
+            DistributedLock::with_options(&client, "killed", LockOptions::default().ttl(ttl));
         let guard = lock.lock().expect("lock");
         println!("ACQUIRED {}", guard.token());
         std::thread::sleep(Duration::from_secs(60)); // until killed
@@ -216,11 +239,21 @@ fn a_sigkilled_holder_frees_the_lock_after_its_ttl() {
         LockOptions::default().wait(Duration::from_secs(5)),
     );
     let held_by: Option<String> = server.conn().get("killed").expect("GET");
-    assert_eq!(held_by.as_deref(), Some(token.as_str()), "the dead holder's key stays");
+    assert_eq!(
+        held_by.as_deref(),
+        Some(token.as_str()),
+        "the dead holder's key stays"
+    );
     assert!(lock.try_lock().expect("try").is_none());
     let guard = lock.lock().expect("acquired once the lease ran out");
     let after = acquired.elapsed();
-    assert!(after >= ttl - Duration::from_millis(300), "freed too early: {after:?}");
-    assert!(after <= ttl + Duration::from_millis(500), "freed too late: {after:?}");
+    assert!(
+        after >= ttl - Duration::from_millis(300),
+        "freed too early: {after:?}"
+    );
+    assert!(
+        after <= ttl + Duration::from_millis(500),
+        "freed too late: {after:?}"
+    );
     assert_ne!(guard.token(), token);
 }

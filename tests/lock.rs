@@ -29,11 +29,7 @@ fn acquire_writes_token_with_ttl_and_release_deletes_it() {
     let mut con = server.conn();
     let client = server.lock_client();
     for release in RELEASES {
-        let lock = DistributedLock::with_options(
-            &client,
-            "job",
-            opts(10_000).release(release),
-        );
+        let lock = DistributedLock::with_options(&client, "job", opts(10_000).release(release));
         let guard = lock.lock().expect("lock");
         assert_eq!(guard.key(), "job");
         assert_eq!(guard.hold_count(), 1);
@@ -43,7 +39,11 @@ fn acquire_writes_token_with_ttl_and_release_deletes_it() {
         assert!(left > 10_000 - 50 && left <= 10_000, "PTTL {left}");
         assert!(guard.is_held().expect("is_held"));
         guard.unlock().expect("unlock");
-        assert_eq!(get(&mut con, "job"), None, "{release:?} release deletes the key");
+        assert_eq!(
+            get(&mut con, "job"),
+            None,
+            "{release:?} release deletes the key"
+        );
     }
 }
 
@@ -94,12 +94,24 @@ fn release_never_deletes_another_owners_key() {
         let guard = DistributedLock::with_options(&mine, "shared", opts(100).release(release))
             .lock()
             .expect("lock");
-        assert!(wait_until(Duration::from_secs(2), || get(&mut con, "shared").is_none()));
-        let their_guard = DistributedLock::new(&theirs, "shared").lock().expect("lock");
+        assert!(wait_until(Duration::from_secs(2), || get(
+            &mut con, "shared"
+        )
+        .is_none()));
+        let their_guard = DistributedLock::new(&theirs, "shared")
+            .lock()
+            .expect("lock");
         let err = guard.unlock().expect_err("not ours any more");
-        assert_eq!(err.not_held_reason(), Some(NotHeldReason::OwnedByOther), "{release:?}");
+        assert_eq!(
+            err.not_held_reason(),
+            Some(NotHeldReason::OwnedByOther),
+            "{release:?}"
+        );
         assert!(err.is_not_held());
-        assert_eq!(get(&mut con, "shared").as_deref(), Some(their_guard.token()));
+        assert_eq!(
+            get(&mut con, "shared").as_deref(),
+            Some(their_guard.token())
+        );
         assert!(their_guard.is_held().expect("is_held"));
         their_guard.unlock().expect("their unlock");
     }
@@ -155,7 +167,10 @@ fn extend_is_owner_checked_and_never_recreates() {
         guard.extend(Duration::ZERO),
         Err(Error::InvalidArgument(_))
     ));
-    assert!(pttl(&mut con, "ext") > 0, "a rejected extend changes nothing");
+    assert!(
+        pttl(&mut con, "ext") > 0,
+        "a rejected extend changes nothing"
+    );
 
     // Expired: not re-created.
     assert!(wait_until(Duration::from_secs(3), || get(&mut con, "ext").is_none()));
@@ -196,7 +211,10 @@ fn validity_never_exceeds_what_redis_allows() {
         validity + drift <= left_in_redis + Duration::from_millis(1),
         "validity {validity:?} + drift must stay within Redis's PTTL {left_in_redis:?}"
     );
-    assert!(validity > ttl - drift - Duration::from_millis(100), "{validity:?}");
+    assert!(
+        validity > ttl - drift - Duration::from_millis(100),
+        "{validity:?}"
+    );
     std::thread::sleep(Duration::from_millis(20));
     assert!(guard.validity() < validity, "validity counts down");
 }
@@ -206,7 +224,9 @@ fn try_lock_for_gives_up_at_its_deadline() {
     let server = RedisServer::start();
     let holder = server.lock_client();
     let waiter = server.lock_client();
-    let _held = DistributedLock::new(&holder, "deadline").lock().expect("lock");
+    let _held = DistributedLock::new(&holder, "deadline")
+        .lock()
+        .expect("lock");
     let lock = DistributedLock::new(&waiter, "deadline");
     for wait in [Duration::from_millis(300), Duration::from_millis(700)] {
         let started = Instant::now();
@@ -221,7 +241,10 @@ fn try_lock_for_gives_up_at_its_deadline() {
     let deadline = started + Duration::from_millis(250);
     assert!(lock.try_lock_until(deadline).expect("until").is_none());
     let late = Instant::now().saturating_duration_since(deadline);
-    assert!(late <= Duration::from_millis(100), "returned {late:?} after the deadline");
+    assert!(
+        late <= Duration::from_millis(100),
+        "returned {late:?} after the deadline"
+    );
     // A deadline already past still makes one attempt.
     assert!(lock.try_lock_until(started).expect("until").is_none());
     assert!(lock.try_lock_for(Duration::ZERO).expect("for").is_none());
@@ -256,7 +279,9 @@ fn a_blocked_waiter_acquires_promptly_after_release() {
     let server = RedisServer::start();
     let holder = server.lock_client();
     let waiter = server.lock_client();
-    let guard = DistributedLock::new(&holder, "handoff").lock().expect("lock");
+    let guard = DistributedLock::new(&holder, "handoff")
+        .lock()
+        .expect("lock");
     let (tx, rx) = std::sync::mpsc::channel();
     let thread = std::thread::spawn(move || {
         let lock = DistributedLock::with_options(
@@ -276,7 +301,10 @@ fn a_blocked_waiter_acquires_promptly_after_release() {
     token.expect("waiter acquires");
     let lag = acquired_at.saturating_duration_since(released_at);
     // The backoff caps at 64 ms; allow for a loaded machine.
-    assert!(lag < Duration::from_millis(500), "waiter took {lag:?} after release");
+    assert!(
+        lag < Duration::from_millis(500),
+        "waiter took {lag:?} after release"
+    );
 }
 
 #[test]
@@ -322,7 +350,9 @@ fn a_key_of_another_type_is_named_in_the_error() {
             other => panic!("expected WrongType, got {other:?}"),
         }
     }
-    let err = lock.try_lock_for(Duration::from_secs(5)).expect_err("WRONGTYPE");
+    let err = lock
+        .try_lock_for(Duration::from_secs(5))
+        .expect_err("WRONGTYPE");
     assert!(err.to_string().contains("profile"), "{err}");
     let name: String = con.hget("profile", "name").expect("HGET");
     assert_eq!(name, "ada", "the hash is untouched");
@@ -370,7 +400,10 @@ fn an_unreachable_server_is_an_error_within_the_timeout() {
     for attempt in [
         Box::new(|| lock.try_lock().map(|g| g.is_some())) as Box<dyn Fn() -> _>,
         Box::new(|| lock.lock().map(|_| true)),
-        Box::new(|| lock.try_lock_for(Duration::from_secs(5)).map(|g| g.is_some())),
+        Box::new(|| {
+            lock.try_lock_for(Duration::from_secs(5))
+                .map(|g| g.is_some())
+        }),
     ] {
         let started = Instant::now();
         let result = attempt();
@@ -392,13 +425,18 @@ fn lua_release_survives_script_flush_and_restart() {
     let client = server.lock_client();
     let lock = DistributedLock::new(&client, "flush");
 
-    lock.lock().expect("lock").unlock().expect("loads the script");
+    lock.lock()
+        .expect("lock")
+        .unlock()
+        .expect("loads the script");
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query(&mut server.conn())
         .expect("SCRIPT FLUSH");
     let mut guard = lock.lock().expect("lock");
-    guard.extend(Duration::from_secs(5)).expect("extend after flush");
+    guard
+        .extend(Duration::from_secs(5))
+        .expect("extend after flush");
     guard.unlock().expect("release after flush");
     assert_eq!(get(&mut server.conn(), "flush"), None);
 
@@ -406,7 +444,9 @@ fn lua_release_survives_script_flush_and_restart() {
     let held = lock.lock().expect("lock");
     drop(held);
     server.restart();
-    let guard = lock.lock().expect("lock after restart, on a fresh connection");
+    let guard = lock
+        .lock()
+        .expect("lock after restart, on a fresh connection");
     guard.unlock().expect("release after restart");
     assert_eq!(get(&mut server.conn(), "flush"), None);
 }
@@ -423,8 +463,17 @@ fn a_guard_released_during_panic_unwind() {
     })
     .join();
     assert!(result.is_err(), "the thread panicked");
-    assert_eq!(get(&mut con, "unwind"), None, "the guard released while unwinding");
-    assert!(DistributedLock::new(&client, "unwind").try_lock().expect("try").is_some());
+    assert_eq!(
+        get(&mut con, "unwind"),
+        None,
+        "the guard released while unwinding"
+    );
+    assert!(
+        DistributedLock::new(&client, "unwind")
+            .try_lock()
+            .expect("try")
+            .is_some()
+    );
 }
 
 #[test]
@@ -447,8 +496,14 @@ fn a_forgotten_guard_frees_the_lock_after_its_ttl() {
     assert!(other.try_lock().expect("try").is_none());
     let guard = other.lock().expect("acquired after the ttl");
     let after = acquired.elapsed();
-    assert!(after >= ttl - Duration::from_millis(50), "freed too early: {after:?}");
-    assert!(after < ttl + Duration::from_millis(400), "freed too late: {after:?}");
+    assert!(
+        after >= ttl - Duration::from_millis(50),
+        "freed too early: {after:?}"
+    );
+    assert!(
+        after < ttl + Duration::from_millis(400),
+        "freed too late: {after:?}"
+    );
     assert_eq!(get(&mut con, "crash").as_deref(), Some(guard.token()));
     // The forgetting thread itself acquires anew rather than re-entering the dead lease.
     drop(guard);

@@ -43,7 +43,11 @@ fn nested_lock_is_immediate_and_sends_nothing() {
     assert_eq!(lock_commands(&server), sent, "inner releases send nothing");
     assert_eq!(get(&server, "re").as_deref(), Some(outer.token()));
     outer.unlock().expect("outer unlock");
-    assert_eq!(get(&server, "re"), None, "the outermost guard releases in Redis");
+    assert_eq!(
+        get(&server, "re"),
+        None,
+        "the outermost guard releases in Redis"
+    );
 }
 
 #[test]
@@ -62,9 +66,19 @@ fn clones_of_a_client_share_holds_but_other_clients_do_not() {
     let with_defaults = client
         .clone()
         .with_defaults(LockOptions::default().ttl(Duration::from_secs(1)));
-    assert!(DistributedLock::new(&with_defaults, "who").try_lock().expect("try").is_some());
+    assert!(
+        DistributedLock::new(&with_defaults, "who")
+            .try_lock()
+            .expect("try")
+            .is_some()
+    );
     // A separately opened client is a stranger, like another process.
-    assert!(DistributedLock::new(&stranger, "who").try_lock().expect("try").is_none());
+    assert!(
+        DistributedLock::new(&stranger, "who")
+            .try_lock()
+            .expect("try")
+            .is_none()
+    );
     // Other keys are independent.
     let other_key = DistributedLock::new(&client, "whom").lock().expect("lock");
     assert_eq!(other_key.hold_count(), 1);
@@ -82,7 +96,11 @@ fn out_of_order_drops_keep_the_count() {
     let token = outer.token().to_owned();
     let inner = lock.lock().expect("inner");
     drop(outer); // the outermost goes first
-    assert_eq!(get(&server, "ooo").as_deref(), Some(token.as_str()), "still held");
+    assert_eq!(
+        get(&server, "ooo").as_deref(),
+        Some(token.as_str()),
+        "still held"
+    );
     assert!(inner.is_held().expect("is_held"));
     let again = lock.lock().expect("re-enter");
     assert_eq!(again.hold_count(), 2, "one live guard plus this one");
@@ -100,7 +118,9 @@ fn out_of_order_drops_keep_the_count() {
 fn other_threads_of_the_same_client_do_not_reenter() {
     let server = RedisServer::start();
     let client = server.lock_client();
-    let _guard = DistributedLock::new(&client, "thread").lock().expect("lock");
+    let _guard = DistributedLock::new(&client, "thread")
+        .lock()
+        .expect("lock");
     let c = client.clone();
     let other = std::thread::spawn(move || {
         DistributedLock::new(&c, "thread")
@@ -130,7 +150,10 @@ fn an_expired_hold_is_not_reentered() {
     // Dropping the stale guard neither deletes the new lease nor forgets it.
     drop(old);
     assert_eq!(get(&server, "stale").as_deref(), Some(fresh.token()));
-    let nested = lock.try_lock().expect("try").expect("re-enters the new lease");
+    let nested = lock
+        .try_lock()
+        .expect("try")
+        .expect("re-enters the new lease");
     assert_eq!(nested.hold_count(), 2);
 }
 

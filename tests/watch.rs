@@ -35,7 +35,10 @@ fn the_check_detects_a_leftover_watch() {
     let client = server.lock_client_single();
     {
         let mut pooled = client.pool().get().expect("connection");
-        let _: () = redis::cmd("WATCH").arg("k").query(&mut *pooled).expect("WATCH");
+        let _: () = redis::cmd("WATCH")
+            .arg("k")
+            .query(&mut *pooled)
+            .expect("WATCH");
     }
     assert!(!next_transaction_runs(&server, &client, "k"));
 }
@@ -55,21 +58,30 @@ fn every_watch_release_path_leaves_the_connection_clean() {
 
     // Released.
     lock.lock().expect("lock").unlock().expect("unlock");
-    assert!(next_transaction_runs(&server, &client, "w"), "after a release");
+    assert!(
+        next_transaction_runs(&server, &client, "w"),
+        "after a release"
+    );
 
     // Owned by another.
     let guard = lock.lock().expect("lock");
     let _: () = con.set("w", "other").expect("SET");
     let err = guard.unlock().expect_err("taken");
     assert_eq!(err.not_held_reason(), Some(NotHeldReason::OwnedByOther));
-    assert!(next_transaction_runs(&server, &client, "w"), "after owned-by-other");
+    assert!(
+        next_transaction_runs(&server, &client, "w"),
+        "after owned-by-other"
+    );
 
     // Expired.
     let guard = lock.lock().expect("lock");
     let _: () = con.del("w").expect("DEL");
     let err = guard.unlock().expect_err("gone");
     assert_eq!(err.not_held_reason(), Some(NotHeldReason::Expired));
-    assert!(next_transaction_runs(&server, &client, "w"), "after expired");
+    assert!(
+        next_transaction_runs(&server, &client, "w"),
+        "after expired"
+    );
 
     // An error from Redis mid-release (WRONGTYPE on the GET).
     let guard = lock.lock().expect("lock");
@@ -77,7 +89,10 @@ fn every_watch_release_path_leaves_the_connection_clean() {
     let _: () = con.hset("w", "f", "v").expect("HSET");
     assert!(matches!(guard.unlock(), Err(Error::WrongType { .. })));
     let _: () = con.del("w").expect("DEL");
-    assert!(next_transaction_runs(&server, &client, "w"), "after an error");
+    assert!(
+        next_transaction_runs(&server, &client, "w"),
+        "after an error"
+    );
 
     // Dropped, not unlocked.
     drop(lock.lock().expect("lock"));
@@ -122,7 +137,10 @@ fn watch_release_retries_when_exec_aborts_but_the_key_is_still_ours() {
     assert_eq!(released, 300);
     // Every successful release ran one EXEC; the rest aborted and were retried.
     let aborted = server.command_calls("exec") - 300;
-    assert!(aborted > 0, "the toucher never hit a WATCH window; the retry went untested");
+    assert!(
+        aborted > 0,
+        "the toucher never hit a WATCH window; the retry went untested"
+    );
     eprintln!("{aborted} EXEC aborts retried over 300 releases");
     assert!(next_transaction_runs(&server, &client, "touchy"));
 }
