@@ -109,7 +109,12 @@ type Failure = Box<dyn std::error::Error + Send + Sync>;
 
 fn main() -> Result<(), Failure> {
     let args = Args::parse();
-    if args.threads == 0 || args.processes == 0 || args.keys == 0 || !args.secs.is_finite() || args.secs <= 0.0 {
+    if args.threads == 0
+        || args.processes == 0
+        || args.keys == 0
+        || !args.secs.is_finite()
+        || args.secs <= 0.0
+    {
         return Err("--threads, --processes, --keys and --secs must be positive".into());
     }
     if args.child {
