@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::options::LockOptions;
+use crate::queue::Queues;
+use crate::stats::{LockStats, Stats};
+use crate::subscriber::Subscriber;
 
 /// Connect, read and write timeout of the pools built by [`LockClient::open`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -36,14 +39,32 @@ static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
 #[derive(Clone)]
 pub struct LockClient {
     inner: Arc<Inner>,
+    defaults: Arc<LockOptions>,
 }
 
+/// What clones of a client share.
 struct Inner {
     /// Tells this client's holds apart from other clients' in the
     /// thread-local reentrancy table.
     id: u64,
     pool: r2d2::Pool<redis::Client>,
-    defaults: LockOptions,
+    stats: Arc<Stats>,
+    queues: Queues,
+    /// Dropped after `queues` (field order), which hold its subscriptions.
+    subscriber: Subscriber,
+}
+
+impl Inner {
+    fn new(pool: r2d2::Pool<redis::Client>, notify: Option<&redis::Client>) -> Inner {
+        let stats = Arc::new(Stats::default());
+        Inner {
+            id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
+            pool,
+            subscriber: Subscriber::new(notify, stats.clone()),
+            queues: Queues::default(),
+            stats,
+        }
+    }
 }
 
 /// Gives every pooled connection read and write timeouts, so a stalled
@@ -101,8 +122,11 @@ impl LockClient {
             .test_on_check_out(false)
             .connection_timeout(timeout)
             .connection_customizer(Box::new(IoTimeouts(timeout)))
-            .build_unchecked(client);
-        Ok(LockClient::new(pool))
+            .build_unchecked(client.clone());
+        Ok(LockClient {
+            inner: Arc::new(Inner::new(pool, Some(&client))),
+            defaults: Arc::new(LockOptions::default()),
+        })
     }
 
     /// Wraps a pool you built, with default [`LockOptions`].
@@ -112,31 +136,50 @@ impl LockClient {
     /// redis connections have no read timeout unless you set one (see
     /// r2d2's `connection_customizer`), so a stalled server would hang the
     /// caller.
+    ///
+    /// A pool does not tell where its server is, so a client made here has
+    /// no subscriber connection: waiters in [`WaitMode::Notify`](crate::WaitMode::Notify)
+    /// still queue locally and take handoffs, but wait for remote releases
+    /// with backoff timing. [`LockClient::with_notify_client`] adds one.
     pub fn new(pool: r2d2::Pool<redis::Client>) -> LockClient {
         LockClient {
-            inner: Arc::new(Inner {
-                id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
-                pool,
-                defaults: LockOptions::default(),
-            }),
+            inner: Arc::new(Inner::new(pool, None)),
+            defaults: Arc::new(LockOptions::default()),
+        }
+    }
+
+    /// Gives a client made by [`LockClient::new`] the server address for its
+    /// dedicated subscriber connection (normally the `redis::Client` the
+    /// pool was built from). Call it before cloning the client: clones made
+    /// earlier keep the old machinery and count as another client.
+    pub fn with_notify_client(self, client: &redis::Client) -> LockClient {
+        let pool = self.inner.pool.clone();
+        LockClient {
+            inner: Arc::new(Inner::new(pool, Some(client))),
+            defaults: self.defaults,
         }
     }
 
     /// Sets the options that [`DistributedLock::new`](crate::DistributedLock::new)
-    /// gives its locks. Defaults to [`LockOptions::default`].
+    /// gives its locks. Defaults to [`LockOptions::default`]. The result is
+    /// the same client (shared pool, queues and reentrancy), with other
+    /// defaults.
     pub fn with_defaults(self, options: LockOptions) -> LockClient {
         LockClient {
-            inner: Arc::new(Inner {
-                id: self.inner.id,
-                pool: self.inner.pool.clone(),
-                defaults: options,
-            }),
+            inner: self.inner,
+            defaults: Arc::new(options),
         }
     }
 
     /// The options new locks of this client start from.
     pub fn defaults(&self) -> &LockOptions {
-        &self.inner.defaults
+        &self.defaults
+    }
+
+    /// What this client (all its clones) has done so far: commands sent,
+    /// locks acquired in Redis, in-process handoffs, release messages.
+    pub fn stats(&self) -> LockStats {
+        self.inner.stats.snapshot()
     }
 
     /// The connection pool.
@@ -146,6 +189,18 @@ impl LockClient {
 
     pub(crate) fn id(&self) -> u64 {
         self.inner.id
+    }
+
+    pub(crate) fn counters(&self) -> &Stats {
+        &self.inner.stats
+    }
+
+    pub(crate) fn queues(&self) -> &Queues {
+        &self.inner.queues
+    }
+
+    pub(crate) fn subscriber(&self) -> &Subscriber {
+        &self.inner.subscriber
     }
 
     /// Runs `op` on a pooled connection.
@@ -181,7 +236,7 @@ impl std::fmt::Debug for LockClient {
         f.debug_struct("LockClient")
             .field("id", &self.inner.id)
             .field("pool", &self.inner.pool.state())
-            .field("defaults", &self.inner.defaults)
+            .field("defaults", &self.defaults)
             .finish()
     }
 }

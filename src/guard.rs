@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
 use crate::error::Error;
-use crate::options::{Release, ttl_millis};
+use crate::options::{HandoffBudget, LockOptions, Release, WaitMode, ttl_millis};
+use crate::queue::Handoff;
 use crate::{reentrancy, release, scripts};
 
 /// The safety margin taken off the local estimate of a lease: clocks drift,
@@ -26,14 +27,41 @@ pub(crate) fn remaining(sent: Instant, ttl: Duration, now: Instant) -> Duration 
         .saturating_sub(drift(ttl))
 }
 
+/// When a releasing holder may pass its lease to a queued thread instead of
+/// releasing it in Redis.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HandoffPolicy {
+    /// Queued waiters of this client watch this lease ([`WaitMode::Notify`]).
+    pub(crate) queued: bool,
+    pub(crate) enabled: bool,
+    pub(crate) budget: HandoffBudget,
+}
+
+impl HandoffPolicy {
+    pub(crate) fn of(options: &LockOptions) -> HandoffPolicy {
+        HandoffPolicy {
+            queued: options.wait_mode == WaitMode::Notify,
+            enabled: options.wait_mode == WaitMode::Notify
+                && options.local_handoff
+                && options.handoff_budget.max_handoffs > 0,
+            budget: options.handoff_budget,
+        }
+    }
+}
+
 /// One acquisition in Redis: a key holding our token until it expires. The
 /// guards of a reentrant hold share it through an `Rc`; when the last one
-/// goes, it is released.
+/// goes, it is released (or handed to a queued thread of the same client).
 pub(crate) struct Lease {
     client: LockClient,
     key: String,
     token: String,
     release: Release,
+    handoff: HandoffPolicy,
+    /// Handoffs this token has been through so far.
+    handoffs: u32,
+    /// When this token was acquired in Redis.
+    acquired_at: Instant,
     /// When the request that set the current expiry was sent.
     sent: Cell<Instant>,
     /// The ttl that request asked for.
@@ -42,27 +70,67 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
-    pub(crate) fn new(
+    /// A lease just acquired in Redis by a request sent at `sent`.
+    pub(crate) fn acquired(
         client: LockClient,
         key: String,
         token: String,
-        release: Release,
+        options: &LockOptions,
         sent: Instant,
         ttl: Duration,
     ) -> Lease {
+        client.counters().acquired();
+        let handoff = HandoffPolicy::of(options);
+        if handoff.queued {
+            client.queues().hold(&key, sent + ttl);
+        }
         Lease {
             client,
             key,
             token,
-            release,
+            release: options.release,
+            handoff,
+            handoffs: 0,
+            acquired_at: sent,
             sent: Cell::new(sent),
             ttl: Cell::new(ttl),
             released: Cell::new(false),
         }
     }
 
+    /// A lease handed over by another thread of the same client.
+    pub(crate) fn handed_over(
+        client: LockClient,
+        key: String,
+        options: &LockOptions,
+        handoff: Handoff,
+    ) -> Lease {
+        Lease {
+            client,
+            key,
+            token: handoff.token,
+            release: options.release,
+            handoff: HandoffPolicy::of(options),
+            handoffs: handoff.handoffs,
+            acquired_at: handoff.acquired_at,
+            sent: Cell::new(handoff.sent),
+            ttl: Cell::new(handoff.ttl),
+            released: Cell::new(false),
+        }
+    }
+
     pub(crate) fn is_released(&self) -> bool {
         self.released.get()
+    }
+
+    /// Marks the lease done without touching Redis (it was lost).
+    pub(crate) fn abandon(&self) {
+        if !self.released.replace(true) {
+            reentrancy::leave(self.client.id(), &self.key, self);
+            if self.handoff.queued {
+                self.client.queues().unhold(&self.key);
+            }
+        }
     }
 
     pub(crate) fn validity(&self) -> Duration {
@@ -72,19 +140,66 @@ impl Lease {
         remaining(self.sent.get(), self.ttl.get(), Instant::now())
     }
 
-    /// Releases in Redis, once: whatever the outcome, the lease is done
-    /// (a failed release leaves the key to expire by its ttl).
+    /// Owner-checked PEXPIRE to `ttl` from now.
+    pub(crate) fn extend(&self, ttl: Duration) -> Result<(), Error> {
+        let millis = ttl_millis(ttl)?;
+        let ttl = Duration::from_millis(millis);
+        let (key, token) = (self.key.as_str(), self.token.as_str());
+        let sent = Instant::now();
+        self.client.counters().commands(1);
+        let reply: i64 = self.client.with_connection(key, |con| {
+            scripts::EXTEND.key(key).arg(token).arg(millis).invoke(con)
+        })?;
+        match scripts::owner_checked(reply) {
+            Ok(()) => {
+                self.sent.set(sent);
+                self.ttl.set(ttl);
+                if self.handoff.queued {
+                    self.client.queues().hold(key, sent + ttl);
+                }
+                Ok(())
+            }
+            Err(reason) => Err(Error::not_held(key, reason)),
+        }
+    }
+
+    /// Whether this release may pass the lease on instead (the budget counts
+    /// the handoff about to happen). Called once `released` is set, so it
+    /// reads the lease's time itself.
+    fn may_hand_off(&self) -> bool {
+        self.handoff.enabled
+            && self.handoffs < self.handoff.budget.max_handoffs
+            && self.acquired_at.elapsed() < self.handoff.budget.max_time
+            && !remaining(self.sent.get(), self.ttl.get(), Instant::now()).is_zero()
+    }
+
+    /// Releases, once: hands the lease to a queued thread of this client when
+    /// allowed, else releases in Redis. Whatever the outcome the lease is
+    /// done (a failed release leaves the key to expire by its ttl).
     fn release_now(&self, how: Release) -> Result<(), Error> {
         if self.released.replace(true) {
             return Ok(());
         }
         reentrancy::leave(self.client.id(), &self.key, self);
-        let (key, token) = (self.key.as_str(), self.token.as_str());
-        let outcome = self.client.with_connection(key, |con| match how {
-            Release::Lua => release::release_lua(con, key, token),
-            Release::Watch => release::release_watch(con, key, token),
-        })?;
-        outcome.map_err(|reason| Error::not_held(key, reason))
+        if self.may_hand_off() {
+            let handoff = Handoff {
+                token: self.token.clone(),
+                sent: self.sent.get(),
+                ttl: self.ttl.get(),
+                handoffs: self.handoffs + 1,
+                acquired_at: self.acquired_at,
+            };
+            if self.client.queues().offer(&self.key, handoff).is_ok() {
+                self.client.counters().handoff();
+                return Ok(());
+            }
+        }
+        // Unheld before the release, so a queued head woken by the release
+        // message asks Redis instead of waiting for a handoff.
+        if self.handoff.queued {
+            self.client.queues().unhold(&self.key);
+        }
+        release::release(&self.client, &self.key, &self.token, how)
     }
 }
 
@@ -160,6 +275,7 @@ impl LockGuard {
     /// [`Error::WrongType`] when the key now holds a non-string value.
     pub fn is_held(&self) -> Result<bool, Error> {
         let key = self.key();
+        self.lease.client.counters().commands(1);
         let current: Option<Vec<u8>> = self
             .lease
             .client
@@ -180,21 +296,7 @@ impl LockGuard {
     /// changes in Redis); [`Error::Redis`], [`Error::Pool`] or
     /// [`Error::WrongType`] when Redis fails.
     pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
-        let millis = ttl_millis(ttl)?;
-        let ttl = Duration::from_millis(millis);
-        let (key, token) = (self.key(), self.token());
-        let sent = Instant::now();
-        let reply: i64 = self.lease.client.with_connection(key, |con| {
-            scripts::EXTEND.key(key).arg(token).arg(millis).invoke(con)
-        })?;
-        match scripts::owner_checked(reply) {
-            Ok(()) => {
-                self.lease.sent.set(sent);
-                self.lease.ttl.set(ttl);
-                Ok(())
-            }
-            Err(reason) => Err(Error::not_held(key, reason)),
-        }
+        self.lease.extend(ttl)
     }
 
     /// Releases the lock with the lock's configured [`Release`] and reports

@@ -78,20 +78,27 @@
 #![warn(missing_docs)]
 
 mod backoff;
+mod channel;
 mod client;
 mod error;
 mod guard;
 mod lock;
 mod options;
+mod queue;
 mod reentrancy;
 mod release;
+mod resp;
 mod scripts;
+mod stats;
+mod subscriber;
 
 pub use client::{DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT, LockClient};
 pub use error::{Error, NotHeldReason};
 pub use guard::LockGuard;
 pub use lock::DistributedLock;
-pub use options::{Backoff, LockOptions, Release};
+pub use options::{Backoff, HandoffBudget, LockOptions, Release, WaitMode};
+pub use stats::LockStats;
+pub use subscriber::THREAD_NAME as SUBSCRIBER_THREAD_NAME;
 
 /// The connection pool type a [`LockClient`] is built on.
 pub type Pool = r2d2::Pool<redis::Client>;

@@ -3,12 +3,13 @@
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use crate::backoff::{SystemClock, ThreadJitter, retry_until};
+use crate::backoff::{Snoozer, SystemClock, ThreadJitter, retry_until};
 use crate::client::LockClient;
 use crate::error::Error;
 use crate::guard::{Lease, LockGuard};
-use crate::options::{LockOptions, ttl_millis};
-use crate::reentrancy;
+use crate::options::{LockOptions, WaitMode, ttl_millis};
+use crate::queue::{Handoff, Turn};
+use crate::{channel, reentrancy, release, scripts};
 
 /// A named lock in Redis: one key. Cheap to make and to clone, `Send` and
 /// `Sync`; holds no connection and no state in Redis until acquired.
@@ -130,13 +131,16 @@ impl DistributedLock {
             return Ok(Some(LockGuard::new(lease)));
         }
         let token = uuid::Uuid::new_v4().to_string();
-        let lease = retry_until(
-            &SystemClock,
-            &mut ThreadJitter,
-            self.options.backoff,
-            deadline,
-            || self.set_nx(&token, millis),
-        )?;
+        let lease = match self.options.wait_mode {
+            WaitMode::Spin => retry_until(
+                &SystemClock,
+                &mut ThreadJitter,
+                self.options.backoff,
+                deadline,
+                || self.set_nx(&token, millis),
+            )?,
+            WaitMode::Notify => self.acquire_queued(&token, millis, deadline)?,
+        };
         Ok(lease.map(|lease| {
             reentrancy::enter(self.client.id(), &self.key, &lease);
             LockGuard::new(lease)
@@ -149,6 +153,7 @@ impl DistributedLock {
     fn set_nx(&self, token: &str, millis: u64) -> Result<Option<Rc<Lease>>, Error> {
         let key = self.key.as_str();
         let sent = Instant::now();
+        self.client.counters().commands(1);
         let previous: Option<Vec<u8>> = self.client.with_connection(key, |con| {
             redis::cmd("SET")
                 .arg(key)
@@ -163,15 +168,166 @@ impl DistributedLock {
             None => true,
             Some(holder) => holder == token.as_bytes(),
         };
-        Ok(acquired.then(|| {
-            Rc::new(Lease::new(
-                self.client.clone(),
-                self.key.clone(),
-                token.to_owned(),
-                self.options.release,
-                sent,
-                Duration::from_millis(millis),
-            ))
-        }))
+        Ok(acquired.then(|| self.new_lease(token, sent, millis)))
     }
+
+    fn new_lease(&self, token: &str, sent: Instant, millis: u64) -> Rc<Lease> {
+        Rc::new(Lease::acquired(
+            self.client.clone(),
+            self.key.clone(),
+            token.to_owned(),
+            &self.options,
+            sent,
+            Duration::from_millis(millis),
+        ))
+    }
+
+    /// `lua/acquire.lua`: the lease, or how long the holder has left.
+    fn attempt(&self, token: &str, millis: u64) -> Result<Attempt, Error> {
+        let key = self.key.as_str();
+        let sent = Instant::now();
+        self.client.counters().commands(1);
+        let (acquired, pttl): (i64, i64) = self.client.with_connection(key, |con| {
+            scripts::ACQUIRE.key(key).arg(token).arg(millis).invoke(con)
+        })?;
+        Ok(if acquired == 1 {
+            Attempt::Acquired(self.new_lease(token, sent, millis))
+        } else {
+            // -1: a key without expiry (not ours); wait for a message.
+            Attempt::Held(u64::try_from(pttl).ok().map(Duration::from_millis))
+        })
+    }
+
+    /// [`WaitMode::Notify`]: one attempt at once when no thread of this
+    /// client waits for the key; otherwise, or when held, queue up. The head
+    /// of the queue subscribes to the key's release channel before each
+    /// attempt, then sleeps until a release message, a handoff, the holder's
+    /// expiry or a backoff step, whichever comes first.
+    fn acquire_queued(
+        &self,
+        token: &str,
+        millis: u64,
+        deadline: Option<Instant>,
+    ) -> Result<Option<Rc<Lease>>, Error> {
+        let queues = self.client.queues();
+        if !queues.has_waiters(&self.key) && queues.held_until(&self.key).is_none() {
+            if let Attempt::Acquired(lease) = self.attempt(token, millis)? {
+                return Ok(Some(lease));
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(None);
+            }
+        }
+        let release_orphan = |orphan: Handoff| {
+            if let Err(err) =
+                release::release(&self.client, &self.key, &orphan.token, self.options.release)
+            {
+                log::warn!(
+                    "redmutex: releasing an untaken handoff of {:?}: {err}",
+                    self.key
+                );
+            }
+        };
+        let waiter = queues.enqueue(&self.key, &release_orphan);
+        let channel = channel::release_channel(&self.key);
+        let mut step = 0u32;
+        let mut jitter = ThreadJitter;
+        let mut snoozer = Snoozer::new(self.options.backoff);
+        loop {
+            match waiter.wait_turn(deadline) {
+                Turn::TimedOut => return Ok(None),
+                Turn::Gift(handoff) => {
+                    if let Some(lease) = self.take_handoff(handoff)? {
+                        return Ok(Some(lease));
+                    }
+                    continue;
+                }
+                Turn::Head => {}
+            }
+            // A thread of this client holds the lock: wait for its handoff or
+            // release rather than ask Redis.
+            let seen = waiter.wakeups();
+            if let Some(held_until) = queues.held_until(&self.key) {
+                let until = deadline.map_or(held_until, |d| d.min(held_until));
+                if let Some(handoff) = waiter.wait_release(seen, until)
+                    && let Some(lease) = self.take_handoff(handoff)?
+                {
+                    return Ok(Some(lease));
+                }
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Ok(None);
+                }
+                continue;
+            }
+            // Subscribed before the attempt: a release after a failed attempt
+            // is then always announced.
+            let mut live = waiter
+                .keep_subscribed(|| self.client.subscriber().subscribe(&channel, waiter.queue()));
+            if !live {
+                let until = Instant::now() + SUBSCRIBE_WAIT;
+                live = waiter.wait_subscribed(deadline.map_or(until, |d| d.min(until)));
+            }
+            let seen = waiter.wakeups();
+            let pttl = match self.attempt(token, millis)? {
+                Attempt::Acquired(lease) => return Ok(Some(lease)),
+                Attempt::Held(pttl) => pttl,
+            };
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(None);
+            }
+            let pause = if live {
+                // A message wakes us; this is only the safety net for an
+                // expiry (no message) or a lost message.
+                let ceiling = self.options.backoff.ceiling(step);
+                step = step.saturating_add(1);
+                pttl.map_or(ceiling, |left| ceiling.min(left + Duration::from_millis(1)))
+            } else {
+                snoozer.snooze(&mut jitter)
+            };
+            let until = now + pause;
+            let until = deadline.map_or(until, |d| d.min(until));
+            if let Some(handoff) = waiter.wait_release(seen, until)
+                && let Some(lease) = self.take_handoff(handoff)?
+            {
+                return Ok(Some(lease));
+            }
+        }
+    }
+
+    /// Takes a lease another thread of this client handed over: same token,
+    /// no Redis command, unless less than half this lock's ttl is left, in
+    /// which case it is first extended (owner-checked). `Ok(None)` when it
+    /// turns out to be lost.
+    fn take_handoff(&self, handoff: Handoff) -> Result<Option<Rc<Lease>>, Error> {
+        let lease = Rc::new(Lease::handed_over(
+            self.client.clone(),
+            self.key.clone(),
+            &self.options,
+            handoff,
+        ));
+        let ttl = Duration::from_millis(ttl_millis(self.options.ttl)?);
+        if lease.validity() >= ttl / 2 {
+            return Ok(Some(lease));
+        }
+        match lease.extend(ttl) {
+            Ok(()) => Ok(Some(lease)),
+            Err(err) if err.is_not_held() => {
+                lease.abandon();
+                Ok(None)
+            }
+            // Dropping the lease releases it (or passes it on).
+            Err(err) => Err(err),
+        }
+    }
+}
+
+/// How long a head waits for its first subscription to be confirmed before
+/// it falls back to backoff timing for this round.
+const SUBSCRIBE_WAIT: Duration = Duration::from_millis(200);
+
+enum Attempt {
+    Acquired(Rc<Lease>),
+    /// Held by another owner, with this much lease left (`None`: no expiry).
+    Held(Option<Duration>),
 }

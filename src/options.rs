@@ -27,6 +27,28 @@ pub enum Release {
     Watch,
 }
 
+/// How a waiter learns that a held lock may be free.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum WaitMode {
+    /// Poll Redis with [`Backoff`] between attempts. Every waiting thread
+    /// polls on its own; the fallback when pub/sub is unavailable.
+    Spin,
+    /// Queue locally and wake on release messages (the default):
+    ///
+    /// * threads of one [`LockClient`](crate::LockClient) waiting for the
+    ///   same key queue in FIFO order, and only the head of the queue talks
+    ///   to Redis;
+    /// * releases publish on a channel derived from the key, and the client's
+    ///   one subscriber connection wakes the head, in this process or another;
+    /// * the head never waits longer than the holder's remaining ttl or the
+    ///   backoff step, so a lock freed by expiry (no message) or a lost
+    ///   message still costs little;
+    /// * while the subscriber connection is down, heads wait like
+    ///   [`WaitMode::Spin`].
+    #[default]
+    Notify,
+}
+
 /// Exponential backoff with full jitter between attempts to acquire a held
 /// lock.
 ///
@@ -119,6 +141,28 @@ pub struct LockOptions {
     pub(crate) wait: Duration,
     pub(crate) backoff: Backoff,
     pub(crate) release: Release,
+    pub(crate) wait_mode: WaitMode,
+    pub(crate) local_handoff: bool,
+    pub(crate) handoff_budget: HandoffBudget,
+}
+
+/// How long a lease may pass from thread to thread inside one process
+/// before it must be released in Redis, so other processes get their turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HandoffBudget {
+    /// Consecutive handoffs at most.
+    pub max_handoffs: u32,
+    /// Time since the lease was acquired in Redis at most.
+    pub max_time: Duration,
+}
+
+impl Default for HandoffBudget {
+    fn default() -> Self {
+        HandoffBudget {
+            max_handoffs: 32,
+            max_time: Duration::from_millis(10),
+        }
+    }
 }
 
 impl Default for LockOptions {
@@ -128,6 +172,9 @@ impl Default for LockOptions {
             wait: Duration::from_secs(10),
             backoff: Backoff::default(),
             release: Release::Lua,
+            wait_mode: WaitMode::Notify,
+            local_handoff: true,
+            handoff_budget: HandoffBudget::default(),
         }
     }
 }
@@ -161,6 +208,52 @@ impl LockOptions {
     pub fn release(mut self, release: Release) -> Self {
         self.release = release;
         self
+    }
+
+    /// How waiters learn the lock may be free. Defaults to
+    /// [`WaitMode::Notify`].
+    pub fn wait_mode(mut self, wait_mode: WaitMode) -> Self {
+        self.wait_mode = wait_mode;
+        self
+    }
+
+    /// Whether a releasing holder hands its lease straight to a thread of the
+    /// same [`LockClient`](crate::LockClient) queued for the key, with no
+    /// Redis command and the same token, instead of releasing it in Redis.
+    /// Only in [`WaitMode::Notify`], and only when the outermost guard goes.
+    /// Bounded by [`LockOptions::handoff_budget`], so other processes still
+    /// get their turn. Defaults to `true`.
+    pub fn local_handoff(mut self, enabled: bool) -> Self {
+        self.local_handoff = enabled;
+        self
+    }
+
+    /// Ends a run of in-process handoffs with a real release in Redis after
+    /// `max_handoffs` consecutive handoffs or `max_time` since the lease was
+    /// acquired in Redis, whichever comes first. Defaults to 32 handoffs or
+    /// 10 ms. A budget of 0 handoffs disables handoff like
+    /// `local_handoff(false)`.
+    pub fn handoff_budget(mut self, max_handoffs: u32, max_time: Duration) -> Self {
+        self.handoff_budget = HandoffBudget {
+            max_handoffs,
+            max_time,
+        };
+        self
+    }
+
+    /// The wait mode set by [`LockOptions::wait_mode`].
+    pub fn get_wait_mode(&self) -> WaitMode {
+        self.wait_mode
+    }
+
+    /// Whether in-process handoff is on ([`LockOptions::local_handoff`]).
+    pub fn get_local_handoff(&self) -> bool {
+        self.local_handoff
+    }
+
+    /// The budget set by [`LockOptions::handoff_budget`].
+    pub fn get_handoff_budget(&self) -> HandoffBudget {
+        self.handoff_budget
     }
 
     /// The lease length set by [`LockOptions::ttl`].

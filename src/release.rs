@@ -8,6 +8,7 @@ use redis::{Connection, RedisResult, pipe};
 
 use crate::error::NotHeldReason;
 use crate::scripts;
+use crate::stats::Stats;
 
 /// How many times the WATCH release starts over when `EXEC` aborts while the
 /// key still holds our token. An abort means someone wrote the key between
@@ -19,20 +20,38 @@ pub(crate) const MAX_WATCH_ATTEMPTS: u32 = 16;
 pub(crate) type Outcome = Result<(), NotHeldReason>;
 
 /// `EVALSHA lua/release.lua`: one round trip (two after a `NOSCRIPT`).
-pub(crate) fn release_lua(con: &mut Connection, key: &str, token: &str) -> RedisResult<Outcome> {
-    let reply: i64 = scripts::RELEASE.key(key).arg(token).invoke(con)?;
+pub(crate) fn release_lua(
+    con: &mut Connection,
+    stats: &Stats,
+    key: &str,
+    token: &str,
+    channel: &str,
+) -> RedisResult<Outcome> {
+    stats.commands(1);
+    let reply: i64 = scripts::RELEASE
+        .key(key)
+        .arg(token)
+        .arg(channel)
+        .invoke(con)?;
     Ok(scripts::owner_checked(reply))
 }
 
-/// `WATCH`+`GET`, then `MULTI`/`DEL`/`EXEC`: two round trips.
+/// `WATCH`+`GET`, then `MULTI`/`DEL`/`PUBLISH`/`EXEC`: two round trips.
 ///
 /// Every path that does not end in `EXEC` (which clears the watch whether it
 /// runs or aborts) sends `UNWATCH`, errors included, so the connection goes
 /// back to the pool clean. An `UNWATCH` whose reply is lost has still been
 /// written, and Redis runs it before anything the next user sends; one that
 /// cannot be written marks the connection broken, and the pool drops it.
-pub(crate) fn release_watch(con: &mut Connection, key: &str, token: &str) -> RedisResult<Outcome> {
+pub(crate) fn release_watch(
+    con: &mut Connection,
+    stats: &Stats,
+    key: &str,
+    token: &str,
+    channel: &str,
+) -> RedisResult<Outcome> {
     for _ in 0..MAX_WATCH_ATTEMPTS {
+        stats.commands(2);
         let watched: RedisResult<(Option<Vec<u8>>,)> = pipe()
             .cmd("WATCH")
             .arg(key)
@@ -43,14 +62,21 @@ pub(crate) fn release_watch(con: &mut Connection, key: &str, token: &str) -> Red
         let current = match watched {
             Ok((current,)) => current,
             Err(err) => {
-                unwatch(con);
+                unwatch(con, stats);
                 return Err(err);
             }
         };
         match current {
             Some(value) if value == token.as_bytes() => {
-                let executed: RedisResult<Option<(i64,)>> =
-                    pipe().atomic().cmd("DEL").arg(key).query(con);
+                stats.commands(4);
+                let executed: RedisResult<Option<(i64, i64)>> = pipe()
+                    .atomic()
+                    .cmd("DEL")
+                    .arg(key)
+                    .cmd("PUBLISH")
+                    .arg(channel)
+                    .arg("")
+                    .query(con);
                 match executed {
                     Ok(Some(_)) => return Ok(Ok(())),
                     // EXEC aborted: the key was touched after WATCH. Look again.
@@ -58,17 +84,17 @@ pub(crate) fn release_watch(con: &mut Connection, key: &str, token: &str) -> Red
                     Err(err) => {
                         // EXEC normally clears the watch, but an error may
                         // mean it never ran; an extra UNWATCH is harmless.
-                        unwatch(con);
+                        unwatch(con, stats);
                         return Err(err);
                     }
                 }
             }
             None => {
-                unwatch(con);
+                unwatch(con, stats);
                 return Ok(Err(NotHeldReason::Expired));
             }
             Some(_) => {
-                unwatch(con);
+                unwatch(con, stats);
                 return Ok(Err(NotHeldReason::OwnedByOther));
             }
         }
@@ -80,8 +106,27 @@ pub(crate) fn release_watch(con: &mut Connection, key: &str, token: &str) -> Red
     )))
 }
 
-fn unwatch(con: &mut Connection) {
+fn unwatch(con: &mut Connection, stats: &Stats) {
+    stats.commands(1);
     if let Err(err) = redis::cmd("UNWATCH").exec(con) {
         log::debug!("redmutex: UNWATCH failed (the connection will be dropped if broken): {err}");
     }
+}
+
+/// Releases `key` in Redis if it holds `token`, and wakes this client's own
+/// queued head when nobody else will tell it (no live subscription).
+pub(crate) fn release(
+    client: &crate::LockClient,
+    key: &str,
+    token: &str,
+    how: crate::Release,
+) -> Result<(), crate::Error> {
+    let channel = crate::channel::release_channel(key);
+    let stats = client.counters();
+    let outcome = client.with_connection(key, |con| match how {
+        crate::Release::Lua => release_lua(con, stats, key, token, &channel),
+        crate::Release::Watch => release_watch(con, stats, key, token, &channel),
+    });
+    client.queues().released(key);
+    outcome?.map_err(|reason| crate::Error::not_held(key, reason))
 }

@@ -8,7 +8,12 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// `lua/release.lua`: owner-checked delete. Returns 1 released, 0 gone, -1 other owner.
+/// `lua/acquire.lua`: SET NX PX GET, or the holder's PTTL. Returns `{1, 0}`
+/// acquired or `{0, pttl}` held.
+pub(crate) static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/acquire.lua")));
+
+/// `lua/release.lua`: owner-checked delete and PUBLISH. Returns 1 released, 0 gone, -1 other owner.
 pub(crate) static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/release.lua")));
 

@@ -1,0 +1,62 @@
+//! The pub/sub channel a lock key's releases are announced on.
+//!
+//! The channel carries the key's Redis Cluster hash tag, so that it maps to
+//! the key's slot (what sharded pub/sub needs): the key's own `{tag}` when it
+//! has one, else the whole key wrapped in braces.
+
+/// The part of `key` Redis Cluster hashes: the text between the first `{`
+/// and the first `}` after it, when that is not empty.
+pub(crate) fn hash_tag(key: &str) -> Option<&str> {
+    let open = key.find('{')?;
+    let rest = &key[open + 1..];
+    let close = rest.find('}')?;
+    (close > 0).then(|| &rest[..close])
+}
+
+/// The channel releases of `key` are published on.
+pub(crate) fn release_channel(key: &str) -> String {
+    match hash_tag(key) {
+        Some(tag) => format!("redmutex:released:{{{tag}}}:{key}"),
+        // A key with a stray `}` cannot be wrapped as a tag; such a channel is
+        // still unique, only not slot-aligned.
+        None if key.contains('}') => format!("redmutex:released:{key}"),
+        None => format!("redmutex:released:{{{key}}}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_tags_follow_redis_cluster_rules() {
+        assert_eq!(hash_tag("user:{42}:lock"), Some("42"));
+        assert_eq!(hash_tag("{a}{b}"), Some("a"));
+        assert_eq!(
+            hash_tag("a{}b{c}"),
+            None,
+            "an empty first tag hashes the whole key"
+        );
+        assert_eq!(hash_tag("plain"), None);
+        assert_eq!(hash_tag("open{only"), None);
+    }
+
+    #[test]
+    fn channels_share_the_keys_tag() {
+        assert_eq!(
+            release_channel("jobs:nightly"),
+            "redmutex:released:{jobs:nightly}"
+        );
+        assert_eq!(
+            hash_tag(&release_channel("jobs:nightly")),
+            Some("jobs:nightly")
+        );
+        assert_eq!(
+            release_channel("user:{42}:lock"),
+            "redmutex:released:{42}:user:{42}:lock"
+        );
+        assert_eq!(hash_tag(&release_channel("user:{42}:lock")), Some("42"));
+        assert_eq!(release_channel("odd}key"), "redmutex:released:odd}key");
+        assert_ne!(release_channel("a"), release_channel("b"));
+    }
+}

@@ -1,0 +1,341 @@
+//! Local wait queues: threads of one `LockClient` waiting for the same key
+//! line up in FIFO order, only the head talks to Redis, and a releasing
+//! holder can hand its lease straight to the head.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::subscriber::Subscription;
+
+/// A lease passed from a releasing holder to a waiter of the same client,
+/// without Redis: the key keeps the same token and expiry.
+#[derive(Clone, Debug)]
+pub(crate) struct Handoff {
+    pub(crate) token: String,
+    /// When the request that set the current expiry was sent.
+    pub(crate) sent: Instant,
+    pub(crate) ttl: Duration,
+    /// Consecutive handoffs so far, this one included.
+    pub(crate) handoffs: u32,
+    /// When this token was acquired in Redis.
+    pub(crate) acquired_at: Instant,
+}
+
+struct Gift {
+    to: u64,
+    lease: Handoff,
+}
+
+#[derive(Default)]
+struct QueueState {
+    next_ticket: u64,
+    /// FIFO; each waiter sleeps on its own condition variable, so an event
+    /// wakes the one thread it concerns, not the whole queue.
+    waiters: VecDeque<Slot>,
+    gift: Option<Gift>,
+    /// Bumped whenever the lock may have become free (a release message, a
+    /// release in Redis by this client, a lost subscriber connection).
+    wakeups: u64,
+    /// Keeps the key's release channel subscribed while anyone waits.
+    subscription: Option<Subscription>,
+}
+
+struct Slot {
+    ticket: u64,
+    wake: Arc<Condvar>,
+}
+
+impl QueueState {
+    fn head(&self) -> Option<u64> {
+        self.waiters.front().map(|slot| slot.ticket)
+    }
+
+    fn notify_head(&self) {
+        if let Some(slot) = self.waiters.front() {
+            slot.wake.notify_one();
+        }
+    }
+}
+
+/// The waiters of one key in one client.
+pub(crate) struct KeyQueue {
+    state: Mutex<QueueState>,
+}
+
+impl KeyQueue {
+    /// The lock may be free: wake the head.
+    pub(crate) fn wake(&self) {
+        let mut state = self.state.lock();
+        state.wakeups = state.wakeups.wrapping_add(1);
+        state.notify_head();
+    }
+}
+
+/// All queues of one client, by key, and which keys its threads hold.
+#[derive(Default)]
+pub(crate) struct Queues {
+    by_key: Mutex<HashMap<String, Arc<KeyQueue>>>,
+    /// Keys a thread of this client holds, with the local end of the lease:
+    /// while it lasts, queued threads wait for a handoff or a release
+    /// instead of asking Redis for a lock their own process holds.
+    held: Mutex<HashMap<String, Instant>>,
+}
+
+/// What a waiter found when it looked at the queue.
+pub(crate) enum Turn {
+    /// A releasing holder handed this waiter its lease.
+    Gift(Handoff),
+    /// This waiter is at the front: its turn to ask Redis.
+    Head,
+    /// The deadline passed first.
+    TimedOut,
+}
+
+impl Queues {
+    /// A thread of this client holds `key` until `until` (local clock).
+    pub(crate) fn hold(&self, key: &str, until: Instant) {
+        self.held.lock().insert(key.to_owned(), until);
+    }
+
+    /// No thread of this client holds `key` any more.
+    pub(crate) fn unhold(&self, key: &str) {
+        self.held.lock().remove(key);
+    }
+
+    /// Until when a thread of this client holds `key`, if it does now.
+    pub(crate) fn held_until(&self, key: &str) -> Option<Instant> {
+        let until = *self.held.lock().get(key)?;
+        (until > Instant::now()).then_some(until)
+    }
+
+    /// Whether any thread of this client waits for `key`.
+    pub(crate) fn has_waiters(&self, key: &str) -> bool {
+        self.by_key.lock().contains_key(key)
+    }
+
+    /// Joins the back of `key`'s queue. A lease handed to this waiter that
+    /// nobody can take when it leaves goes to `on_orphan`, to be released in
+    /// Redis.
+    pub(crate) fn enqueue<'a>(&'a self, key: &str, on_orphan: &'a dyn Fn(Handoff)) -> Waiter<'a> {
+        let mut by_key = self.by_key.lock();
+        let queue = by_key
+            .entry(key.to_owned())
+            .or_insert_with(|| {
+                Arc::new(KeyQueue {
+                    state: Mutex::new(QueueState::default()),
+                })
+            })
+            .clone();
+        let wake = Arc::new(Condvar::new());
+        let ticket = {
+            let mut state = queue.state.lock();
+            let ticket = state.next_ticket;
+            state.next_ticket += 1;
+            state.waiters.push_back(Slot {
+                ticket,
+                wake: wake.clone(),
+            });
+            ticket
+        };
+        Waiter {
+            queues: self,
+            key: key.to_owned(),
+            queue,
+            ticket,
+            wake,
+            on_orphan,
+        }
+    }
+
+    /// Hands `lease` to the head of `key`'s queue, if anyone waits and no
+    /// other gift is pending. Gives the lease back otherwise.
+    pub(crate) fn offer(&self, key: &str, lease: Handoff) -> Result<(), Handoff> {
+        let queue = match self.by_key.lock().get(key) {
+            Some(queue) => queue.clone(),
+            None => return Err(lease),
+        };
+        let mut state = queue.state.lock();
+        match state.head() {
+            Some(head) if state.gift.is_none() => {
+                state.gift = Some(Gift { to: head, lease });
+                state.notify_head();
+                Ok(())
+            }
+            _ => Err(lease),
+        }
+    }
+
+    /// This client released `key` in Redis. Its own head is woken here only
+    /// when no release message will reach it; otherwise it learns from the
+    /// message like the waiters of other processes, which keeps the race
+    /// for the next lease fair between processes.
+    pub(crate) fn released(&self, key: &str) {
+        let queue = self.by_key.lock().get(key).cloned();
+        if let Some(queue) = queue {
+            let live = queue
+                .state
+                .lock()
+                .subscription
+                .as_ref()
+                .is_some_and(Subscription::is_live);
+            if !live {
+                queue.wake();
+            }
+        }
+    }
+}
+
+/// A thread's place in a key's queue. Dropping it leaves the queue: a gift
+/// meant for it goes on to the next waiter, or, with nobody left, to
+/// `on_orphan`.
+pub(crate) struct Waiter<'a> {
+    queues: &'a Queues,
+    key: String,
+    queue: Arc<KeyQueue>,
+    ticket: u64,
+    wake: Arc<Condvar>,
+    on_orphan: &'a dyn Fn(Handoff),
+}
+
+impl Waiter<'_> {
+    pub(crate) fn queue(&self) -> &Arc<KeyQueue> {
+        &self.queue
+    }
+
+    /// Waits until this waiter is given a lease, reaches the front, or
+    /// `deadline` passes (`None`: no deadline).
+    pub(crate) fn wait_turn(&self, deadline: Option<Instant>) -> Turn {
+        let mut state = self.queue.state.lock();
+        loop {
+            if let Some(lease) = take_gift(&mut state, self.ticket) {
+                return Turn::Gift(lease);
+            }
+            if state.head() == Some(self.ticket) {
+                return Turn::Head;
+            }
+            match deadline {
+                Some(deadline) => {
+                    if Instant::now() >= deadline {
+                        return Turn::TimedOut;
+                    }
+                    self.wake.wait_until(&mut state, deadline);
+                }
+                None => self.wake.wait(&mut state),
+            }
+        }
+    }
+
+    /// The wake-up count now; pass it to [`Waiter::wait_release`] after an
+    /// attempt so a release during the attempt is not missed.
+    pub(crate) fn wakeups(&self) -> u64 {
+        self.queue.state.lock().wakeups
+    }
+
+    /// As the head, after a failed attempt: waits until the lock may be free
+    /// (a wake-up since `seen`), a lease is handed over, or `until`.
+    pub(crate) fn wait_release(&self, seen: u64, until: Instant) -> Option<Handoff> {
+        let mut state = self.queue.state.lock();
+        loop {
+            if let Some(lease) = take_gift(&mut state, self.ticket) {
+                return Some(lease);
+            }
+            if state.wakeups != seen || self.wake.wait_until(&mut state, until).timed_out() {
+                return take_gift(&mut state, self.ticket);
+            }
+        }
+    }
+
+    /// Gives the queue a subscription to keep while anyone waits, unless it
+    /// has one; returns whether it is live.
+    pub(crate) fn keep_subscribed(&self, subscribe: impl FnOnce() -> Option<Subscription>) -> bool {
+        if let Some(subscription) = &self.queue.state.lock().subscription {
+            return subscription.is_live();
+        }
+        let Some(subscription) = subscribe() else {
+            return false;
+        };
+        let live = subscription.is_live();
+        let mut state = self.queue.state.lock();
+        if state.subscription.is_none() {
+            state.subscription = Some(subscription);
+        }
+        live
+    }
+
+    /// The queue's subscription, waited on until live or `until`.
+    pub(crate) fn wait_subscribed(&self, until: Instant) -> bool {
+        // Taken out to wait without holding the queue's lock; put back after.
+        let subscription = self.queue.state.lock().subscription.take();
+        let Some(subscription) = subscription else {
+            return false;
+        };
+        let live = subscription.wait_live(until);
+        let mut state = self.queue.state.lock();
+        if state.subscription.is_none() {
+            state.subscription = Some(subscription);
+        }
+        live
+    }
+
+    fn leave_inner(&mut self) -> Option<Handoff> {
+        let mut by_key = self.queues.by_key.lock();
+        let mut state = self.queue.state.lock();
+        let was_head = state.head() == Some(self.ticket);
+        state.waiters.retain(|slot| slot.ticket != self.ticket);
+        let mut orphan = None;
+        // The new head needs waking when it inherits a gift, or when nobody
+        // of this client holds the lock (its turn to ask Redis); while one
+        // does, the coming handoff or release wakes it.
+        let mut wake_next = was_head && self.queues.held_until(&self.key).is_none();
+        if state.gift.as_ref().is_some_and(|g| g.to == self.ticket) {
+            match (state.head(), state.gift.take()) {
+                (Some(next), Some(gift)) => {
+                    wake_next = true;
+                    state.gift = Some(Gift {
+                        to: next,
+                        lease: gift.lease,
+                    })
+                }
+                (None, Some(gift)) => orphan = Some(gift.lease),
+                _ => {}
+            }
+        }
+        let subscription = if state.waiters.is_empty() && state.gift.is_none() {
+            if by_key
+                .get(&self.key)
+                .is_some_and(|q| Arc::ptr_eq(q, &self.queue))
+            {
+                by_key.remove(&self.key);
+            }
+            state.subscription.take()
+        } else {
+            None
+        };
+        if wake_next {
+            state.notify_head();
+        }
+        drop(state);
+        drop(by_key);
+        drop(subscription); // UNSUBSCRIBE, outside the locks
+        orphan
+    }
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        if let Some(orphan) = self.leave_inner() {
+            (self.on_orphan)(orphan);
+        }
+    }
+}
+
+fn take_gift(state: &mut QueueState, ticket: u64) -> Option<Handoff> {
+    if state.gift.as_ref().is_some_and(|g| g.to == ticket) {
+        state.gift.take().map(|g| g.lease)
+    } else {
+        None
+    }
+}

@@ -1,0 +1,520 @@
+//! One dedicated pub/sub connection and thread per `LockClient`, subscribed to
+//! the release channels of keys that have local waiters.
+//!
+//! The connection is not pooled: a connection in subscribe mode cannot run
+//! other commands, and a waiter must never hold a pooled connection the
+//! releaser needs. It speaks just enough RESP itself (`resp.rs`) so that the
+//! thread can block reading pushed messages while waiters write `SUBSCRIBE`
+//! and `UNSUBSCRIBE` on a clone of the socket: no polling, and a
+//! subscription is confirmed before the waiter's next attempt.
+//!
+//! When the connection fails, every waiting queue is woken (its head falls
+//! back to backoff timing) and the thread reconnects and subscribes again.
+
+use std::collections::HashMap;
+use std::io::{self, BufReader, Read, Write};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+#[cfg(unix)]
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::queue::KeyQueue;
+use crate::resp::{self, Frame};
+use crate::stats::Stats;
+
+/// The name the subscriber connection gives itself (`CLIENT SETNAME`).
+pub(crate) const CONNECTION_NAME: &str = "redmutex-subscriber";
+/// The subscriber thread's name (Linux keeps 15 bytes of it).
+pub const THREAD_NAME: &str = "redmutex-sub";
+const IO_TIMEOUT: Duration = Duration::from_secs(2);
+const RECONNECT_MIN: Duration = Duration::from_millis(50);
+const RECONNECT_MAX: Duration = Duration::from_secs(2);
+
+/// Where and how to connect.
+#[derive(Clone, Debug)]
+enum Target {
+    Tcp {
+        host: String,
+        port: u16,
+    },
+    #[cfg(unix)]
+    Unix(std::path::PathBuf),
+}
+
+#[derive(Clone, Debug)]
+struct Endpoint {
+    target: Target,
+    username: Option<String>,
+    password: Option<String>,
+}
+
+impl Endpoint {
+    /// `None` for addresses this connection cannot speak to (TLS): waiters
+    /// then use backoff timing.
+    fn of(client: &redis::Client) -> Option<Endpoint> {
+        let info = client.get_connection_info();
+        let target = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) => Target::Tcp {
+                host: host.clone(),
+                port: *port,
+            },
+            #[cfg(unix)]
+            redis::ConnectionAddr::Unix(path) => Target::Unix(path.clone()),
+            _ => return None,
+        };
+        let settings = info.redis_settings();
+        Some(Endpoint {
+            target,
+            username: settings.username().map(str::to_owned),
+            password: settings.password().map(str::to_owned),
+        })
+    }
+}
+
+enum Stream {
+    Tcp(TcpStream),
+    #[cfg(unix)]
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn connect(target: &Target) -> io::Result<Stream> {
+        match target {
+            Target::Tcp { host, port } => {
+                let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
+                for addr in (host.as_str(), *port).to_socket_addrs()? {
+                    match TcpStream::connect_timeout(&addr, IO_TIMEOUT) {
+                        Ok(stream) => {
+                            stream.set_nodelay(true)?;
+                            return Ok(Stream::Tcp(stream));
+                        }
+                        Err(err) => last = err,
+                    }
+                }
+                Err(last)
+            }
+            #[cfg(unix)]
+            Target::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path)?)),
+        }
+    }
+
+    fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+            #[cfg(unix)]
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+        })
+    }
+
+    fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => {
+                s.set_read_timeout(read)?;
+                s.set_write_timeout(write)
+            }
+            #[cfg(unix)]
+            Stream::Unix(s) => {
+                s.set_read_timeout(read)?;
+                s.set_write_timeout(write)
+            }
+        }
+    }
+
+    fn shutdown(&self) {
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.flush(),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.flush(),
+        }
+    }
+}
+
+/// One channel's subscription state on the current connection.
+struct Channel {
+    /// Live `Subscription` handles.
+    refs: usize,
+    /// (UN)SUBSCRIBE commands written for it on this connection, and the
+    /// replies read back; replies come in order, so `acked >= n` means the
+    /// n-th command has taken effect.
+    sent: u64,
+    acked: u64,
+    /// The `sent` count of the SUBSCRIBE that must be acknowledged before
+    /// the channel is live; `None` while unsubscribed.
+    subscribe_at: Option<u64>,
+    queue: Weak<KeyQueue>,
+}
+
+impl Channel {
+    fn is_live(&self) -> bool {
+        self.subscribe_at.is_some_and(|at| self.acked >= at)
+    }
+}
+
+#[derive(Default)]
+struct State {
+    writer: Option<Stream>,
+    /// The last connection attempt failed or the connection was lost:
+    /// waiters do not wait for confirmations until it is back.
+    failed: bool,
+    channels: HashMap<String, Channel>,
+    thread_started: bool,
+    shutdown: bool,
+}
+
+impl State {
+    fn send(&mut self, command: &[u8], channel: &str) -> bool {
+        let Some(writer) = self.writer.as_mut() else {
+            return false;
+        };
+        match resp::write_command(writer, &[command, channel.as_bytes()]) {
+            Ok(()) => true,
+            Err(err) => {
+                log::warn!("redmutex: subscriber write failed, reconnecting: {err}");
+                writer.shutdown(); // the reader notices and reconnects
+                self.writer = None;
+                false
+            }
+        }
+    }
+
+    fn subscribe(&mut self, name: &str) {
+        if self.writer.is_none() {
+            return; // subscribed on (re)connect
+        }
+        if self.send(b"SUBSCRIBE", name)
+            && let Some(channel) = self.channels.get_mut(name)
+        {
+            channel.sent += 1;
+            channel.subscribe_at = Some(channel.sent);
+        }
+    }
+}
+
+struct Shared {
+    endpoint: Endpoint,
+    stats: Arc<Stats>,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+/// The client's subscriber: started on first use, stopped when dropped.
+pub(crate) struct Subscriber {
+    shared: Option<Arc<Shared>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Subscriber {
+    pub(crate) fn new(client: Option<&redis::Client>, stats: Arc<Stats>) -> Subscriber {
+        let shared = client.and_then(Endpoint::of).map(|endpoint| {
+            Arc::new(Shared {
+                endpoint,
+                stats,
+                state: Mutex::new(State::default()),
+                changed: Condvar::new(),
+            })
+        });
+        Subscriber {
+            shared,
+            thread: Mutex::new(None),
+        }
+    }
+
+    /// A handle that keeps `channel` subscribed while it lives, waking
+    /// `queue` on each release message. `None` when this client has no
+    /// subscriber (TLS, or a pool given without a `redis::Client`).
+    pub(crate) fn subscribe(&self, channel: &str, queue: &Arc<KeyQueue>) -> Option<Subscription> {
+        let shared = self.shared.as_ref()?;
+        let mut state = shared.state.lock();
+        if state.shutdown {
+            return None;
+        }
+        let entry = state.channels.entry(channel.to_owned()).or_insert(Channel {
+            refs: 0,
+            sent: 0,
+            acked: 0,
+            subscribe_at: None,
+            queue: Weak::new(),
+        });
+        entry.refs += 1;
+        entry.queue = Arc::downgrade(queue);
+        if entry.subscribe_at.is_none() {
+            state.subscribe(channel);
+        }
+        if !state.thread_started {
+            state.thread_started = true;
+            let thread_shared = shared.clone();
+            match std::thread::Builder::new()
+                .name(THREAD_NAME.into())
+                .spawn(move || run(&thread_shared))
+            {
+                Ok(handle) => *self.thread.lock() = Some(handle),
+                Err(err) => log::warn!("redmutex: cannot start the subscriber thread: {err}"),
+            }
+        }
+        Some(Subscription {
+            shared: shared.clone(),
+            channel: channel.to_owned(),
+        })
+    }
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        let Some(shared) = &self.shared else {
+            return;
+        };
+        {
+            let mut state = shared.state.lock();
+            state.shutdown = true;
+            if let Some(writer) = state.writer.take() {
+                writer.shutdown();
+            }
+            shared.changed.notify_all();
+        }
+        if let Some(handle) = self.thread.lock().take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// Keeps a channel subscribed; unsubscribes when the last handle goes.
+pub(crate) struct Subscription {
+    shared: Arc<Shared>,
+    channel: String,
+}
+
+impl Subscription {
+    /// Whether release messages for the channel are being delivered now.
+    pub(crate) fn is_live(&self) -> bool {
+        let state = self.shared.state.lock();
+        state.writer.is_some()
+            && state
+                .channels
+                .get(&self.channel)
+                .is_some_and(Channel::is_live)
+    }
+
+    /// Waits until the subscription is live, at most until `until`.
+    pub(crate) fn wait_live(&self, until: Instant) -> bool {
+        let mut state = self.shared.state.lock();
+        loop {
+            let live = state.writer.is_some()
+                && state
+                    .channels
+                    .get(&self.channel)
+                    .is_some_and(Channel::is_live);
+            if live {
+                return true;
+            }
+            if state.shutdown
+                || state.failed
+                || self
+                    .shared
+                    .changed
+                    .wait_until(&mut state, until)
+                    .timed_out()
+            {
+                return false;
+            }
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        let mut state = self.shared.state.lock();
+        let Some(channel) = state.channels.get_mut(&self.channel) else {
+            return;
+        };
+        channel.refs = channel.refs.saturating_sub(1);
+        if channel.refs > 0 {
+            return;
+        }
+        let was_subscribed = channel.subscribe_at.take().is_some();
+        if was_subscribed && state.send(b"UNSUBSCRIBE", &self.channel) {
+            if let Some(channel) = state.channels.get_mut(&self.channel) {
+                channel.sent += 1;
+            }
+        } else {
+            state.channels.remove(&self.channel);
+        }
+    }
+}
+
+/// The subscriber thread: connect, subscribe what is wanted, read pushes,
+/// and on failure wake every waiter and start again, until shutdown.
+fn run(shared: &Shared) {
+    let mut pause = RECONNECT_MIN;
+    loop {
+        if shared.state.lock().shutdown {
+            return;
+        }
+        match connect(&shared.endpoint) {
+            Ok((reader, writer)) => {
+                pause = RECONNECT_MIN;
+                {
+                    let mut state = shared.state.lock();
+                    if state.shutdown {
+                        writer.shutdown();
+                        return;
+                    }
+                    state.writer = Some(writer);
+                    state.failed = false;
+                    state.channels.retain(|_, c| c.refs > 0);
+                    let names: Vec<String> = state.channels.keys().cloned().collect();
+                    for channel in state.channels.values_mut() {
+                        channel.sent = 0;
+                        channel.acked = 0;
+                        channel.subscribe_at = None;
+                    }
+                    for name in names {
+                        state.subscribe(&name);
+                    }
+                    shared.changed.notify_all();
+                }
+                read_pushes(shared, reader);
+            }
+            Err(err) => log::debug!("redmutex: subscriber cannot connect: {err}"),
+        }
+        // The connection is gone: waiters fall back to backoff timing.
+        let queues: Vec<Arc<KeyQueue>> = {
+            let mut state = shared.state.lock();
+            if let Some(writer) = state.writer.take() {
+                writer.shutdown();
+            }
+            state.failed = true;
+            shared.changed.notify_all();
+            if state.shutdown {
+                return;
+            }
+            state
+                .channels
+                .values()
+                .filter_map(|c| c.queue.upgrade())
+                .collect()
+        };
+        for queue in queues {
+            queue.wake();
+        }
+        let mut state = shared.state.lock();
+        if !state.shutdown {
+            let _ = shared.changed.wait_for(&mut state, pause);
+        }
+        pause = (pause * 2).min(RECONNECT_MAX);
+    }
+}
+
+/// Connects, authenticates and names the connection; returns the reading
+/// and the writing halves.
+fn connect(endpoint: &Endpoint) -> io::Result<(BufReader<Stream>, Stream)> {
+    let stream = Stream::connect(&endpoint.target)?;
+    stream.set_timeouts(Some(IO_TIMEOUT), Some(IO_TIMEOUT))?;
+    let mut writer = stream.try_clone()?;
+    let mut reader = BufReader::new(stream);
+    if let Some(password) = &endpoint.password {
+        let mut args: Vec<&[u8]> = vec![b"AUTH"];
+        if let Some(user) = &endpoint.username {
+            args.push(user.as_bytes());
+        }
+        args.push(password.as_bytes());
+        resp::write_command(&mut writer, &args)?;
+        expect_ok(&mut reader, "AUTH")?;
+    }
+    resp::write_command(
+        &mut writer,
+        &[b"CLIENT", b"SETNAME", CONNECTION_NAME.as_bytes()],
+    )?;
+    expect_ok(&mut reader, "CLIENT SETNAME")?;
+    // From here on the reader blocks until a push arrives.
+    reader.get_ref().set_timeouts(None, Some(IO_TIMEOUT))?;
+    Ok((reader, writer))
+}
+
+fn expect_ok(reader: &mut BufReader<Stream>, what: &str) -> io::Result<()> {
+    match resp::read_frame(reader)? {
+        Some(Frame::Simple(_)) => Ok(()),
+        Some(Frame::Error(err)) => Err(io::Error::other(format!("{what}: {err}"))),
+        other => Err(io::Error::other(format!(
+            "{what}: unexpected reply {other:?}"
+        ))),
+    }
+}
+
+/// Reads pushed frames until the connection ends.
+fn read_pushes(shared: &Shared, mut reader: BufReader<Stream>) {
+    loop {
+        let frame = match resp::read_frame(&mut reader) {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return,
+            Err(err) => {
+                log::debug!("redmutex: subscriber connection ended: {err}");
+                return;
+            }
+        };
+        let Frame::Array(Some(items)) = frame else {
+            continue;
+        };
+        let (Some(kind), Some(name)) = (
+            items.first().and_then(Frame::as_bytes),
+            items.get(1).and_then(Frame::as_bytes),
+        ) else {
+            continue;
+        };
+        let name = String::from_utf8_lossy(name);
+        let mut state = shared.state.lock();
+        match kind {
+            b"message" => {
+                let queue = state
+                    .channels
+                    .get(name.as_ref())
+                    .and_then(|c| c.queue.upgrade());
+                drop(state);
+                shared.stats.notification();
+                if let Some(queue) = queue {
+                    queue.wake();
+                }
+            }
+            b"subscribe" | b"unsubscribe" => {
+                if let Some(channel) = state.channels.get_mut(name.as_ref()) {
+                    channel.acked += 1;
+                    if channel.refs == 0 && channel.acked >= channel.sent {
+                        state.channels.remove(name.as_ref());
+                    }
+                }
+                shared.changed.notify_all();
+            }
+            _ => {}
+        }
+    }
+}
