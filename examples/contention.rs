@@ -3,23 +3,30 @@
 //! ```sh
 //! cargo run --release --example contention -- \
 //!     [--threads N] [--processes P] [--keys K] [--secs S] \
-//!     [--release lua|watch|both] [--url URL]
+//!     [--release lua|watch|both] [--wait-mode spin|notify|both] [--no-handoff] \
+//!     [--work none|redis|sleep:MS] [--url URL]
 //! ```
 //!
 //! Without `--url` it starts a private redis-server on a free loopback port.
-//! Every worker loops for `--secs`: lock one of the `--keys` keys, run a
-//! deliberately non-atomic GET/SET increment of that key's counter, unlock.
-//! With `--processes P` it runs P child processes of itself, each with
-//! `--threads` threads and its own `LockClient`, against the same keys, and
-//! sums their figures.
+//! Every worker loops for `--secs`: lock one of the `--keys` keys, do the
+//! critical section's `--work`, unlock. `--work redis` (the default) is a
+//! deliberately non-atomic GET/SET increment of the key's counter in Redis;
+//! `none` does nothing but a process-local non-atomic increment; `sleep:MS`
+//! sleeps. Every critical section also checks, in process, that no other
+//! worker is inside. With `--processes P` it runs P child processes of
+//! itself, each with `--threads` threads and its own `LockClient`, against
+//! the same keys, and sums their figures.
 //!
-//! It prints one Markdown table, one row per release method: acquisitions/s;
-//! wait p50, p99 and max (from calling `lock()` to holding the guard);
-//! acquisitions per worker, min and max; Redis commands per acquisition from
-//! the `INFO commandstats` delta, in all and without the critical section's
-//! own GET and SET; exclusion violations (increments lost to overlapping
-//! holders, must be 0); and, measured in the same run, a PING round trip and
-//! the uncontended acquire+release cycle as a multiple of it (the floor is 2).
+//! It prints one Markdown table, one row per wait mode and release method:
+//! acquisitions/s; wait p50, p99 and max (from calling `lock()` to holding
+//! the guard); acquisitions per worker (min–max and their ratio); with
+//! several processes, the smallest process's share; lock commands per
+//! acquisition as the clients sent them (`LockClient::stats`) and all Redis
+//! commands per acquisition from the `INFO commandstats` delta (scripts'
+//! inner calls and the critical section included); in-process handoffs per
+//! acquisition; exclusion violations (must be 0); and, measured in the same
+//! run, a PING round trip and the uncontended acquire+release cycle as a
+//! multiple of it (the floor is 2).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -27,11 +34,13 @@ mod support;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, ValueEnum};
 use redis::Commands;
-use redmutex::{DistributedLock, LockClient, LockOptions, Release};
+use redmutex::{DistributedLock, LockClient, LockOptions, Release, WaitMode};
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Contention report for redmutex: throughput, waits, fairness, Redis cost")]
@@ -45,12 +54,21 @@ struct Args {
     /// Lock keys the workers spread over (worker t takes key t, t+1, … mod K).
     #[arg(long, default_value_t = 1)]
     keys: usize,
-    /// Seconds each run lasts.
+    /// Seconds each row's run lasts.
     #[arg(long, default_value_t = 5.0)]
     secs: f64,
     /// Release method; `both` prints a row for each.
     #[arg(long, value_enum, default_value_t = ReleaseArg::Lua)]
     release: ReleaseArg,
+    /// How waiters wait; `both` prints a row for each.
+    #[arg(long, value_enum, default_value_t = ModeArg::Both)]
+    wait_mode: ModeArg,
+    /// Turn off in-process handoff (notify mode).
+    #[arg(long)]
+    no_handoff: bool,
+    /// The critical section: none, redis (GET/SET counter) or sleep:MS.
+    #[arg(long, default_value = "redis", value_parser = parse_work)]
+    work: Work,
     /// Redis server to use instead of a private one. Only keys under
     /// `redmutex-report:*` are written, and they are deleted afterwards.
     #[arg(long)]
@@ -70,20 +88,67 @@ enum ReleaseArg {
     Both,
 }
 
-impl ReleaseArg {
-    fn methods(self) -> Vec<Release> {
-        match self {
-            ReleaseArg::Lua => vec![Release::Lua],
-            ReleaseArg::Watch => vec![Release::Watch],
-            ReleaseArg::Both => vec![Release::Lua, Release::Watch],
-        }
-    }
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum ModeArg {
+    Spin,
+    Notify,
+    Both,
+}
 
-    fn of(release: Release) -> &'static str {
-        match release {
-            Release::Lua => "lua",
-            Release::Watch => "watch",
-        }
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Work {
+    None,
+    Redis,
+    Sleep(Duration),
+}
+
+fn parse_work(text: &str) -> Result<Work, String> {
+    match text {
+        "none" => Ok(Work::None),
+        "redis" => Ok(Work::Redis),
+        _ => text
+            .strip_prefix("sleep:")
+            .and_then(|ms| ms.parse().ok())
+            .map(|ms| Work::Sleep(Duration::from_millis(ms)))
+            .ok_or_else(|| format!("--work wants none, redis or sleep:MS, got {text:?}")),
+    }
+}
+
+fn work_name(work: Work) -> String {
+    match work {
+        Work::None => "none".into(),
+        Work::Redis => "redis".into(),
+        Work::Sleep(d) => format!("sleep:{}", d.as_millis()),
+    }
+}
+
+fn releases(arg: ReleaseArg) -> Vec<Release> {
+    match arg {
+        ReleaseArg::Lua => vec![Release::Lua],
+        ReleaseArg::Watch => vec![Release::Watch],
+        ReleaseArg::Both => vec![Release::Lua, Release::Watch],
+    }
+}
+
+fn modes(arg: ModeArg) -> Vec<WaitMode> {
+    match arg {
+        ModeArg::Spin => vec![WaitMode::Spin],
+        ModeArg::Notify => vec![WaitMode::Notify],
+        ModeArg::Both => vec![WaitMode::Spin, WaitMode::Notify],
+    }
+}
+
+fn release_name(release: Release) -> &'static str {
+    match release {
+        Release::Lua => "lua",
+        Release::Watch => "watch",
+    }
+}
+
+fn mode_name(mode: WaitMode) -> &'static str {
+    match mode {
+        WaitMode::Spin => "spin",
+        _ => "notify",
     }
 }
 
@@ -103,6 +168,18 @@ struct Worker {
     acquisitions: u64,
     /// Lock waits in microseconds.
     waits_us: Vec<u64>,
+}
+
+/// What one process did.
+#[derive(Default)]
+struct Process {
+    workers: Vec<Worker>,
+    /// Lock commands its client sent.
+    commands: u64,
+    handoffs: u64,
+    /// In-process exclusion violations: overlaps seen, plus increments of
+    /// the process-local counter that were lost.
+    violations: u64,
 }
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
@@ -132,11 +209,13 @@ fn main() -> Result<(), Failure> {
     let mut admin = redis::Client::open(url.as_str())?.get_connection()?;
 
     println!(
-        "{} process(es) x {} thread(s), {} key(s), {} s per run; Redis at {}\n",
+        "{} process(es) x {} thread(s), {} key(s), work {}, {} s per row{}; Redis at {}\n",
         args.processes,
         args.threads,
         args.keys,
+        work_name(args.work),
         args.secs,
+        if args.no_handoff { ", no handoff" } else { "" },
         if args.url.is_some() {
             "--url"
         } else {
@@ -144,68 +223,91 @@ fn main() -> Result<(), Failure> {
         }
     );
     println!(
-        "| release | acq/s | wait p50 | wait p99 | wait max | acq/worker min–max | Redis cmds/acq (lock only) | violations | PING RTT | uncontended cycle |"
+        "| wait mode | release | acq/s | wait p50 | wait p99 | wait max | acq/worker min–max (ratio) | smallest process share | lock cmds/acq | Redis cmds/acq | handoffs/acq | violations | PING RTT | uncontended cycle |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut violations = 0;
-    for release in args.release.methods() {
-        let (ping, cycle) = uncontended(&client, release)?;
+    for mode in modes(args.wait_mode) {
+        for release in releases(args.release) {
+            let (ping, cycle) = uncontended(&client, mode, release)?;
 
-        reset(&mut admin, args.keys)?;
-        let before = commandstats(&mut admin)?;
-        let started = Instant::now();
-        let workers = if args.processes == 1 {
-            run_workers(&url, &args, release, SystemTime::now())?
-        } else {
-            run_children(&args, &url, release)?
-        };
-        let elapsed = started.elapsed();
-        let after = commandstats(&mut admin)?;
-        let counted: i64 = (0..args.keys)
-            .map(|k| {
-                admin
-                    .get::<_, Option<i64>>(counter_key(k))
-                    .map(|v| v.unwrap_or(0))
-            })
-            .sum::<Result<i64, _>>()?;
-        reset(&mut admin, args.keys)?;
+            reset(&mut admin, args.keys)?;
+            let before = commandstats(&mut admin)?;
+            let started = Instant::now();
+            let processes = if args.processes == 1 {
+                vec![run_process(&url, &args, mode, release, SystemTime::now())?]
+            } else {
+                run_children(&args, &url, mode, release)?
+            };
+            let elapsed = started.elapsed();
+            let after = commandstats(&mut admin)?;
+            let counted: u64 = (0..args.keys)
+                .map(|k| {
+                    admin
+                        .get::<_, Option<u64>>(counter_key(k))
+                        .map(|v| v.unwrap_or(0))
+                })
+                .sum::<Result<u64, _>>()?;
+            reset(&mut admin, args.keys)?;
 
-        let acquisitions: u64 = workers.iter().map(|w| w.acquisitions).sum();
-        let mut waits: Vec<u64> = workers
-            .iter()
-            .flat_map(|w| w.waits_us.iter().copied())
-            .collect();
-        waits.sort_unstable();
-        let commands = commands_between(&before, &after);
-        let per_acq = commands as f64 / acquisitions.max(1) as f64;
-        let min = workers.iter().map(|w| w.acquisitions).min().unwrap_or(0);
-        let max = workers.iter().map(|w| w.acquisitions).max().unwrap_or(0);
-        let secs = args.secs.min(elapsed.as_secs_f64());
-        let lost = acquisitions as i64 - counted;
-        violations += lost;
-        println!(
-            "| {} | {:.0} | {} | {} | {} | {}–{} | {:.2} ({:.2}) | {} | {} | {} = {:.2} PING |",
-            ReleaseArg::of(release),
-            acquisitions as f64 / secs,
-            micros(percentile(&waits, 50)),
-            micros(percentile(&waits, 99)),
-            micros(waits.last().copied().unwrap_or(0)),
-            min,
-            max,
-            per_acq,
-            per_acq - 2.0,
-            lost,
-            micros(ping.as_micros() as u64),
-            micros(cycle.as_micros() as u64),
-            cycle.as_secs_f64() / ping.as_secs_f64(),
-        );
-        std::io::stdout().flush()?;
+            let workers: Vec<&Worker> = processes.iter().flat_map(|p| &p.workers).collect();
+            let acquisitions: u64 = workers.iter().map(|w| w.acquisitions).sum();
+            let per_acq = |n: u64| n as f64 / acquisitions.max(1) as f64;
+            let mut waits: Vec<u64> = workers
+                .iter()
+                .flat_map(|w| w.waits_us.iter().copied())
+                .collect();
+            waits.sort_unstable();
+            let min = workers.iter().map(|w| w.acquisitions).min().unwrap_or(0);
+            let max = workers.iter().map(|w| w.acquisitions).max().unwrap_or(0);
+            let share = if processes.len() > 1 {
+                let smallest = processes
+                    .iter()
+                    .map(|p| p.workers.iter().map(|w| w.acquisitions).sum::<u64>())
+                    .min()
+                    .unwrap_or(0);
+                format!("{:.0} %", 100.0 * per_acq(smallest))
+            } else {
+                "–".into()
+            };
+            let lost_in_redis = if args.work == Work::Redis {
+                acquisitions.saturating_sub(counted)
+            } else {
+                0
+            };
+            let row_violations =
+                lost_in_redis + processes.iter().map(|p| p.violations).sum::<u64>();
+            violations += row_violations;
+            let secs = args.secs.min(elapsed.as_secs_f64());
+            println!(
+                "| {} | {} | {:.0} | {} | {} | {} | {}–{} ({:.2}) | {} | {:.3} | {:.2} | {:.2} | {} | {} | {} = {:.2} PING |",
+                mode_name(mode),
+                release_name(release),
+                acquisitions as f64 / secs,
+                micros(percentile(&waits, 50)),
+                micros(percentile(&waits, 99)),
+                micros(waits.last().copied().unwrap_or(0)),
+                min,
+                max,
+                min as f64 / max.max(1) as f64,
+                share,
+                per_acq(processes.iter().map(|p| p.commands).sum()),
+                per_acq(commands_between(&before, &after)),
+                per_acq(processes.iter().map(|p| p.handoffs).sum()),
+                row_violations,
+                micros(ping.as_micros() as u64),
+                micros(cycle.as_micros() as u64),
+                cycle.as_secs_f64() / ping.as_secs_f64(),
+            );
+            std::io::stdout().flush()?;
+        }
     }
     let _: () = admin.del(format!("{PREFIX}:uncontended"))?;
     println!(
-        "\nRedis cmds/acq: INFO commandstats delta per acquisition, as Redis counts them: \
-         commands a script runs count too (release.lua = EVALSHA + GET + DEL). \
-         \"lock only\" leaves out the critical section's GET and SET."
+        "\nlock cmds/acq: commands the lock sent per acquisition (LockClient::stats; a script \
+         counts once). Redis cmds/acq: the INFO commandstats delta per acquisition, as Redis \
+         counts it: a script's inner calls count too (release.lua = EVALSHA + GET + DEL + \
+         PUBLISH), and so does the critical section (GET + SET with --work redis)."
     );
     if violations != 0 {
         return Err(format!("{violations} exclusion violations: holders overlapped").into());
@@ -216,13 +318,17 @@ fn main() -> Result<(), Failure> {
 /// A PING and an uncontended acquire+release, measured in alternating
 /// blocks so drift on a shared machine hits both alike; the medians of the
 /// blocks' means.
-fn uncontended(client: &LockClient, release: Release) -> Result<(Duration, Duration), Failure> {
+fn uncontended(
+    client: &LockClient,
+    mode: WaitMode,
+    release: Release,
+) -> Result<(Duration, Duration), Failure> {
     const BLOCKS: usize = 21;
     const ROUNDS: u32 = 200;
     let lock = DistributedLock::with_options(
         client,
         format!("{PREFIX}:uncontended"),
-        LockOptions::default().release(release),
+        LockOptions::default().wait_mode(mode).release(release),
     );
     let mut ping = |_: ()| -> Result<(), Failure> {
         let mut con = client.pool().get()?;
@@ -277,15 +383,13 @@ fn commandstats(admin: &mut redis::Connection) -> redis::RedisResult<HashMap<Str
 }
 
 /// Commands run between two snapshots, leaving out the report's own INFO and
-/// connection set-up (HELLO, CLIENT SETINFO, SELECT).
+/// connection set-up (HELLO, CLIENT SETINFO/SETNAME, SELECT, AUTH).
 fn commands_between(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> u64 {
     after
         .iter()
         .filter(|(name, _)| {
-            !(name.as_str() == "info"
-                || name.as_str() == "hello"
-                || name.as_str() == "select"
-                || name.starts_with("client"))
+            !matches!(name.as_str(), "info" | "hello" | "select" | "auth")
+                && !name.starts_with("client")
         })
         .map(|(name, calls)| calls - before.get(name).copied().unwrap_or(0))
         .sum()
@@ -306,32 +410,55 @@ fn micros(us: u64) -> String {
     }
 }
 
+/// In-process exclusion checks for one key: who is inside, and a counter
+/// incremented without atomicity.
+#[derive(Default)]
+struct Local {
+    inside: AtomicU32,
+    overlaps: AtomicU64,
+    counter: AtomicU64,
+}
+
+impl Local {
+    fn enter(&self) {
+        if self.inside.fetch_add(1, Ordering::SeqCst) != 0 {
+            self.overlaps.fetch_add(1, Ordering::Relaxed);
+        }
+        // Deliberately a load and a store: overlapping holders lose updates.
+        let value = self.counter.load(Ordering::Relaxed);
+        std::hint::spin_loop();
+        self.counter.store(value + 1, Ordering::Relaxed);
+    }
+
+    fn leave(&self) {
+        self.inside.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Runs this process's workers: `--threads` threads sharing one client, each
 /// with its own connection for the counter, from `start` for `--secs`.
-fn run_workers(
+fn run_process(
     url: &str,
     args: &Args,
+    mode: WaitMode,
     release: Release,
     start: SystemTime,
-) -> Result<Vec<Worker>, Failure> {
+) -> Result<Process, Failure> {
     let client = LockClient::open(url)?;
     let run_for = Duration::from_secs_f64(args.secs);
+    let locals: Arc<Vec<Local>> = Arc::new((0..args.keys).map(|_| Local::default()).collect());
+    let options = LockOptions::default()
+        .ttl(Duration::from_secs(10))
+        .wait(run_for + Duration::from_secs(10))
+        .release(release)
+        .wait_mode(mode)
+        .local_handoff(!args.no_handoff);
     let handles: Vec<_> = (0..args.threads)
         .map(|t| {
             let locks: Vec<_> = (0..args.keys)
-                .map(|k| {
-                    DistributedLock::with_options(
-                        &client,
-                        lock_key(k),
-                        LockOptions::default()
-                            .ttl(Duration::from_secs(10))
-                            .wait(run_for + Duration::from_secs(10))
-                            .release(release),
-                    )
-                })
+                .map(|k| DistributedLock::with_options(&client, lock_key(k), options.clone()))
                 .collect();
-            let url = url.to_owned();
-            let keys = args.keys;
+            let (url, keys, work, locals) = (url.to_owned(), args.keys, args.work, locals.clone());
             std::thread::spawn(move || -> Result<Worker, Failure> {
                 let mut con = redis::Client::open(url.as_str())?.get_connection()?;
                 if let Ok(until_start) = start.duration_since(SystemTime::now()) {
@@ -346,8 +473,16 @@ fn run_workers(
                     let asked = Instant::now();
                     let guard = locks[k].lock()?;
                     worker.waits_us.push(asked.elapsed().as_micros() as u64);
-                    let value: Option<i64> = con.get(counter_key(k))?;
-                    let _: () = con.set(counter_key(k), value.unwrap_or(0) + 1)?;
+                    locals[k].enter();
+                    match work {
+                        Work::None => {}
+                        Work::Redis => {
+                            let value: Option<i64> = con.get(counter_key(k))?;
+                            let _: () = con.set(counter_key(k), value.unwrap_or(0) + 1)?;
+                        }
+                        Work::Sleep(d) => std::thread::sleep(d),
+                    }
+                    locals[k].leave();
                     guard.unlock()?;
                     worker.acquisitions += 1;
                 }
@@ -355,13 +490,30 @@ fn run_workers(
             })
         })
         .collect();
-    handles
+    let workers = handles
         .into_iter()
         .map(|h| h.join().map_err(|_| Failure::from("a worker panicked"))?)
-        .collect()
+        .collect::<Result<Vec<Worker>, Failure>>()?;
+    let acquisitions: u64 = workers.iter().map(|w| w.acquisitions).sum();
+    let counted: u64 = locals
+        .iter()
+        .map(|l| l.counter.load(Ordering::Relaxed))
+        .sum();
+    let overlaps: u64 = locals
+        .iter()
+        .map(|l| l.overlaps.load(Ordering::Relaxed))
+        .sum();
+    let stats = client.stats();
+    Ok(Process {
+        workers,
+        commands: stats.commands,
+        handoffs: stats.handoffs,
+        violations: overlaps + acquisitions.saturating_sub(counted),
+    })
 }
 
-/// Child mode: run the workers, print one `worker` line per thread.
+/// Child mode: run the workers, print one `worker` line per thread and one
+/// `process` line.
 fn child(args: &Args) -> Result<(), Failure> {
     let url = args.url.clone().ok_or("--child needs --url")?;
     let start =
@@ -370,9 +522,18 @@ fn child(args: &Args) -> Result<(), Failure> {
         ReleaseArg::Watch => Release::Watch,
         _ => Release::Lua,
     };
-    let workers = run_workers(&url, args, release, start)?;
+    let mode = match args.wait_mode {
+        ModeArg::Spin => WaitMode::Spin,
+        _ => WaitMode::Notify,
+    };
+    let process = run_process(&url, args, mode, release, start)?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    for worker in workers {
+    writeln!(
+        out,
+        "process {} {} {}",
+        process.commands, process.handoffs, process.violations
+    )?;
+    for worker in process.workers {
         write!(out, "worker {}", worker.acquisitions)?;
         for wait in worker.waits_us {
             write!(out, " {wait}")?;
@@ -384,46 +545,67 @@ fn child(args: &Args) -> Result<(), Failure> {
 }
 
 /// Runs `--processes` children of this program against `url`, all starting
-/// at the same wall-clock moment, and gathers their workers.
-fn run_children(args: &Args, url: &str, release: Release) -> Result<Vec<Worker>, Failure> {
+/// at the same wall-clock moment, and gathers what they did.
+fn run_children(
+    args: &Args,
+    url: &str,
+    mode: WaitMode,
+    release: Release,
+) -> Result<Vec<Process>, Failure> {
     let start_at = SystemTime::now() + Duration::from_millis(500 + 100 * args.processes as u64);
     let start_at_ms = start_at.duration_since(UNIX_EPOCH)?.as_millis() as u64;
     let exe = std::env::current_exe()?;
     let mut children = Vec::new();
     for _ in 0..args.processes {
-        children.push(
-            Command::new(&exe)
-                .arg("--child")
-                .args(["--url", url])
-                .args(["--threads", &args.threads.to_string()])
-                .args(["--keys", &args.keys.to_string()])
-                .args(["--secs", &args.secs.to_string()])
-                .args(["--release", ReleaseArg::of(release)])
-                .args(["--start-at-ms", &start_at_ms.to_string()])
-                .stdout(Stdio::piped())
-                .spawn()?,
-        );
+        let mut command = Command::new(&exe);
+        command
+            .arg("--child")
+            .args(["--url", url])
+            .args(["--threads", &args.threads.to_string()])
+            .args(["--keys", &args.keys.to_string()])
+            .args(["--secs", &args.secs.to_string()])
+            .args(["--release", release_name(release)])
+            .args(["--wait-mode", mode_name(mode)])
+            .args(["--work", &work_name(args.work)])
+            .args(["--start-at-ms", &start_at_ms.to_string()])
+            .stdout(Stdio::piped());
+        if args.no_handoff {
+            command.arg("--no-handoff");
+        }
+        children.push(command.spawn()?);
     }
-    let mut workers = Vec::new();
+    let mut processes = Vec::new();
     for mut child in children {
         let stdout = child.stdout.take().ok_or("child stdout")?;
+        let mut process = Process::default();
         for line in BufReader::new(stdout).lines() {
             let line = line?;
             let mut fields = line.split_ascii_whitespace();
-            if fields.next() != Some("worker") {
-                continue;
+            match fields.next() {
+                Some("process") => {
+                    let mut next = || -> Result<u64, Failure> {
+                        Ok(fields.next().ok_or("short process line")?.parse()?)
+                    };
+                    process.commands = next()?;
+                    process.handoffs = next()?;
+                    process.violations = next()?;
+                }
+                Some("worker") => {
+                    let acquisitions = fields.next().ok_or("short worker line")?.parse()?;
+                    let waits_us = fields.map(str::parse).collect::<Result<Vec<u64>, _>>()?;
+                    process.workers.push(Worker {
+                        acquisitions,
+                        waits_us,
+                    });
+                }
+                _ => {}
             }
-            let acquisitions = fields.next().ok_or("worker line")?.parse()?;
-            let waits_us = fields.map(str::parse).collect::<Result<Vec<u64>, _>>()?;
-            workers.push(Worker {
-                acquisitions,
-                waits_us,
-            });
         }
         let status = child.wait()?;
         if !status.success() {
             return Err(format!("a child process failed: {status}").into());
         }
+        processes.push(process);
     }
-    Ok(workers)
+    Ok(processes)
 }

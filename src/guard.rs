@@ -129,6 +129,7 @@ impl Lease {
             reentrancy::leave(self.client.id(), &self.key, self);
             if self.handoff.queued {
                 self.client.queues().unhold(&self.key);
+                self.client.queues().released(&self.key, 0);
             }
         }
     }

@@ -8,7 +8,7 @@ use crate::client::LockClient;
 use crate::error::Error;
 use crate::guard::{Lease, LockGuard};
 use crate::options::{LockOptions, WaitMode, ttl_millis};
-use crate::queue::{Handoff, Turn};
+use crate::queue::{Handoff, Turn, YIELD};
 use crate::{channel, reentrancy, release, scripts};
 
 /// A named lock in Redis: one key. Cheap to make and to clone, `Send` and
@@ -211,7 +211,9 @@ impl DistributedLock {
     ) -> Result<Option<Rc<Lease>>, Error> {
         let queues = self.client.queues();
         if !queues.has_waiters(&self.key) && queues.held_until(&self.key).is_none() {
-            if let Attempt::Acquired(lease) = self.attempt(token, millis)? {
+            // The plain SET: Redis does less for it than for the script, and
+            // an uncontended lock needs no PTTL.
+            if let Some(lease) = self.set_nx(token, millis)? {
                 return Ok(Some(lease));
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -258,6 +260,17 @@ impl DistributedLock {
                     return Ok(None);
                 }
                 continue;
+            }
+            // This client just released and other clients' waiters were
+            // told: let them have this turn.
+            if waiter.take_yield() {
+                let until = Instant::now() + YIELD;
+                let until = deadline.map_or(until, |d| d.min(until));
+                if let Some(handoff) = waiter.wait_release(seen, until)
+                    && let Some(lease) = self.take_handoff(handoff)?
+                {
+                    return Ok(Some(lease));
+                }
             }
             // Subscribed before the attempt: a release after a failed attempt
             // is then always announced.

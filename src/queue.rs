@@ -41,7 +41,17 @@ struct QueueState {
     wakeups: u64,
     /// Keeps the key's release channel subscribed while anyone waits.
     subscription: Option<Subscription>,
+    /// Waiters of other clients were told of this client's last release:
+    /// the head lets them try first.
+    yield_turn: bool,
 }
+
+/// How long a head stands back after its own client's release reached
+/// waiters of other clients, unless woken sooner (their release, a handoff).
+pub(crate) const YIELD: Duration = Duration::from_millis(5);
+
+/// The longest a queued waiter sleeps without looking at the queue again.
+const RECHECK: Duration = Duration::from_millis(50);
 
 struct Slot {
     ticket: u64,
@@ -168,22 +178,30 @@ impl Queues {
         }
     }
 
-    /// This client released `key` in Redis. Its own head is woken here only
-    /// when no release message will reach it; otherwise it learns from the
-    /// message like the waiters of other processes, which keeps the race
-    /// for the next lease fair between processes.
-    pub(crate) fn released(&self, key: &str) {
+    /// This client released `key` in Redis, and the release message reached
+    /// `receivers` subscribers.
+    ///
+    /// When some of them are other clients' (other processes'), this
+    /// client's head lets them have the next turn: it skips its next attempt
+    /// for up to [`YIELD`], unless woken sooner. Otherwise the head is woken
+    /// here if no message will reach it (no live subscription); with one, it
+    /// learns from the message.
+    pub(crate) fn released(&self, key: &str, receivers: u64) {
         let queue = self.by_key.lock().get(key).cloned();
-        if let Some(queue) = queue {
-            let live = queue
-                .state
-                .lock()
-                .subscription
-                .as_ref()
-                .is_some_and(Subscription::is_live);
-            if !live {
-                queue.wake();
-            }
+        let Some(queue) = queue else {
+            return;
+        };
+        let mut state = queue.state.lock();
+        let live = state
+            .subscription
+            .as_ref()
+            .is_some_and(Subscription::is_live);
+        if receivers.saturating_sub(u64::from(live)) > 0 {
+            state.yield_turn = true;
+        }
+        if !live {
+            state.wakeups = state.wakeups.wrapping_add(1);
+            state.notify_head();
         }
     }
 }
@@ -216,16 +234,23 @@ impl Waiter<'_> {
             if state.head() == Some(self.ticket) {
                 return Turn::Head;
             }
-            match deadline {
-                Some(deadline) => {
-                    if Instant::now() >= deadline {
-                        return Turn::TimedOut;
-                    }
-                    self.wake.wait_until(&mut state, deadline);
-                }
-                None => self.wake.wait(&mut state),
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Turn::TimedOut;
             }
+            // A waiter that becomes head while its client holds the lock is
+            // not woken (the handoff or release will be); the bounded sleep
+            // covers a holder that vanishes without either.
+            let until = now + RECHECK;
+            self.wake
+                .wait_until(&mut state, deadline.map_or(until, |d| d.min(until)));
         }
+    }
+
+    /// Whether the head should let other clients' waiters have this turn
+    /// (clears the flag).
+    pub(crate) fn take_yield(&self) -> bool {
+        std::mem::take(&mut self.queue.state.lock().yield_turn)
     }
 
     /// The wake-up count now; pass it to [`Waiter::wait_release`] after an

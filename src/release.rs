@@ -16,8 +16,9 @@ use crate::stats::Stats;
 /// say); more than a few in a row is pathological.
 pub(crate) const MAX_WATCH_ATTEMPTS: u32 = 16;
 
-/// `Ok(Ok(()))` released; `Ok(Err(reason))` not ours; `Err` Redis failed.
-pub(crate) type Outcome = Result<(), NotHeldReason>;
+/// `Ok(Ok(n))` released, the release message reaching `n` subscribers;
+/// `Ok(Err(reason))` not ours; `Err` Redis failed.
+pub(crate) type Outcome = Result<u64, NotHeldReason>;
 
 /// `EVALSHA lua/release.lua`: one round trip (two after a `NOSCRIPT`).
 pub(crate) fn release_lua(
@@ -28,12 +29,12 @@ pub(crate) fn release_lua(
     channel: &str,
 ) -> RedisResult<Outcome> {
     stats.commands(1);
-    let reply: i64 = scripts::RELEASE
+    let (reply, receivers): (i64, u64) = scripts::RELEASE
         .key(key)
         .arg(token)
         .arg(channel)
         .invoke(con)?;
-    Ok(scripts::owner_checked(reply))
+    Ok(scripts::owner_checked(reply).map(|()| receivers))
 }
 
 /// `WATCH`+`GET`, then `MULTI`/`DEL`/`PUBLISH`/`EXEC`: two round trips.
@@ -69,7 +70,7 @@ pub(crate) fn release_watch(
         match current {
             Some(value) if value == token.as_bytes() => {
                 stats.commands(4);
-                let executed: RedisResult<Option<(i64, i64)>> = pipe()
+                let executed: RedisResult<Option<(i64, u64)>> = pipe()
                     .atomic()
                     .cmd("DEL")
                     .arg(key)
@@ -78,7 +79,7 @@ pub(crate) fn release_watch(
                     .arg("")
                     .query(con);
                 match executed {
-                    Ok(Some(_)) => return Ok(Ok(())),
+                    Ok(Some((_, receivers))) => return Ok(Ok(receivers)),
                     // EXEC aborted: the key was touched after WATCH. Look again.
                     Ok(None) => continue,
                     Err(err) => {
@@ -113,8 +114,8 @@ fn unwatch(con: &mut Connection, stats: &Stats) {
     }
 }
 
-/// Releases `key` in Redis if it holds `token`, and wakes this client's own
-/// queued head when nobody else will tell it (no live subscription).
+/// Releases `key` in Redis if it holds `token`, and tells this client's own
+/// queue (see [`Queues::released`](crate::queue::Queues::released)).
 pub(crate) fn release(
     client: &crate::LockClient,
     key: &str,
@@ -127,6 +128,12 @@ pub(crate) fn release(
         crate::Release::Lua => release_lua(con, stats, key, token, &channel),
         crate::Release::Watch => release_watch(con, stats, key, token, &channel),
     });
-    client.queues().released(key);
-    outcome?.map_err(|reason| crate::Error::not_held(key, reason))
+    let receivers = match &outcome {
+        Ok(Ok(receivers)) => *receivers,
+        _ => 0,
+    };
+    client.queues().released(key, receivers);
+    outcome?
+        .map(|_| ())
+        .map_err(|reason| crate::Error::not_held(key, reason))
 }
