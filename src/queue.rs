@@ -364,3 +364,99 @@ fn take_gift(state: &mut QueueState, ticket: u64) -> Option<Handoff> {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+
+    fn lease(token: &str) -> Handoff {
+        Handoff {
+            token: token.into(),
+            sent: Instant::now(),
+            ttl: Duration::from_secs(1),
+            handoffs: 1,
+            acquired_at: Instant::now(),
+        }
+    }
+
+    fn now() -> Option<Instant> {
+        Some(Instant::now())
+    }
+
+    #[test]
+    fn only_the_first_in_line_is_head() {
+        let queues = Queues::default();
+        let ignore = |_: Handoff| {};
+        assert!(!queues.has_waiters("k"));
+        let first = queues.enqueue("k", &ignore);
+        let second = queues.enqueue("k", &ignore);
+        assert!(queues.has_waiters("k"));
+        assert!(matches!(first.wait_turn(now()), Turn::Head));
+        assert!(matches!(second.wait_turn(now()), Turn::TimedOut));
+        drop(first);
+        assert!(matches!(second.wait_turn(now()), Turn::Head));
+        drop(second);
+        assert!(!queues.has_waiters("k"), "an empty queue is removed");
+    }
+
+    #[test]
+    fn a_handoff_goes_to_the_head_and_on_when_it_leaves() {
+        let queues = Queues::default();
+        let ignore = |_: Handoff| {};
+        assert!(queues.offer("k", lease("t")).is_err(), "nobody waits");
+        let first = queues.enqueue("k", &ignore);
+        let second = queues.enqueue("k", &ignore);
+        queues.offer("k", lease("t1")).expect("the head takes it");
+        assert!(
+            queues.offer("k", lease("t2")).is_err(),
+            "one gift at a time"
+        );
+        drop(first); // leaves without taking it
+        match second.wait_turn(now()) {
+            Turn::Gift(handoff) => assert_eq!(handoff.token, "t1"),
+            _ => panic!("the next waiter inherits the gift"),
+        }
+    }
+
+    #[test]
+    fn an_untaken_handoff_is_returned_for_release() {
+        let queues = Queues::default();
+        let orphans = RefCell::new(Vec::new());
+        let collect = |h: Handoff| orphans.borrow_mut().push(h.token);
+        let only = queues.enqueue("k", &collect);
+        queues.offer("k", lease("t")).expect("offered");
+        drop(only);
+        assert_eq!(*orphans.borrow(), vec!["t".to_string()]);
+        assert!(!queues.has_waiters("k"));
+    }
+
+    #[test]
+    fn a_release_that_reached_others_makes_the_head_yield() {
+        let queues = Queues::default();
+        let ignore = |_: Handoff| {};
+        let head = queues.enqueue("k", &ignore);
+        let seen = head.wakeups();
+        queues.released("k", 0);
+        assert_ne!(head.wakeups(), seen, "no subscription: woken directly");
+        assert!(!head.take_yield());
+        queues.released("k", 2);
+        assert!(head.take_yield(), "other clients were told: stand back");
+        assert!(!head.take_yield(), "once");
+    }
+
+    #[test]
+    fn local_holds_expire_by_the_clock() {
+        let queues = Queues::default();
+        queues.hold("k", Instant::now() + Duration::from_secs(5));
+        assert!(queues.held_until("k").is_some());
+        queues.hold("k", Instant::now() - Duration::from_millis(1));
+        assert!(
+            queues.held_until("k").is_none(),
+            "a lapsed hold does not count"
+        );
+        queues.hold("k", Instant::now() + Duration::from_secs(5));
+        queues.unhold("k");
+        assert!(queues.held_until("k").is_none());
+    }
+}

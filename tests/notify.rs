@@ -1,0 +1,384 @@
+//! `WaitMode::Notify`: local queues, pub/sub wake-up, in-process handoff.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::Commands;
+use redmutex::{Backoff, DistributedLock, LockClient, LockOptions, WaitMode};
+use support::{RedisServer, wait_until};
+
+const ROLE: &str = "REDMUTEX_TEST_ROLE";
+const URL: &str = "REDMUTEX_TEST_URL";
+
+/// The release channel of a key without a hash tag (documented naming).
+fn channel(key: &str) -> String {
+    format!("redmutex:released:{{{key}}}")
+}
+
+fn subscribers(server: &RedisServer, key: &str) -> u64 {
+    let reply: (String, u64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel(key))
+        .query(&mut server.conn())
+        .expect("PUBSUB NUMSUB");
+    reply.1
+}
+
+/// A backoff so slow that only a release message (or the holder's expiry)
+/// can explain a prompt acquisition.
+fn slow_waiter() -> LockOptions {
+    LockOptions::default()
+        .backoff(Backoff::constant(Duration::from_secs(10)))
+        .wait(Duration::from_secs(30))
+}
+
+#[test]
+fn a_waiter_in_another_process_wakes_on_the_release_message() {
+    if std::env::var(ROLE).as_deref() == Ok("waiter") {
+        let url = std::env::var(URL).expect("url");
+        let client = LockClient::open(&url).expect("client");
+        let guard = DistributedLock::with_options(&client, "wake", slow_waiter())
+            .lock()
+            .expect("lock");
+        println!("ACQUIRED {}", guard.token());
+        return;
+    }
+    let server = RedisServer::start();
+    let holder = server.lock_client();
+    let guard = DistributedLock::new(&holder, "wake").lock().expect("lock");
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "a_waiter_in_another_process_wakes_on_the_release_message",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ROLE, "waiter")
+        .env(URL, server.url())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the waiter");
+    let stdout = child.stdout.take().expect("stdout");
+    // The waiter is subscribed, so it is past its first attempt.
+    assert!(wait_until(Duration::from_secs(10), || subscribers(
+        &server, "wake"
+    ) >= 1));
+    std::thread::sleep(Duration::from_millis(50)); // let it settle into its wait
+    let released = Instant::now();
+    guard.unlock().expect("unlock");
+    let mut seen = None;
+    for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+        if seen.is_none() && line.contains("ACQUIRED ") {
+            seen = Some((line, released.elapsed()));
+        }
+    }
+    let (line, lag) = seen.expect("the waiter acquired");
+    assert!(child.wait().expect("reap").success());
+    assert!(line.contains('-'), "{line}");
+    // Its backoff is 10 s: only the message explains this.
+    assert!(
+        lag < Duration::from_millis(1_000),
+        "woke {lag:?} after the release"
+    );
+}
+
+#[test]
+fn a_lock_freed_by_expiry_is_taken_without_a_message() {
+    let server = RedisServer::start();
+    let holder = server.lock_client();
+    let ttl = Duration::from_millis(300);
+    let guard = DistributedLock::with_options(&holder, "expiry", LockOptions::default().ttl(ttl))
+        .lock()
+        .expect("lock");
+    let acquired = Instant::now();
+    std::mem::forget(guard); // never released, never announced
+    let waiter = server.lock_client();
+    let guard = DistributedLock::with_options(&waiter, "expiry", slow_waiter())
+        .lock()
+        .expect("acquired after the expiry");
+    let after = acquired.elapsed();
+    assert!(after >= ttl - Duration::from_millis(50), "{after:?}");
+    assert!(
+        after < ttl + Duration::from_millis(700),
+        "waited {after:?}: the PTTL bound failed"
+    );
+    assert_eq!(
+        waiter.stats().notifications,
+        0,
+        "no release message was sent"
+    );
+    drop(guard);
+}
+
+/// Runs `threads` workers per client, `rounds` acquisitions each; returns
+/// every hold interval and checks the Redis counter.
+fn hammer(
+    server: &RedisServer,
+    clients: &[LockClient],
+    threads: usize,
+    rounds: usize,
+    options: LockOptions,
+) -> Vec<(Instant, Instant, usize)> {
+    let intervals = Arc::new(Mutex::new(Vec::new()));
+    let start = Arc::new(Barrier::new(clients.len() * threads));
+    let handles: Vec<_> = clients
+        .iter()
+        .enumerate()
+        .flat_map(|(c, client)| (0..threads).map(move |_| (c, client.clone())))
+        .map(|(c, client)| {
+            let lock = DistributedLock::with_options(&client, "hammer", options.clone());
+            let mut con = server.conn();
+            let (intervals, start) = (intervals.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                for _ in 0..rounds {
+                    let guard = lock.lock().expect("lock");
+                    let entered = Instant::now();
+                    let n: Option<i64> = con.get("hammer:n").expect("GET");
+                    let _: () = con.set("hammer:n", n.unwrap_or(0) + 1).expect("SET");
+                    intervals
+                        .lock()
+                        .expect("intervals")
+                        .push((entered, Instant::now(), c));
+                    guard.unlock().expect("unlock");
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().expect("worker");
+    }
+    let n: i64 = server.conn().get("hammer:n").expect("GET");
+    assert_eq!(
+        n as usize,
+        clients.len() * threads * rounds,
+        "lost increments"
+    );
+    let mut intervals = std::mem::take(&mut *intervals.lock().expect("intervals"));
+    intervals.sort_by_key(|i| i.0);
+    for pair in intervals.windows(2) {
+        assert!(pair[1].0 >= pair[0].1, "two holders overlapped");
+    }
+    intervals
+}
+
+#[test]
+fn waiters_of_two_clients_all_make_progress() {
+    let server = RedisServer::start();
+    let clients = [server.lock_client(), server.lock_client()];
+    let options = LockOptions::default().wait(Duration::from_secs(30));
+    let started = Instant::now();
+    let intervals = hammer(&server, &clients, 4, 100, options);
+    assert!(started.elapsed() < Duration::from_secs(30));
+    // Neither client is starved: each gets a fair part of every stretch.
+    let per_client = |c| intervals.iter().filter(|i| i.2 == c).count();
+    assert_eq!(per_client(0), 400);
+    assert_eq!(per_client(1), 400);
+    let first_half = &intervals[..400];
+    for c in 0..2 {
+        let share = first_half.iter().filter(|i| i.2 == c).count();
+        assert!(share >= 80, "client {c} had {share} of the first 400 holds");
+    }
+    for client in &clients {
+        let stats = client.stats();
+        assert!(stats.handoffs > 0, "{stats:?}");
+        assert!(
+            stats.handoffs <= 32 * stats.acquired,
+            "the budget caps handoffs per acquisition: {stats:?}"
+        );
+    }
+}
+
+#[test]
+fn handoff_yields_to_a_remote_waiter_within_its_budget() {
+    let server = RedisServer::start();
+    let local = server.lock_client();
+    let remote = server.lock_client();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let lock = DistributedLock::new(&local, "budget");
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut rounds = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) && rounds < 1_000_000 {
+                    let guard = lock.lock().expect("lock");
+                    std::hint::black_box(&guard);
+                    drop(guard);
+                    rounds += 1;
+                }
+                rounds
+            })
+        })
+        .collect();
+    assert!(wait_until(Duration::from_secs(5), || local
+        .stats()
+        .handoffs
+        > 100));
+    let mut waits = Vec::new();
+    for _ in 0..5 {
+        let asked = Instant::now();
+        let guard = DistributedLock::with_options(
+            &remote,
+            "budget",
+            LockOptions::default().wait(Duration::from_secs(10)),
+        )
+        .lock()
+        .expect("the remote waiter gets its turn");
+        waits.push(asked.elapsed());
+        drop(guard);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds: u64 = workers.into_iter().map(|w| w.join().expect("worker")).sum();
+    let stats = local.stats();
+    assert!(stats.handoffs > 0 && rounds > 0);
+    assert!(stats.handoffs <= 32 * stats.acquired, "{stats:?}");
+    // The budget (32 handoffs or 10 ms) bounds the wait; allow a loaded machine.
+    let worst = waits.iter().max().copied().unwrap_or_default();
+    assert!(worst < Duration::from_millis(500), "remote waits {waits:?}");
+}
+
+#[test]
+fn a_handed_off_guard_starts_with_at_least_half_its_ttl() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let ttl = Duration::from_millis(200);
+    let options = LockOptions::default()
+        .ttl(ttl)
+        .wait(Duration::from_secs(20))
+        .handoff_budget(10_000, Duration::from_secs(60)); // long batches
+    let validities = Arc::new(Mutex::new(Vec::new()));
+    let workers: Vec<_> = (0..3)
+        .map(|_| {
+            let lock = DistributedLock::with_options(&client, "half", options.clone());
+            let mut con = server.conn();
+            let validities = validities.clone();
+            std::thread::spawn(move || {
+                for _ in 0..40 {
+                    let guard = lock.lock().expect("lock");
+                    let validity = guard.validity();
+                    let pttl: i64 = con.pttl("half").expect("PTTL");
+                    validities.lock().expect("v").push((validity, pttl));
+                    std::thread::sleep(Duration::from_millis(3));
+                    drop(guard);
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().expect("worker");
+    }
+    let stats = client.stats();
+    assert!(stats.handoffs > 50, "{stats:?}");
+    for (validity, pttl) in validities.lock().expect("v").iter() {
+        assert!(
+            *validity + Duration::from_millis(5) >= ttl / 2,
+            "a new holder started with {validity:?} of a {ttl:?} lease"
+        );
+        assert!(
+            validity.as_millis() as i64 <= *pttl + 1,
+            "validity {validity:?} beyond Redis's PTTL {pttl}"
+        );
+    }
+}
+
+#[test]
+fn a_killed_subscriber_connection_does_not_strand_waiters() {
+    let server = RedisServer::start();
+    let holder = server.lock_client();
+    let waiter = server.lock_client();
+    let waiting = LockOptions::default()
+        .backoff(Backoff::new(
+            Duration::from_millis(20),
+            Duration::from_millis(100),
+            2,
+        ))
+        .wait(Duration::from_secs(10));
+    for round in 0..2 {
+        let guard = DistributedLock::new(&holder, "kill").lock().expect("lock");
+        let (waiter, waiting) = (waiter.clone(), waiting.clone());
+        let thread = std::thread::spawn(move || {
+            let guard = DistributedLock::with_options(&waiter, "kill", waiting).lock();
+            (Instant::now(), guard.map(|g| g.hold_count()))
+        });
+        assert!(wait_until(Duration::from_secs(10), || subscribers(
+            &server, "kill"
+        ) >= 1));
+        if round == 0 {
+            let killed: i64 = redis::cmd("CLIENT")
+                .arg("KILL")
+                .arg("TYPE")
+                .arg("pubsub")
+                .query(&mut server.conn())
+                .expect("CLIENT KILL");
+            assert!(killed >= 1);
+        }
+        std::thread::sleep(Duration::from_millis(30));
+        let released = Instant::now();
+        guard.unlock().expect("unlock");
+        let (acquired_at, got) = thread.join().expect("waiter");
+        assert_eq!(got.expect("the waiter acquires"), 1);
+        let lag = acquired_at.saturating_duration_since(released);
+        assert!(
+            lag < Duration::from_secs(1),
+            "round {round}: waited {lag:?} after release"
+        );
+    }
+}
+
+#[test]
+fn a_client_without_a_subscriber_falls_back_to_backoff() {
+    let server = RedisServer::start();
+    let holder = server.lock_client();
+    let pool = redmutex::r2d2::Pool::builder()
+        .max_size(4)
+        .test_on_check_out(false)
+        .build(redis::Client::open(server.url()).expect("url"))
+        .expect("pool");
+    let waiter = LockClient::new(pool);
+    let guard = DistributedLock::new(&holder, "nosub").lock().expect("lock");
+    let w = waiter.clone();
+    let thread = std::thread::spawn(move || {
+        DistributedLock::with_options(
+            &w,
+            "nosub",
+            LockOptions::default().wait(Duration::from_secs(10)),
+        )
+        .lock()
+        .map(|g| g.hold_count())
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(subscribers(&server, "nosub"), 0, "no subscriber connection");
+    guard.unlock().expect("unlock");
+    assert_eq!(thread.join().expect("waiter").expect("acquired"), 1);
+}
+
+#[test]
+fn spin_mode_sends_no_release_subscriptions() {
+    let server = RedisServer::start();
+    let holder = server.lock_client();
+    let waiter = server.lock_client();
+    let guard = DistributedLock::new(&holder, "spin").lock().expect("lock");
+    let w = waiter.clone();
+    let thread = std::thread::spawn(move || {
+        DistributedLock::with_options(
+            &w,
+            "spin",
+            LockOptions::default()
+                .wait_mode(WaitMode::Spin)
+                .wait(Duration::from_secs(10)),
+        )
+        .lock()
+        .map(|g| g.hold_count())
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(subscribers(&server, "spin"), 0);
+    guard.unlock().expect("unlock");
+    assert_eq!(thread.join().expect("waiter").expect("acquired"), 1);
+    assert_eq!(waiter.stats().handoffs, 0);
+}
