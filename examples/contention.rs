@@ -4,7 +4,7 @@
 //! cargo run --release --example contention -- \
 //!     [--threads N] [--processes P] [--keys K] [--secs S] \
 //!     [--release lua|watch|both] [--wait-mode spin|notify|both] [--no-handoff] \
-//!     [--work none|redis|sleep:MS] [--url URL]
+//!     [--handoff-budget HANDOFFS/MS] [--work none|redis|sleep:MS] [--url URL]
 //! ```
 //!
 //! Without `--url` it starts a private redis-server on a free loopback port.
@@ -66,6 +66,9 @@ struct Args {
     /// Turn off in-process handoff (notify mode).
     #[arg(long)]
     no_handoff: bool,
+    /// The handoff budget as HANDOFFS/MS (notify mode).
+    #[arg(long, default_value = "32/10", value_parser = parse_budget)]
+    handoff_budget: (u32, u64),
     /// The critical section: none, redis (GET/SET counter) or sleep:MS.
     #[arg(long, default_value = "redis", value_parser = parse_work)]
     work: Work,
@@ -112,6 +115,12 @@ fn parse_work(text: &str) -> Result<Work, String> {
             .map(|ms| Work::Sleep(Duration::from_millis(ms)))
             .ok_or_else(|| format!("--work wants none, redis or sleep:MS, got {text:?}")),
     }
+}
+
+fn parse_budget(text: &str) -> Result<(u32, u64), String> {
+    text.split_once('/')
+        .and_then(|(n, ms)| Some((n.parse().ok()?, ms.parse().ok()?)))
+        .ok_or_else(|| format!("--handoff-budget wants HANDOFFS/MS, got {text:?}"))
 }
 
 fn work_name(work: Work) -> String {
@@ -209,13 +218,20 @@ fn main() -> Result<(), Failure> {
     let mut admin = redis::Client::open(url.as_str())?.get_connection()?;
 
     println!(
-        "{} process(es) x {} thread(s), {} key(s), work {}, {} s per row{}; Redis at {}\n",
+        "{} process(es) x {} thread(s), {} key(s), work {}, {} s per row, {}; Redis at {}\n",
         args.processes,
         args.threads,
         args.keys,
         work_name(args.work),
         args.secs,
-        if args.no_handoff { ", no handoff" } else { "" },
+        if args.no_handoff {
+            "no handoff".to_owned()
+        } else {
+            format!(
+                "handoff budget {} handoffs/{} ms",
+                args.handoff_budget.0, args.handoff_budget.1
+            )
+        },
         if args.url.is_some() {
             "--url"
         } else {
@@ -452,7 +468,11 @@ fn run_process(
         .wait(run_for + Duration::from_secs(10))
         .release(release)
         .wait_mode(mode)
-        .local_handoff(!args.no_handoff);
+        .local_handoff(!args.no_handoff)
+        .handoff_budget(
+            args.handoff_budget.0,
+            Duration::from_millis(args.handoff_budget.1),
+        );
     let handles: Vec<_> = (0..args.threads)
         .map(|t| {
             let locks: Vec<_> = (0..args.keys)
@@ -567,6 +587,10 @@ fn run_children(
             .args(["--release", release_name(release)])
             .args(["--wait-mode", mode_name(mode)])
             .args(["--work", &work_name(args.work)])
+            .args([
+                "--handoff-budget",
+                &format!("{}/{}", args.handoff_budget.0, args.handoff_budget.1),
+            ])
             .args(["--start-at-ms", &start_at_ms.to_string()])
             .stdout(Stdio::piped());
         if args.no_handoff {

@@ -40,6 +40,42 @@
 //! * **No hangs**: [`LockClient::open`] gives its pool connect, read and write
 //!   timeouts (2 s), and no `PING` per checkout.
 //!
+//! ## Waiting: notify (default) or spin
+//!
+//! [`WaitMode::Notify`] (the default):
+//!
+//! * **One Redis waiter per key per client.** Threads of one [`LockClient`]
+//!   waiting for the same key queue locally in FIFO order; only the head of
+//!   the queue talks to Redis, the others sleep and cost nothing.
+//! * **Wake-up by pub/sub.** Releases publish on the key's channel
+//!   (`redmutex:released:{<key or its hash tag>}…`). Each client keeps one
+//!   dedicated subscriber connection and thread (started on first need),
+//!   subscribed to the channels of keys it has waiters for. The head
+//!   subscribes before each attempt, so a release right after a failed
+//!   attempt is never missed; it then sleeps until a message, a handoff, or
+//!   at most the holder's remaining ttl or the backoff step, so an expiry (no
+//!   message) or a lost message costs little. While the subscriber
+//!   connection is down, heads wait with backoff as in spin mode.
+//! * **Bounded in-process handoff.** When a holder releases and a thread of
+//!   the same client is queued for the key, the lease passes to it directly:
+//!   no Redis command, same token. The new guard starts with at least half
+//!   the ttl (the lease is extended first, owner-checked, when less is left).
+//!   A fairness budget (32 consecutive handoffs or 10 ms since the lease was
+//!   taken in Redis, [`LockOptions::handoff_budget`]) then forces a real
+//!   release, and when that release reached other clients' waiters, this
+//!   client's head stands back for a moment so they get the turn.
+//!   **Trade-off**: handoff makes a hot lock cheap and fair between the
+//!   threads of a process (tens of thousands of acquisitions per second, a
+//!   few Redis commands per hundred), at the price of making other processes
+//!   wait up to one budget; `local_handoff(false)` turns it off.
+//!   Reentrant holds are unaffected: a handoff happens only when the
+//!   outermost guard goes.
+//!
+//! [`WaitMode::Spin`] polls Redis with exponential backoff and full jitter:
+//! every waiter polls on its own, there is no ordering, and wake-up waits
+//! for the backoff. [`LockClient::stats`] counts commands, Redis
+//! acquisitions, handoffs and release messages.
+//!
 //! ## Guarantees
 //!
 //! With one Redis server that keeps its data:
@@ -73,7 +109,9 @@
 //!
 //! ## Requirements
 //!
-//! Redis 7.0 or newer (`SET … NX … GET`), Rust 1.88.
+//! Redis 7.0 or newer (`SET … NX … GET`), Rust 1.88. The notify wait mode's
+//! subscriber connection speaks plain TCP or a Unix socket (with `AUTH` from
+//! the URL); over other transports waiters use backoff timing.
 
 #![warn(missing_docs)]
 
