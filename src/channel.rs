@@ -1,4 +1,5 @@
-//! The pub/sub channel a lock key's releases are announced on.
+//! Names derived from a lock key: the pub/sub channel its releases are
+//! announced on, and its fencing counter.
 //!
 //! The channel carries the key's Redis Cluster hash tag, so that it maps to
 //! the key's slot (what sharded pub/sub needs): the key's own `{tag}` when it
@@ -21,6 +22,15 @@ pub(crate) fn release_channel(key: &str) -> String {
         // still unique, only not slot-aligned.
         None if key.contains('}') => format!("redmutex:released:{key}"),
         None => format!("redmutex:released:{{{key}}}"),
+    }
+}
+
+/// The fencing counter of `key`, in the key's hash slot.
+pub(crate) fn fence_key(key: &str) -> String {
+    match hash_tag(key) {
+        Some(tag) => format!("{{{tag}}}:fence:{key}"),
+        None if key.contains('}') => format!("redmutex:fence:{key}"),
+        None => format!("{{{key}}}:fence"),
     }
 }
 
@@ -58,5 +68,14 @@ mod tests {
         assert_eq!(hash_tag(&release_channel("user:{42}:lock")), Some("42"));
         assert_eq!(release_channel("odd}key"), "redmutex:released:odd}key");
         assert_ne!(release_channel("a"), release_channel("b"));
+    }
+
+    #[test]
+    fn fence_counters_share_the_keys_slot() {
+        assert_eq!(fence_key("jobs:nightly"), "{jobs:nightly}:fence");
+        assert_eq!(hash_tag(&fence_key("jobs:nightly")), Some("jobs:nightly"));
+        assert_eq!(fence_key("user:{42}:lock"), "{42}:fence:user:{42}:lock");
+        assert_eq!(hash_tag(&fence_key("user:{42}:lock")), Some("42"));
+        assert_ne!(fence_key("a"), fence_key("b"));
     }
 }

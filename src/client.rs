@@ -9,6 +9,7 @@ use crate::options::LockOptions;
 use crate::queue::Queues;
 use crate::stats::{LockStats, Stats};
 use crate::subscriber::Subscriber;
+use crate::watchdog::Watchdog;
 
 /// Connect, read and write timeout of the pools built by [`LockClient::open`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -52,12 +53,15 @@ struct Inner {
     queues: Queues,
     /// Dropped after `queues` (field order), which hold its subscriptions.
     subscriber: Subscriber,
+    watchdog: Watchdog,
 }
 
 impl Inner {
     fn new(pool: r2d2::Pool<redis::Client>, notify: Option<&redis::Client>) -> Inner {
         let stats = Arc::new(Stats::default());
+        let watchdog = Watchdog::new(pool.clone(), stats.clone());
         Inner {
+            watchdog,
             id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
             pool,
             subscriber: Subscriber::new(notify, stats.clone()),
@@ -201,6 +205,10 @@ impl LockClient {
 
     pub(crate) fn subscriber(&self) -> &Subscriber {
         &self.inner.subscriber
+    }
+
+    pub(crate) fn watchdog(&self) -> &Watchdog {
+        &self.inner.watchdog
     }
 
     /// Runs `op` on a pooled connection.

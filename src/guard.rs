@@ -7,9 +7,12 @@ use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
 use crate::error::Error;
+use crate::loss::{LossReason, LossSignal, LossState};
 use crate::options::{HandoffBudget, LockOptions, Release, WaitMode, ttl_millis};
 use crate::queue::Handoff;
+use crate::watchdog::WatchEntry;
 use crate::{reentrancy, release, scripts};
+use std::sync::Arc;
 
 /// The safety margin taken off the local estimate of a lease: clocks drift,
 /// and Redis expires keys on its own clock. 1 % of the ttl plus 2 ms, the
@@ -43,6 +46,7 @@ impl HandoffPolicy {
             queued: options.wait_mode == WaitMode::Notify,
             enabled: options.wait_mode == WaitMode::Notify
                 && options.local_handoff
+                && !options.fencing
                 && options.handoff_budget.max_handoffs > 0,
             budget: options.handoff_budget,
         }
@@ -67,6 +71,12 @@ pub(crate) struct Lease {
     /// The ttl that request asked for.
     ttl: Cell<Duration>,
     released: Cell<bool>,
+    /// The fencing token of this acquisition, when fencing is on.
+    fence: Option<u64>,
+    /// The watchdog's entry, when it renews this lease (it then owns the
+    /// lease's timing).
+    watch: Option<Arc<WatchEntry>>,
+    loss: Arc<LossState>,
 }
 
 impl Lease {
@@ -78,12 +88,20 @@ impl Lease {
         options: &LockOptions,
         sent: Instant,
         ttl: Duration,
+        fence: Option<u64>,
     ) -> Lease {
         client.counters().acquired();
         let handoff = HandoffPolicy::of(options);
         if handoff.queued {
             client.queues().hold(&key, sent + ttl);
         }
+        let watch = options.watchdog.then(|| {
+            let cap = options.max_hold.and_then(|cap| sent.checked_add(cap));
+            client.watchdog().watch(&key, &token, sent, ttl, cap)
+        });
+        let loss = watch
+            .as_ref()
+            .map_or_else(Arc::default, |entry| entry.loss.clone());
         Lease {
             client,
             key,
@@ -95,6 +113,9 @@ impl Lease {
             sent: Cell::new(sent),
             ttl: Cell::new(ttl),
             released: Cell::new(false),
+            fence,
+            watch,
+            loss,
         }
     }
 
@@ -116,7 +137,22 @@ impl Lease {
             sent: Cell::new(handoff.sent),
             ttl: Cell::new(handoff.ttl),
             released: Cell::new(false),
+            fence: None,
+            watch: handoff.watch,
+            loss: handoff.loss,
         }
+    }
+
+    /// The request time and ttl that set the current expiry.
+    fn timing(&self) -> (Instant, Duration) {
+        match &self.watch {
+            Some(entry) => entry.lease(),
+            None => (self.sent.get(), self.ttl.get()),
+        }
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.loss.reason().is_some()
     }
 
     pub(crate) fn is_released(&self) -> bool {
@@ -127,6 +163,9 @@ impl Lease {
     pub(crate) fn abandon(&self) {
         if !self.released.replace(true) {
             reentrancy::leave(self.client.id(), &self.key, self);
+            if let Some(entry) = &self.watch {
+                self.client.watchdog().unwatch(entry);
+            }
             if self.handoff.queued {
                 self.client.queues().unhold(&self.key);
                 self.client.queues().released(&self.key, 0);
@@ -135,10 +174,11 @@ impl Lease {
     }
 
     pub(crate) fn validity(&self) -> Duration {
-        if self.released.get() {
+        if self.released.get() || self.is_lost() {
             return Duration::ZERO;
         }
-        remaining(self.sent.get(), self.ttl.get(), Instant::now())
+        let (sent, ttl) = self.timing();
+        remaining(sent, ttl, Instant::now())
     }
 
     /// Owner-checked PEXPIRE to `ttl` from now.
@@ -155,12 +195,21 @@ impl Lease {
             Ok(()) => {
                 self.sent.set(sent);
                 self.ttl.set(ttl);
+                if let Some(entry) = &self.watch {
+                    entry.renewed(sent, ttl);
+                }
                 if self.handoff.queued {
                     self.client.queues().hold(key, sent + ttl);
                 }
                 Ok(())
             }
-            Err(reason) => Err(Error::not_held(key, reason)),
+            Err(reason) => {
+                self.loss.lose(match reason {
+                    crate::NotHeldReason::Expired => LossReason::Expired,
+                    crate::NotHeldReason::OwnedByOther => LossReason::OwnedByOther,
+                });
+                Err(Error::not_held(key, reason))
+            }
         }
     }
 
@@ -171,7 +220,11 @@ impl Lease {
         self.handoff.enabled
             && self.handoffs < self.handoff.budget.max_handoffs
             && self.acquired_at.elapsed() < self.handoff.budget.max_time
-            && !remaining(self.sent.get(), self.ttl.get(), Instant::now()).is_zero()
+            && !self.is_lost()
+            && {
+                let (sent, ttl) = self.timing();
+                !remaining(sent, ttl, Instant::now()).is_zero()
+            }
     }
 
     /// Releases, once: hands the lease to a queued thread of this client when
@@ -183,22 +236,35 @@ impl Lease {
         }
         reentrancy::leave(self.client.id(), &self.key, self);
         if self.may_hand_off() {
+            let (sent, ttl) = self.timing();
             let handoff = Handoff {
                 token: self.token.clone(),
-                sent: self.sent.get(),
-                ttl: self.ttl.get(),
+                sent,
+                ttl,
                 handoffs: self.handoffs + 1,
                 acquired_at: self.acquired_at,
+                watch: self.watch.clone(),
+                loss: self.loss.clone(),
             };
             if self.client.queues().offer(&self.key, handoff).is_ok() {
                 self.client.counters().handoff();
                 return Ok(());
             }
         }
+        // No renewal starts from here on, and none is in flight.
+        if let Some(entry) = &self.watch {
+            self.client.watchdog().unwatch(entry);
+        }
         // Unheld before the release, so a queued head woken by the release
         // message asks Redis instead of waiting for a handoff.
         if self.handoff.queued {
             self.client.queues().unhold(&self.key);
+        }
+        if let Some(reason) = self.loss.reason() {
+            // Nothing to release: the lease is gone (or Redis is unreachable
+            // and the key expires by itself).
+            self.client.queues().released(&self.key, 0);
+            return Err(Error::not_held(&self.key, reason.not_held_reason()));
         }
         release::release(&self.client, &self.key, &self.token, how)
     }
@@ -268,6 +334,31 @@ impl LockGuard {
         self.lease.validity()
     }
 
+    /// The fencing token of this acquisition (strictly increasing for the
+    /// key), when the lock was taken with
+    /// [`LockOptions::fencing`](crate::LockOptions::fencing); `None`
+    /// otherwise. Pass it to the protected resource with every write, and
+    /// have the resource reject a write whose token is lower than the
+    /// highest it has seen.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.lease.fence
+    }
+
+    /// Whether the lease was found lost: by the watchdog (key gone or taken,
+    /// Redis unreachable until the lease ran out, hold cap reached) or by an
+    /// [`LockGuard::extend`] that found it not held.
+    pub fn is_lost(&self) -> bool {
+        self.lease.is_lost()
+    }
+
+    /// A signal, usable from any thread and after the guard is gone, that
+    /// fires when the lease is found lost.
+    pub fn loss_signal(&self) -> LossSignal {
+        LossSignal {
+            state: self.lease.loss.clone(),
+        }
+    }
+
     /// Asks Redis whether the key still holds this guard's token.
     ///
     /// # Errors
@@ -310,6 +401,8 @@ impl LockGuard {
     /// [`Error::NotHeld`] when the lease had already run out
     /// ([`NotHeldReason::Expired`](crate::NotHeldReason::Expired)) or another owner holds the key
     /// ([`NotHeldReason::OwnedByOther`](crate::NotHeldReason::OwnedByOther)); nothing is deleted then.
+    /// After the lease was found lost ([`LockGuard::is_lost`]) nothing is
+    /// sent and the loss's reason is reported.
     /// [`Error::Redis`] or [`Error::Pool`] when Redis fails; the key then
     /// expires after its ttl.
     pub fn unlock(self) -> Result<(), Error> {

@@ -121,6 +121,7 @@ mod client;
 mod error;
 mod guard;
 mod lock;
+mod loss;
 mod options;
 mod queue;
 mod reentrancy;
@@ -129,14 +130,18 @@ mod resp;
 mod scripts;
 mod stats;
 mod subscriber;
+mod watchdog;
 
 pub use client::{DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT, LockClient};
 pub use error::{Error, NotHeldReason};
 pub use guard::LockGuard;
 pub use lock::DistributedLock;
+pub use loss::{LossReason, LossSignal};
 pub use options::{Backoff, HandoffBudget, LockOptions, Release, WaitMode};
 pub use stats::LockStats;
 pub use subscriber::THREAD_NAME as SUBSCRIBER_THREAD_NAME;
+/// The name of a client's watchdog thread.
+pub const WATCHDOG_THREAD_NAME: &str = watchdog::THREAD_NAME;
 
 /// The connection pool type a [`LockClient`] is built on.
 pub type Pool = r2d2::Pool<redis::Client>;

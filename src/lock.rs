@@ -137,7 +137,7 @@ impl DistributedLock {
                 &mut ThreadJitter,
                 self.options.backoff,
                 deadline,
-                || self.set_nx(&token, millis),
+                || self.try_once(&token, millis),
             )?,
             WaitMode::Notify => self.acquire_queued(&token, millis, deadline)?,
         };
@@ -145,6 +145,18 @@ impl DistributedLock {
             reentrancy::enter(self.client.id(), &self.key, &lease);
             LockGuard::new(lease)
         }))
+    }
+
+    /// One attempt without the holder's PTTL: the plain SET, or the acquire
+    /// script when a fencing token is needed.
+    fn try_once(&self, token: &str, millis: u64) -> Result<Option<Rc<Lease>>, Error> {
+        if !self.options.fencing {
+            return self.set_nx(token, millis);
+        }
+        Ok(match self.attempt(token, millis)? {
+            Attempt::Acquired(lease) => Some(lease),
+            Attempt::Held(_) => None,
+        })
     }
 
     /// `SET key token NX PX millis GET`: `nil` means we set it; our own
@@ -168,10 +180,10 @@ impl DistributedLock {
             None => true,
             Some(holder) => holder == token.as_bytes(),
         };
-        Ok(acquired.then(|| self.new_lease(token, sent, millis)))
+        Ok(acquired.then(|| self.new_lease(token, sent, millis, None)))
     }
 
-    fn new_lease(&self, token: &str, sent: Instant, millis: u64) -> Rc<Lease> {
+    fn new_lease(&self, token: &str, sent: Instant, millis: u64, fence: Option<u64>) -> Rc<Lease> {
         Rc::new(Lease::acquired(
             self.client.clone(),
             self.key.clone(),
@@ -179,6 +191,7 @@ impl DistributedLock {
             &self.options,
             sent,
             Duration::from_millis(millis),
+            fence,
         ))
     }
 
@@ -187,11 +200,17 @@ impl DistributedLock {
         let key = self.key.as_str();
         let sent = Instant::now();
         self.client.counters().commands(1);
-        let (acquired, pttl): (i64, i64) = self.client.with_connection(key, |con| {
-            scripts::ACQUIRE.key(key).arg(token).arg(millis).invoke(con)
+        let fence_key = self.options.fencing.then(|| channel::fence_key(key));
+        let (acquired, pttl, fence): (i64, i64, u64) = self.client.with_connection(key, |con| {
+            let mut script = scripts::ACQUIRE.key(key);
+            if let Some(fence_key) = &fence_key {
+                script.key(fence_key);
+            }
+            script.arg(token).arg(millis).invoke(con)
         })?;
         Ok(if acquired == 1 {
-            Attempt::Acquired(self.new_lease(token, sent, millis))
+            let fence = self.options.fencing.then_some(fence);
+            Attempt::Acquired(self.new_lease(token, sent, millis, fence))
         } else {
             // -1: a key without expiry (not ours); wait for a message.
             Attempt::Held(u64::try_from(pttl).ok().map(Duration::from_millis))
@@ -213,7 +232,7 @@ impl DistributedLock {
         if !queues.has_waiters(&self.key) && queues.held_until(&self.key).is_none() {
             // The plain SET: Redis does less for it than for the script, and
             // an uncontended lock needs no PTTL.
-            if let Some(lease) = self.set_nx(token, millis)? {
+            if let Some(lease) = self.try_once(token, millis)? {
                 return Ok(Some(lease));
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -221,6 +240,9 @@ impl DistributedLock {
             }
         }
         let release_orphan = |orphan: Handoff| {
+            if let Some(entry) = &orphan.watch {
+                self.client.watchdog().unwatch(entry);
+            }
             if let Err(err) =
                 release::release(&self.client, &self.key, &orphan.token, self.options.release)
             {

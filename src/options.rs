@@ -144,6 +144,9 @@ pub struct LockOptions {
     pub(crate) wait_mode: WaitMode,
     pub(crate) local_handoff: bool,
     pub(crate) handoff_budget: HandoffBudget,
+    pub(crate) watchdog: bool,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) fencing: bool,
 }
 
 /// How long a lease may pass from thread to thread inside one process
@@ -175,6 +178,9 @@ impl Default for LockOptions {
             wait_mode: WaitMode::Notify,
             local_handoff: true,
             handoff_budget: HandoffBudget::default(),
+            watchdog: false,
+            max_hold: None,
+            fencing: false,
         }
     }
 }
@@ -239,6 +245,56 @@ impl LockOptions {
             max_time,
         };
         self
+    }
+
+    /// Keeps the lease alive while the guard lives: the client's watchdog
+    /// thread renews it (owner-checked) every ttl/3, many held locks
+    /// pipelined per round trip, and stops the moment the guard is released.
+    /// When a renewal finds the key gone or taken, or Redis stays
+    /// unreachable until the lease has run out, the guard is marked lost
+    /// ([`LockGuard::is_lost`](crate::LockGuard::is_lost),
+    /// [`LockGuard::loss_signal`](crate::LockGuard::loss_signal)). Defaults
+    /// to `false`.
+    pub fn watchdog(mut self, enabled: bool) -> Self {
+        self.watchdog = enabled;
+        self
+    }
+
+    /// With the watchdog, stops renewing once the lock has been held this
+    /// long; the lease then runs out and the guard is marked lost. Defaults
+    /// to `None` (renew for as long as the guard lives).
+    pub fn max_hold(mut self, cap: Option<Duration>) -> Self {
+        self.max_hold = cap;
+        self
+    }
+
+    /// Issues a fencing token with every acquisition: the acquire script
+    /// increments a counter key in the lock key's hash slot
+    /// (`{KEY}:fence`, or `{TAG}:fence:KEY` for a key with a `{TAG}`), in
+    /// the same script as the `SET NX`, and
+    /// [`LockGuard::fencing_token`](crate::LockGuard::fencing_token) returns
+    /// it: strictly increasing for the key across all clients and processes
+    /// (as long as the counter survives: it needs persistence, AOF, across
+    /// restarts). A fenced lease is never handed off between threads, since
+    /// each holder must carry its own number. Defaults to `false`.
+    pub fn fencing(mut self, enabled: bool) -> Self {
+        self.fencing = enabled;
+        self
+    }
+
+    /// Whether the watchdog renews the lease ([`LockOptions::watchdog`]).
+    pub fn get_watchdog(&self) -> bool {
+        self.watchdog
+    }
+
+    /// The cap on hold time set by [`LockOptions::max_hold`].
+    pub fn get_max_hold(&self) -> Option<Duration> {
+        self.max_hold
+    }
+
+    /// Whether acquisitions issue fencing tokens ([`LockOptions::fencing`]).
+    pub fn get_fencing(&self) -> bool {
+        self.fencing
     }
 
     /// The wait mode set by [`LockOptions::wait_mode`].

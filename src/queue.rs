@@ -8,11 +8,12 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::loss::LossState;
 use crate::subscriber::Subscription;
+use crate::watchdog::WatchEntry;
 
 /// A lease passed from a releasing holder to a waiter of the same client,
 /// without Redis: the key keeps the same token and expiry.
-#[derive(Clone, Debug)]
 pub(crate) struct Handoff {
     pub(crate) token: String,
     /// When the request that set the current expiry was sent.
@@ -22,6 +23,10 @@ pub(crate) struct Handoff {
     pub(crate) handoffs: u32,
     /// When this token was acquired in Redis.
     pub(crate) acquired_at: Instant,
+    /// The watchdog entry renewing this lease, which goes along with it.
+    pub(crate) watch: Option<Arc<WatchEntry>>,
+    /// The lease's loss signal, which goes along with it.
+    pub(crate) loss: Arc<LossState>,
 }
 
 struct Gift {
@@ -377,6 +382,8 @@ mod tests {
             ttl: Duration::from_secs(1),
             handoffs: 1,
             acquired_at: Instant::now(),
+            watch: None,
+            loss: Arc::default(),
         }
     }
 
@@ -407,7 +414,7 @@ mod tests {
         assert!(queues.offer("k", lease("t")).is_err(), "nobody waits");
         let first = queues.enqueue("k", &ignore);
         let second = queues.enqueue("k", &ignore);
-        queues.offer("k", lease("t1")).expect("the head takes it");
+        assert!(queues.offer("k", lease("t1")).is_ok(), "the head takes it");
         assert!(
             queues.offer("k", lease("t2")).is_err(),
             "one gift at a time"
@@ -425,7 +432,7 @@ mod tests {
         let orphans = RefCell::new(Vec::new());
         let collect = |h: Handoff| orphans.borrow_mut().push(h.token);
         let only = queues.enqueue("k", &collect);
-        queues.offer("k", lease("t")).expect("offered");
+        assert!(queues.offer("k", lease("t")).is_ok(), "offered");
         drop(only);
         assert_eq!(*orphans.borrow(), vec!["t".to_string()]);
         assert!(!queues.has_waiters("k"));
