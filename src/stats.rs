@@ -18,6 +18,10 @@ pub struct LockStats {
     pub handoffs: u64,
     /// Release messages received by the subscriber connection.
     pub notifications: u64,
+    /// Lease renewals the watchdog sent.
+    pub renewals: u64,
+    /// Round trips those renewals took (renewals due together share one).
+    pub renewal_round_trips: u64,
 }
 
 #[derive(Default)]
@@ -26,9 +30,16 @@ pub(crate) struct Stats {
     acquired: AtomicU64,
     handoffs: AtomicU64,
     notifications: AtomicU64,
+    renewals: AtomicU64,
+    renewal_round_trips: AtomicU64,
 }
 
 impl Stats {
+    pub(crate) fn renewal_batch(&self, renewals: u64) {
+        self.commands(renewals);
+        self.renewals.fetch_add(renewals, Ordering::Relaxed);
+        self.renewal_round_trips.fetch_add(1, Ordering::Relaxed);
+    }
     pub(crate) fn commands(&self, n: u64) {
         self.commands.fetch_add(n, Ordering::Relaxed);
     }
@@ -47,6 +58,8 @@ impl Stats {
             acquired: self.acquired.load(Ordering::Relaxed),
             handoffs: self.handoffs.load(Ordering::Relaxed),
             notifications: self.notifications.load(Ordering::Relaxed),
+            renewals: self.renewals.load(Ordering::Relaxed),
+            renewal_round_trips: self.renewal_round_trips.load(Ordering::Relaxed),
         }
     }
 }

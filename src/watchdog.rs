@@ -278,11 +278,12 @@ fn renew(
             .arg(&entry.token)
             .arg(state.ttl.as_millis() as u64);
     }
-    shared.stats.commands(due.len() as u64);
+    shared.stats.renewal_batch(due.len() as u64);
     match pipe.query(&mut *con) {
         Err(err) if is_noscript(&err) => {
             scripts::EXTEND.load(&mut *con)?;
-            shared.stats.commands(due.len() as u64 + 1);
+            shared.stats.commands(1);
+            shared.stats.renewal_batch(due.len() as u64);
             pipe.query(&mut *con)
         }
         other => other,
