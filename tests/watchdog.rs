@@ -162,7 +162,7 @@ fn fencing_tokens_strictly_increase_across_clients_and_processes() {
             .expect("lock");
         tokens.push(guard.fencing_token().expect("a fencing token"));
     }
-    let child = Command::new(std::env::current_exe().expect("test binary"))
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
         .args([
             "fencing_tokens_strictly_increase_across_clients_and_processes",
             "--exact",
@@ -174,12 +174,13 @@ fn fencing_tokens_strictly_increase_across_clients_and_processes() {
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn");
-    let stdout = child.stdout.expect("stdout");
+    let stdout = child.stdout.take().expect("stdout");
     for line in BufReader::new(stdout).lines().map_while(Result::ok) {
         if let Some((_, n)) = line.split_once("FENCE ") {
             tokens.push(n.trim().parse().expect("a number"));
         }
     }
+    assert!(child.wait().expect("reap").success());
     let guard = DistributedLock::with_options(&b, "fenced", options)
         .lock()
         .expect("lock");
