@@ -71,6 +71,15 @@
 //!   Reentrant holds are unaffected: a handoff happens only when the
 //!   outermost guard goes.
 //!
+//! ## Watchdog and fencing
+//!
+//! [`LockOptions::watchdog`] renews a lease every ttl/3 from one background
+//! thread per client and tells the holder when it is lost
+//! ([`LockGuard::is_lost`], [`LockGuard::loss_signal`]).
+//! [`LockOptions::fencing`] gives every acquisition a strictly increasing
+//! [`LockGuard::fencing_token`] for the protected resource to check: the
+//! only way to make a lease safe against a holder that pauses past it.
+//!
 //! [`WaitMode::Spin`] polls Redis with exponential backoff and full jitter:
 //! every waiter polls on its own, there is no ordering, and wake-up waits
 //! for the backoff. [`LockClient::stats`] counts commands, Redis
