@@ -134,6 +134,7 @@ mod loss;
 mod options;
 mod queue;
 mod reentrancy;
+mod reentrant;
 mod release;
 mod resp;
 mod scripts;
@@ -147,6 +148,7 @@ pub use guard::LockGuard;
 pub use lock::DistributedLock;
 pub use loss::{LossReason, LossSignal};
 pub use options::{Backoff, HandoffBudget, LockOptions, Release, WaitMode};
+pub use reentrant::{ReentrantGuard, ReentrantLock, Unlocked};
 pub use stats::LockStats;
 pub use subscriber::THREAD_NAME as SUBSCRIBER_THREAD_NAME;
 /// The name of a client's watchdog thread.

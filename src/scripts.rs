@@ -21,6 +21,19 @@ pub(crate) static RELEASE: LazyLock<Script> =
 pub(crate) static EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/extend.lua")));
 
+/// `lua/reentrant_acquire.lua`: HINCRBY the owner's count. Returns `{count, pttl}`.
+pub(crate) static REENTRANT_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/reentrant_acquire.lua")));
+
+/// `lua/reentrant_release.lua`: decrement, DEL at zero. Returns nil (not the
+/// owner), -1 gone, 0 still held, 1 released.
+pub(crate) static REENTRANT_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/reentrant_release.lua")));
+
+/// `lua/reentrant_extend.lua`: owner-checked PEXPIRE. Returns 1, 0 gone, -1 other owner.
+pub(crate) static REENTRANT_EXTEND: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/reentrant_extend.lua")));
+
 /// Reads the common reply of the owner-checked scripts.
 pub(crate) fn owner_checked(reply: i64) -> Result<(), crate::NotHeldReason> {
     match reply {

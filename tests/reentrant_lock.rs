@@ -1,0 +1,147 @@
+//! `ReentrantLock`: the hold count in a Redis hash, as in seed 001's
+//! redis-cli sessions.
+
+mod support;
+
+use std::time::Duration;
+
+use redis::Commands;
+use redmutex::{DistributedLock, Error, LockOptions, NotHeldReason, ReentrantLock, Unlocked};
+use support::{RedisServer, wait_until};
+
+/// The release script as the articles run it by hand, for a foreign owner.
+fn release_as(con: &mut redis::Connection, key: &str, owner: &str) -> Option<i64> {
+    redis::Script::new(include_str!("../lua/reentrant_release.lua"))
+        .key(key)
+        .arg(owner)
+        .invoke(con)
+        .expect("EVALSHA")
+}
+
+#[test]
+fn the_articles_session_count_three_foreign_release_three_releases() {
+    let server = RedisServer::start();
+    let mut con = server.conn();
+    let client = server.lock_client();
+    let lock = ReentrantLock::with_options(
+        &client,
+        "lock-key-1",
+        LockOptions::default().ttl(Duration::from_secs(300)),
+    );
+    // Releasing a lock nobody holds: the key is gone.
+    assert_eq!(release_as(&mut con, "lock-key-1", "thread-1"), Some(-1));
+
+    let first = lock.lock().expect("lock");
+    let second = lock.lock().expect("re-enter");
+    let third = lock.lock().expect("re-enter");
+    assert_eq!(
+        (first.hold_count(), second.hold_count(), third.hold_count()),
+        (1, 2, 3)
+    );
+    let count: String = con.hget("lock-key-1", first.owner()).expect("HGET");
+    assert_eq!(count, "3", "hget lock-key-1 <owner> = \"3\"");
+    let ttl: i64 = con.ttl("lock-key-1").expect("TTL");
+    assert!(ttl > 290 && ttl <= 300, "TTL {ttl}");
+
+    // A foreign owner's release: the articles' nil, nothing changes.
+    assert_eq!(release_as(&mut con, "lock-key-1", "thread-2"), None);
+    let count: String = con.hget("lock-key-1", first.owner()).expect("HGET");
+    assert_eq!(count, "3");
+
+    assert_eq!(third.unlock().expect("1st release"), Unlocked::StillHeld);
+    assert_eq!(second.unlock().expect("2nd release"), Unlocked::StillHeld);
+    let exists: bool = con.exists("lock-key-1").expect("EXISTS");
+    assert!(exists);
+    assert_eq!(first.unlock().expect("3rd release"), Unlocked::Released);
+    let exists: bool = con.exists("lock-key-1").expect("EXISTS");
+    assert!(!exists, "three releases free it");
+}
+
+#[test]
+fn other_threads_wait_and_other_clients_of_the_thread_reenter() {
+    let server = RedisServer::start();
+    let a = server.lock_client();
+    let b = server.lock_client();
+    let held = ReentrantLock::new(&a, "r").lock().expect("lock");
+    // Another client, same thread: same owner, re-enters.
+    let again = ReentrantLock::new(&b, "r")
+        .try_lock()
+        .expect("try")
+        .expect("re-enters");
+    assert_eq!(again.hold_count(), 2);
+    assert_eq!(again.owner(), held.owner());
+    // Another thread: another owner, refused.
+    let c = a.clone();
+    let other =
+        std::thread::spawn(move || ReentrantLock::new(&c, "r").try_lock().map(|g| g.is_some()))
+            .join()
+            .expect("thread");
+    assert!(!other.expect("try_lock"));
+    // A foreign thread's guard cannot release ours: it can't even get one.
+    drop(again);
+    drop(held);
+    let exists: bool = server.conn().exists("r").expect("EXISTS");
+    assert!(!exists, "dropping the guards released both holds");
+}
+
+#[test]
+fn reentry_refreshes_the_lease_and_expiry_is_reported() {
+    let server = RedisServer::start();
+    let mut con = server.conn();
+    let client = server.lock_client();
+    let lock = ReentrantLock::with_options(
+        &client,
+        "lease",
+        LockOptions::default().ttl(Duration::from_millis(400)),
+    );
+    let outer = lock.lock().expect("lock");
+    std::thread::sleep(Duration::from_millis(200));
+    let inner = lock.lock().expect("re-enter");
+    let pttl: i64 = con.pttl("lease").expect("PTTL");
+    assert!(pttl > 300, "re-entry refreshed the lease: {pttl}");
+    assert!(inner.is_held().expect("is_held"));
+    drop(inner);
+    assert!(wait_until(Duration::from_secs(3), || {
+        let exists: bool = con.exists("lease").expect("EXISTS");
+        !exists
+    }));
+    match outer.unlock() {
+        Err(Error::NotHeld { reason, .. }) => assert_eq!(reason, NotHeldReason::Expired),
+        other => panic!("expected NotHeld(Expired), got {other:?}"),
+    }
+}
+
+#[test]
+fn extend_is_owner_checked_and_wrong_types_are_named() {
+    let server = RedisServer::start();
+    let mut con = server.conn();
+    let client = server.lock_client();
+    let mut guard = ReentrantLock::with_options(
+        &client,
+        "ext",
+        LockOptions::default().ttl(Duration::from_secs(1)),
+    )
+    .lock()
+    .expect("lock");
+    guard.extend(Duration::from_secs(60)).expect("extend");
+    let pttl: i64 = con.pttl("ext").expect("PTTL");
+    assert!(pttl > 59_000);
+    let _: () = con.del("ext").expect("DEL");
+    let _: () = con.hset("ext", "someone", 1).expect("HSET");
+    let err = guard.extend(Duration::from_secs(60)).expect_err("taken");
+    assert_eq!(err.not_held_reason(), Some(NotHeldReason::OwnedByOther));
+    assert_eq!(
+        guard.unlock().expect_err("not ours").not_held_reason(),
+        Some(NotHeldReason::OwnedByOther)
+    );
+    let kept: i64 = con.hget("ext", "someone").expect("HGET");
+    assert_eq!(kept, 1, "the other owner's hold is untouched");
+
+    // A plain lock's key is a string: not a reentrant lock.
+    let plain = DistributedLock::new(&client, "plain").lock().expect("lock");
+    match ReentrantLock::new(&client, "plain").try_lock() {
+        Err(Error::WrongType { key }) => assert_eq!(key, "plain"),
+        other => panic!("expected WrongType, got {other:?}"),
+    }
+    drop(plain);
+}
