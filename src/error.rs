@@ -58,6 +58,30 @@ pub enum Error {
         /// The lock key.
         key: String,
     },
+    /// The lock was acquired but fewer replicas than
+    /// [`LockOptions::min_replicas`](crate::LockOptions::min_replicas) asked
+    /// for acknowledged it in time; it was released again.
+    #[error(
+        "lock {key:?} reached {acked} of the {wanted} replicas asked for in time; it was released again"
+    )]
+    NotReplicated {
+        /// The lock key.
+        key: String,
+        /// Replicas that acknowledged the write.
+        acked: u32,
+        /// Replicas asked for.
+        wanted: u32,
+    },
+    /// The primary refused the write (`NOREPLICAS`): it has fewer connected
+    /// replicas than its `min-replicas-to-write`. Nothing was written; the
+    /// attempt is not repeated.
+    #[error(
+        "the primary refuses writes to {key:?}: fewer replicas than its min-replicas-to-write (NOREPLICAS)"
+    )]
+    NoReplicas {
+        /// The lock key.
+        key: String,
+    },
     /// Redis answered with an error, or the connection failed or timed out.
     #[error("redis error: {0}")]
     Redis(#[from] redis::RedisError),
@@ -101,8 +125,14 @@ impl Error {
                 .clone()
                 .into_server_errors()
                 .is_some_and(|errors| errors.iter().any(|(_, error)| error.code() == "WRONGTYPE"));
+        let no_replicas =
+            err.code() == Some("NOREPLICAS") || err.to_string().contains("NOREPLICAS");
         if wrong_type {
             Error::WrongType {
+                key: key.to_owned(),
+            }
+        } else if no_replicas {
+            Error::NoReplicas {
                 key: key.to_owned(),
             }
         } else {

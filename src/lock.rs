@@ -166,21 +166,67 @@ impl DistributedLock {
         let key = self.key.as_str();
         let sent = Instant::now();
         self.client.counters().commands(1);
-        let previous: Option<Vec<u8>> = self.client.with_connection(key, |con| {
-            redis::cmd("SET")
+        let (acquired, short) = self.client.with_connection(key, |con| {
+            let previous: Option<Vec<u8>> = redis::cmd("SET")
                 .arg(key)
                 .arg(token)
                 .arg("NX")
                 .arg("PX")
                 .arg(millis)
                 .arg("GET")
-                .query(con)
+                .query(con)?;
+            let acquired = match previous {
+                None => true,
+                Some(holder) => holder == token.as_bytes(),
+            };
+            let short = if acquired {
+                self.await_replicas(con, token)?
+            } else {
+                None
+            };
+            Ok((acquired, short))
         })?;
-        let acquired = match previous {
-            None => true,
-            Some(holder) => holder == token.as_bytes(),
-        };
+        self.check_replicated(short)?;
         Ok(acquired.then(|| self.new_lease(token, sent, millis, None)))
+    }
+
+    /// With [`LockOptions::min_replicas`]: `WAIT` on the connection that
+    /// wrote the key (WAIT counts that connection's writes only). When fewer
+    /// replicas acknowledged in time, releases the key again (owner-checked,
+    /// same connection) and returns how many did.
+    fn await_replicas(
+        &self,
+        con: &mut redis::Connection,
+        token: &str,
+    ) -> redis::RedisResult<Option<u32>> {
+        let Some((wanted, timeout)) = self.options.min_replicas else {
+            return Ok(None);
+        };
+        self.client.counters().commands(1);
+        let acked: u32 = redis::cmd("WAIT")
+            .arg(wanted)
+            .arg(timeout.as_millis() as u64)
+            .query(con)?;
+        if acked >= wanted {
+            return Ok(None);
+        }
+        let channel = channel::release_channel(&self.key);
+        // The key was written by this very connection a moment ago; whatever
+        // the outcome (released, or expired already), nothing stays ours.
+        let _outcome =
+            release::release_lua(con, self.client.counters(), &self.key, token, &channel)?;
+        Ok(Some(acked))
+    }
+
+    fn check_replicated(&self, short: Option<u32>) -> Result<(), Error> {
+        match (short, self.options.min_replicas) {
+            (Some(acked), Some((wanted, _))) => Err(Error::NotReplicated {
+                key: self.key.clone(),
+                acked,
+                wanted,
+            }),
+            _ => Ok(()),
+        }
     }
 
     fn new_lease(&self, token: &str, sent: Instant, millis: u64, fence: Option<u64>) -> Rc<Lease> {
@@ -201,13 +247,20 @@ impl DistributedLock {
         let sent = Instant::now();
         self.client.counters().commands(1);
         let fence_key = self.options.fencing.then(|| channel::fence_key(key));
-        let (acquired, pttl, fence): (i64, i64, u64) = self.client.with_connection(key, |con| {
+        let ((acquired, pttl, fence), short) = self.client.with_connection(key, |con| {
             let mut script = scripts::ACQUIRE.key(key);
             if let Some(fence_key) = &fence_key {
                 script.key(fence_key);
             }
-            script.arg(token).arg(millis).invoke(con)
+            let reply: (i64, i64, u64) = script.arg(token).arg(millis).invoke(con)?;
+            let short = if reply.0 == 1 {
+                self.await_replicas(con, token)?
+            } else {
+                None
+            };
+            Ok((reply, short))
         })?;
+        self.check_replicated(short)?;
         Ok(if acquired == 1 {
             let fence = self.options.fencing.then_some(fence);
             Attempt::Acquired(self.new_lease(token, sent, millis, fence))

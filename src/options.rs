@@ -147,6 +147,7 @@ pub struct LockOptions {
     pub(crate) watchdog: bool,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) fencing: bool,
+    pub(crate) min_replicas: Option<(u32, Duration)>,
 }
 
 /// How long a lease may pass from thread to thread inside one process
@@ -181,6 +182,7 @@ impl Default for LockOptions {
             watchdog: false,
             max_hold: None,
             fencing: false,
+            min_replicas: None,
         }
     }
 }
@@ -280,6 +282,27 @@ impl LockOptions {
     pub fn fencing(mut self, enabled: bool) -> Self {
         self.fencing = enabled;
         self
+    }
+
+    /// After each acquisition in Redis, waits (`WAIT n timeout`, on the
+    /// connection that wrote the key) until `n` replicas have the key; when
+    /// fewer acknowledge in time, releases it again and fails with
+    /// [`Error::NotReplicated`], so a holder never believes in a lock that a
+    /// failover to a replica would lose. Costs one more round trip (plus the
+    /// replicas' delay) per acquisition. `n == 0` turns it off. Defaults to
+    /// `None`.
+    ///
+    /// It narrows the failover hazard, it does not close it: Redis
+    /// replication stays asynchronous, and a replica that acknowledged can
+    /// still lose the key if it restarts without persistence.
+    pub fn min_replicas(mut self, n: u32, timeout: Duration) -> Self {
+        self.min_replicas = (n > 0).then_some((n, timeout));
+        self
+    }
+
+    /// The replica acknowledgement set by [`LockOptions::min_replicas`].
+    pub fn get_min_replicas(&self) -> Option<(u32, Duration)> {
+        self.min_replicas
     }
 
     /// Whether the watchdog renews the lease ([`LockOptions::watchdog`]).

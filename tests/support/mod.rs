@@ -134,6 +134,33 @@ impl RedisServer {
         parse_calls(&info, command)
     }
 
+    /// Starts a replica of `primary` and waits until the primary sees it
+    /// connected and in sync.
+    pub fn start_replica_of(primary: &RedisServer) -> RedisServer {
+        let port = primary.port.to_string();
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+        let synced = wait_until(READY_WITHIN, || {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut replica.conn())
+                .unwrap_or_default();
+            info.contains("master_link_status:up")
+        });
+        assert!(synced, "the replica did not sync with its primary");
+        replica
+    }
+
+    /// Sends a signal (`STOP`, `CONT`, …) to the server process.
+    pub fn signal(&self, name: &str) {
+        let pid = self.pid().expect("a running server");
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name} {pid}");
+    }
+
     /// Kills the server (SIGKILL) and waits for it to go.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
