@@ -137,6 +137,7 @@ mod reentrancy;
 mod reentrant;
 mod release;
 mod resp;
+mod rwlock;
 mod scripts;
 mod stats;
 mod subscriber;
@@ -149,6 +150,7 @@ pub use lock::DistributedLock;
 pub use loss::{LossReason, LossSignal};
 pub use options::{Backoff, HandoffBudget, LockOptions, Release, WaitMode};
 pub use reentrant::{ReentrantGuard, ReentrantLock, Unlocked};
+pub use rwlock::{RwGuard, RwLock};
 pub use stats::LockStats;
 pub use subscriber::THREAD_NAME as SUBSCRIBER_THREAD_NAME;
 /// The name of a client's watchdog thread.

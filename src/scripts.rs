@@ -34,6 +34,14 @@ pub(crate) static REENTRANT_RELEASE: LazyLock<Script> =
 pub(crate) static REENTRANT_EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/reentrant_extend.lua")));
 
+/// `lua/rw_acquire.lua`: read or write acquire. Returns `{acquired, wait_ms}`.
+pub(crate) static RW_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/rw_acquire.lua")));
+
+/// `lua/rw_release.lua`: remove this holder's field. Returns 1, 0 gone, -1 other writer.
+pub(crate) static RW_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/rw_release.lua")));
+
 /// Reads the common reply of the owner-checked scripts.
 pub(crate) fn owner_checked(reply: i64) -> Result<(), crate::NotHeldReason> {
     match reply {

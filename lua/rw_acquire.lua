@@ -1,0 +1,70 @@
+-- Read-write lock acquire. All state lives in one hash (so it works on a
+-- cluster), with deadlines in milliseconds by the server's own clock (TIME):
+--   w          the writer's token        wexp   the writer's deadline
+--   r:<token>  one reader's deadline (each reader its own field)
+--   q:<token>  a waiting writer's deadline (writer preference)
+-- Fields past their deadline are dropped first, so a crashed holder frees
+-- the lock by itself without touching anyone else's field.
+--
+-- KEYS[1]  the lock hash
+-- ARGV[1]  this holder's token (a fresh UUID v4)
+-- ARGV[2]  'r' to read or 'w' to write
+-- ARGV[3]  the lease in milliseconds
+-- ARGV[4]  readers: 1 = enter even while writers wait (prefer readers)
+--          writers: how long (ms) to stay registered as waiting when refused
+--          (0: do not register, a single attempt)
+--
+-- Returns {acquired, wait}:
+--   {1, 0}     acquired
+--   {0, ms}    refused; ms until the earliest deadline that could free it
+-- Errors with WRONGTYPE when the key is not a hash.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local fields = redis.call('HGETALL', KEYS[1])
+local writer, readers, queued, soonest, latest = false, 0, 0, nil, now
+for i = 1, #fields, 2 do
+  local name, value = fields[i], fields[i + 1]
+  if name ~= 'w' then
+    local deadline = tonumber(value)
+    if deadline == nil or deadline <= now then
+      redis.call('HDEL', KEYS[1], name)
+      if name == 'wexp' then redis.call('HDEL', KEYS[1], 'w') end
+    else
+      if deadline > latest then latest = deadline end
+      local kind = string.sub(name, 1, 2)
+      if name == 'wexp' then
+        writer = true
+        if soonest == nil or deadline < soonest then soonest = deadline end
+      elseif kind == 'r:' then
+        readers = readers + 1
+        if soonest == nil or deadline < soonest then soonest = deadline end
+      elseif kind == 'q:' and name ~= 'q:' .. ARGV[1] then
+        queued = queued + 1
+      end
+    end
+  end
+end
+local lease = tonumber(ARGV[3])
+local granted = false
+if ARGV[2] == 'r' then
+  granted = not writer and (queued == 0 or ARGV[4] == '1')
+  if granted then
+    redis.call('HSET', KEYS[1], 'r:' .. ARGV[1], now + lease)
+  end
+else
+  granted = not writer and readers == 0
+  if granted then
+    redis.call('HSET', KEYS[1], 'w', ARGV[1], 'wexp', now + lease)
+    redis.call('HDEL', KEYS[1], 'q:' .. ARGV[1])
+  elseif tonumber(ARGV[4]) > 0 then
+    local until_ms = now + tonumber(ARGV[4])
+    redis.call('HSET', KEYS[1], 'q:' .. ARGV[1], until_ms)
+    if until_ms > latest then latest = until_ms end
+  end
+end
+if granted and now + lease > latest then latest = now + lease end
+if redis.call('HLEN', KEYS[1]) > 0 then
+  redis.call('PEXPIREAT', KEYS[1], latest)
+end
+if granted then return {1, 0} end
+return {0, (soonest or now) - now}

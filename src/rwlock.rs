@@ -1,0 +1,312 @@
+//! `RwLock`: many readers or one writer, all state in one hash (seed 004's
+//! cluster variant, fixed so a reader can only release itself).
+
+use std::time::{Duration, Instant};
+
+use crate::backoff::{SystemClock, ThreadJitter, retry_until};
+use crate::client::LockClient;
+use crate::error::{Error, NotHeldReason};
+use crate::guard::remaining;
+use crate::options::{LockOptions, ttl_millis};
+use crate::{channel, scripts};
+
+/// A distributed read-write lock: any number of readers, or one writer.
+///
+/// Everything lives in one Redis hash (so it works on a cluster): the
+/// writer's token and deadline, one field per reader with its own deadline,
+/// and the writers waiting. Deadlines are decided inside the scripts by the
+/// server's clock (`TIME`), never the clients'. Each holder removes only its
+/// own field, so a reader can never release another reader, and a crashed
+/// reader's field expires on its own without touching the others.
+///
+/// **Writer preference** by default: once a writer waits, new readers wait
+/// too, so a stream of overlapping readers cannot starve writers;
+/// [`RwLock::prefer_readers`] lets readers in regardless. Waiting is by
+/// backoff polling, never longer than until the earliest deadline that could
+/// free the lock; releases also publish on the key's release channel.
+///
+/// ```no_run
+/// # fn main() -> Result<(), redmutex::Error> {
+/// let client = redmutex::LockClient::open("redis://127.0.0.1:6379/")?;
+/// let catalog = redmutex::RwLock::new(&client, "catalog");
+/// {
+///     let _a = catalog.read()?;
+///     let _b = catalog.read()?;              // readers share
+///     assert!(catalog.try_write()?.is_none()); // a writer waits for them
+/// }
+/// let writer = catalog.write()?;
+/// writer.unlock()?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct RwLock {
+    client: LockClient,
+    key: String,
+    options: LockOptions,
+    prefer_readers: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Read,
+    Write,
+}
+
+impl Mode {
+    fn code(self) -> &'static str {
+        match self {
+            Mode::Read => "r",
+            Mode::Write => "w",
+        }
+    }
+}
+
+impl RwLock {
+    /// A read-write lock on `key` with the client's default options.
+    pub fn new(client: &LockClient, key: impl Into<String>) -> RwLock {
+        RwLock::with_options(client, key, client.defaults().clone())
+    }
+
+    /// A read-write lock on `key`. Of the options, `ttl`, `wait`, `backoff`
+    /// and `release`'s channel apply.
+    pub fn with_options(
+        client: &LockClient,
+        key: impl Into<String>,
+        options: LockOptions,
+    ) -> RwLock {
+        RwLock {
+            client: client.clone(),
+            key: key.into(),
+            options,
+            prefer_readers: false,
+        }
+    }
+
+    /// Lets new readers in even while writers wait (writers may then wait
+    /// as long as readers keep overlapping). Defaults to `false`: writer
+    /// preference.
+    pub fn prefer_readers(mut self, prefer: bool) -> RwLock {
+        self.prefer_readers = prefer;
+        self
+    }
+
+    /// The lock key (a hash).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Takes a read lock, waiting up to the options' `wait`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Timeout`]; [`Error::InvalidArgument`] for an empty key or a
+    /// bad ttl; [`Error::WrongType`] when the key is not a hash;
+    /// [`Error::Redis`] or [`Error::Pool`].
+    pub fn read(&self) -> Result<RwGuard, Error> {
+        self.blocking(Mode::Read)
+    }
+
+    /// One attempt at a read lock.
+    ///
+    /// # Errors
+    ///
+    /// As [`RwLock::read`], without [`Error::Timeout`].
+    pub fn try_read(&self) -> Result<Option<RwGuard>, Error> {
+        self.acquire(Mode::Read, Some(Instant::now()))
+    }
+
+    /// Attempts a read lock until `wait` has passed.
+    ///
+    /// # Errors
+    ///
+    /// As [`RwLock::read`], without [`Error::Timeout`].
+    pub fn try_read_for(&self, wait: Duration) -> Result<Option<RwGuard>, Error> {
+        self.acquire(Mode::Read, Instant::now().checked_add(wait))
+    }
+
+    /// Takes the write lock, waiting up to the options' `wait`.
+    ///
+    /// # Errors
+    ///
+    /// As [`RwLock::read`].
+    pub fn write(&self) -> Result<RwGuard, Error> {
+        self.blocking(Mode::Write)
+    }
+
+    /// One attempt at the write lock (it does not make readers wait).
+    ///
+    /// # Errors
+    ///
+    /// As [`RwLock::read`], without [`Error::Timeout`].
+    pub fn try_write(&self) -> Result<Option<RwGuard>, Error> {
+        self.acquire(Mode::Write, Some(Instant::now()))
+    }
+
+    /// Attempts the write lock until `wait` has passed; while it waits, new
+    /// readers wait too (unless [`RwLock::prefer_readers`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`RwLock::read`], without [`Error::Timeout`].
+    pub fn try_write_for(&self, wait: Duration) -> Result<Option<RwGuard>, Error> {
+        self.acquire(Mode::Write, Instant::now().checked_add(wait))
+    }
+
+    fn blocking(&self, mode: Mode) -> Result<RwGuard, Error> {
+        let started = Instant::now();
+        self.acquire(mode, started.checked_add(self.options.wait))?
+            .ok_or_else(|| Error::Timeout {
+                key: self.key.clone(),
+                waited: started.elapsed(),
+            })
+    }
+
+    fn acquire(&self, mode: Mode, deadline: Option<Instant>) -> Result<Option<RwGuard>, Error> {
+        if self.key.is_empty() {
+            return Err(Error::InvalidArgument(
+                "the lock key must not be empty".into(),
+            ));
+        }
+        let millis = ttl_millis(self.options.ttl)?;
+        let token = uuid::Uuid::new_v4().to_string();
+        let key = self.key.as_str();
+        // A waiting writer stays registered a little longer than it sleeps
+        // between attempts, so a writer that gives up or dies stops holding
+        // readers back soon.
+        let fourth = match mode {
+            Mode::Read => u64::from(self.prefer_readers),
+            Mode::Write => (self.options.backoff.max() * 2).as_millis() as u64 + 200,
+        };
+        let waiting_writer = mode == Mode::Write && deadline.is_none_or(|d| d > Instant::now());
+        let result = retry_until(
+            &SystemClock,
+            &mut ThreadJitter,
+            self.options.backoff,
+            deadline,
+            || {
+                let sent = Instant::now();
+                self.client.counters().commands(1);
+                let (acquired, _wait_ms): (i64, i64) = self.client.with_connection(key, |con| {
+                    scripts::RW_ACQUIRE
+                        .key(key)
+                        .arg(&token)
+                        .arg(mode.code())
+                        .arg(millis)
+                        .arg(if waiting_writer || mode == Mode::Read {
+                            fourth
+                        } else {
+                            0
+                        })
+                        .invoke(con)
+                })?;
+                Ok((acquired == 1).then(|| RwGuard {
+                    client: self.client.clone(),
+                    key: self.key.clone(),
+                    token: token.clone(),
+                    mode,
+                    sent,
+                    ttl: Duration::from_millis(millis),
+                    released: false,
+                }))
+            },
+        );
+        if waiting_writer && !matches!(result, Ok(Some(_))) {
+            // Gave up (or failed): stop holding readers back.
+            let _ = self.release_field(&token, "q");
+        }
+        result
+    }
+
+    fn release_field(&self, token: &str, code: &str) -> Result<i64, Error> {
+        let key = self.key.as_str();
+        let channel = channel::release_channel(key);
+        self.client.counters().commands(1);
+        self.client.with_connection(key, |con| {
+            scripts::RW_RELEASE
+                .key(key)
+                .arg(token)
+                .arg(code)
+                .arg(&channel)
+                .invoke(con)
+        })
+    }
+}
+
+/// A read or write hold of an [`RwLock`]. Dropping it releases it (best
+/// effort); [`RwGuard::unlock`] reports the outcome.
+#[must_use = "the lock is released as soon as the guard is dropped"]
+#[derive(Debug)]
+pub struct RwGuard {
+    client: LockClient,
+    key: String,
+    token: String,
+    mode: Mode,
+    sent: Instant,
+    ttl: Duration,
+    released: bool,
+}
+
+impl RwGuard {
+    /// The lock key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// This holder's token (its own field in the hash).
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// Whether this is the write lock.
+    pub fn is_write(&self) -> bool {
+        self.mode == Mode::Write
+    }
+
+    /// The lease left by the local clock, minus the drift allowance.
+    pub fn validity(&self) -> Duration {
+        if self.released {
+            return Duration::ZERO;
+        }
+        remaining(self.sent, self.ttl, Instant::now())
+    }
+
+    /// Releases this hold: removes only this holder's field.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] ([`NotHeldReason::Expired`] when its field is
+    /// gone, [`NotHeldReason::OwnedByOther`] when another writer holds the
+    /// write lock); [`Error::Redis`], [`Error::Pool`] or [`Error::WrongType`].
+    pub fn unlock(mut self) -> Result<(), Error> {
+        self.release()
+    }
+
+    fn release(&mut self) -> Result<(), Error> {
+        self.released = true;
+        let lock = RwLock {
+            client: self.client.clone(),
+            key: self.key.clone(),
+            options: LockOptions::default(),
+            prefer_readers: false,
+        };
+        match lock.release_field(&self.token, self.mode.code())? {
+            1 => Ok(()),
+            0 => Err(Error::not_held(&self.key, NotHeldReason::Expired)),
+            _ => Err(Error::not_held(&self.key, NotHeldReason::OwnedByOther)),
+        }
+    }
+}
+
+impl Drop for RwGuard {
+    fn drop(&mut self) {
+        if !self.released
+            && let Err(err) = self.release()
+        {
+            log::warn!(
+                "redmutex: releasing read-write hold of {:?} on drop: {err}",
+                self.key
+            );
+        }
+    }
+}

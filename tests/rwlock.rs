@@ -1,0 +1,211 @@
+//! The read-write lock: readers share, writers exclude, crashed readers
+//! expire alone, writers are not starved, a reader releases only itself.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use redis::Commands;
+use redmutex::{Error, LockOptions, NotHeldReason, RwLock};
+use support::{RedisServer, wait_until};
+
+fn fields(server: &RedisServer, key: &str) -> Vec<String> {
+    let map: std::collections::HashMap<String, String> =
+        server.conn().hgetall(key).expect("HGETALL");
+    let mut names: Vec<String> = map.into_keys().collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn readers_overlap_and_writers_exclude_everything() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let lock = RwLock::new(&client, "rw");
+    let r1 = lock.read().expect("read");
+    let r2 = lock.try_read().expect("try").expect("readers share");
+    let r3 = lock.read().expect("read");
+    assert!(
+        lock.try_write().expect("try").is_none(),
+        "a writer waits for readers"
+    );
+    assert_eq!(fields(&server, "rw").len(), 3, "one field per reader");
+    drop((r1, r2));
+    assert!(lock.try_write().expect("try").is_none());
+    r3.unlock().expect("unlock");
+    let w = lock.try_write().expect("try").expect("free now");
+    assert!(w.is_write());
+    assert!(
+        lock.try_read().expect("try").is_none(),
+        "the writer excludes readers"
+    );
+    assert!(lock.try_write().expect("try").is_none(), "and writers");
+    w.unlock().expect("unlock");
+    let exists: bool = server.conn().exists("rw").expect("EXISTS");
+    assert!(!exists, "an empty lock leaves no key");
+}
+
+#[test]
+fn a_crashed_reader_expires_alone() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let short = RwLock::with_options(
+        &client,
+        "crash",
+        LockOptions::default().ttl(Duration::from_millis(300)),
+    );
+    let long = RwLock::with_options(
+        &client,
+        "crash",
+        LockOptions::default().ttl(Duration::from_secs(30)),
+    );
+    let crashed = short.read().expect("read");
+    let crashed_field = format!("r:{}", crashed.token());
+    std::mem::forget(crashed); // dies without releasing
+    let alive = long.read().expect("read");
+    let alive_field = format!("r:{}", alive.token());
+    assert!(wait_until(Duration::from_secs(3), || {
+        let _ = long.try_write().expect("try"); // runs the purge
+        !fields(&server, "crash").contains(&crashed_field)
+    }));
+    assert!(
+        fields(&server, "crash").contains(&alive_field),
+        "the live reader is untouched"
+    );
+    assert!(
+        long.try_write().expect("try").is_none(),
+        "still read-locked by the live reader"
+    );
+    alive.unlock().expect("unlock");
+    assert!(long.try_write().expect("try").is_some());
+}
+
+#[test]
+fn one_reader_cannot_release_another() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let lock = RwLock::new(&client, "own");
+    let a = lock.read().expect("a");
+    let b = lock.read().expect("b");
+    let b_field = format!("r:{}", b.token());
+    a.unlock().expect("a releases itself");
+    assert!(
+        fields(&server, "own").contains(&b_field),
+        "b's hold survives a's release"
+    );
+    assert!(lock.try_write().expect("try").is_none());
+    // The release script driven by hand with a token that is not b's removes nothing.
+    let removed: i64 = redis::Script::new(include_str!("../lua/rw_release.lua"))
+        .key("own")
+        .arg("not-b")
+        .arg("r")
+        .arg("ch")
+        .invoke(&mut server.conn())
+        .expect("EVAL");
+    assert_eq!(removed, 0);
+    assert!(fields(&server, "own").contains(&b_field));
+    b.unlock().expect("b");
+}
+
+#[test]
+fn a_writer_is_not_starved_by_overlapping_readers() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let stop = Arc::new(AtomicBool::new(false));
+    let reading = Arc::new(AtomicU32::new(0));
+    let readers: Vec<_> = (0..4)
+        .map(|_| {
+            let lock = RwLock::with_options(
+                &client,
+                "busy",
+                LockOptions::default().wait(Duration::from_secs(20)),
+            );
+            let (stop, reading) = (stop.clone(), reading.clone());
+            std::thread::spawn(move || {
+                let mut rounds = 0u32;
+                while !stop.load(Ordering::Relaxed) && rounds < 10_000 {
+                    let guard = lock.read().expect("read");
+                    reading.fetch_add(1, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(5));
+                    reading.fetch_sub(1, Ordering::Relaxed);
+                    drop(guard);
+                    rounds += 1;
+                }
+            })
+        })
+        .collect();
+    assert!(wait_until(Duration::from_secs(5), || reading
+        .load(Ordering::Relaxed)
+        >= 2));
+    let writer = RwLock::with_options(
+        &client,
+        "busy",
+        LockOptions::default().wait(Duration::from_secs(10)),
+    );
+    let started = Instant::now();
+    let guard = writer
+        .write()
+        .expect("the writer gets in despite the readers");
+    let waited = started.elapsed();
+    assert_eq!(
+        reading.load(Ordering::Relaxed),
+        0,
+        "no reader inside with the writer"
+    );
+    drop(guard);
+    stop.store(true, Ordering::Relaxed);
+    for reader in readers {
+        reader.join().expect("reader");
+    }
+    assert!(waited < Duration::from_secs(3), "writer waited {waited:?}");
+}
+
+#[test]
+fn an_expired_writer_reports_it_and_a_plain_key_is_refused() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let lock = RwLock::with_options(
+        &client,
+        "w",
+        LockOptions::default().ttl(Duration::from_millis(100)),
+    );
+    let guard = lock.write().expect("write");
+    assert!(wait_until(Duration::from_secs(3), || {
+        let exists: bool = server.conn().exists("w").expect("EXISTS");
+        !exists
+    }));
+    match guard.unlock() {
+        Err(Error::NotHeld { reason, .. }) => assert_eq!(reason, NotHeldReason::Expired),
+        other => panic!("expected NotHeld(Expired), got {other:?}"),
+    }
+    let _: () = server.conn().set("plain", "x").expect("SET");
+    match RwLock::new(&client, "plain").try_read() {
+        Err(Error::WrongType { key }) => assert_eq!(key, "plain"),
+        other => panic!("expected WrongType, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_waiting_writer_holds_new_readers_back_unless_readers_are_preferred() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let lock = RwLock::new(&client, "pref");
+    let reader = lock.read().expect("read");
+    let writer_lock = lock.clone();
+    let writer = std::thread::spawn(move || {
+        writer_lock
+            .try_write_for(Duration::from_secs(10))
+            .map(|g| g.map(|g| g.is_write()))
+    });
+    assert!(wait_until(Duration::from_secs(5), || {
+        fields(&server, "pref").iter().any(|f| f.starts_with("q:"))
+    }));
+    assert!(lock.try_read().expect("try").is_none(), "writer preference");
+    let eager = lock.clone().prefer_readers(true);
+    let extra = eager.try_read().expect("try").expect("readers preferred");
+    drop(extra);
+    drop(reader);
+    assert_eq!(writer.join().expect("writer").expect("write"), Some(true));
+}
