@@ -80,6 +80,16 @@
 //! [`LockGuard::fencing_token`] for the protected resource to check: the
 //! only way to make a lease safe against a holder that pauses past it.
 //!
+//! ## The family
+//!
+//! * [`ReentrantLock`]: the hold count in a Redis hash (owner
+//!   `<process uuid>:<thread id>`), visible in Redis, re-entered through any
+//!   client of the thread.
+//! * [`RwLock`]: many readers or one writer in one hash, each reader its own
+//!   field and server-side deadline, writer preference.
+//! * [`LockOptions::min_replicas`]: `WAIT` for replicas after acquiring, so a
+//!   failover is less likely to forget a granted lock.
+//!
 //! [`WaitMode::Spin`] polls Redis with exponential backoff and full jitter:
 //! every waiter polls on its own, there is no ordering, and wake-up waits
 //! for the backoff. [`LockClient::stats`] counts commands, Redis
@@ -111,6 +121,7 @@
 //!   itself with a fencing token when correctness depends on it.
 //! * **Replication is asynchronous**: after a failover to a replica that had
 //!   not received the key, a second client can acquire the same lock.
+//!   [`LockOptions::min_replicas`] narrows this window, it cannot close it.
 //! * **Restarts without persistence** (`--save ''`, no AOF) forget every
 //!   lock; with `appendfsync everysec` the last second can be lost.
 //! * **Eviction**: under `maxmemory` with an `allkeys-*` policy Redis may
