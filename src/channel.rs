@@ -14,8 +14,14 @@ pub(crate) fn hash_tag(key: &str) -> Option<&str> {
     (close > 0).then(|| &rest[..close])
 }
 
-/// The channel releases of `key` are published on.
-pub(crate) fn release_channel(key: &str) -> String {
+/// The pub/sub channel releases of `key` are published on:
+/// `redmutex:released:{KEY}`, or `redmutex:released:{TAG}:KEY` when the key
+/// has a `{TAG}` hash tag (so the channel maps to the key's cluster slot).
+///
+/// ```
+/// assert_eq!(redmutex::release_channel("jobs:nightly"), "redmutex:released:{jobs:nightly}");
+/// ```
+pub fn release_channel(key: &str) -> String {
     match hash_tag(key) {
         Some(tag) => format!("redmutex:released:{{{tag}}}:{key}"),
         // A key with a stray `}` cannot be wrapped as a tag; such a channel is
@@ -25,8 +31,13 @@ pub(crate) fn release_channel(key: &str) -> String {
     }
 }
 
-/// The fencing counter of `key`, in the key's hash slot.
-pub(crate) fn fence_key(key: &str) -> String {
+/// The key of `key`'s fencing counter, in the same hash slot: `{KEY}:fence`,
+/// or `{TAG}:fence:KEY` when the key has a `{TAG}` hash tag.
+///
+/// ```
+/// assert_eq!(redmutex::fence_key("jobs:nightly"), "{jobs:nightly}:fence");
+/// ```
+pub fn fence_key(key: &str) -> String {
     match hash_tag(key) {
         Some(tag) => format!("{{{tag}}}:fence:{key}"),
         None if key.contains('}') => format!("redmutex:fence:{key}"),

@@ -154,6 +154,7 @@ mod stats;
 mod subscriber;
 mod watchdog;
 
+pub use channel::{fence_key, release_channel};
 pub use client::{DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT, LockClient};
 pub use error::{Error, NotHeldReason};
 pub use guard::LockGuard;

@@ -118,6 +118,25 @@ impl DistributedLock {
         self.acquire(Some(deadline))
     }
 
+    /// Releases the lock held under `token` (owner-checked), for tools and
+    /// operators who know the token but hold no guard: `redmutex release
+    /// --token`, or a child process of `redmutex run` that got it in
+    /// `REDMUTEX_TOKEN`. Nothing is deleted unless the key holds `token`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] when the key is gone or holds another token;
+    /// [`Error::InvalidArgument`] for an empty key or token; [`Error::Redis`],
+    /// [`Error::Pool`] or [`Error::WrongType`].
+    pub fn release_token(&self, token: &str) -> Result<(), Error> {
+        if self.key.is_empty() || token.is_empty() {
+            return Err(Error::InvalidArgument(
+                "the lock key and the token must not be empty".into(),
+            ));
+        }
+        release::release(&self.client, &self.key, token, self.options.release)
+    }
+
     /// `deadline == None`: a wait so long that `Instant` cannot express its
     /// end, taken as no limit.
     fn acquire(&self, deadline: Option<Instant>) -> Result<Option<LockGuard>, Error> {

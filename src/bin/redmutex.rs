@@ -1,0 +1,561 @@
+//! `redmutex`: flock(1) for a fleet of machines.
+//!
+//! Exit codes (also in `--help` and the README):
+//!
+//! | code | meaning |
+//! |---|---|
+//! | the command's | `run`: the command ran; its exit code (128+N if killed by signal N) |
+//! | 0 | `status`, `release`: done |
+//! | 1 | the lock is held elsewhere (`run` did not start the command; `release --token`: not that token's) |
+//! | 2 | bad usage: unknown option, missing `--` or command, zero ttl |
+//! | 69 | Redis unreachable or failing (`EX_UNAVAILABLE`) |
+//! | 75 | `run`: the lock was lost while the command ran; it was terminated (`EX_TEMPFAIL`) |
+//! | 126 | `run`: the command cannot be executed |
+//! | 127 | `run`: the command was not found |
+
+use std::ffi::OsString;
+use std::io::{IsTerminal, Write};
+use std::process::{Command, ExitCode, ExitStatus};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser, Subcommand};
+use redmutex::{DistributedLock, Error, LockClient, LockOptions, WaitMode};
+
+const EXIT_CONFLICT: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+const EXIT_UNAVAILABLE: u8 = 69;
+const EXIT_LOST: u8 = 75;
+const EXIT_CANNOT_EXECUTE: u8 = 126;
+const EXIT_NOT_FOUND: u8 = 127;
+
+const AFTER_HELP: &str = "\
+Exit codes:
+  run      the command's own (128+N if killed by signal N)
+  0        status/release: done
+  1        the lock is held elsewhere: the command was not run (see --conflict-exit-code)
+  2        bad usage
+  69       Redis unreachable or failing
+  75       the lock was lost while the command ran; the command was terminated
+  126      the command cannot be executed
+  127      the command was not found
+
+Examples:
+  redmutex run --no-wait nightly-report -- ./report.sh
+  redmutex run --wait 5m --ttl 30s deploy:web -- ansible-playbook site.yml
+  redmutex status nightly-report --json
+  redmutex release nightly-report --token 1f0c…";
+
+#[derive(Parser)]
+#[command(
+    name = "redmutex",
+    version,
+    about = "flock(1) for a fleet: run a command only while holding a Redis lock",
+    after_help = AFTER_HELP
+)]
+struct Cli {
+    /// Redis server URL.
+    #[arg(
+        long,
+        env = "REDMUTEX_URL",
+        default_value = "redis://127.0.0.1:6379",
+        global = true
+    )]
+    url: String,
+    /// Say nothing but errors.
+    #[arg(long, short, global = true, conflicts_with = "verbose")]
+    quiet: bool,
+    /// Say what is happening.
+    #[arg(long, short, global = true)]
+    verbose: bool,
+    #[command(subcommand)]
+    command: Sub,
+}
+
+#[derive(Subcommand)]
+enum Sub {
+    /// Acquire KEY, run CMD while holding it (lease kept alive), release it.
+    Run(RunArgs),
+    /// Show whether KEY is held, by whom and for how long.
+    Status(StatusArgs),
+    /// Release KEY: owner-checked with --token, or unconditionally with --force.
+    Release(ReleaseArgs),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Wait at most this long for the lock (e.g. 30s, 5m).
+    #[arg(long, value_parser = parse_duration, default_value = "10s", conflicts_with = "no_wait")]
+    wait: Duration,
+    /// Do not wait: exit at once if the lock is held.
+    #[arg(long)]
+    no_wait: bool,
+    /// The lease; renewed every third of it while CMD runs.
+    #[arg(long, value_parser = parse_ttl, default_value = "30s")]
+    ttl: Duration,
+    /// Issue a fencing token and pass it to CMD in REDMUTEX_FENCING_TOKEN.
+    #[arg(long)]
+    fencing: bool,
+    /// Exit code when the lock cannot be had in time.
+    #[arg(long, default_value_t = EXIT_CONFLICT)]
+    conflict_exit_code: u8,
+    /// After losing the lock, how long CMD gets between SIGTERM and SIGKILL.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    kill_after: Duration,
+    /// The lock key.
+    key: String,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<OsString>,
+}
+
+#[derive(Args)]
+struct StatusArgs {
+    /// The lock key.
+    key: String,
+    /// Print JSON: {"key", "held", "token", "ttl_ms", "fencing_counter"}.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct ReleaseArgs {
+    /// The lock key.
+    key: String,
+    /// Release only if the key holds this token.
+    #[arg(long, required_unless_present = "force", conflicts_with = "force")]
+    token: Option<String>,
+    /// Delete the key whatever holds it, and print what was deleted.
+    #[arg(long)]
+    force: bool,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|e| format!("{e} (try 30s, 5m, 1h)"))
+}
+
+fn parse_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = parse_duration(text)?;
+    if ttl < Duration::from_millis(1) {
+        return Err("the ttl must be at least 1ms".into());
+    }
+    Ok(ttl)
+}
+
+/// A one-line failure with its exit code.
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+fn fail(code: u8, message: impl Into<String>) -> Failure {
+    Failure {
+        code,
+        message: message.into(),
+    }
+}
+
+fn redis_failure(err: Error) -> Failure {
+    match err {
+        Error::InvalidArgument(msg) => fail(EXIT_USAGE, msg),
+        other => fail(EXIT_UNAVAILABLE, other.to_string()),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let code = if err.use_stderr() { EXIT_USAGE } else { 0 };
+            let _ = err.print();
+            return ExitCode::from(code);
+        }
+    };
+    let outcome = match &cli.command {
+        Sub::Run(args) => run(&cli, args),
+        Sub::Status(args) => status(&cli, args),
+        Sub::Release(args) => release(&cli, args),
+    };
+    match outcome {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => {
+            eprintln!("redmutex: {}", failure.message);
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+fn client(cli: &Cli) -> Result<LockClient, Failure> {
+    LockClient::open(&cli.url).map_err(redis_failure)
+}
+
+fn say(cli: &Cli, message: std::fmt::Arguments<'_>) {
+    if !cli.quiet {
+        eprintln!("redmutex: {message}");
+    }
+}
+
+fn verbose(cli: &Cli, message: std::fmt::Arguments<'_>) {
+    if cli.verbose {
+        eprintln!("redmutex: {message}");
+    }
+}
+
+/// Who holds `key` and for how long, on a connection of `client`'s pool.
+fn holder(client: &LockClient, key: &str) -> Result<Option<(String, i64)>, Failure> {
+    let mut con = client
+        .pool()
+        .get()
+        .map_err(|e| redis_failure(Error::Pool(e)))?;
+    let (token, pttl): (Option<String>, i64) = redis::pipe()
+        .cmd("GET")
+        .arg(key)
+        .cmd("PTTL")
+        .arg(key)
+        .query(&mut *con)
+        .map_err(|e| match e.code() {
+            Some("WRONGTYPE") => fail(
+                EXIT_UNAVAILABLE,
+                format!("{key:?} holds a non-string value: it is not a redmutex lock"),
+            ),
+            _ => redis_failure(Error::Redis(e)),
+        })?;
+    Ok(token.map(|t| (t, pttl)))
+}
+
+fn short(token: &str) -> &str {
+    token.get(..8).unwrap_or(token)
+}
+
+fn ttl_text(pttl: i64) -> String {
+    if pttl < 0 {
+        "no expiry".into()
+    } else {
+        format!("{:.1}s left", pttl as f64 / 1000.0)
+    }
+}
+
+/// Shows what `redmutex run` waits for, on a terminal only.
+struct Spinner {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Spinner {
+    fn start(cli: &Cli, client: &LockClient, key: &str) -> Spinner {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = (!cli.quiet && std::io::stderr().is_terminal()).then(|| {
+            let (stop, client, key) = (stop.clone(), client.clone(), key.to_owned());
+            std::thread::spawn(move || {
+                let frames = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
+                let started = Instant::now();
+                let mut frame = 0usize;
+                let mut last_poll = None::<Instant>;
+                let mut held = String::from("…");
+                while !stop.load(Ordering::Relaxed) {
+                    if last_poll.is_none_or(|t| t.elapsed() > Duration::from_millis(500)) {
+                        held = match holder(&client, &key) {
+                            Ok(Some((token, pttl))) => {
+                                format!("held by {}… ({})", short(&token), ttl_text(pttl))
+                            }
+                            Ok(None) => "free, taking it".into(),
+                            Err(_) => "Redis not answering".into(),
+                        };
+                        last_poll = Some(Instant::now());
+                    }
+                    eprint!(
+                        "\r\x1b[2K{} waiting {:.0}s for {key:?}: {held}",
+                        frames[frame % frames.len()],
+                        started.elapsed().as_secs_f64()
+                    );
+                    let _ = std::io::stderr().flush();
+                    frame += 1;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                eprint!("\r\x1b[2K");
+                let _ = std::io::stderr().flush();
+            })
+        });
+        Spinner { stop, thread }
+    }
+}
+
+impl Drop for Spinner {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Signals received by `redmutex` itself, to pass on to the child.
+struct Forwarded {
+    pending: Arc<AtomicUsize>,
+    last: Arc<AtomicUsize>,
+}
+
+impl Forwarded {
+    fn install() -> Result<Forwarded, Failure> {
+        let pending = Arc::new(AtomicUsize::new(0));
+        let last = Arc::new(AtomicUsize::new(0));
+        for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            let (pending, last) = (pending.clone(), last.clone());
+            // SAFETY: the handler only stores to atomics, which is
+            // async-signal-safe.
+            unsafe {
+                signal_hook::low_level::register(signal, move || {
+                    last.store(signal as usize, Ordering::SeqCst);
+                    pending.fetch_add(1, Ordering::SeqCst);
+                })
+            }
+            .map_err(|e| fail(EXIT_UNAVAILABLE, format!("cannot handle signals: {e}")))?;
+        }
+        Ok(Forwarded { pending, last })
+    }
+
+    /// A signal received since the last call, if any.
+    fn take(&self) -> Option<i32> {
+        if self.pending.swap(0, Ordering::SeqCst) > 0 {
+            Some(self.last.load(Ordering::SeqCst) as i32)
+        } else {
+            None
+        }
+    }
+}
+
+fn send_signal(pid: u32, signal: i32) {
+    // SAFETY: kill(2) with a pid we spawned and have not yet reaped.
+    unsafe {
+        libc::kill(pid as libc::pid_t, signal);
+    }
+}
+
+fn exit_code_of(status: ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(signal)) => 128u8.wrapping_add(signal as u8),
+        _ => 1,
+    }
+}
+
+fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
+    if args.key.is_empty() {
+        return Err(fail(EXIT_USAGE, "the lock key must not be empty"));
+    }
+    let client = client(cli)?;
+    let options = LockOptions::default()
+        .ttl(args.ttl)
+        .wait(args.wait)
+        .watchdog(true)
+        .fencing(args.fencing)
+        .wait_mode(WaitMode::Notify);
+    let lock = DistributedLock::with_options(&client, args.key.clone(), options);
+    verbose(
+        cli,
+        format_args!("acquiring {:?} at {}", args.key, redact(&cli.url)),
+    );
+    let acquired = if args.no_wait {
+        lock.try_lock()
+    } else {
+        let _spinner = Spinner::start(cli, &client, &args.key);
+        lock.try_lock_for(args.wait)
+    }
+    .map_err(redis_failure)?;
+    let Some(guard) = acquired else {
+        let who = match holder(&client, &args.key) {
+            Ok(Some((token, pttl))) => format!("held by {}… ({})", short(&token), ttl_text(pttl)),
+            _ => "held".into(),
+        };
+        say(
+            cli,
+            format_args!("{:?} is {who}; not running the command", args.key),
+        );
+        return Ok(args.conflict_exit_code);
+    };
+    verbose(
+        cli,
+        format_args!("acquired {:?} with token {}", args.key, guard.token()),
+    );
+
+    let (program, rest) = args
+        .command
+        .split_first()
+        .ok_or_else(|| fail(EXIT_USAGE, "no command given after --"))?;
+    let mut command = Command::new(program);
+    command
+        .args(rest)
+        .env("REDMUTEX_KEY", &args.key)
+        .env("REDMUTEX_TOKEN", guard.token());
+    if let Some(fence) = guard.fencing_token() {
+        command.env("REDMUTEX_FENCING_TOKEN", fence.to_string());
+    }
+    let forwarded = Forwarded::install()?;
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(err) => {
+            let name = program.to_string_lossy();
+            let _ = guard.unlock();
+            return Err(match err.kind() {
+                std::io::ErrorKind::NotFound => {
+                    fail(EXIT_NOT_FOUND, format!("{name}: command not found"))
+                }
+                _ => fail(
+                    EXIT_CANNOT_EXECUTE,
+                    format!("{name}: cannot execute: {err}"),
+                ),
+            });
+        }
+    };
+    let pid = child.id();
+    let lost = guard.loss_signal();
+    let mut terminated_at: Option<Instant> = None;
+    let mut killed = false;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => {}
+            Err(err) => {
+                let _ = guard.unlock();
+                return Err(fail(
+                    EXIT_UNAVAILABLE,
+                    format!("waiting for the command: {err}"),
+                ));
+            }
+        }
+        if let Some(signal) = forwarded.take() {
+            verbose(cli, format_args!("passing signal {signal} to the command"));
+            send_signal(pid, signal);
+        }
+        if let Some(reason) = lost.reason() {
+            match terminated_at {
+                None => {
+                    eprintln!(
+                        "redmutex: lost the lock {:?} ({reason}); terminating the command",
+                        args.key
+                    );
+                    send_signal(pid, libc::SIGTERM);
+                    terminated_at = Some(Instant::now());
+                }
+                Some(at) if !killed && at.elapsed() >= args.kill_after => {
+                    eprintln!(
+                        "redmutex: the command outlived --kill-after {:?}; killing it",
+                        args.kill_after
+                    );
+                    send_signal(pid, libc::SIGKILL);
+                    killed = true;
+                }
+                Some(_) => {}
+            }
+        }
+        // Wakes at once on a loss, else polls the child and signals.
+        lost.wait_timeout(Duration::from_millis(25));
+    };
+    if lost.is_lost() {
+        let _ = guard.unlock();
+        return Ok(EXIT_LOST);
+    }
+    match guard.unlock() {
+        Ok(()) => verbose(cli, format_args!("released {:?}", args.key)),
+        Err(err) => say(cli, format_args!("releasing {:?}: {err}", args.key)),
+    }
+    Ok(exit_code_of(status))
+}
+
+fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
+    let client = client(cli)?;
+    let held = holder(&client, &args.key)?;
+    let fence_key = redmutex::fence_key(&args.key);
+    let counter: Option<u64> = {
+        let mut con = client
+            .pool()
+            .get()
+            .map_err(|e| redis_failure(Error::Pool(e)))?;
+        redis::cmd("GET")
+            .arg(&fence_key)
+            .query(&mut *con)
+            .map_err(|e| redis_failure(Error::Redis(e)))?
+    };
+    if args.json {
+        let (token, ttl) = match &held {
+            Some((token, pttl)) => (json_string(token), pttl.to_string()),
+            None => ("null".into(), "null".into()),
+        };
+        println!(
+            "{{\"key\":{},\"held\":{},\"token\":{token},\"ttl_ms\":{ttl},\"fencing_counter\":{}}}",
+            json_string(&args.key),
+            held.is_some(),
+            counter.map_or("null".into(), |c| c.to_string()),
+        );
+    } else {
+        match &held {
+            Some((token, pttl)) => println!("{}: held by {token} ({})", args.key, ttl_text(*pttl)),
+            None => println!("{}: free", args.key),
+        }
+        if let Some(counter) = counter {
+            println!("fencing counter: {counter}");
+        }
+    }
+    Ok(0)
+}
+
+fn release(cli: &Cli, args: &ReleaseArgs) -> Result<u8, Failure> {
+    let client = client(cli)?;
+    if args.force {
+        let mut con = client
+            .pool()
+            .get()
+            .map_err(|e| redis_failure(Error::Pool(e)))?;
+        let deleted: Option<String> = redis::cmd("GETDEL")
+            .arg(&args.key)
+            .query(&mut *con)
+            .map_err(|e| redis_failure(Error::from(e)))?;
+        match deleted {
+            Some(token) => println!("{}: deleted, it was held by {token}", args.key),
+            None => println!("{}: nothing to delete, it was free", args.key),
+        }
+        return Ok(0);
+    }
+    let token = args.token.as_deref().unwrap_or_default();
+    match DistributedLock::new(&client, args.key.clone()).release_token(token) {
+        Ok(()) => {
+            say(cli, format_args!("released {:?}", args.key));
+            Ok(0)
+        }
+        Err(err @ Error::NotHeld { .. }) => {
+            say(cli, format_args!("{err}; nothing was changed"));
+            Ok(EXIT_CONFLICT)
+        }
+        Err(err) => Err(redis_failure(err)),
+    }
+}
+
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://…@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    }
+}
