@@ -3,11 +3,12 @@
 
 use std::time::{Duration, Instant};
 
-use crate::backoff::{SystemClock, ThreadJitter, retry_until};
+use crate::backoff::{Snoozer, SystemClock, ThreadJitter, retry_until};
 use crate::client::LockClient;
 use crate::error::{Error, NotHeldReason};
 use crate::guard::remaining;
-use crate::options::{LockOptions, ttl_millis};
+use crate::options::{LockOptions, WaitMode, ttl_millis};
+use crate::queue::{Handoff, Turn};
 use crate::{channel, scripts};
 
 /// A distributed read-write lock: any number of readers, or one writer.
@@ -21,9 +22,11 @@ use crate::{channel, scripts};
 ///
 /// **Writer preference** by default: once a writer waits, new readers wait
 /// too, so a stream of overlapping readers cannot starve writers;
-/// [`RwLock::prefer_readers`] lets readers in regardless. Waiting is by
-/// backoff polling, never longer than until the earliest deadline that could
-/// free the lock; releases also publish on the key's release channel.
+/// [`RwLock::prefer_readers`] lets readers in regardless. Releases publish
+/// on the key's release channel; in [`WaitMode::Notify`] (the default)
+/// waiting threads of a client queue up and the head sleeps until a release
+/// message, never longer than the earliest holder deadline or a backoff
+/// step; in [`WaitMode::Spin`] every waiter polls with backoff.
 ///
 /// ```no_run
 /// # fn main() -> Result<(), redmutex::Error> {
@@ -69,7 +72,7 @@ impl RwLock {
     }
 
     /// A read-write lock on `key`. Of the options, `ttl`, `wait`, `backoff`
-    /// and `release`'s channel apply.
+    /// and `wait_mode` apply.
     pub fn with_options(
         client: &LockClient,
         key: impl Into<String>,
@@ -179,28 +182,24 @@ impl RwLock {
             Mode::Write => (self.options.backoff.max() * 2).as_millis() as u64 + 200,
         };
         let waiting_writer = mode == Mode::Write && deadline.is_none_or(|d| d > Instant::now());
-        let result = retry_until(
-            &SystemClock,
-            &mut ThreadJitter,
-            self.options.backoff,
-            deadline,
-            || {
-                let sent = Instant::now();
-                self.client.counters().commands(1);
-                let (acquired, _wait_ms): (i64, i64) = self.client.with_connection(key, |con| {
-                    scripts::RW_ACQUIRE
-                        .key(key)
-                        .arg(&token)
-                        .arg(mode.code())
-                        .arg(millis)
-                        .arg(if waiting_writer || mode == Mode::Read {
-                            fourth
-                        } else {
-                            0
-                        })
-                        .invoke(con)
-                })?;
-                Ok((acquired == 1).then(|| RwGuard {
+        let attempt = || -> Result<Result<RwGuard, Option<Duration>>, Error> {
+            let sent = Instant::now();
+            self.client.counters().commands(1);
+            let (acquired, wait_ms): (i64, i64) = self.client.with_connection(key, |con| {
+                scripts::RW_ACQUIRE
+                    .key(key)
+                    .arg(&token)
+                    .arg(mode.code())
+                    .arg(millis)
+                    .arg(if waiting_writer || mode == Mode::Read {
+                        fourth
+                    } else {
+                        0
+                    })
+                    .invoke(con)
+            })?;
+            Ok(if acquired == 1 {
+                Ok(RwGuard {
                     client: self.client.clone(),
                     key: self.key.clone(),
                     token: token.clone(),
@@ -208,14 +207,80 @@ impl RwLock {
                     sent,
                     ttl: Duration::from_millis(millis),
                     released: false,
-                }))
-            },
-        );
+                })
+            } else {
+                Err(u64::try_from(wait_ms).ok().map(Duration::from_millis))
+            })
+        };
+        let result = match self.options.wait_mode {
+            WaitMode::Spin => retry_until(
+                &SystemClock,
+                &mut ThreadJitter,
+                self.options.backoff,
+                deadline,
+                || attempt().map(Result::ok),
+            ),
+            WaitMode::Notify => self.wait_notified(deadline, attempt),
+        };
         if waiting_writer && !matches!(result, Ok(Some(_))) {
             // Gave up (or failed): stop holding readers back.
             let _ = self.release_field(&token, "q");
         }
         result
+    }
+
+    /// [`WaitMode::Notify`] for the read-write lock: one attempt at once;
+    /// then the threads of this client waiting for the key queue up (in a
+    /// queue of their own, apart from plain locks of the same name), and the
+    /// head sleeps between attempts until a release message, at most until
+    /// the earliest holder deadline or a backoff step.
+    fn wait_notified(
+        &self,
+        deadline: Option<Instant>,
+        mut attempt: impl FnMut() -> Result<Result<RwGuard, Option<Duration>>, Error>,
+    ) -> Result<Option<RwGuard>, Error> {
+        if let Ok(guard) = attempt()? {
+            return Ok(Some(guard));
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(None);
+        }
+        let queue_key = format!("{}\u{0}rw", self.key);
+        let no_handoffs = |_: Handoff| {};
+        let waiter = self.client.queues().enqueue(&queue_key, &no_handoffs);
+        let channel = channel::release_channel(&self.key);
+        let mut step = 0u32;
+        let mut snoozer = Snoozer::new(self.options.backoff);
+        loop {
+            match waiter.wait_turn(deadline) {
+                Turn::TimedOut => return Ok(None),
+                Turn::Gift(_) | Turn::Head => {}
+            }
+            let mut live = waiter
+                .keep_subscribed(|| self.client.subscriber().subscribe(&channel, waiter.queue()));
+            if !live {
+                let until = Instant::now() + Duration::from_millis(200);
+                live = waiter.wait_subscribed(deadline.map_or(until, |d| d.min(until)));
+            }
+            let seen = waiter.wakeups();
+            let left = match attempt()? {
+                Ok(guard) => return Ok(Some(guard)),
+                Err(left) => left,
+            };
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Ok(None);
+            }
+            let pause = if live {
+                let ceiling = self.options.backoff.ceiling(step);
+                step = step.saturating_add(1);
+                left.map_or(ceiling, |left| ceiling.min(left + Duration::from_millis(1)))
+            } else {
+                snoozer.snooze(&mut ThreadJitter)
+            };
+            let until = now + pause;
+            let _ = waiter.wait_release(seen, deadline.map_or(until, |d| d.min(until)));
+        }
     }
 
     fn release_field(&self, token: &str, code: &str) -> Result<i64, Error> {

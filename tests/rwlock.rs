@@ -209,3 +209,41 @@ fn a_waiting_writer_holds_new_readers_back_unless_readers_are_preferred() {
     drop(reader);
     assert_eq!(writer.join().expect("writer").expect("write"), Some(true));
 }
+
+#[test]
+fn a_waiting_writer_wakes_on_the_readers_release_message() {
+    let server = RedisServer::start();
+    let readers = server.lock_client();
+    let writers = server.lock_client();
+    let reader = RwLock::new(&readers, "wake").read().expect("read");
+    let slow = RwLock::with_options(
+        &writers,
+        "wake",
+        LockOptions::default()
+            .backoff(redmutex::Backoff::constant(Duration::from_secs(10)))
+            .wait(Duration::from_secs(30)),
+    );
+    let writer = std::thread::spawn(move || {
+        let guard = slow.write();
+        (Instant::now(), guard.map(|g| g.is_write()))
+    });
+    let channel = redmutex::release_channel("wake");
+    assert!(wait_until(Duration::from_secs(10), || {
+        let (_, n): (String, u64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query(&mut server.conn())
+            .expect("NUMSUB");
+        n >= 1
+    }));
+    std::thread::sleep(Duration::from_millis(50));
+    let released = Instant::now();
+    reader.unlock().expect("unlock");
+    let (acquired, got) = writer.join().expect("writer");
+    assert!(got.expect("write"));
+    let lag = acquired.saturating_duration_since(released);
+    assert!(
+        lag < Duration::from_secs(1),
+        "woke {lag:?} after the release (backoff 10 s)"
+    );
+}
