@@ -206,14 +206,7 @@ fn main() -> Result<(), Failure> {
     if args.child {
         return child(&args);
     }
-    let private;
-    let url = match &args.url {
-        Some(url) => url.clone(),
-        None => {
-            private = support::RedisServer::start();
-            private.url()
-        }
-    };
+    let (_private, url) = support::server_or(args.url.as_deref());
     let client = LockClient::open(&url)?;
     let mut admin = redis::Client::open(url.as_str())?.get_connection()?;
 

@@ -138,14 +138,7 @@ fn main() -> Result<(), Failure> {
         ModeArg::Coarse => vec![Mode::Coarse],
         ModeArg::Fine => vec![Mode::Fine],
     };
-    let private;
-    let url = match &args.url {
-        Some(url) => url.clone(),
-        None => {
-            private = support::RedisServer::start();
-            private.url()
-        }
-    };
+    let (_private, url) = support::server_or(args.url.as_deref());
     println!(
         "Redis in Action §6.2 market, {} s per run, Redis at {}\n",
         args.secs,

@@ -40,14 +40,7 @@ fn evalsha_calls(con: &mut redis::Connection) -> redis::RedisResult<u64> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let private;
-    let url = match &args.url {
-        Some(url) => url.clone(),
-        None => {
-            private = support::RedisServer::start();
-            private.url()
-        }
-    };
+    let (_private, url) = support::server_or(args.url.as_deref());
     let client = LockClient::open(&url)?;
     let mut admin = redis::Client::open(url.as_str())?.get_connection()?;
     let options = LockOptions::default()

@@ -3,12 +3,12 @@
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use crate::backoff::{Snoozer, SystemClock, ThreadJitter, retry_until};
+use crate::backoff::{SystemClock, ThreadJitter, retry_until};
 use crate::client::LockClient;
 use crate::error::Error;
 use crate::guard::{Lease, LockGuard};
 use crate::options::{LockOptions, WaitMode, ttl_millis};
-use crate::queue::{Handoff, Turn, YIELD};
+use crate::queue::{Handoff, HeadPacing, Turn, YIELD, clamp};
 use crate::{channel, reentrancy, release, scripts};
 
 /// A named lock in Redis: one key. Cheap to make and to clone, `Send` and
@@ -326,9 +326,7 @@ impl DistributedLock {
         };
         let waiter = queues.enqueue(&self.key, &release_orphan);
         let channel = channel::release_channel(&self.key);
-        let mut step = 0u32;
-        let mut jitter = ThreadJitter;
-        let mut snoozer = Snoozer::new(self.options.backoff);
+        let mut pacing = HeadPacing::new(self.options.backoff);
         loop {
             match waiter.wait_turn(deadline) {
                 Turn::TimedOut => return Ok(None),
@@ -344,7 +342,7 @@ impl DistributedLock {
             // release rather than ask Redis.
             let seen = waiter.wakeups();
             if let Some(held_until) = queues.held_until(&self.key) {
-                let until = deadline.map_or(held_until, |d| d.min(held_until));
+                let until = clamp(held_until, deadline);
                 if let Some(handoff) = waiter.wait_release(seen, until)
                     && let Some(lease) = self.take_handoff(handoff)?
                 {
@@ -358,23 +356,18 @@ impl DistributedLock {
             // This client just released and other clients' waiters were
             // told: let them have this turn.
             if waiter.take_yield() {
-                let until = Instant::now() + YIELD;
-                let until = deadline.map_or(until, |d| d.min(until));
+                let until = clamp(Instant::now() + YIELD, deadline);
                 if let Some(handoff) = waiter.wait_release(seen, until)
                     && let Some(lease) = self.take_handoff(handoff)?
                 {
                     return Ok(Some(lease));
                 }
             }
-            // Subscribed before the attempt: a release after a failed attempt
-            // is then always announced.
-            let mut live = waiter
-                .keep_subscribed(|| self.client.subscriber().subscribe(&channel, waiter.queue()));
-            if !live {
-                let until = Instant::now() + SUBSCRIBE_WAIT;
-                live = waiter.wait_subscribed(deadline.map_or(until, |d| d.min(until)));
-            }
-            let seen = waiter.wakeups();
+            let seen = pacing.before_attempt(
+                &waiter,
+                || self.client.subscriber().subscribe(&channel, waiter.queue()),
+                deadline,
+            );
             let pttl = match self.attempt(token, millis)? {
                 Attempt::Acquired(lease) => return Ok(Some(lease)),
                 Attempt::Held(pttl) => pttl,
@@ -383,17 +376,7 @@ impl DistributedLock {
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);
             }
-            let pause = if live {
-                // A message wakes us; this is only the safety net for an
-                // expiry (no message) or a lost message.
-                let ceiling = self.options.backoff.ceiling(step);
-                step = step.saturating_add(1);
-                pttl.map_or(ceiling, |left| ceiling.min(left + Duration::from_millis(1)))
-            } else {
-                snoozer.snooze(&mut jitter)
-            };
-            let until = now + pause;
-            let until = deadline.map_or(until, |d| d.min(until));
+            let until = clamp(now + pacing.pause(pttl), deadline);
             if let Some(handoff) = waiter.wait_release(seen, until)
                 && let Some(lease) = self.take_handoff(handoff)?
             {
@@ -428,10 +411,6 @@ impl DistributedLock {
         }
     }
 }
-
-/// How long a head waits for its first subscription to be confirmed before
-/// it falls back to backoff timing for this round.
-const SUBSCRIBE_WAIT: Duration = Duration::from_millis(200);
 
 enum Attempt {
     Acquired(Rc<Lease>),

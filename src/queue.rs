@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::backoff::{Snoozer, ThreadJitter};
 use crate::loss::LossState;
+use crate::options::Backoff;
 use crate::subscriber::Subscription;
 use crate::watchdog::WatchEntry;
 
@@ -359,6 +361,64 @@ impl Drop for Waiter<'_> {
         if let Some(orphan) = self.leave_inner() {
             (self.on_orphan)(orphan);
         }
+    }
+}
+
+/// How long a head waits for its first subscription to be confirmed before
+/// it falls back to backoff timing for this round.
+const SUBSCRIBE_WAIT: Duration = Duration::from_millis(200);
+
+/// `until`, or `deadline` if that comes first.
+pub(crate) fn clamp(until: Instant, deadline: Option<Instant>) -> Instant {
+    deadline.map_or(until, |d| d.min(until))
+}
+
+/// The pace of a queue head in notify mode: subscribed before every
+/// attempt, then asleep until a wake-up, at most a backoff step or the
+/// holder's time left; with no live subscription, a jittered backoff step as
+/// in spin mode.
+pub(crate) struct HeadPacing {
+    backoff: Backoff,
+    step: u32,
+    snoozer: Snoozer,
+    live: bool,
+}
+
+impl HeadPacing {
+    pub(crate) fn new(backoff: Backoff) -> HeadPacing {
+        HeadPacing {
+            backoff,
+            step: 0,
+            snoozer: Snoozer::new(backoff),
+            live: false,
+        }
+    }
+
+    /// Makes sure the release channel is subscribed before the attempt, so a
+    /// release right after a failed attempt is announced; returns the
+    /// wake-up count to wait on afterwards.
+    pub(crate) fn before_attempt(
+        &mut self,
+        waiter: &Waiter<'_>,
+        subscribe: impl FnOnce() -> Option<Subscription>,
+        deadline: Option<Instant>,
+    ) -> u64 {
+        self.live = waiter.keep_subscribed(subscribe)
+            || waiter.wait_subscribed(clamp(Instant::now() + SUBSCRIBE_WAIT, deadline));
+        waiter.wakeups()
+    }
+
+    /// How long to sleep after a failed attempt; `left` is the holder's
+    /// time left, when known.
+    pub(crate) fn pause(&mut self, left: Option<Duration>) -> Duration {
+        if !self.live {
+            return self.snoozer.snooze(&mut ThreadJitter);
+        }
+        // A message wakes the head; this is only the safety net for an
+        // expiry (no message) or a lost message.
+        let ceiling = self.backoff.ceiling(self.step);
+        self.step = self.step.saturating_add(1);
+        left.map_or(ceiling, |left| ceiling.min(left + Duration::from_millis(1)))
     }
 }
 

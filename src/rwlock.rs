@@ -3,12 +3,12 @@
 
 use std::time::{Duration, Instant};
 
-use crate::backoff::{Snoozer, SystemClock, ThreadJitter, retry_until};
+use crate::backoff::{SystemClock, ThreadJitter, retry_until};
 use crate::client::LockClient;
 use crate::error::{Error, NotHeldReason};
 use crate::guard::remaining;
 use crate::options::{LockOptions, WaitMode, ttl_millis};
-use crate::queue::{Handoff, Turn};
+use crate::queue::{Handoff, HeadPacing, Turn, clamp};
 use crate::{channel, scripts};
 
 /// A distributed read-write lock: any number of readers, or one writer.
@@ -249,20 +249,17 @@ impl RwLock {
         let no_handoffs = |_: Handoff| {};
         let waiter = self.client.queues().enqueue(&queue_key, &no_handoffs);
         let channel = channel::release_channel(&self.key);
-        let mut step = 0u32;
-        let mut snoozer = Snoozer::new(self.options.backoff);
+        let mut pacing = HeadPacing::new(self.options.backoff);
         loop {
             match waiter.wait_turn(deadline) {
                 Turn::TimedOut => return Ok(None),
                 Turn::Gift(_) | Turn::Head => {}
             }
-            let mut live = waiter
-                .keep_subscribed(|| self.client.subscriber().subscribe(&channel, waiter.queue()));
-            if !live {
-                let until = Instant::now() + Duration::from_millis(200);
-                live = waiter.wait_subscribed(deadline.map_or(until, |d| d.min(until)));
-            }
-            let seen = waiter.wakeups();
+            let seen = pacing.before_attempt(
+                &waiter,
+                || self.client.subscriber().subscribe(&channel, waiter.queue()),
+                deadline,
+            );
             let left = match attempt()? {
                 Ok(guard) => return Ok(Some(guard)),
                 Err(left) => left,
@@ -271,15 +268,7 @@ impl RwLock {
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);
             }
-            let pause = if live {
-                let ceiling = self.options.backoff.ceiling(step);
-                step = step.saturating_add(1);
-                left.map_or(ceiling, |left| ceiling.min(left + Duration::from_millis(1)))
-            } else {
-                snoozer.snooze(&mut ThreadJitter)
-            };
-            let until = now + pause;
-            let _ = waiter.wait_release(seen, deadline.map_or(until, |d| d.min(until)));
+            let _ = waiter.wait_release(seen, clamp(now + pacing.pause(left), deadline));
         }
     }
 

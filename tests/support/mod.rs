@@ -250,6 +250,19 @@ fn ping(url: &str) -> bool {
     redis::cmd("PING").query::<String>(&mut con).is_ok()
 }
 
+/// The server a tool talks to: `url` when given, else a private server,
+/// returned too so it lives as long as the caller keeps it.
+pub fn server_or(url: Option<&str>) -> (Option<RedisServer>, String) {
+    match url {
+        Some(url) => (None, url.to_owned()),
+        None => {
+            let server = RedisServer::start();
+            let url = server.url();
+            (Some(server), url)
+        }
+    }
+}
+
 /// Reads `cmdstat_<command>:calls=N,...` out of `INFO commandstats`.
 pub fn parse_calls(info: &str, command: &str) -> u64 {
     let prefix = format!("cmdstat_{}:", command.to_ascii_lowercase());
