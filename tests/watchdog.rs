@@ -242,3 +242,19 @@ fn a_paused_holders_late_write_is_rejected_by_its_stale_token() {
     let data: String = store.get("store:data").expect("GET");
     assert_eq!(data, "written by b");
 }
+
+#[test]
+fn redis_unreachable_until_the_lease_runs_out_is_a_loss() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let guard = DistributedLock::with_options(&client, "stalled", watched(600))
+        .lock()
+        .expect("lock");
+    let signal = guard.loss_signal();
+    server.signal("STOP"); // connects succeed, replies never come
+    let reason = signal.wait_timeout(Duration::from_secs(8));
+    server.signal("CONT");
+    assert_eq!(reason, Some(LossReason::Unreachable));
+    assert!(guard.is_lost());
+    assert!(guard.unlock().expect_err("lost").is_not_held());
+}
