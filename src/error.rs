@@ -82,6 +82,19 @@ pub enum Error {
         /// The lock key.
         key: String,
     },
+    /// A [`RedLock`](crate::RedLock) round did not gather a majority of the
+    /// nodes in time (or took longer than the ttl). Every node was released.
+    #[error("RedLock on {key:?}: {granted} of the {needed} nodes needed granted it; {}", failed.join("; "))]
+    Quorum {
+        /// The lock key.
+        key: String,
+        /// Nodes that granted (or, for extend and release, succeeded).
+        granted: usize,
+        /// Nodes needed.
+        needed: usize,
+        /// What went wrong, per failed node.
+        failed: Vec<String>,
+    },
     /// Redis answered with an error, or the connection failed or timed out.
     #[error("redis error: {0}")]
     Redis(#[from] redis::RedisError),

@@ -150,6 +150,11 @@ impl RedisServer {
         replica
     }
 
+    /// `n` independent masters (for RedLock).
+    pub fn start_many(n: usize) -> Vec<RedisServer> {
+        (0..n).map(|_| RedisServer::start()).collect()
+    }
+
     /// Sends a signal (`STOP`, `CONT`, …) to the server process.
     pub fn signal(&self, name: &str) {
         let pid = self.pid().expect("a running server");
