@@ -4,8 +4,10 @@
 //! requests, validity = ttl − elapsed − drift, and a failed attempt released
 //! on every node, including those whose reply was late or lost.
 
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use crate::backoff::{SystemClock, ThreadJitter, retry_until};
 use crate::client::LockClient;
@@ -49,11 +51,104 @@ use crate::{release, scripts};
 /// ```
 #[derive(Clone, Debug)]
 pub struct RedLock {
-    nodes: Vec<LockClient>,
+    nodes: Arc<Nodes>,
     key: String,
     options: LockOptions,
     node_timeout: Option<Duration>,
 }
+
+/// One long-lived thread per node, so a round costs no thread start-ups,
+/// and requests to one node run in order: a release queued after a late
+/// acquire runs after it.
+struct Nodes {
+    workers: Vec<Mutex<mpsc::Sender<Job>>>,
+}
+
+type Job = Box<dyn FnOnce(&LockClient) + Send>;
+
+impl Nodes {
+    fn start(clients: Vec<LockClient>) -> Nodes {
+        let workers = clients
+            .into_iter()
+            .map(|client| {
+                let (tx, rx) = mpsc::channel::<Job>();
+                let spawned = std::thread::Builder::new()
+                    .name("redmutex-redlock".into())
+                    .spawn(move || {
+                        // Ends when the last RedLock handle (the sender) goes.
+                        while let Ok(job) = rx.recv() {
+                            job(&client);
+                        }
+                    });
+                if let Err(err) = spawned {
+                    log::warn!("redmutex: cannot start a RedLock node thread: {err}");
+                }
+                Mutex::new(tx)
+            })
+            .collect();
+        Nodes { workers }
+    }
+
+    fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Runs `op` on every node's thread; results arrive on the receiver as
+    /// `(node, result)`, in completion order.
+    fn each<T: Send + 'static>(
+        &self,
+        op: impl Fn(&LockClient) -> T + Send + Sync + Clone + 'static,
+    ) -> mpsc::Receiver<(usize, T)> {
+        let (tx, rx) = mpsc::channel();
+        for (node, worker) in self.workers.iter().enumerate() {
+            let (tx, op) = (tx.clone(), op.clone());
+            let job: Job = Box::new(move |client| {
+                let _ = tx.send((node, op(client)));
+            });
+            if worker.lock().send(job).is_err() {
+                log::warn!("redmutex: RedLock node {node} thread is gone");
+            }
+        }
+        rx
+    }
+
+    /// Runs `op` on every node and waits (at most `within`) for all results;
+    /// a node that did not answer gets `None`.
+    fn all<T: Send + 'static>(
+        &self,
+        within: Duration,
+        op: impl Fn(&LockClient) -> T + Send + Sync + Clone + 'static,
+    ) -> Vec<Option<T>> {
+        let rx = self.each(op);
+        let deadline = Instant::now() + within;
+        let mut results: Vec<Option<T>> = (0..self.len()).map(|_| None).collect();
+        let mut answered = 0;
+        while answered < self.len() {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            match rx.recv_timeout(deadline - now) {
+                Ok((node, result)) => {
+                    results[node] = Some(result);
+                    answered += 1;
+                }
+                Err(_) => break,
+            }
+        }
+        results
+    }
+}
+
+impl std::fmt::Debug for Nodes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} nodes", self.workers.len())
+    }
+}
+
+/// How long release and extend wait for the nodes: beyond every node's own
+/// connection timeouts.
+const NODE_OP_WAIT: Duration = Duration::from_secs(5);
 
 /// What one node said to one request.
 enum Reply {
@@ -88,7 +183,7 @@ impl RedLock {
             ));
         }
         Ok(RedLock {
-            nodes,
+            nodes: Arc::new(Nodes::start(nodes)),
             key: key.into(),
             options,
             node_timeout: None,
@@ -192,35 +287,26 @@ impl RedLock {
         let timeout = self.node_timeout.unwrap_or(ttl / 20);
         let token = uuid::Uuid::new_v4().to_string();
         let started = Instant::now();
-        let (replies, verdicts) = self.ask_all(
-            &token,
-            move |client: &LockClient, key: &str, token: &str| {
-                client.counters().commands(1);
-                let previous: Option<Vec<u8>> = client.with_connection(key, |con| {
-                    redis::cmd("SET")
-                        .arg(key)
-                        .arg(token)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(millis)
-                        .arg("GET")
-                        .query(con)
-                })?;
-                Ok(previous.is_none_or(|v| v == token.as_bytes()))
-            },
-        );
-        let deadline = started + timeout;
-        let mut answers: Vec<Option<Reply>> = (0..self.nodes.len()).map(|_| None).collect();
-        while answers.iter().any(Option::is_none) {
-            let now = Instant::now();
-            if now >= deadline {
-                break;
+        let (key, sent_token) = (self.key.clone(), token.clone());
+        let answers = self.nodes.all(timeout, move |client| {
+            client.counters().commands(1);
+            let previous: Result<Option<Vec<u8>>, Error> = client.with_connection(&key, |con| {
+                redis::cmd("SET")
+                    .arg(&key)
+                    .arg(&sent_token)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(millis)
+                    .arg("GET")
+                    .query(con)
+            });
+            match previous {
+                Ok(None) => Reply::Granted,
+                Ok(Some(v)) if v == sent_token.as_bytes() => Reply::Granted,
+                Ok(Some(_)) => Reply::Refused,
+                Err(err) => Reply::Failed(err.to_string()),
             }
-            match replies.recv_timeout(deadline - now) {
-                Ok((node, reply)) => answers[node] = Some(reply),
-                Err(_) => break,
-            }
-        }
+        });
         let elapsed = started.elapsed();
         let granted = answers
             .iter()
@@ -228,11 +314,6 @@ impl RedLock {
             .count();
         let validity = ttl.checked_sub(elapsed + drift(ttl));
         let won = granted >= self.quorum() && validity.is_some_and(|v| !v.is_zero());
-        // Every node thread learns the verdict; on failure each releases its
-        // node after its own request is done, late ones included.
-        for verdict in verdicts {
-            let _ = verdict.send(won);
-        }
         if won {
             return Ok(Ok(RedLockGuard {
                 nodes: self.nodes.clone(),
@@ -243,6 +324,12 @@ impl RedLock {
                 released: false,
             }));
         }
+        // Released on every node, in the background: each node's thread
+        // runs the release after its own acquire, late or not.
+        let (key, sent_token) = (self.key.clone(), token.clone());
+        drop(self.nodes.each(move |client| {
+            let _ = release::release(client, &key, &sent_token, Release::Lua);
+        }));
         let failed: Vec<String> = answers
             .iter()
             .enumerate()
@@ -264,44 +351,6 @@ impl RedLock {
             failed,
         }))
     }
-
-    /// Runs `request` against every node in a thread of its own. Each thread
-    /// reports its reply, then waits for the verdict: on `false` (or if the
-    /// verdict never comes) it releases its node, owner-checked.
-    fn ask_all<F>(
-        &self,
-        token: &str,
-        request: F,
-    ) -> (mpsc::Receiver<(usize, Reply)>, Vec<mpsc::Sender<bool>>)
-    where
-        F: Fn(&LockClient, &str, &str) -> Result<bool, Error> + Send + Clone + 'static,
-    {
-        let (reply_tx, reply_rx) = mpsc::channel();
-        let mut verdicts = Vec::with_capacity(self.nodes.len());
-        for (node, client) in self.nodes.iter().enumerate() {
-            let (verdict_tx, verdict_rx) = mpsc::channel::<bool>();
-            verdicts.push(verdict_tx);
-            let (client, key, token, reply_tx, request) = (
-                client.clone(),
-                self.key.clone(),
-                token.to_owned(),
-                reply_tx.clone(),
-                request.clone(),
-            );
-            std::thread::spawn(move || {
-                let reply = match request(&client, &key, &token) {
-                    Ok(true) => Reply::Granted,
-                    Ok(false) => Reply::Refused,
-                    Err(err) => Reply::Failed(err.to_string()),
-                };
-                let _ = reply_tx.send((node, reply));
-                if !verdict_rx.recv().unwrap_or(false) {
-                    let _ = release::release(&client, &key, &token, Release::Lua);
-                }
-            });
-        }
-        (reply_rx, verdicts)
-    }
 }
 
 /// A RedLock held on a majority of nodes. Dropping it releases it on every
@@ -309,7 +358,7 @@ impl RedLock {
 #[must_use = "the lock is released as soon as the guard is dropped"]
 #[derive(Debug)]
 pub struct RedLockGuard {
-    nodes: Vec<LockClient>,
+    nodes: Arc<Nodes>,
     key: String,
     token: String,
     valid_until: Instant,
@@ -348,13 +397,18 @@ impl RedLockGuard {
         let millis = ttl_millis(ttl)?;
         let ttl = Duration::from_millis(millis);
         let started = Instant::now();
-        let results = self.on_all_nodes(move |client, key, token| {
+        let (key, token) = (self.key.clone(), self.token.clone());
+        let results = settle(self.nodes.all(NODE_OP_WAIT, move |client| {
             client.counters().commands(1);
-            let reply: i64 = client.with_connection(key, |con| {
-                scripts::EXTEND.key(key).arg(token).arg(millis).invoke(con)
+            let reply: i64 = client.with_connection(&key, |con| {
+                scripts::EXTEND
+                    .key(&key)
+                    .arg(&token)
+                    .arg(millis)
+                    .invoke(con)
             })?;
-            scripts::owner_checked(reply).map_err(|reason| Error::not_held(key, reason))
-        });
+            scripts::owner_checked(reply).map_err(|reason| Error::not_held(&key, reason))
+        }));
         let elapsed = started.elapsed();
         let extended = results.iter().filter(|r| r.is_ok()).count();
         let quorum = self.nodes.len() / 2 + 1;
@@ -386,8 +440,10 @@ impl RedLockGuard {
 
     fn release(&mut self) -> Result<(), Error> {
         self.released = true;
-        let results = self
-            .on_all_nodes(|client, key, token| release::release(client, key, token, Release::Lua));
+        let (key, token) = (self.key.clone(), self.token.clone());
+        let results = settle(self.nodes.all(NODE_OP_WAIT, move |client| {
+            release::release(client, &key, &token, Release::Lua)
+        }));
         let released = results.iter().filter(|r| r.is_ok()).count();
         let unreachable = results
             .iter()
@@ -406,27 +462,21 @@ impl RedLockGuard {
         }
         Ok(())
     }
+}
 
-    fn on_all_nodes(
-        &self,
-        op: impl Fn(&LockClient, &str, &str) -> Result<(), Error> + Sync,
-    ) -> Vec<Result<(), Error>> {
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = self
-                .nodes
-                .iter()
-                .map(|client| scope.spawn(|| op(client, &self.key, &self.token)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(Error::InvalidArgument("a node thread panicked".into()))
-                    })
-                })
-                .collect()
+/// A node that did not answer in time counts as a connection failure.
+fn settle(results: Vec<Option<Result<(), Error>>>) -> Vec<Result<(), Error>> {
+    results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                Err(Error::Redis(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "no answer from the node in time",
+                ))))
+            })
         })
-    }
+        .collect()
 }
 
 fn failures(results: &[Result<(), Error>]) -> Vec<String> {
