@@ -89,6 +89,8 @@
 //!   field and server-side deadline, writer preference.
 //! * [`LockOptions::min_replicas`]: `WAIT` for replicas after acquiring, so a
 //!   failover is less likely to forget a granted lock.
+//! * [`RedLock`]: one lock over N independent masters, granted by a majority
+//!   within a validity of ttl − elapsed − drift.
 //!
 //! [`WaitMode::Spin`] polls Redis with exponential backoff and full jitter:
 //! every waiter polls on its own, there is no ordering, and wake-up waits
