@@ -224,7 +224,7 @@ impl RwLock {
         };
         if waiting_writer && !matches!(result, Ok(Some(_))) {
             // Gave up (or failed): stop holding readers back.
-            let _ = self.release_field(&token, "q");
+            let _ = release_field(&self.client, key, &token, "q");
         }
         result
     }
@@ -271,20 +271,21 @@ impl RwLock {
             let _ = waiter.wait_release(seen, clamp(now + pacing.pause(left), deadline));
         }
     }
+}
 
-    fn release_field(&self, token: &str, code: &str) -> Result<i64, Error> {
-        let key = self.key.as_str();
-        let channel = channel::release_channel(key);
-        self.client.counters().commands(1);
-        self.client.with_connection(key, |con| {
-            scripts::RW_RELEASE
-                .key(key)
-                .arg(token)
-                .arg(code)
-                .arg(&channel)
-                .invoke(con)
-        })
-    }
+/// Removes one holder's field (`r`, `w` or `q` for a waiting writer):
+/// 1 released, 0 gone, -1 another writer holds the write lock.
+fn release_field(client: &LockClient, key: &str, token: &str, code: &str) -> Result<i64, Error> {
+    let channel = channel::release_channel(key);
+    client.counters().commands(1);
+    client.with_connection(key, |con| {
+        scripts::RW_RELEASE
+            .key(key)
+            .arg(token)
+            .arg(code)
+            .arg(&channel)
+            .invoke(con)
+    })
 }
 
 /// A read or write hold of an [`RwLock`]. Dropping it releases it (best
@@ -338,13 +339,7 @@ impl RwGuard {
 
     fn release(&mut self) -> Result<(), Error> {
         self.released = true;
-        let lock = RwLock {
-            client: self.client.clone(),
-            key: self.key.clone(),
-            options: LockOptions::default(),
-            prefer_readers: false,
-        };
-        match lock.release_field(&self.token, self.mode.code())? {
+        match release_field(&self.client, &self.key, &self.token, self.mode.code())? {
             1 => Ok(()),
             0 => Err(Error::not_held(&self.key, NotHeldReason::Expired)),
             _ => Err(Error::not_held(&self.key, NotHeldReason::OwnedByOther)),
