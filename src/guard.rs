@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
 use crate::error::Error;
-use crate::loss::{LossReason, LossSignal, LossState};
+use crate::loss::{LossSignal, LossState};
 use crate::options::{HandoffBudget, LockOptions, Release, WaitMode, ttl_millis};
 use crate::queue::Handoff;
 use crate::watchdog::WatchEntry;
@@ -193,10 +193,13 @@ impl Lease {
         })?;
         match scripts::owner_checked(reply) {
             Ok(()) => {
-                self.sent.set(sent);
-                self.ttl.set(ttl);
-                if let Some(entry) = &self.watch {
-                    entry.renewed(sent, ttl);
+                // The watchdog's entry owns the timing of a watched lease.
+                match &self.watch {
+                    Some(entry) => entry.renewed(sent, ttl),
+                    None => {
+                        self.sent.set(sent);
+                        self.ttl.set(ttl);
+                    }
                 }
                 if self.handoff.queued {
                     self.client.queues().hold(key, sent + ttl);
@@ -204,10 +207,7 @@ impl Lease {
                 Ok(())
             }
             Err(reason) => {
-                self.loss.lose(match reason {
-                    crate::NotHeldReason::Expired => LossReason::Expired,
-                    crate::NotHeldReason::OwnedByOther => LossReason::OwnedByOther,
-                });
+                self.loss.lose(reason.into());
                 Err(Error::not_held(key, reason))
             }
         }

@@ -33,6 +33,15 @@ impl LossReason {
     }
 }
 
+impl From<NotHeldReason> for LossReason {
+    fn from(reason: NotHeldReason) -> LossReason {
+        match reason {
+            NotHeldReason::Expired => LossReason::Expired,
+            NotHeldReason::OwnedByOther => LossReason::OwnedByOther,
+        }
+    }
+}
+
 impl fmt::Display for LossReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -225,10 +225,7 @@ fn renew_due(shared: &Shared, entries: &[Arc<WatchEntry>]) -> Instant {
                         next = next.min(sent + state.ttl / 3);
                     }
                     Err(reason) => {
-                        entry.loss.lose(match reason {
-                            crate::NotHeldReason::Expired => LossReason::Expired,
-                            crate::NotHeldReason::OwnedByOther => LossReason::OwnedByOther,
-                        });
+                        entry.loss.lose(reason.into());
                         state.stopped = true;
                     }
                 }
