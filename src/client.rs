@@ -4,11 +4,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use redis::cluster::ClusterClient;
+use redis::sentinel::{
+    LockedSentinelClient, SentinelClient, SentinelNodeConnectionInfo, SentinelServerType,
+};
+
+use crate::backend::{Backend, Connection, Deployment};
 use crate::error::Error;
 use crate::options::LockOptions;
 use crate::queue::Queues;
 use crate::stats::{LockStats, Stats};
-use crate::subscriber::Subscriber;
+use crate::subscriber::{Source, Subscriber};
 use crate::watchdog::Watchdog;
 
 /// Connect, read and write timeout of the pools built by [`LockClient::open`].
@@ -16,6 +22,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Connections kept by the pools built by [`LockClient::open`] at most.
 pub const DEFAULT_POOL_SIZE: u32 = 16;
+
+/// How often a cluster connection retries a command the cluster could not
+/// serve yet (`TRYAGAIN`, `CLUSTERDOWN`); the waits between grow from 10 ms.
+const CLUSTER_RETRIES: u32 = 5;
 
 static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
 
@@ -48,7 +58,7 @@ struct Inner {
     /// Tells this client's holds apart from other clients' in the
     /// thread-local reentrancy table.
     id: u64,
-    pool: r2d2::Pool<redis::Client>,
+    backend: Backend,
     stats: Arc<Stats>,
     queues: Queues,
     /// Dropped after `queues` (field order), which hold its subscriptions.
@@ -57,13 +67,13 @@ struct Inner {
 }
 
 impl Inner {
-    fn new(pool: r2d2::Pool<redis::Client>, notify: Option<&redis::Client>) -> Inner {
+    fn new(backend: Backend, notify: Option<Source>) -> Inner {
         let stats = Arc::new(Stats::default());
-        let watchdog = Watchdog::new(pool.clone(), stats.clone());
+        let watchdog = Watchdog::new(backend.clone(), stats.clone());
         Inner {
             watchdog,
             id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
-            pool,
+            backend,
             subscriber: Subscriber::new(notify, stats.clone()),
             queues: Queues::default(),
             stats,
@@ -112,25 +122,163 @@ impl LockClient {
     /// [`Error::InvalidArgument`] when the URL does not parse or `timeout`
     /// is zero.
     pub fn open_with_timeout(url: &str, timeout: Duration) -> Result<LockClient, Error> {
-        if timeout.is_zero() {
-            return Err(Error::InvalidArgument(
-                "the connection timeout must be longer than zero".into(),
-            ));
-        }
-        // The URL may carry a password: the message does not repeat it.
-        let client = redis::Client::open(url)
-            .map_err(|e| Error::InvalidArgument(format!("cannot parse the Redis URL: {e}")))?;
-        let pool = r2d2::Pool::builder()
-            .max_size(DEFAULT_POOL_SIZE)
-            .min_idle(Some(0))
-            .test_on_check_out(false)
-            .connection_timeout(timeout)
+        check_timeout(timeout)?;
+        let client = parse_url(url)?;
+        let pool = pool_builder(timeout)
             .connection_customizer(Box::new(IoTimeouts(timeout)))
             .build_unchecked(client.clone());
-        Ok(LockClient {
-            inner: Arc::new(Inner::new(pool, Some(&client))),
+        Ok(LockClient::build(
+            Backend::Single(pool),
+            Source::servers([&client]),
+        ))
+    }
+
+    /// Builds a client for a Redis Cluster, given the addresses of some of
+    /// its nodes (`redis://host:port`, any of them; the others are found
+    /// through `CLUSTER SLOTS`).
+    ///
+    /// Everything the crate sends touches one hash slot: a lock key's
+    /// fencing counter and release channel carry the key's hash tag (see
+    /// [`fence_key`](crate::fence_key)), scripts are routed by their first
+    /// key, `MOVED` and `ASK` redirections are followed, and a script the
+    /// node lost (`NOSCRIPT` after a failover, a resharding or a
+    /// `SCRIPT FLUSH`) is loaded on every primary and run again.
+    ///
+    /// What differs from a single node:
+    ///
+    /// * [`Release::Watch`](crate::Release::Watch) is refused with
+    ///   [`Error::InvalidArgument`]: a `WATCH` lives on one connection to one
+    ///   node, and a redirection between `WATCH` and `EXEC` would run the
+    ///   `DEL` on a node where nothing is watched, unchecked.
+    /// * Release messages go out with classic `PUBLISH`, which the cluster
+    ///   bus carries to every node; the subscriber connection stays on one
+    ///   node (the first seed it reaches), so notify waiting works as on one
+    ///   server, at the price of that broadcast on each release.
+    /// * With [`LockOptions::fencing`](crate::LockOptions::fencing), a key
+    ///   that contains `}` without a valid `{tag}` is refused: no counter key
+    ///   can share its slot.
+    ///
+    /// Pool and timeouts as in [`LockClient::open`]; each pooled connection
+    /// keeps one connection per node it has talked to. Cluster-level retries
+    /// (`TRYAGAIN`, `CLUSTERDOWN` during a failover) are few and short, so a
+    /// call fails within a few timeouts instead of riding out a long outage.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when there is no URL, one does not parse,
+    /// or `timeout` is zero.
+    pub fn open_cluster<S: AsRef<str>>(
+        urls: impl IntoIterator<Item = S>,
+    ) -> Result<LockClient, Error> {
+        LockClient::open_cluster_with_timeout(urls, DEFAULT_TIMEOUT)
+    }
+
+    /// Like [`LockClient::open_cluster`], with `timeout` instead of
+    /// [`DEFAULT_TIMEOUT`].
+    ///
+    /// # Errors
+    ///
+    /// As [`LockClient::open_cluster`].
+    pub fn open_cluster_with_timeout<S: AsRef<str>>(
+        urls: impl IntoIterator<Item = S>,
+        timeout: Duration,
+    ) -> Result<LockClient, Error> {
+        check_timeout(timeout)?;
+        let seeds = parse_urls(urls)?;
+        let cluster = ClusterClient::builder(seeds.iter().map(redis::Client::get_connection_info).cloned())
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            // redis-rs waits at least 1.28 s per retry by default, up to 16
+            // times: a lock call must fail sooner than that.
+            .retries(CLUSTER_RETRIES)
+            .min_retry_wait(10)
+            .max_retry_wait(500)
+            .build()
+            .map_err(|e| Error::InvalidArgument(format!("cannot use the cluster URLs: {e}")))?;
+        let pool = pool_builder(timeout).build_unchecked(cluster);
+        Ok(LockClient::build(
+            Backend::Cluster(pool),
+            Source::servers(&seeds),
+        ))
+    }
+
+    /// Builds a client for the primary that Redis Sentinel names
+    /// `master_name`, given the addresses of some sentinels
+    /// (`redis://host:port`).
+    ///
+    /// Every new connection asks the sentinels for the current primary and
+    /// checks its `ROLE`, so after a failover the client reaches the
+    /// promoted replica: connections to the old primary break (Sentinel
+    /// disconnects the clients of a demoted primary), the failed call is
+    /// retried on a fresh connection, and the subscriber connection asks the
+    /// sentinels again too.
+    ///
+    /// **The failover hazard.** Replication is asynchronous: a lock written
+    /// to the old primary just before it died may never reach the replica
+    /// that is promoted, and then a second owner gets the same lock. Set
+    /// [`LockOptions::min_replicas`](crate::LockOptions::min_replicas) so an
+    /// acquisition only counts once a replica has the key, and use
+    /// [`fencing`](crate::LockOptions::fencing) tokens where a double owner
+    /// would do damage.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when there is no sentinel URL or one does
+    /// not parse.
+    pub fn open_sentinel<S: AsRef<str>>(
+        sentinels: impl IntoIterator<Item = S>,
+        master_name: &str,
+    ) -> Result<LockClient, Error> {
+        LockClient::open_sentinel_with(
+            sentinels,
+            master_name,
+            SentinelNodeConnectionInfo::default(),
+            DEFAULT_TIMEOUT,
+        )
+    }
+
+    /// Like [`LockClient::open_sentinel`], with how to connect to the
+    /// primary (its password, database, TLS) and `timeout` instead of
+    /// [`DEFAULT_TIMEOUT`].
+    ///
+    /// # Errors
+    ///
+    /// As [`LockClient::open_sentinel`]; also when `timeout` is zero.
+    pub fn open_sentinel_with<S: AsRef<str>>(
+        sentinels: impl IntoIterator<Item = S>,
+        master_name: &str,
+        primary: SentinelNodeConnectionInfo,
+        timeout: Duration,
+    ) -> Result<LockClient, Error> {
+        check_timeout(timeout)?;
+        let seeds = parse_urls(sentinels)?;
+        let infos: Vec<redis::ConnectionInfo> = seeds
+            .iter()
+            .map(|client| client.get_connection_info().clone())
+            .collect();
+        let build = || {
+            SentinelClient::build(
+                infos.clone(),
+                master_name.to_owned(),
+                Some(primary.clone()),
+                SentinelServerType::Master,
+            )
+            .map_err(|e| Error::InvalidArgument(format!("cannot use the sentinel URLs: {e}")))
+        };
+        let pool = pool_builder(timeout)
+            .connection_customizer(Box::new(IoTimeouts(timeout)))
+            .build_unchecked(LockedSentinelClient::new(build()?));
+        Ok(LockClient::build(
+            Backend::Sentinel(pool),
+            Some(Source::sentinel(build()?)),
+        ))
+    }
+
+    fn build(backend: Backend, notify: Option<Source>) -> LockClient {
+        LockClient {
+            inner: Arc::new(Inner::new(backend, notify)),
             defaults: Arc::new(LockOptions::default()),
-        })
+        }
     }
 
     /// Wraps a pool you built, with default [`LockOptions`].
@@ -146,20 +294,39 @@ impl LockClient {
     /// still queue locally and take handoffs, but wait for remote releases
     /// with backoff timing. [`LockClient::with_notify_client`] adds one.
     pub fn new(pool: r2d2::Pool<redis::Client>) -> LockClient {
-        LockClient {
-            inner: Arc::new(Inner::new(pool, None)),
-            defaults: Arc::new(LockOptions::default()),
-        }
+        LockClient::build(Backend::Single(pool), None)
     }
 
-    /// Gives a client made by [`LockClient::new`] the server address for its
-    /// dedicated subscriber connection (normally the `redis::Client` the
-    /// pool was built from). Call it before cloning the client: clones made
-    /// earlier keep the old machinery and count as another client.
+    /// Wraps a Redis Cluster pool you built; see [`LockClient::open_cluster`]
+    /// for what differs on a cluster, and [`LockClient::new`] for the pool
+    /// settings to mind. Without [`LockClient::with_notify_client`] (any one
+    /// node will do), remote releases are waited for with backoff timing.
+    pub fn new_cluster(pool: r2d2::Pool<ClusterClient>) -> LockClient {
+        LockClient::build(Backend::Cluster(pool), None)
+    }
+
+    /// Wraps a pool over [`LockedSentinelClient`] you built; see
+    /// [`LockClient::open_sentinel`] for the failover behaviour and hazard,
+    /// and [`LockClient::new`] for the pool settings to mind. Remote
+    /// releases are waited for with backoff timing (the subscriber
+    /// connection of [`LockClient::open_sentinel`] needs the sentinels'
+    /// addresses, which the pool does not tell).
+    pub fn new_sentinel(pool: r2d2::Pool<LockedSentinelClient>) -> LockClient {
+        LockClient::build(Backend::Sentinel(pool), None)
+    }
+
+    /// Gives a client made by [`LockClient::new`] or
+    /// [`LockClient::new_cluster`] the server address for its dedicated
+    /// subscriber connection (normally the `redis::Client` the pool was
+    /// built from; for a cluster, any node). Call it before cloning the
+    /// client: clones made earlier keep the old machinery and count as
+    /// another client.
     pub fn with_notify_client(self, client: &redis::Client) -> LockClient {
-        let pool = self.inner.pool.clone();
         LockClient {
-            inner: Arc::new(Inner::new(pool, Some(client))),
+            inner: Arc::new(Inner::new(
+                self.inner.backend.clone(),
+                Source::servers([client]),
+            )),
             defaults: self.defaults,
         }
     }
@@ -186,9 +353,38 @@ impl LockClient {
         self.inner.stats.snapshot()
     }
 
-    /// The connection pool.
+    /// Which kind of deployment this client talks to.
+    pub fn deployment(&self) -> Deployment {
+        self.inner.backend.deployment()
+    }
+
+    /// The connection pool of a single-node client.
+    ///
+    /// # Panics
+    ///
+    /// On a cluster or sentinel client, which has no such pool: use
+    /// [`LockClient::connection`] (any deployment), or match on
+    /// [`LockClient::deployment`] first.
     pub fn pool(&self) -> &r2d2::Pool<redis::Client> {
-        &self.inner.pool
+        match &self.inner.backend {
+            Backend::Single(pool) => pool,
+            other => panic!(
+                "LockClient::pool() is for single-node clients; this is a {:?} client \
+                 (use LockClient::connection())",
+                other.deployment()
+            ),
+        }
+    }
+
+    /// A connection from this client's pool, for commands of your own next
+    /// to the locks, whatever the deployment.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Pool`] when no connection can be had within the pool's
+    /// connection timeout.
+    pub fn connection(&self) -> Result<Connection, Error> {
+        Ok(self.inner.backend.get()?)
     }
 
     pub(crate) fn id(&self) -> u64 {
@@ -211,6 +407,32 @@ impl LockClient {
         &self.inner.watchdog
     }
 
+    /// Refuses what cannot work safely on this deployment, before anything
+    /// is sent: the WATCH release on a cluster.
+    pub(crate) fn check_release(&self, how: crate::Release) -> Result<(), Error> {
+        if how == crate::Release::Watch && self.deployment() == Deployment::Cluster {
+            return Err(Error::InvalidArgument(
+                "Release::Watch is not available on Redis Cluster: WATCH lives on one \
+                 connection to one node, and a MOVED/ASK redirection between WATCH and EXEC \
+                 would run the DEL on a node where nothing is watched; use Release::Lua"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Refuses a fenced lock whose counter could not share the key's
+    /// cluster slot (a `}` without a valid `{tag}` in the key).
+    pub(crate) fn check_fencing(&self, key: &str) -> Result<(), Error> {
+        if self.deployment() == Deployment::Cluster && !crate::channel::same_slot_fence(key) {
+            return Err(Error::InvalidArgument(format!(
+                "cannot fence {key:?} on Redis Cluster: a key with '}}' and no valid {{tag}} \
+                 cannot have a counter key in its hash slot; give it a tag, e.g. \"{{name}}:lock\""
+            )));
+        }
+        Ok(())
+    }
+
     /// Runs `op` on a pooled connection.
     ///
     /// A pooled connection can be stale (the server restarted, an idle
@@ -221,12 +443,12 @@ impl LockClient {
     pub(crate) fn with_connection<T>(
         &self,
         key: &str,
-        mut op: impl FnMut(&mut redis::Connection) -> redis::RedisResult<T>,
+        mut op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
-        let retries = self.inner.pool.max_size();
+        let retries = self.inner.backend.max_size();
         let mut attempt = 0;
         loop {
-            let mut con = self.inner.pool.get()?;
+            let mut con = self.inner.backend.get()?;
             match op(&mut con) {
                 Ok(value) => return Ok(value),
                 Err(err) if err.is_connection_dropped() && attempt < retries => {
@@ -243,8 +465,45 @@ impl std::fmt::Debug for LockClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockClient")
             .field("id", &self.inner.id)
-            .field("pool", &self.inner.pool.state())
+            .field("deployment", &self.deployment())
+            .field("pool", &self.inner.backend.state())
             .field("defaults", &self.defaults)
             .finish()
     }
+}
+
+fn check_timeout(timeout: Duration) -> Result<(), Error> {
+    if timeout.is_zero() {
+        return Err(Error::InvalidArgument(
+            "the connection timeout must be longer than zero".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The URL may carry a password: the message does not repeat it.
+fn parse_url(url: &str) -> Result<redis::Client, Error> {
+    redis::Client::open(url)
+        .map_err(|e| Error::InvalidArgument(format!("cannot parse the Redis URL: {e}")))
+}
+
+fn parse_urls<S: AsRef<str>>(urls: impl IntoIterator<Item = S>) -> Result<Vec<redis::Client>, Error> {
+    let clients = urls
+        .into_iter()
+        .map(|url| parse_url(url.as_ref()))
+        .collect::<Result<Vec<_>, _>>()?;
+    if clients.is_empty() {
+        return Err(Error::InvalidArgument("no server URL given".into()));
+    }
+    Ok(clients)
+}
+
+/// The pool settings of the `open*` constructors: no `PING` per checkout,
+/// lazy connections, bounded waits.
+fn pool_builder<M: r2d2::ManageConnection>(timeout: Duration) -> r2d2::Builder<M> {
+    r2d2::Pool::builder()
+        .max_size(DEFAULT_POOL_SIZE)
+        .min_idle(Some(0))
+        .test_on_check_out(false)
+        .connection_timeout(timeout)
 }

@@ -414,11 +414,17 @@ impl LockGuard {
     ///
     /// # Errors
     ///
-    /// As [`LockGuard::unlock`].
+    /// As [`LockGuard::unlock`]; also [`Error::InvalidArgument`] for
+    /// [`Release::Watch`] on a Redis Cluster client, refused before anything
+    /// is sent (the guard is then dropped, which releases with the lock's
+    /// own method, [`Release::Lua`] on a cluster).
     pub fn unlock_with(self, release: Release) -> Result<(), Error> {
         if Rc::strong_count(&self.lease) > 1 {
             return Ok(());
         }
+        // Refused before anything changes; the guard's drop then releases
+        // with the lock's own method.
+        self.lease.client.check_release(release)?;
         self.lease.release_now(release)
     }
 }

@@ -137,6 +137,7 @@
 
 #![warn(missing_docs)]
 
+mod backend;
 mod backoff;
 mod channel;
 mod client;
@@ -158,6 +159,7 @@ mod subscriber;
 mod watchdog;
 
 pub use channel::{fence_key, release_channel};
+pub use backend::{Connection, Deployment};
 pub use client::{DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT, LockClient};
 pub use error::{Error, NotHeldReason};
 pub use guard::LockGuard;

@@ -3,6 +3,8 @@
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+
 use crate::backoff::{SystemClock, ThreadJitter, retry_until};
 use crate::client::LockClient;
 use crate::error::Error;
@@ -146,6 +148,10 @@ impl DistributedLock {
             ));
         }
         let millis = ttl_millis(self.options.ttl)?;
+        self.client.check_release(self.options.release)?;
+        if self.options.fencing {
+            self.client.check_fencing(&self.key)?;
+        }
         if let Some(lease) = reentrancy::current(self.client.id(), &self.key) {
             return Ok(Some(LockGuard::new(lease)));
         }
@@ -215,17 +221,27 @@ impl DistributedLock {
     /// same connection) and returns how many did.
     fn await_replicas(
         &self,
-        con: &mut redis::Connection,
+        con: &mut crate::Connection,
         token: &str,
     ) -> redis::RedisResult<Option<u32>> {
         let Some((wanted, timeout)) = self.options.min_replicas else {
             return Ok(None);
         };
         self.client.counters().commands(1);
-        let acked: u32 = redis::cmd("WAIT")
-            .arg(wanted)
-            .arg(timeout.as_millis() as u64)
-            .query(con)?;
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(wanted).arg(timeout.as_millis() as u64);
+        let acked: u32 = match con.as_cluster() {
+            // WAIT has no key, and redis-rs would ask every primary; it must
+            // go to the key's primary, where this connection wrote it.
+            Some(cluster) => {
+                let route = Route::new(channel::slot(&self.key), SlotAddr::Master);
+                redis::from_redis_value(cluster.route_command(
+                    &wait,
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                )?)?
+            }
+            None => wait.query(con)?,
+        };
         if acked >= wanted {
             return Ok(None);
         }

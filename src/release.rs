@@ -4,7 +4,7 @@
 //! (expired) or holds another owner's token. Neither ever deletes a key it
 //! does not own.
 
-use redis::{Connection, RedisResult, pipe};
+use redis::{ConnectionLike, RedisResult, pipe};
 
 use crate::error::NotHeldReason;
 use crate::scripts;
@@ -22,7 +22,7 @@ pub(crate) type Outcome = Result<u64, NotHeldReason>;
 
 /// `EVALSHA lua/release.lua`: one round trip (two after a `NOSCRIPT`).
 pub(crate) fn release_lua(
-    con: &mut Connection,
+    con: &mut dyn ConnectionLike,
     stats: &Stats,
     key: &str,
     token: &str,
@@ -45,7 +45,7 @@ pub(crate) fn release_lua(
 /// written, and Redis runs it before anything the next user sends; one that
 /// cannot be written marks the connection broken, and the pool drops it.
 pub(crate) fn release_watch(
-    con: &mut Connection,
+    con: &mut dyn ConnectionLike,
     stats: &Stats,
     key: &str,
     token: &str,
@@ -107,7 +107,7 @@ pub(crate) fn release_watch(
     )))
 }
 
-fn unwatch(con: &mut Connection, stats: &Stats) {
+fn unwatch(con: &mut dyn ConnectionLike, stats: &Stats) {
     stats.commands(1);
     if let Err(err) = redis::cmd("UNWATCH").exec(con) {
         log::debug!("redmutex: UNWATCH failed (the connection will be dropped if broken): {err}");
@@ -122,6 +122,7 @@ pub(crate) fn release(
     token: &str,
     how: crate::Release,
 ) -> Result<(), crate::Error> {
+    client.check_release(how)?;
     let channel = crate::channel::release_channel(key);
     let stats = client.counters();
     let outcome = client.with_connection(key, |con| match how {

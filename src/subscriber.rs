@@ -46,7 +46,7 @@ enum Target {
 }
 
 #[derive(Clone, Debug)]
-struct Endpoint {
+pub(crate) struct Endpoint {
     target: Target,
     username: Option<String>,
     password: Option<String>,
@@ -72,6 +72,50 @@ impl Endpoint {
             username: settings.username().map(str::to_owned),
             password: settings.password().map(str::to_owned),
         })
+    }
+}
+
+/// Where the subscriber connects, asked again before every reconnection.
+pub(crate) enum Source {
+    /// Fixed servers, tried in turn: one node, or a cluster's seed nodes
+    /// (a `PUBLISH` on any cluster node reaches subscribers on every node).
+    Fixed(Vec<Endpoint>),
+    /// The primary the sentinels name now, so the subscriber follows a
+    /// failover.
+    Sentinel(Box<Mutex<redis::sentinel::SentinelClient>>),
+}
+
+impl Source {
+    /// `None` when no server can be spoken to (TLS only).
+    pub(crate) fn servers<'a>(clients: impl IntoIterator<Item = &'a redis::Client>) -> Option<Source> {
+        let endpoints: Vec<Endpoint> = clients.into_iter().filter_map(Endpoint::of).collect();
+        (!endpoints.is_empty()).then_some(Source::Fixed(endpoints))
+    }
+
+    pub(crate) fn sentinel(client: redis::sentinel::SentinelClient) -> Source {
+        Source::Sentinel(Box::new(Mutex::new(client)))
+    }
+
+    /// The server for connection attempt number `attempt`.
+    fn resolve(&self, attempt: usize) -> io::Result<Endpoint> {
+        match self {
+            Source::Fixed(endpoints) => endpoints
+                .get(attempt % endpoints.len().max(1))
+                .cloned()
+                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no server")),
+            Source::Sentinel(sentinel) => {
+                let client = sentinel
+                    .lock()
+                    .get_client()
+                    .map_err(|err| io::Error::other(format!("sentinels name no primary: {err}")))?;
+                Endpoint::of(&client).ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::Unsupported,
+                        "the primary's address is not plain TCP or a Unix socket",
+                    )
+                })
+            }
+        }
     }
 }
 
@@ -222,7 +266,7 @@ impl State {
 }
 
 struct Shared {
-    endpoint: Endpoint,
+    source: Source,
     stats: Arc<Stats>,
     state: Mutex<State>,
     changed: Condvar,
@@ -235,10 +279,10 @@ pub(crate) struct Subscriber {
 }
 
 impl Subscriber {
-    pub(crate) fn new(client: Option<&redis::Client>, stats: Arc<Stats>) -> Subscriber {
-        let shared = client.and_then(Endpoint::of).map(|endpoint| {
+    pub(crate) fn new(source: Option<Source>, stats: Arc<Stats>) -> Subscriber {
+        let shared = source.map(|source| {
             Arc::new(Shared {
-                endpoint,
+                source,
                 stats,
                 state: Mutex::new(State::default()),
                 changed: Condvar::new(),
@@ -376,13 +420,18 @@ impl Drop for Subscription {
 /// and on failure wake every waiter and start again, until shutdown.
 fn run(shared: &Shared) {
     let mut pause = RECONNECT_MIN;
+    let mut attempt = 0;
     loop {
         if shared.state.lock().shutdown {
             return;
         }
-        match connect(&shared.endpoint) {
+        let connected = shared.source.resolve(attempt).and_then(|endpoint| connect(&endpoint));
+        attempt = attempt.wrapping_add(1);
+        match connected {
             Ok((reader, writer)) => {
                 pause = RECONNECT_MIN;
+                // Reconnect to the same server first next time.
+                attempt = attempt.wrapping_sub(1);
                 {
                     let mut state = shared.state.lock();
                     if state.shutdown {

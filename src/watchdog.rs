@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
+use crate::backend::Backend;
 use crate::guard::remaining;
 use crate::loss::{LossReason, LossState};
 use crate::scripts;
@@ -69,7 +70,7 @@ struct Registry {
 }
 
 struct Shared {
-    pool: r2d2::Pool<redis::Client>,
+    backend: Backend,
     stats: Arc<Stats>,
     registry: Mutex<Registry>,
     changed: Condvar,
@@ -82,10 +83,10 @@ pub(crate) struct Watchdog {
 }
 
 impl Watchdog {
-    pub(crate) fn new(pool: r2d2::Pool<redis::Client>, stats: Arc<Stats>) -> Watchdog {
+    pub(crate) fn new(backend: Backend, stats: Arc<Stats>) -> Watchdog {
         Watchdog {
             shared: Arc::new(Shared {
-                pool,
+                backend,
                 stats,
                 registry: Mutex::new(Registry {
                     entries: Vec::new(),
@@ -254,12 +255,14 @@ fn renew_due(shared: &Shared, entries: &[Arc<WatchEntry>]) -> Instant {
 }
 
 /// One pipeline of owner-checked PEXPIREs (`lua/extend.lua` by EVALSHA),
-/// loading the script once if the server lost it.
+/// loading the script once if the server lost it. On a cluster, redis-rs
+/// splits the pipeline by node: one round trip per node that holds a due
+/// lease.
 fn renew(
     shared: &Shared,
     due: &[(&WatchEntry, MutexGuard<'_, EntryState>)],
 ) -> redis::RedisResult<Vec<i64>> {
-    let mut con = shared.pool.get().map_err(|err| {
+    let mut con = shared.backend.get().map_err(|err| {
         redis::RedisError::from((
             redis::ErrorKind::Io,
             "no connection for the watchdog",
@@ -267,21 +270,29 @@ fn renew(
         ))
     })?;
     let mut pipe = redis::pipe();
+    let mut cluster_pipe = redis::cluster::cluster_pipe();
     for (entry, state) in due {
-        pipe.cmd("EVALSHA")
-            .arg(scripts::EXTEND.get_hash())
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(scripts::EXTEND.get_hash())
             .arg(1)
             .arg(&entry.key)
             .arg(&entry.token)
             .arg(state.ttl.as_millis() as u64);
+        pipe.add_command(cmd.clone());
+        cluster_pipe.add_command(cmd);
     }
+    let send = |con: &mut crate::Connection| match con.as_cluster() {
+        Some(cluster) => cluster_pipe.query(cluster),
+        None => pipe.query(con),
+    };
     shared.stats.renewal_batch(due.len() as u64);
-    match pipe.query(&mut *con) {
+    match send(&mut con) {
         Err(err) if is_noscript(&err) => {
-            scripts::EXTEND.load(&mut *con)?;
+            // On a cluster, SCRIPT LOAD goes to every primary.
+            scripts::EXTEND.load(&mut con)?;
             shared.stats.commands(1);
             shared.stats.renewal_batch(due.len() as u64);
-            pipe.query(&mut *con)
+            send(&mut con)
         }
         other => other,
     }

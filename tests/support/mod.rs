@@ -6,6 +6,9 @@
 //! `#[path = "…/tests/support/mod.rs"]`.
 #![allow(dead_code)]
 
+mod deploy;
+pub use deploy::*;
+
 use std::io::Read;
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -51,6 +54,9 @@ pub struct RedisServer {
     child: Option<Child>,
     dir: tempfile::TempDir,
     extra: Vec<String>,
+    /// A configuration file given first on the command line (sentinels
+    /// need one they can rewrite).
+    config: Option<PathBuf>,
 }
 
 impl RedisServer {
@@ -61,21 +67,22 @@ impl RedisServer {
 
     /// Starts a server with extra `--option value` arguments.
     pub fn start_with(extra: &[&str]) -> RedisServer {
-        let dir = tempfile::Builder::new()
-            .prefix("redmutex-redis-")
-            .tempdir()
-            .expect("create a temporary directory");
+        RedisServer::start_in(temp_dir(), None, extra)
+    }
+
+    fn start_in(dir: tempfile::TempDir, config: Option<PathBuf>, extra: &[&str]) -> RedisServer {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         let mut last_log = String::new();
         for _ in 0..START_TRIES {
             let port = free_port();
-            match spawn(port, dir.path(), &extra) {
+            match spawn(port, dir.path(), config.as_deref(), &extra) {
                 Ok(child) => {
                     return RedisServer {
                         port,
                         child: Some(child),
                         dir,
                         extra,
+                        config,
                     };
                 }
                 Err(log) => last_log = log,
@@ -180,7 +187,7 @@ impl RedisServer {
         self.kill();
         let deadline = Instant::now() + READY_WITHIN;
         loop {
-            match spawn(self.port, self.dir.path(), &self.extra) {
+            match spawn(self.port, self.dir.path(), self.config.as_deref(), &self.extra) {
                 Ok(child) => {
                     self.child = Some(child);
                     return;
@@ -200,10 +207,19 @@ impl Drop for RedisServer {
     }
 }
 
+fn temp_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("redmutex-redis-")
+        .tempdir()
+        .expect("create a temporary directory")
+}
+
 /// Runs redis-server on `port` and waits until it answers PING.
-fn spawn(port: u16, dir: &Path, extra: &[String]) -> Result<Child, String> {
+fn spawn(port: u16, dir: &Path, config: Option<&Path>, extra: &[String]) -> Result<Child, String> {
     let log_path = dir.join("redis.log");
-    let mut child = Command::new(redis_server_binary())
+    let mut command = Command::new(redis_server_binary());
+    command.args(config);
+    let mut child = command
         .arg("--port")
         .arg(port.to_string())
         .args(["--bind", "127.0.0.1"])

@@ -1,0 +1,346 @@
+//! The lock on Redis Cluster: 3 primaries (and replicas where a test needs
+//! them) made by `redis-cli --cluster create` on free loopback ports.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::{Commands, ConnectionLike};
+use redmutex::{
+    Deployment, DistributedLock, Error, LockClient, LockOptions, Release, RwLock, ReentrantLock,
+};
+use support::{RedisCluster, wait_until};
+
+fn options() -> LockOptions {
+    LockOptions::default()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(60))
+}
+
+/// Non-atomic read-modify-write of `counter` (same slot as its lock) over
+/// two round trips: an overlap of two holders loses an increment.
+fn increment(con: &mut dyn ConnectionLike, counter: &str) {
+    let value: Option<i64> = redis::cmd("GET").arg(counter).query(con).expect("GET");
+    redis::cmd("SET")
+        .arg(counter)
+        .arg(value.unwrap_or(0) + 1)
+        .exec(con)
+        .expect("SET");
+}
+
+#[test]
+fn mutual_exclusion_on_keys_of_every_primary() {
+    let cluster = RedisCluster::start(3, 0);
+    let keys = cluster.key_per_primary("mx");
+    let distinct: std::collections::HashSet<u16> = keys
+        .iter()
+        .map(|k| cluster.primary_for(k).port())
+        .collect();
+    assert_eq!(distinct.len(), 3, "one key per primary: {keys:?}");
+    let clients = [cluster.lock_client(), cluster.lock_client()];
+    assert_eq!(clients[0].deployment(), Deployment::Cluster);
+    let threads = 8;
+    let rounds = 30;
+    let intervals = Arc::new(Mutex::new(Vec::new()));
+    let handles: Vec<_> = (0..threads)
+        .map(|i| {
+            let client = clients[i % 2].clone();
+            let keys = keys.clone();
+            let intervals = intervals.clone();
+            std::thread::spawn(move || {
+                let mut con = client.connection().expect("a cluster connection");
+                for round in 0..rounds {
+                    let key = &keys[(i + round) % keys.len()];
+                    let lock = DistributedLock::with_options(&client, key.clone(), options());
+                    let guard = lock.lock().expect("lock");
+                    let start = Instant::now();
+                    increment(&mut con, &format!("{{{key}}}:counter"));
+                    intervals
+                        .lock()
+                        .expect("intervals")
+                        .push((key.clone(), start, Instant::now()));
+                    guard.unlock().expect("unlock");
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().expect("worker");
+    }
+    let mut con = clients[0].connection().expect("connection");
+    let mut total = 0;
+    for key in &keys {
+        let count: i64 = redis::cmd("GET")
+            .arg(format!("{{{key}}}:counter"))
+            .query(&mut con)
+            .expect("GET counter");
+        total += count;
+        let exists: bool = redis::cmd("EXISTS").arg(key).query(&mut con).expect("EXISTS");
+        assert!(!exists, "{key} was released");
+    }
+    assert_eq!(total, (threads * rounds) as i64, "no increment lost");
+    let mut intervals = intervals.lock().expect("intervals").clone();
+    intervals.sort();
+    for pair in intervals.windows(2) {
+        if pair[0].0 == pair[1].0 {
+            assert!(pair[0].2 <= pair[1].1, "holds of {} overlap", pair[0].0);
+        }
+    }
+}
+
+#[test]
+fn auxiliary_keys_land_in_the_key_slot() {
+    let cluster = RedisCluster::start(3, 0);
+    for key in ["plain", "jobs:nightly", "user:{42}:lock", "{a}{b}", "{a}}b", "é{ü}"] {
+        let slot = cluster.slot(key);
+        assert_eq!(cluster.slot(&redmutex::release_channel(key)), slot, "channel of {key}");
+        assert_eq!(cluster.slot(&redmutex::fence_key(key)), slot, "fence of {key}");
+    }
+    // Fenced acquisitions run the two-key script: a CROSSSLOT error would
+    // fail them.
+    let client = cluster.lock_client();
+    for key in cluster.key_per_primary("fenced") {
+        let lock =
+            DistributedLock::with_options(&client, key.clone(), options().fencing(true));
+        let first = lock.lock().expect("fenced lock");
+        let token = first.fencing_token().expect("a fencing token");
+        first.unlock().expect("unlock");
+        let second = lock.lock().expect("fenced lock again");
+        assert!(second.fencing_token().expect("token") > token);
+        second.unlock().expect("unlock");
+        let primary = cluster.primary_for(&key);
+        let fence: u64 = redis::cmd("GET")
+            .arg(redmutex::fence_key(&key))
+            .query(&mut primary.conn())
+            .expect("the counter is on the key's primary");
+        assert_eq!(fence, token + 1);
+    }
+}
+
+#[test]
+fn unfenceable_keys_and_the_watch_release_are_refused_before_anything_is_sent() {
+    let cluster = RedisCluster::start(3, 0);
+    let client = cluster.lock_client();
+    let before = cluster.total_keys();
+
+    let stray = DistributedLock::with_options(&client, "a}b", options().fencing(true));
+    match stray.try_lock() {
+        Err(Error::InvalidArgument(message)) => assert!(message.contains("tag"), "{message}"),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+
+    let watch = DistributedLock::with_options(&client, "w", options().release(Release::Watch));
+    match watch.try_lock() {
+        Err(Error::InvalidArgument(message)) => {
+            assert!(message.contains("Release::Watch"), "{message}")
+        }
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    match watch.release_token("whatever") {
+        Err(Error::InvalidArgument(_)) => {}
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    assert_eq!(cluster.total_keys(), before, "nothing was written");
+
+    // A Lua-released guard asked to unlock with WATCH: refused, then
+    // released by its drop with its own method.
+    let lua = DistributedLock::with_options(&client, "w", options());
+    let guard = lua.lock().expect("lock");
+    match guard.unlock_with(Release::Watch) {
+        Err(Error::InvalidArgument(_)) => {}
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    assert!(lua.try_lock().expect("try_lock").is_some(), "dropped guard released");
+}
+
+#[test]
+fn the_lock_survives_script_flush_on_every_node() {
+    let cluster = RedisCluster::start(3, 0);
+    let client = cluster.lock_client();
+    let keys = cluster.key_per_primary("flush");
+    let cycle = |fencing: bool| {
+        for key in &keys {
+            let lock =
+                DistributedLock::with_options(&client, key.clone(), options().fencing(fencing));
+            let guard = lock.lock().expect("lock");
+            guard.unlock().expect("unlock");
+        }
+    };
+    cycle(false);
+    cycle(true);
+    let flush_all = || {
+        for node in cluster.nodes() {
+            redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .exec(&mut node.conn())
+                .expect("SCRIPT FLUSH");
+        }
+    };
+    flush_all();
+    cycle(false); // release script reloaded
+    flush_all();
+    cycle(true); // acquire script reloaded
+    flush_all();
+    // The watchdog's pipelined renewals reload too.
+    let watched = DistributedLock::with_options(
+        &client,
+        keys[1].clone(),
+        LockOptions::default()
+            .ttl(Duration::from_millis(600))
+            .watchdog(true),
+    );
+    let guard = watched.lock().expect("watched lock");
+    let renewed = wait_until(Duration::from_secs(10), || client.stats().renewals >= 3);
+    assert!(renewed, "renewals after SCRIPT FLUSH: {:?}", client.stats());
+    assert!(guard.is_held().expect("is_held") && !guard.is_lost());
+    guard.unlock().expect("unlock");
+    for key in &keys {
+        assert!(cluster.primary_for(key).conn().exists::<_, bool>(key).is_ok_and(|e| !e));
+    }
+}
+
+#[test]
+fn a_manual_failover_leaves_the_client_working() {
+    let cluster = RedisCluster::start(3, 1);
+    let client = cluster.lock_client();
+    let keys = cluster.key_per_primary("fo");
+    for key in &keys {
+        DistributedLock::with_options(&client, key.clone(), options())
+            .lock()
+            .expect("lock before")
+            .unlock()
+            .expect("unlock before");
+    }
+    // Fail over the shard of the first key, with no lock held.
+    let old = cluster.primary_for_slot(cluster.slot(&keys[0]));
+    let replica = cluster
+        .replicas_of(&old.id)
+        .into_iter()
+        .next()
+        .expect("the shard has a replica");
+    redis::cmd("CLUSTER")
+        .arg("FAILOVER")
+        .exec(&mut cluster.node(replica.port).conn())
+        .expect("CLUSTER FAILOVER");
+    let promoted = wait_until(Duration::from_secs(30), || {
+        cluster.primary_for_slot(cluster.slot(&keys[0])).port == replica.port
+    });
+    assert!(promoted, "the replica took over: {:?}", cluster.topology());
+    assert!(cluster.wait_settled(Duration::from_secs(30)), "cluster settled");
+    // The same client (its pooled connections still know the old primary)
+    // follows the MOVED and keeps locking, the fenced script included.
+    for key in &keys {
+        let lock = DistributedLock::with_options(&client, key.clone(), options().fencing(true));
+        let guard = lock.lock().expect("lock after the failover");
+        assert!(guard.is_held().expect("is_held"));
+        guard.unlock().expect("unlock after the failover");
+    }
+    assert_eq!(cluster.primary_for(&keys[0]).port(), replica.port);
+}
+
+#[test]
+fn min_replicas_waits_on_the_node_that_wrote_the_key() {
+    let cluster = RedisCluster::start(3, 1);
+    let client = cluster.lock_client();
+    let key = cluster.key_per_primary("wait").remove(2);
+    let replicated = options().min_replicas(1, Duration::from_millis(300));
+    let lock = DistributedLock::with_options(&client, key.clone(), replicated);
+    lock.lock().expect("replicated lock").unlock().expect("unlock");
+    // Stop the key's replica: WAIT there times out with 0, while WAIT on any
+    // other node (no writes of ours) would answer at once.
+    let primary = cluster.primary_for_slot(cluster.slot(&key));
+    let replica = &cluster.replicas_of(&primary.id)[0];
+    let stopped = cluster.node(replica.port);
+    stopped.signal("STOP");
+    let outcome = lock.try_lock();
+    stopped.signal("CONT");
+    match outcome {
+        Err(Error::NotReplicated { acked: 0, wanted: 1, .. }) => {}
+        other => panic!("expected NotReplicated, got {other:?}"),
+    }
+    let left: bool = cluster
+        .primary_for(&key)
+        .conn()
+        .exists(&key)
+        .expect("EXISTS");
+    assert!(!left, "the unreplicated lock was released");
+}
+
+#[test]
+fn waiters_on_another_client_are_woken_by_the_release_message() {
+    let cluster = RedisCluster::start(3, 0);
+    let holder = cluster.lock_client();
+    let waiter = cluster.lock_client();
+    let key = cluster.key_per_primary("notify").remove(1);
+    let guard = DistributedLock::with_options(&holder, key.clone(), options())
+        .lock()
+        .expect("lock");
+    let waiting = std::thread::spawn({
+        let waiter = waiter.clone();
+        let key = key.clone();
+        move || {
+            // A long backoff step: only the message can wake it quickly.
+            let slow = options().backoff(redmutex::Backoff::constant(Duration::from_secs(5)));
+            let started = Instant::now();
+            let guard = DistributedLock::with_options(&waiter, key, slow)
+                .lock()
+                .expect("lock after the release");
+            let waited = started.elapsed();
+            guard.unlock().expect("unlock");
+            waited
+        }
+    });
+    let subscribed = wait_until(Duration::from_secs(10), || {
+        cluster.nodes().iter().any(|n| {
+            let numsub: (String, u64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(redmutex::release_channel(&key))
+                .query(&mut n.conn())
+                .unwrap_or_default();
+            numsub.1 > 0
+        })
+    });
+    assert!(subscribed, "the waiter subscribed to the release channel");
+    guard.unlock().expect("unlock");
+    let waited = waiting.join().expect("waiter");
+    assert!(waiter.stats().notifications >= 1, "{:?}", waiter.stats());
+    assert!(waited < Duration::from_secs(5), "woken by the message: {waited:?}");
+}
+
+#[test]
+fn rwlock_and_reentrant_lock_work_on_a_cluster() {
+    let cluster = RedisCluster::start(3, 0);
+    let client = cluster.lock_client();
+    for key in cluster.key_per_primary("family") {
+        let rw = RwLock::new(&client, format!("rw:{key}"));
+        let r1 = rw.read().expect("read");
+        let r2 = rw.read().expect("second reader");
+        assert!(rw.try_write().expect("try_write").is_none());
+        drop((r1, r2));
+        rw.write().expect("write").unlock().expect("unlock");
+
+        let reentrant = ReentrantLock::new(&client, format!("re:{key}"));
+        let outer = reentrant.lock().expect("outer");
+        let inner = reentrant.lock().expect("inner");
+        assert_eq!(inner.hold_count(), 2);
+        drop(inner);
+        drop(outer);
+    }
+}
+
+#[test]
+fn bad_cluster_urls_are_refused() {
+    assert!(matches!(
+        LockClient::open_cluster(Vec::<String>::new()),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        LockClient::open_cluster(["not a url"]),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        LockClient::open_cluster_with_timeout(["redis://127.0.0.1:1/"], Duration::ZERO),
+        Err(Error::InvalidArgument(_))
+    ));
+}
