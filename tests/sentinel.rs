@@ -1,0 +1,143 @@
+//! The lock through Redis Sentinel: a primary, a replica and three
+//! sentinels on free loopback ports; the primary is killed and the client
+//! follows the promoted replica.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redmutex::{Backoff, Deployment, DistributedLock, Error, LockClient, LockOptions};
+use support::{RedisServer, SentinelSet, wait_until};
+
+fn options() -> LockOptions {
+    LockOptions::default()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(10))
+}
+
+/// Locks `key` through `holder` while a thread of `waiter` waits with a 5 s
+/// backoff step, then releases: returns how long the waiter waited, which
+/// is short only when the release message woke it.
+fn release_wakes_waiter(set: &SentinelSet, holder: &LockClient, waiter: &LockClient, key: &str) -> Duration {
+    let guard = DistributedLock::with_options(holder, key, options())
+        .lock()
+        .expect("lock");
+    let before = waiter.stats().notifications;
+    let waiting = std::thread::spawn({
+        let waiter = waiter.clone();
+        let key = key.to_owned();
+        move || {
+            let slow = options().backoff(Backoff::constant(Duration::from_secs(5)));
+            let started = Instant::now();
+            let guard = DistributedLock::with_options(&waiter, key, slow)
+                .lock()
+                .expect("lock after the release");
+            let waited = started.elapsed();
+            guard.unlock().expect("unlock");
+            waited
+        }
+    });
+    let port = set.primary_port().expect("a primary");
+    let primary = if port == set.primary.port() { &set.primary } else { &set.replica };
+    let subscribed = wait_until(Duration::from_secs(10), || {
+        let numsub: (String, u64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(redmutex::release_channel(key))
+            .query(&mut primary.conn())
+            .unwrap_or_default();
+        numsub.1 > 0
+    });
+    assert!(subscribed, "the waiter subscribed on the current primary");
+    guard.unlock().expect("unlock");
+    let waited = waiting.join().expect("waiter");
+    assert!(waiter.stats().notifications > before, "{:?}", waiter.stats());
+    waited
+}
+
+#[test]
+fn the_client_follows_a_failover_after_the_primary_is_killed() {
+    let mut set = SentinelSet::start();
+    let client = set.lock_client();
+    let waiter = set.lock_client();
+    assert_eq!(client.deployment(), Deployment::Sentinel);
+    let lock = DistributedLock::with_options(&client, "nightly", options());
+    let guard = lock.lock().expect("lock on the first primary");
+    assert!(guard.is_held().expect("is_held"));
+    guard.unlock().expect("unlock");
+    let waited = release_wakes_waiter(&set, &client, &waiter, "notify");
+    assert!(waited < Duration::from_secs(5), "woken by the message: {waited:?}");
+
+    let old = set.primary.port();
+    set.primary.kill();
+    let promoted = wait_until(Duration::from_secs(60), || {
+        let role: Option<Vec<redis::Value>> = redis::cmd("ROLE").query(&mut set.replica.conn()).ok();
+        let is_master = matches!(role.as_deref().and_then(|r| r.first()),
+            Some(redis::Value::BulkString(b)) if b.as_slice() == b"master");
+        set.primary_port() == Some(set.replica.port()) && is_master
+    });
+    assert!(promoted, "the sentinels promoted the replica (old primary {old})");
+
+    // The same client: its pooled connections to the dead primary fail, and
+    // new ones go where the sentinels point.
+    let guard = lock.lock().expect("lock on the promoted replica");
+    assert!(guard.is_held().expect("is_held"));
+    let value: Option<String> = redis::cmd("GET")
+        .arg("nightly")
+        .query(&mut set.replica.conn())
+        .expect("GET on the new primary");
+    assert_eq!(value.as_deref(), Some(guard.token()));
+    guard.unlock().expect("unlock");
+
+    // The subscriber connection asked the sentinels again too.
+    let waited = release_wakes_waiter(&set, &client, &waiter, "notify");
+    assert!(waited < Duration::from_secs(5), "woken by the message after the failover: {waited:?}");
+}
+
+#[test]
+fn min_replicas_is_met_through_sentinel() {
+    let set = SentinelSet::start();
+    let client = set.lock_client();
+    let lock = DistributedLock::with_options(
+        &client,
+        "replicated",
+        options().min_replicas(1, Duration::from_secs(1)),
+    );
+    let guard = lock.lock().expect("a replica acknowledged");
+    let on_replica = wait_until(Duration::from_secs(5), || {
+        redis::cmd("GET")
+            .arg("replicated")
+            .query::<Option<String>>(&mut set.replica.conn())
+            .ok()
+            .flatten()
+            .as_deref()
+            == Some(guard.token())
+    });
+    assert!(on_replica, "the replica has the key");
+    guard.unlock().expect("unlock");
+}
+
+#[test]
+fn bad_sentinel_input_gets_clear_errors() {
+    assert!(matches!(
+        LockClient::open_sentinel(Vec::<String>::new(), "m"),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        LockClient::open_sentinel(["::"], "m"),
+        Err(Error::InvalidArgument(_))
+    ));
+    // Sentinels that do not know the name: an error within the timeout, not
+    // a hang.
+    let sentinel = RedisServer::start();
+    let client = LockClient::open_sentinel_with(
+        [sentinel.url()],
+        "nobody",
+        Default::default(),
+        Duration::from_millis(500),
+    )
+    .expect("client");
+    let started = Instant::now();
+    let outcome = DistributedLock::new(&client, "k").try_lock();
+    assert!(outcome.is_err(), "{outcome:?}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
