@@ -3,7 +3,9 @@
 # Tests, benches and examples start their own private redis-server processes
 # on free loopback ports; nothing here starts a system service.
 set -euo pipefail
-if command -v redis-server >/dev/null 2>&1; then
+# redis-cli (Debian: redis-tools, a dependency of redis-server) builds the
+# test clusters.
+if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
   exit 0
 fi
 echo "redis-server is missing: installing it with apt-get" >&2
@@ -16,4 +18,4 @@ else
   exit 1
 fi
 # The Debian package starts a system service on port 6379; tests never use it.
-command -v redis-server >/dev/null 2>&1
+command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1

@@ -282,3 +282,49 @@ fn bad_input_gets_one_line_and_a_documented_code() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.lines().count(), 1, "one clear line: {stderr}");
 }
+
+#[test]
+fn cluster_and_sentinel_deployments_are_chosen_by_flags() {
+    let cluster = support::RedisCluster::start(3, 0);
+    let nodes = cluster.urls().join(",");
+    // Keys on every primary: the command follows the slots.
+    for key in cluster.key_per_primary("cli") {
+        let run = Command::cargo_bin("redmutex")
+            .expect("the redmutex binary")
+            .args(["--cluster", "--url", &nodes, "run", &key, "--"])
+            .args(["sh", "-c", "echo \"$REDMUTEX_TOKEN\""])
+            .output()
+            .expect("run on the cluster");
+        assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+        assert!(!String::from_utf8_lossy(&run.stdout).trim().is_empty());
+        let primary = cluster.primary_for(&key);
+        let _: () = primary.conn().set_ex(&key, "someone", 60).expect("SET");
+        let status = Command::cargo_bin("redmutex")
+            .expect("the redmutex binary")
+            .env("REDMUTEX_URL", &nodes)
+            .env("REDMUTEX_CLUSTER", "true")
+            .args(["status", "--json", &key])
+            .output()
+            .expect("status on the cluster");
+        let json: serde_json::Value = serde_json::from_slice(&status.stdout).expect("JSON");
+        assert_eq!(json["token"], "someone", "{key}");
+    }
+
+    let set = support::SentinelSet::start();
+    let sentinels = set.sentinel_urls().join(",");
+    let run = Command::cargo_bin("redmutex")
+        .expect("the redmutex binary")
+        .args(["--sentinel", support::SentinelSet::MASTER, "--url", &sentinels])
+        .args(["run", "--no-wait", "via-sentinel", "--", "true"])
+        .status()
+        .expect("run through sentinel");
+    assert!(run.success());
+    let _: () = set.primary.conn().set("via-sentinel", "other").expect("SET");
+    let conflict = Command::cargo_bin("redmutex")
+        .expect("the redmutex binary")
+        .args(["--sentinel", support::SentinelSet::MASTER, "--url", &sentinels])
+        .args(["run", "--no-wait", "via-sentinel", "--", "true"])
+        .status()
+        .expect("run through sentinel");
+    assert_eq!(conflict.code(), Some(1), "held on the primary the sentinels name");
+}

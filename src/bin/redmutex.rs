@@ -45,6 +45,8 @@ Examples:
   redmutex run --no-wait nightly-report -- ./report.sh
   redmutex run --wait 5m --ttl 30s deploy:web -- ansible-playbook site.yml
   redmutex status nightly-report --json
+  redmutex --cluster --url redis://10.0.0.1:7000,redis://10.0.0.2:7000 run job -- ./job.sh
+  redmutex --sentinel mymaster --url redis://10.0.0.1:26379,redis://10.0.0.2:26379 status job
   redmutex release nightly-report --token 1f0c…";
 
 #[derive(Parser)]
@@ -55,7 +57,8 @@ Examples:
     after_help = AFTER_HELP
 )]
 struct Cli {
-    /// Redis server URL.
+    /// Redis server URL; with --cluster or --sentinel, a comma-separated
+    /// list of cluster nodes or of sentinels.
     #[arg(
         long,
         env = "REDMUTEX_URL",
@@ -63,6 +66,12 @@ struct Cli {
         global = true
     )]
     url: String,
+    /// The URLs are nodes of a Redis Cluster.
+    #[arg(long, env = "REDMUTEX_CLUSTER", global = true, conflicts_with = "sentinel")]
+    cluster: bool,
+    /// The URLs are sentinels; lock on the primary they name MASTER.
+    #[arg(long, env = "REDMUTEX_SENTINEL", global = true, value_name = "MASTER")]
+    sentinel: Option<String>,
     /// Say nothing but errors.
     #[arg(long, short, global = true, conflicts_with = "verbose")]
     quiet: bool,
@@ -187,7 +196,19 @@ fn main() -> ExitCode {
 }
 
 fn client(cli: &Cli) -> Result<LockClient, Failure> {
-    LockClient::open(&cli.url).map_err(redis_failure)
+    let urls = || cli.url.split(',').map(str::trim).filter(|u| !u.is_empty());
+    let client = if cli.cluster {
+        LockClient::open_cluster(urls())
+    } else if let Some(master) = &cli.sentinel {
+        LockClient::open_sentinel(urls(), master)
+    } else {
+        LockClient::open(&cli.url)
+    };
+    client.map_err(redis_failure)
+}
+
+fn connection(client: &LockClient) -> Result<redmutex::Connection, Failure> {
+    client.connection().map_err(redis_failure)
 }
 
 fn say(cli: &Cli, message: std::fmt::Arguments<'_>) {
@@ -203,17 +224,12 @@ fn verbose(cli: &Cli, message: std::fmt::Arguments<'_>) {
 }
 
 /// Who holds `key` and for how long, on a connection of `client`'s pool.
+/// (Two commands, not a pipeline: a cluster connection cannot pipeline.)
 fn holder(client: &LockClient, key: &str) -> Result<Option<(String, i64)>, Failure> {
-    let mut con = client
-        .pool()
-        .get()
-        .map_err(|e| redis_failure(Error::Pool(e)))?;
-    let (token, pttl): (Option<String>, i64) = redis::pipe()
-        .cmd("GET")
+    let mut con = connection(client)?;
+    let token: Option<String> = redis::cmd("GET")
         .arg(key)
-        .cmd("PTTL")
-        .arg(key)
-        .query(&mut *con)
+        .query(&mut con)
         .map_err(|e| match e.code() {
             Some("WRONGTYPE") => fail(
                 EXIT_UNAVAILABLE,
@@ -221,7 +237,15 @@ fn holder(client: &LockClient, key: &str) -> Result<Option<(String, i64)>, Failu
             ),
             _ => redis_failure(Error::Redis(e)),
         })?;
-    Ok(token.map(|t| (t, pttl)))
+    let Some(token) = token else {
+        return Ok(None);
+    };
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(key)
+        .query(&mut con)
+        .map_err(|e| redis_failure(Error::Redis(e)))?;
+    // -2: released between the two commands.
+    Ok((pttl != -2).then_some((token, pttl)))
 }
 
 fn short(token: &str) -> &str {
@@ -469,13 +493,10 @@ fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
     let held = holder(&client, &args.key)?;
     let fence_key = redmutex::fence_key(&args.key);
     let counter: Option<u64> = {
-        let mut con = client
-            .pool()
-            .get()
-            .map_err(|e| redis_failure(Error::Pool(e)))?;
+        let mut con = connection(&client)?;
         redis::cmd("GET")
             .arg(&fence_key)
-            .query(&mut *con)
+            .query(&mut con)
             .map_err(|e| redis_failure(Error::Redis(e)))?
     };
     if args.json {
@@ -504,13 +525,10 @@ fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
 fn release(cli: &Cli, args: &ReleaseArgs) -> Result<u8, Failure> {
     let client = client(cli)?;
     if args.force {
-        let mut con = client
-            .pool()
-            .get()
-            .map_err(|e| redis_failure(Error::Pool(e)))?;
+        let mut con = connection(&client)?;
         let deleted: Option<String> = redis::cmd("GETDEL")
             .arg(&args.key)
-            .query(&mut *con)
+            .query(&mut con)
             .map_err(|e| redis_failure(Error::from(e)))?;
         match deleted {
             Some(token) => println!("{}: deleted, it was held by {token}", args.key),
@@ -550,12 +568,13 @@ fn json_string(text: &str) -> String {
     out
 }
 
-/// The URL without its password, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+/// The URL (or comma-separated URLs) without passwords, for messages.
+fn redact(urls: &str) -> String {
+    let one = |url: &str| match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             format!("{}://…@{}", &url[..scheme], &url[at + 1..])
         }
         _ => url.to_owned(),
-    }
+    };
+    urls.split(',').map(one).collect::<Vec<_>>().join(",")
 }
