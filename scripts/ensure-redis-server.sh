@@ -8,11 +8,11 @@ set -euo pipefail
 if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
   exit 0
 fi
-echo "redis-server is missing: installing it with apt-get" >&2
+echo "redis-server or redis-cli is missing: installing them with apt-get" >&2
 if [ "$(id -u)" -eq 0 ]; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
 elif command -v sudo >/dev/null 2>&1; then
-  sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null
 else
   echo "error: cannot install redis-server (not root, no sudo); install Redis 7 yourself" >&2
   exit 1
