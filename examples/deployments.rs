@@ -58,7 +58,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     row("PING (one node)", ping);
 
     let single = DistributedLock::new(&clients[0], "bench:single");
-    row("single node", time(args.rounds, || single.lock()?.unlock())?);
+    row(
+        "single node",
+        time(args.rounds, || single.lock()?.unlock())?,
+    );
 
     let via_sentinel = DistributedLock::new(&sentinels.lock_client(), "bench:sentinel");
     row(

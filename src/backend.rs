@@ -38,7 +38,7 @@ impl Backend {
     pub(crate) fn get(&self) -> Result<Connection, r2d2::Error> {
         Ok(Connection(match self {
             Backend::Single(pool) => Pooled::Single(pool.get()?),
-            Backend::Cluster(pool) => Pooled::Cluster(pool.get()?),
+            Backend::Cluster(pool) => Pooled::Cluster(Box::new(pool.get()?)),
             Backend::Sentinel(pool) => Pooled::Sentinel(pool.get()?),
         }))
     }
@@ -72,7 +72,8 @@ pub struct Connection(Pooled);
 
 enum Pooled {
     Single(r2d2::PooledConnection<redis::Client>),
-    Cluster(r2d2::PooledConnection<ClusterClient>),
+    // Boxed: a cluster connection is much larger than the others.
+    Cluster(Box<r2d2::PooledConnection<ClusterClient>>),
     Sentinel(r2d2::PooledConnection<LockedSentinelClient>),
 }
 
@@ -80,7 +81,7 @@ impl Connection {
     fn inner(&mut self) -> &mut dyn ConnectionLike {
         match &mut self.0 {
             Pooled::Single(con) => &mut **con,
-            Pooled::Cluster(con) => &mut **con,
+            Pooled::Cluster(con) => &mut ***con,
             Pooled::Sentinel(con) => &mut **con,
         }
     }
@@ -88,7 +89,7 @@ impl Connection {
     fn inner_ref(&self) -> &dyn ConnectionLike {
         match &self.0 {
             Pooled::Single(con) => &**con,
-            Pooled::Cluster(con) => &**con,
+            Pooled::Cluster(con) => &***con,
             Pooled::Sentinel(con) => &**con,
         }
     }
@@ -96,7 +97,7 @@ impl Connection {
     /// The cluster connection, when this is one (for cluster pipelines).
     pub(crate) fn as_cluster(&mut self) -> Option<&mut ClusterConnection> {
         match &mut self.0 {
-            Pooled::Cluster(con) => Some(&mut **con),
+            Pooled::Cluster(con) => Some(&mut ***con),
             _ => None,
         }
     }

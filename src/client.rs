@@ -185,16 +185,21 @@ impl LockClient {
     ) -> Result<LockClient, Error> {
         check_timeout(timeout)?;
         let seeds = parse_urls(urls)?;
-        let cluster = ClusterClient::builder(seeds.iter().map(redis::Client::get_connection_info).cloned())
-            .connection_timeout(timeout)
-            .response_timeout(timeout)
-            // redis-rs waits at least 1.28 s per retry by default, up to 16
-            // times: a lock call must fail sooner than that.
-            .retries(CLUSTER_RETRIES)
-            .min_retry_wait(10)
-            .max_retry_wait(500)
-            .build()
-            .map_err(|e| Error::InvalidArgument(format!("cannot use the cluster URLs: {e}")))?;
+        let cluster = ClusterClient::builder(
+            seeds
+                .iter()
+                .map(redis::Client::get_connection_info)
+                .cloned(),
+        )
+        .connection_timeout(timeout)
+        .response_timeout(timeout)
+        // redis-rs waits at least 1.28 s per retry by default, up to 16
+        // times: a lock call must fail sooner than that.
+        .retries(CLUSTER_RETRIES)
+        .min_retry_wait(10)
+        .max_retry_wait(500)
+        .build()
+        .map_err(|e| Error::InvalidArgument(format!("cannot use the cluster URLs: {e}")))?;
         let pool = pool_builder(timeout).build_unchecked(cluster);
         Ok(LockClient::build(
             Backend::Cluster(pool),
@@ -487,7 +492,9 @@ fn parse_url(url: &str) -> Result<redis::Client, Error> {
         .map_err(|e| Error::InvalidArgument(format!("cannot parse the Redis URL: {e}")))
 }
 
-fn parse_urls<S: AsRef<str>>(urls: impl IntoIterator<Item = S>) -> Result<Vec<redis::Client>, Error> {
+fn parse_urls<S: AsRef<str>>(
+    urls: impl IntoIterator<Item = S>,
+) -> Result<Vec<redis::Client>, Error> {
     let clients = urls
         .into_iter()
         .map(|url| parse_url(url.as_ref()))

@@ -92,6 +92,24 @@
 //! * [`RedLock`]: one lock over N independent masters, granted by a majority
 //!   within a validity of ttl − elapsed − drift.
 //!
+//! ## Deployments
+//!
+//! The constructor picks the deployment; the lock types stay the same
+//! ([`LockClient::deployment`] tells which):
+//!
+//! * [`LockClient::open`]: one server.
+//! * [`LockClient::open_sentinel`]: the primary Redis Sentinel names, found
+//!   again on every new connection, so the client follows a failover (the
+//!   subscriber connection too). Combine with [`LockOptions::min_replicas`].
+//! * [`LockClient::open_cluster`]: Redis Cluster. Every script touches one
+//!   slot (auxiliary keys carry the key's hash tag), redirections are
+//!   followed, lost scripts are reloaded on every primary, `WAIT` goes to
+//!   the key's primary. [`Release::Watch`] is refused there
+//!   ([`Error::InvalidArgument`]): a redirection between `WATCH` and `EXEC`
+//!   would make the delete unchecked. Release messages use classic
+//!   `PUBLISH`, which the cluster bus carries to every node.
+//! * [`RedLock`] over N independent [`LockClient`]s of any kind.
+//!
 //! [`WaitMode::Spin`] polls Redis with exponential backoff and full jitter:
 //! every waiter polls on its own, there is no ordering, and wake-up waits
 //! for the backoff. [`LockClient::stats`] counts commands, Redis
@@ -122,8 +140,9 @@
 //!   them can stop a paused process from acting late: protect the resource
 //!   itself with a fencing token when correctness depends on it.
 //! * **Replication is asynchronous**: after a failover to a replica that had
-//!   not received the key, a second client can acquire the same lock.
-//!   [`LockOptions::min_replicas`] narrows this window, it cannot close it.
+//!   not received the key (Sentinel, or a cluster shard), a second client can
+//!   acquire the same lock. [`LockOptions::min_replicas`] narrows this
+//!   window, it cannot close it.
 //! * **Restarts without persistence** (`--save ''`, no AOF) forget every
 //!   lock; with `appendfsync everysec` the last second can be lost.
 //! * **Eviction**: under `maxmemory` with an `allkeys-*` policy Redis may
@@ -158,8 +177,8 @@ mod stats;
 mod subscriber;
 mod watchdog;
 
-pub use channel::{fence_key, release_channel};
 pub use backend::{Connection, Deployment};
+pub use channel::{fence_key, release_channel};
 pub use client::{DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT, LockClient};
 pub use error::{Error, NotHeldReason};
 pub use guard::LockGuard;

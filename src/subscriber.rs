@@ -87,7 +87,9 @@ pub(crate) enum Source {
 
 impl Source {
     /// `None` when no server can be spoken to (TLS only).
-    pub(crate) fn servers<'a>(clients: impl IntoIterator<Item = &'a redis::Client>) -> Option<Source> {
+    pub(crate) fn servers<'a>(
+        clients: impl IntoIterator<Item = &'a redis::Client>,
+    ) -> Option<Source> {
         let endpoints: Vec<Endpoint> = clients.into_iter().filter_map(Endpoint::of).collect();
         (!endpoints.is_empty()).then_some(Source::Fixed(endpoints))
     }
@@ -425,7 +427,10 @@ fn run(shared: &Shared) {
         if shared.state.lock().shutdown {
             return;
         }
-        let connected = shared.source.resolve(attempt).and_then(|endpoint| connect(&endpoint));
+        let connected = shared
+            .source
+            .resolve(attempt)
+            .and_then(|endpoint| connect(&endpoint));
         attempt = attempt.wrapping_add(1);
         match connected {
             Ok((reader, writer)) => {

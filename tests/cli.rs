@@ -295,7 +295,11 @@ fn cluster_and_sentinel_deployments_are_chosen_by_flags() {
             .args(["sh", "-c", "echo \"$REDMUTEX_TOKEN\""])
             .output()
             .expect("run on the cluster");
-        assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
         assert!(!String::from_utf8_lossy(&run.stdout).trim().is_empty());
         let primary = cluster.primary_for(&key);
         let _: () = primary.conn().set_ex(&key, "someone", 60).expect("SET");
@@ -314,17 +318,35 @@ fn cluster_and_sentinel_deployments_are_chosen_by_flags() {
     let sentinels = set.sentinel_urls().join(",");
     let run = Command::cargo_bin("redmutex")
         .expect("the redmutex binary")
-        .args(["--sentinel", support::SentinelSet::MASTER, "--url", &sentinels])
+        .args([
+            "--sentinel",
+            support::SentinelSet::MASTER,
+            "--url",
+            &sentinels,
+        ])
         .args(["run", "--no-wait", "via-sentinel", "--", "true"])
         .status()
         .expect("run through sentinel");
     assert!(run.success());
-    let _: () = set.primary.conn().set("via-sentinel", "other").expect("SET");
+    let _: () = set
+        .primary
+        .conn()
+        .set("via-sentinel", "other")
+        .expect("SET");
     let conflict = Command::cargo_bin("redmutex")
         .expect("the redmutex binary")
-        .args(["--sentinel", support::SentinelSet::MASTER, "--url", &sentinels])
+        .args([
+            "--sentinel",
+            support::SentinelSet::MASTER,
+            "--url",
+            &sentinels,
+        ])
         .args(["run", "--no-wait", "via-sentinel", "--", "true"])
         .status()
         .expect("run through sentinel");
-    assert_eq!(conflict.code(), Some(1), "held on the primary the sentinels name");
+    assert_eq!(
+        conflict.code(),
+        Some(1),
+        "held on the primary the sentinels name"
+    );
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use redis::{Commands, ConnectionLike};
 use redmutex::{
-    Deployment, DistributedLock, Error, LockClient, LockOptions, Release, RwLock, ReentrantLock,
+    Deployment, DistributedLock, Error, LockClient, LockOptions, ReentrantLock, Release, RwLock,
 };
 use support::{RedisCluster, wait_until};
 
@@ -33,10 +33,8 @@ fn increment(con: &mut dyn ConnectionLike, counter: &str) {
 fn mutual_exclusion_on_keys_of_every_primary() {
     let cluster = RedisCluster::start(3, 0);
     let keys = cluster.key_per_primary("mx");
-    let distinct: std::collections::HashSet<u16> = keys
-        .iter()
-        .map(|k| cluster.primary_for(k).port())
-        .collect();
+    let distinct: std::collections::HashSet<u16> =
+        keys.iter().map(|k| cluster.primary_for(k).port()).collect();
     assert_eq!(distinct.len(), 3, "one key per primary: {keys:?}");
     let clients = [cluster.lock_client(), cluster.lock_client()];
     assert_eq!(clients[0].deployment(), Deployment::Cluster);
@@ -76,7 +74,10 @@ fn mutual_exclusion_on_keys_of_every_primary() {
             .query(&mut con)
             .expect("GET counter");
         total += count;
-        let exists: bool = redis::cmd("EXISTS").arg(key).query(&mut con).expect("EXISTS");
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(key)
+            .query(&mut con)
+            .expect("EXISTS");
         assert!(!exists, "{key} was released");
     }
     assert_eq!(total, (threads * rounds) as i64, "no increment lost");
@@ -92,17 +93,31 @@ fn mutual_exclusion_on_keys_of_every_primary() {
 #[test]
 fn auxiliary_keys_land_in_the_key_slot() {
     let cluster = RedisCluster::start(3, 0);
-    for key in ["plain", "jobs:nightly", "user:{42}:lock", "{a}{b}", "{a}}b", "é{ü}"] {
+    for key in [
+        "plain",
+        "jobs:nightly",
+        "user:{42}:lock",
+        "{a}{b}",
+        "{a}}b",
+        "é{ü}",
+    ] {
         let slot = cluster.slot(key);
-        assert_eq!(cluster.slot(&redmutex::release_channel(key)), slot, "channel of {key}");
-        assert_eq!(cluster.slot(&redmutex::fence_key(key)), slot, "fence of {key}");
+        assert_eq!(
+            cluster.slot(&redmutex::release_channel(key)),
+            slot,
+            "channel of {key}"
+        );
+        assert_eq!(
+            cluster.slot(&redmutex::fence_key(key)),
+            slot,
+            "fence of {key}"
+        );
     }
     // Fenced acquisitions run the two-key script: a CROSSSLOT error would
     // fail them.
     let client = cluster.lock_client();
     for key in cluster.key_per_primary("fenced") {
-        let lock =
-            DistributedLock::with_options(&client, key.clone(), options().fencing(true));
+        let lock = DistributedLock::with_options(&client, key.clone(), options().fencing(true));
         let first = lock.lock().expect("fenced lock");
         let token = first.fencing_token().expect("a fencing token");
         first.unlock().expect("unlock");
@@ -151,7 +166,10 @@ fn unfenceable_keys_and_the_watch_release_are_refused_before_anything_is_sent() 
         Err(Error::InvalidArgument(_)) => {}
         other => panic!("expected InvalidArgument, got {other:?}"),
     }
-    assert!(lua.try_lock().expect("try_lock").is_some(), "dropped guard released");
+    assert!(
+        lua.try_lock().expect("try_lock").is_some(),
+        "dropped guard released"
+    );
 }
 
 #[test]
@@ -196,7 +214,13 @@ fn the_lock_survives_script_flush_on_every_node() {
     assert!(guard.is_held().expect("is_held") && !guard.is_lost());
     guard.unlock().expect("unlock");
     for key in &keys {
-        assert!(cluster.primary_for(key).conn().exists::<_, bool>(key).is_ok_and(|e| !e));
+        assert!(
+            cluster
+                .primary_for(key)
+                .conn()
+                .exists::<_, bool>(key)
+                .is_ok_and(|e| !e)
+        );
     }
 }
 
@@ -227,7 +251,10 @@ fn a_manual_failover_leaves_the_client_working() {
         cluster.primary_for_slot(cluster.slot(&keys[0])).port == replica.port
     });
     assert!(promoted, "the replica took over: {:?}", cluster.topology());
-    assert!(cluster.wait_settled(Duration::from_secs(30)), "cluster settled");
+    assert!(
+        cluster.wait_settled(Duration::from_secs(30)),
+        "cluster settled"
+    );
     // The same client (its pooled connections still know the old primary)
     // follows the MOVED and keeps locking, the fenced script included.
     for key in &keys {
@@ -246,7 +273,10 @@ fn min_replicas_waits_on_the_node_that_wrote_the_key() {
     let key = cluster.key_per_primary("wait").remove(2);
     let replicated = options().min_replicas(1, Duration::from_millis(300));
     let lock = DistributedLock::with_options(&client, key.clone(), replicated);
-    lock.lock().expect("replicated lock").unlock().expect("unlock");
+    lock.lock()
+        .expect("replicated lock")
+        .unlock()
+        .expect("unlock");
     // Stop the key's replica: WAIT there times out with 0, while WAIT on any
     // other node (no writes of ours) would answer at once.
     let primary = cluster.primary_for_slot(cluster.slot(&key));
@@ -256,7 +286,11 @@ fn min_replicas_waits_on_the_node_that_wrote_the_key() {
     let outcome = lock.try_lock();
     stopped.signal("CONT");
     match outcome {
-        Err(Error::NotReplicated { acked: 0, wanted: 1, .. }) => {}
+        Err(Error::NotReplicated {
+            acked: 0,
+            wanted: 1,
+            ..
+        }) => {}
         other => panic!("expected NotReplicated, got {other:?}"),
     }
     let left: bool = cluster
@@ -305,7 +339,10 @@ fn waiters_on_another_client_are_woken_by_the_release_message() {
     guard.unlock().expect("unlock");
     let waited = waiting.join().expect("waiter");
     assert!(waiter.stats().notifications >= 1, "{:?}", waiter.stats());
-    assert!(waited < Duration::from_secs(5), "woken by the message: {waited:?}");
+    assert!(
+        waited < Duration::from_secs(5),
+        "woken by the message: {waited:?}"
+    );
 }
 
 #[test]

@@ -18,7 +18,12 @@ fn options() -> LockOptions {
 /// Locks `key` through `holder` while a thread of `waiter` waits with a 5 s
 /// backoff step, then releases: returns how long the waiter waited, which
 /// is short only when the release message woke it.
-fn release_wakes_waiter(set: &SentinelSet, holder: &LockClient, waiter: &LockClient, key: &str) -> Duration {
+fn release_wakes_waiter(
+    set: &SentinelSet,
+    holder: &LockClient,
+    waiter: &LockClient,
+    key: &str,
+) -> Duration {
     let guard = DistributedLock::with_options(holder, key, options())
         .lock()
         .expect("lock");
@@ -38,7 +43,11 @@ fn release_wakes_waiter(set: &SentinelSet, holder: &LockClient, waiter: &LockCli
         }
     });
     let port = set.primary_port().expect("a primary");
-    let primary = if port == set.primary.port() { &set.primary } else { &set.replica };
+    let primary = if port == set.primary.port() {
+        &set.primary
+    } else {
+        &set.replica
+    };
     let subscribed = wait_until(Duration::from_secs(10), || {
         let numsub: (String, u64) = redis::cmd("PUBSUB")
             .arg("NUMSUB")
@@ -50,7 +59,11 @@ fn release_wakes_waiter(set: &SentinelSet, holder: &LockClient, waiter: &LockCli
     assert!(subscribed, "the waiter subscribed on the current primary");
     guard.unlock().expect("unlock");
     let waited = waiting.join().expect("waiter");
-    assert!(waiter.stats().notifications > before, "{:?}", waiter.stats());
+    assert!(
+        waiter.stats().notifications > before,
+        "{:?}",
+        waiter.stats()
+    );
     waited
 }
 
@@ -65,17 +78,24 @@ fn the_client_follows_a_failover_after_the_primary_is_killed() {
     assert!(guard.is_held().expect("is_held"));
     guard.unlock().expect("unlock");
     let waited = release_wakes_waiter(&set, &client, &waiter, "notify");
-    assert!(waited < Duration::from_secs(5), "woken by the message: {waited:?}");
+    assert!(
+        waited < Duration::from_secs(5),
+        "woken by the message: {waited:?}"
+    );
 
     let old = set.primary.port();
     set.primary.kill();
     let promoted = wait_until(Duration::from_secs(60), || {
-        let role: Option<Vec<redis::Value>> = redis::cmd("ROLE").query(&mut set.replica.conn()).ok();
+        let role: Option<Vec<redis::Value>> =
+            redis::cmd("ROLE").query(&mut set.replica.conn()).ok();
         let is_master = matches!(role.as_deref().and_then(|r| r.first()),
             Some(redis::Value::BulkString(b)) if b.as_slice() == b"master");
         set.primary_port() == Some(set.replica.port()) && is_master
     });
-    assert!(promoted, "the sentinels promoted the replica (old primary {old})");
+    assert!(
+        promoted,
+        "the sentinels promoted the replica (old primary {old})"
+    );
 
     // The same client: its pooled connections to the dead primary fail, and
     // new ones go where the sentinels point.
@@ -90,7 +110,10 @@ fn the_client_follows_a_failover_after_the_primary_is_killed() {
 
     // The subscriber connection asked the sentinels again too.
     let waited = release_wakes_waiter(&set, &client, &waiter, "notify");
-    assert!(waited < Duration::from_secs(5), "woken by the message after the failover: {waited:?}");
+    assert!(
+        waited < Duration::from_secs(5),
+        "woken by the message after the failover: {waited:?}"
+    );
 }
 
 #[test]

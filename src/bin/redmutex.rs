@@ -67,7 +67,12 @@ struct Cli {
     )]
     url: String,
     /// The URLs are nodes of a Redis Cluster.
-    #[arg(long, env = "REDMUTEX_CLUSTER", global = true, conflicts_with = "sentinel")]
+    #[arg(
+        long,
+        env = "REDMUTEX_CLUSTER",
+        global = true,
+        conflicts_with = "sentinel"
+    )]
     cluster: bool,
     /// The URLs are sentinels; lock on the primary they name MASTER.
     #[arg(long, env = "REDMUTEX_SENTINEL", global = true, value_name = "MASTER")]

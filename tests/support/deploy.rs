@@ -223,10 +223,7 @@ impl RedisCluster {
                 .map(|i| format!("{prefix}-{i}"))
                 .find(|key| {
                     let slot = self.slot(key);
-                    primary
-                        .slots
-                        .iter()
-                        .any(|(a, b)| (*a..=*b).contains(&slot))
+                    primary.slots.iter().any(|(a, b)| (*a..=*b).contains(&slot))
                 })
                 .expect("a key for every primary");
             keys.push(key);
@@ -304,20 +301,19 @@ impl SentinelSet {
         };
         let ready = wait_until(SETTLE_WITHIN, || {
             set.sentinels.iter().all(|s| {
-                let replicas: Vec<redis::Value> = query(
-                    s,
-                    redis::cmd("SENTINEL").arg("REPLICAS").arg(Self::MASTER),
-                )
-                .unwrap_or_default();
-                let peers: Vec<redis::Value> = query(
-                    s,
-                    redis::cmd("SENTINEL").arg("SENTINELS").arg(Self::MASTER),
-                )
-                .unwrap_or_default();
+                let replicas: Vec<redis::Value> =
+                    query(s, redis::cmd("SENTINEL").arg("REPLICAS").arg(Self::MASTER))
+                        .unwrap_or_default();
+                let peers: Vec<redis::Value> =
+                    query(s, redis::cmd("SENTINEL").arg("SENTINELS").arg(Self::MASTER))
+                        .unwrap_or_default();
                 replicas.len() == 1 && peers.len() == 2
             })
         });
-        assert!(ready, "the sentinels did not find the replica and each other");
+        assert!(
+            ready,
+            "the sentinels did not find the replica and each other"
+        );
         set
     }
 

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 mod deploy;
+#[allow(unused_imports)]
 pub use deploy::*;
 
 use std::io::Read;
@@ -187,7 +188,12 @@ impl RedisServer {
         self.kill();
         let deadline = Instant::now() + READY_WITHIN;
         loop {
-            match spawn(self.port, self.dir.path(), self.config.as_deref(), &self.extra) {
+            match spawn(
+                self.port,
+                self.dir.path(),
+                self.config.as_deref(),
+                &self.extra,
+            ) {
                 Ok(child) => {
                     self.child = Some(child);
                     return;
