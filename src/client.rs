@@ -237,14 +237,16 @@ impl LockClient {
         LockClient::open_sentinel_with(
             sentinels,
             master_name,
-            SentinelNodeConnectionInfo::default(),
+            redis::RedisConnectionInfo::default(),
             DEFAULT_TIMEOUT,
         )
     }
 
-    /// Like [`LockClient::open_sentinel`], with how to connect to the
-    /// primary (its password, database, TLS) and `timeout` instead of
-    /// [`DEFAULT_TIMEOUT`].
+    /// Like [`LockClient::open_sentinel`], with how to log in to the primary
+    /// (its username, password, database, protocol) and `timeout` instead of
+    /// [`DEFAULT_TIMEOUT`]. The sentinels' own credentials go in their URLs.
+    /// For TLS to the primary, build a pool over [`LockedSentinelClient`]
+    /// and use [`LockClient::new_sentinel`].
     ///
     /// # Errors
     ///
@@ -252,7 +254,7 @@ impl LockClient {
     pub fn open_sentinel_with<S: AsRef<str>>(
         sentinels: impl IntoIterator<Item = S>,
         master_name: &str,
-        primary: SentinelNodeConnectionInfo,
+        primary: redis::RedisConnectionInfo,
         timeout: Duration,
     ) -> Result<LockClient, Error> {
         check_timeout(timeout)?;
@@ -261,21 +263,19 @@ impl LockClient {
             .iter()
             .map(|client| client.get_connection_info().clone())
             .collect();
-        let build = || {
-            SentinelClient::build(
-                infos.clone(),
-                master_name.to_owned(),
-                Some(primary.clone()),
-                SentinelServerType::Master,
-            )
-            .map_err(|e| Error::InvalidArgument(format!("cannot use the sentinel URLs: {e}")))
-        };
+        let sentinel = SentinelClient::build(
+            infos,
+            master_name.to_owned(),
+            Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(primary.clone())),
+            SentinelServerType::Master,
+        )
+        .map_err(|e| Error::InvalidArgument(format!("cannot use the sentinel URLs: {e}")))?;
         let pool = pool_builder(timeout)
             .connection_customizer(Box::new(IoTimeouts(timeout)))
-            .build_unchecked(LockedSentinelClient::new(build()?));
+            .build_unchecked(LockedSentinelClient::new(sentinel));
         Ok(LockClient::build(
             Backend::Sentinel(pool),
-            Some(Source::sentinel(build()?)),
+            Source::sentinel(&seeds, master_name, &primary),
         ))
     }
 

@@ -81,8 +81,14 @@ pub(crate) enum Source {
     /// (a `PUBLISH` on any cluster node reaches subscribers on every node).
     Fixed(Vec<Endpoint>),
     /// The primary the sentinels name now, so the subscriber follows a
-    /// failover.
-    Sentinel(Box<Mutex<redis::sentinel::SentinelClient>>),
+    /// failover. Asked with this module's own RESP and timeouts: a stalled
+    /// sentinel must not stall the thread (nor the client's drop).
+    Sentinel {
+        sentinels: Vec<Endpoint>,
+        master: String,
+        username: Option<String>,
+        password: Option<String>,
+    },
 }
 
 impl Source {
@@ -94,8 +100,19 @@ impl Source {
         (!endpoints.is_empty()).then_some(Source::Fixed(endpoints))
     }
 
-    pub(crate) fn sentinel(client: redis::sentinel::SentinelClient) -> Source {
-        Source::Sentinel(Box::new(Mutex::new(client)))
+    /// `None` when no sentinel can be spoken to (TLS only).
+    pub(crate) fn sentinel<'a>(
+        sentinels: impl IntoIterator<Item = &'a redis::Client>,
+        master: &str,
+        primary: &redis::RedisConnectionInfo,
+    ) -> Option<Source> {
+        let sentinels: Vec<Endpoint> = sentinels.into_iter().filter_map(Endpoint::of).collect();
+        (!sentinels.is_empty()).then(|| Source::Sentinel {
+            sentinels,
+            master: master.to_owned(),
+            username: primary.username().map(str::to_owned),
+            password: primary.password().map(str::to_owned),
+        })
     }
 
     /// The server for connection attempt number `attempt`.
@@ -105,20 +122,51 @@ impl Source {
                 .get(attempt % endpoints.len().max(1))
                 .cloned()
                 .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no server")),
-            Source::Sentinel(sentinel) => {
-                let client = sentinel
-                    .lock()
-                    .get_client()
-                    .map_err(|err| io::Error::other(format!("sentinels name no primary: {err}")))?;
-                Endpoint::of(&client).ok_or_else(|| {
-                    io::Error::new(
-                        io::ErrorKind::Unsupported,
-                        "the primary's address is not plain TCP or a Unix socket",
-                    )
-                })
+            Source::Sentinel {
+                sentinels,
+                master,
+                username,
+                password,
+            } => {
+                let mut last = io::Error::new(io::ErrorKind::NotFound, "no sentinel");
+                for i in 0..sentinels.len() {
+                    let sentinel = &sentinels[(attempt + i) % sentinels.len()];
+                    match ask_sentinel(sentinel, master) {
+                        Ok((host, port)) => {
+                            return Ok(Endpoint {
+                                target: Target::Tcp { host, port },
+                                username: username.clone(),
+                                password: password.clone(),
+                            });
+                        }
+                        Err(err) => last = err,
+                    }
+                }
+                Err(last)
             }
         }
     }
+}
+
+/// `SENTINEL GET-MASTER-ADDR-BY-NAME master` on one sentinel.
+fn ask_sentinel(sentinel: &Endpoint, master: &str) -> io::Result<(String, u16)> {
+    let (mut reader, mut writer) = open(sentinel)?;
+    resp::write_command(
+        &mut writer,
+        &[b"SENTINEL", b"GET-MASTER-ADDR-BY-NAME", master.as_bytes()],
+    )?;
+    let reply = resp::read_frame(&mut reader)?;
+    writer.shutdown();
+    if let Some(Frame::Array(Some(items))) = &reply
+        && let [host, port] = items.as_slice()
+        && let (Some(host), Some(port)) = (host.as_bytes(), port.as_bytes())
+        && let Ok(port) = String::from_utf8_lossy(port).parse::<u16>()
+    {
+        return Ok((String::from_utf8_lossy(host).into_owned(), port));
+    }
+    Err(io::Error::other(format!(
+        "the sentinel does not name a primary {master:?}: {reply:?}"
+    )))
 }
 
 enum Stream {
@@ -489,9 +537,9 @@ fn run(shared: &Shared) {
     }
 }
 
-/// Connects, authenticates and names the connection; returns the reading
-/// and the writing halves.
-fn connect(endpoint: &Endpoint) -> io::Result<(BufReader<Stream>, Stream)> {
+/// Connects with timeouts and authenticates; returns the reading and the
+/// writing halves.
+fn open(endpoint: &Endpoint) -> io::Result<(BufReader<Stream>, Stream)> {
     let stream = Stream::connect(&endpoint.target)?;
     stream.set_timeouts(Some(IO_TIMEOUT), Some(IO_TIMEOUT))?;
     let mut writer = stream.try_clone()?;
@@ -505,6 +553,13 @@ fn connect(endpoint: &Endpoint) -> io::Result<(BufReader<Stream>, Stream)> {
         resp::write_command(&mut writer, &args)?;
         expect_ok(&mut reader, "AUTH")?;
     }
+    Ok((reader, writer))
+}
+
+/// Connects, authenticates and names the connection; returns the reading
+/// and the writing halves.
+fn connect(endpoint: &Endpoint) -> io::Result<(BufReader<Stream>, Stream)> {
+    let (mut reader, mut writer) = open(endpoint)?;
     resp::write_command(
         &mut writer,
         &[b"CLIENT", b"SETNAME", CONNECTION_NAME.as_bytes()],

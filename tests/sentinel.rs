@@ -164,3 +164,54 @@ fn bad_sentinel_input_gets_clear_errors() {
     assert!(outcome.is_err(), "{outcome:?}");
     assert!(started.elapsed() < Duration::from_secs(10));
 }
+
+#[test]
+fn a_manual_failover_with_the_old_primary_alive_is_followed() {
+    let set = SentinelSet::start();
+    let client = set.lock_client();
+    let lock = DistributedLock::with_options(&client, "manual", options());
+    // Several pooled connections to the first primary.
+    let guards: Vec<_> = (0..4)
+        .map(|i| {
+            DistributedLock::with_options(&client, format!("warm{i}"), options())
+                .lock()
+                .expect("lock")
+        })
+        .collect();
+    drop(guards);
+    lock.lock()
+        .expect("lock before")
+        .unlock()
+        .expect("unlock before");
+
+    redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(SentinelSet::MASTER)
+        .exec(&mut set.sentinels[0].conn())
+        .expect("SENTINEL FAILOVER");
+    let switched = wait_until(Duration::from_secs(60), || {
+        let role: Option<Vec<redis::Value>> =
+            redis::cmd("ROLE").query(&mut set.primary.conn()).ok();
+        let demoted = matches!(role.as_deref().and_then(|r| r.first()),
+            Some(redis::Value::BulkString(b)) if b.as_slice() == b"slave");
+        set.primary_port() == Some(set.replica.port()) && demoted
+    });
+    assert!(switched, "the sentinels switched primaries");
+
+    // The old primary is alive and read-only now; Sentinel disconnected its
+    // clients, so the pooled connections are replaced, not reused.
+    let guard = lock.lock().expect("lock on the new primary");
+    let on_new: Option<String> = redis::cmd("GET")
+        .arg("manual")
+        .query(&mut set.replica.conn())
+        .expect("GET");
+    assert_eq!(on_new.as_deref(), Some(guard.token()));
+    guard.unlock().expect("unlock on the new primary");
+    for i in 0..4 {
+        DistributedLock::with_options(&client, format!("warm{i}"), options())
+            .lock()
+            .expect("every pooled connection works")
+            .unlock()
+            .expect("unlock");
+    }
+}
