@@ -316,36 +316,23 @@ fn cluster_and_sentinel_deployments_are_chosen_by_flags() {
 
     let set = support::SentinelSet::start();
     let sentinels = set.sentinel_urls().join(",");
-    let run = Command::cargo_bin("redmutex")
-        .expect("the redmutex binary")
-        .args([
-            "--sentinel",
-            support::SentinelSet::MASTER,
-            "--url",
-            &sentinels,
-        ])
-        .args(["run", "--no-wait", "via-sentinel", "--", "true"])
-        .status()
-        .expect("run through sentinel");
-    assert!(run.success());
+    let run_via_sentinel = || {
+        Command::cargo_bin("redmutex")
+            .expect("the redmutex binary")
+            .args(["--sentinel", support::SentinelSet::MASTER])
+            .args(["--url", &sentinels])
+            .args(["run", "--no-wait", "via-sentinel", "--", "true"])
+            .status()
+            .expect("run through sentinel")
+    };
+    assert!(run_via_sentinel().success());
     let _: () = set
         .primary
         .conn()
         .set("via-sentinel", "other")
         .expect("SET");
-    let conflict = Command::cargo_bin("redmutex")
-        .expect("the redmutex binary")
-        .args([
-            "--sentinel",
-            support::SentinelSet::MASTER,
-            "--url",
-            &sentinels,
-        ])
-        .args(["run", "--no-wait", "via-sentinel", "--", "true"])
-        .status()
-        .expect("run through sentinel");
     assert_eq!(
-        conflict.code(),
+        run_via_sentinel().code(),
         Some(1),
         "held on the primary the sentinels name"
     );

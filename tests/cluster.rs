@@ -304,41 +304,18 @@ fn min_replicas_waits_on_the_node_that_wrote_the_key() {
 #[test]
 fn waiters_on_another_client_are_woken_by_the_release_message() {
     let cluster = RedisCluster::start(3, 0);
-    let holder = cluster.lock_client();
-    let waiter = cluster.lock_client();
     let key = cluster.key_per_primary("notify").remove(1);
-    let guard = DistributedLock::with_options(&holder, key.clone(), options())
-        .lock()
-        .expect("lock");
-    let waiting = std::thread::spawn({
-        let waiter = waiter.clone();
-        let key = key.clone();
-        move || {
-            // A long backoff step: only the message can wake it quickly.
-            let slow = options().backoff(redmutex::Backoff::constant(Duration::from_secs(5)));
-            let started = Instant::now();
-            let guard = DistributedLock::with_options(&waiter, key, slow)
-                .lock()
-                .expect("lock after the release");
-            let waited = started.elapsed();
-            guard.unlock().expect("unlock");
-            waited
-        }
-    });
-    let subscribed = wait_until(Duration::from_secs(10), || {
-        cluster.nodes().iter().any(|n| {
-            let numsub: (String, u64) = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg(redmutex::release_channel(&key))
-                .query(&mut n.conn())
-                .unwrap_or_default();
-            numsub.1 > 0
-        })
-    });
-    assert!(subscribed, "the waiter subscribed to the release channel");
-    guard.unlock().expect("unlock");
-    let waited = waiting.join().expect("waiter");
-    assert!(waiter.stats().notifications >= 1, "{:?}", waiter.stats());
+    let waited = support::release_wakes_waiter(
+        &cluster.lock_client(),
+        &cluster.lock_client(),
+        &key,
+        |channel| {
+            cluster
+                .nodes()
+                .iter()
+                .any(|n| support::numsub(n, channel) > 0)
+        },
+    );
     assert!(
         waited < Duration::from_secs(5),
         "woken by the message: {waited:?}"

@@ -6,7 +6,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use redmutex::{Backoff, Deployment, DistributedLock, Error, LockClient, LockOptions};
+use redmutex::{Deployment, DistributedLock, Error, LockClient, LockOptions};
 use support::{RedisServer, SentinelSet, wait_until};
 
 fn options() -> LockOptions {
@@ -15,56 +15,23 @@ fn options() -> LockOptions {
         .wait(Duration::from_secs(10))
 }
 
-/// Locks `key` through `holder` while a thread of `waiter` waits with a 5 s
-/// backoff step, then releases: returns how long the waiter waited, which
-/// is short only when the release message woke it.
+/// [`support::release_wakes_waiter`], watching the primary the sentinels
+/// name now.
 fn release_wakes_waiter(
     set: &SentinelSet,
     holder: &LockClient,
     waiter: &LockClient,
     key: &str,
 ) -> Duration {
-    let guard = DistributedLock::with_options(holder, key, options())
-        .lock()
-        .expect("lock");
-    let before = waiter.stats().notifications;
-    let waiting = std::thread::spawn({
-        let waiter = waiter.clone();
-        let key = key.to_owned();
-        move || {
-            let slow = options().backoff(Backoff::constant(Duration::from_secs(5)));
-            let started = Instant::now();
-            let guard = DistributedLock::with_options(&waiter, key, slow)
-                .lock()
-                .expect("lock after the release");
-            let waited = started.elapsed();
-            guard.unlock().expect("unlock");
-            waited
-        }
-    });
     let port = set.primary_port().expect("a primary");
     let primary = if port == set.primary.port() {
         &set.primary
     } else {
         &set.replica
     };
-    let subscribed = wait_until(Duration::from_secs(10), || {
-        let numsub: (String, u64) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(redmutex::release_channel(key))
-            .query(&mut primary.conn())
-            .unwrap_or_default();
-        numsub.1 > 0
-    });
-    assert!(subscribed, "the waiter subscribed on the current primary");
-    guard.unlock().expect("unlock");
-    let waited = waiting.join().expect("waiter");
-    assert!(
-        waiter.stats().notifications > before,
-        "{:?}",
-        waiter.stats()
-    );
-    waited
+    support::release_wakes_waiter(holder, waiter, key, |channel| {
+        support::numsub(primary, channel) > 0
+    })
 }
 
 #[test]

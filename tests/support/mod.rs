@@ -324,3 +324,57 @@ pub fn wait_until(within: Duration, mut condition: impl FnMut() -> bool) -> bool
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// Subscribers of `channel` on `server` (`PUBSUB NUMSUB`).
+pub fn numsub(server: &RedisServer, channel: &str) -> u64 {
+    let reply: (String, u64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query(&mut server.conn())
+        .unwrap_or_default();
+    reply.1
+}
+
+/// Holds `key` through `holder` while a thread of `waiter` waits for it with
+/// a 5 s backoff step; once `subscribed(channel)` says the waiter's
+/// subscription reached Redis, releases. Returns how long the waiter waited,
+/// which is short only when the release message woke it, after checking
+/// that the waiter counted a release message.
+pub fn release_wakes_waiter(
+    holder: &redmutex::LockClient,
+    waiter: &redmutex::LockClient,
+    key: &str,
+    mut subscribed: impl FnMut(&str) -> bool,
+) -> Duration {
+    use redmutex::{Backoff, DistributedLock, LockOptions};
+    let options = || LockOptions::default().wait(Duration::from_secs(10));
+    let guard = DistributedLock::with_options(holder, key, options())
+        .lock()
+        .expect("lock");
+    let before = waiter.stats().notifications;
+    let waiting = std::thread::spawn({
+        let waiter = waiter.clone();
+        let key = key.to_owned();
+        let slow = options().backoff(Backoff::constant(Duration::from_secs(5)));
+        move || {
+            let started = Instant::now();
+            let guard = DistributedLock::with_options(&waiter, key, slow)
+                .lock()
+                .expect("lock after the release");
+            let waited = started.elapsed();
+            guard.unlock().expect("unlock");
+            waited
+        }
+    });
+    let channel = redmutex::release_channel(key);
+    let ready = wait_until(Duration::from_secs(10), || subscribed(&channel));
+    assert!(ready, "the waiter subscribed to {channel}");
+    guard.unlock().expect("unlock");
+    let waited = waiting.join().expect("waiter");
+    assert!(
+        waiter.stats().notifications > before,
+        "{:?}",
+        waiter.stats()
+    );
+    waited
+}
