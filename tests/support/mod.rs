@@ -133,6 +133,21 @@ impl RedisServer {
         redmutex::LockClient::new(pool)
     }
 
+    /// The first field of `ROLE` (`master`, `slave`, `sentinel`), if the
+    /// server answers.
+    pub fn role(&self) -> Option<String> {
+        let client = redis::Client::open(self.url()).ok()?;
+        let mut con = client
+            .get_connection_with_timeout(Duration::from_millis(500))
+            .ok()?;
+        con.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut con).ok()?;
+        match role.first()? {
+            redis::Value::BulkString(name) => Some(String::from_utf8_lossy(name).into_owned()),
+            _ => None,
+        }
+    }
+
     /// Calls of one command so far, from `INFO commandstats`.
     pub fn command_calls(&self, command: &str) -> u64 {
         let info: String = redis::cmd("INFO")
