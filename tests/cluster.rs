@@ -357,4 +357,19 @@ fn bad_cluster_urls_are_refused() {
         LockClient::open_cluster_with_timeout(["redis://127.0.0.1:1/"], Duration::ZERO),
         Err(Error::InvalidArgument(_))
     ));
+    // Nobody listening: an error within the timeouts, not a hang.
+    let nobody = support::free_port();
+    let client = LockClient::open_cluster_with_timeout(
+        [format!("redis://127.0.0.1:{nobody}/")],
+        Duration::from_millis(500),
+    )
+    .expect("the URL parses; nothing is contacted yet");
+    let started = Instant::now();
+    let outcome = DistributedLock::new(&client, "k").try_lock();
+    assert!(outcome.is_err(), "{outcome:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
 }
