@@ -312,17 +312,9 @@ fn lister(
         let price = prices.next();
         let listed = match mode {
             Mode::Watch => list_watch(&mut con, keys, &inventory, &item, &listing, price)?,
-            Mode::Coarse | Mode::Fine => {
-                let key = if mode == Mode::Coarse {
-                    keys.market_lock()
-                } else {
-                    keys.item_lock(&listing)
-                };
-                let guard = DistributedLock::with_options(&locks, key, lock_options()).lock()?;
-                let listed = list_locked(&mut con, keys, &inventory, &item, &listing, price)?;
-                guard.unlock()?;
-                listed
-            }
+            Mode::Coarse | Mode::Fine => under_lock(&locks, keys, mode, &listing, || {
+                list_locked(&mut con, keys, &inventory, &item, &listing, price)
+            })?,
         };
         if listed {
             counters.listed.fetch_add(1, Ordering::Relaxed);
@@ -347,11 +339,8 @@ fn list_watch(
             let _: () = redis::cmd("UNWATCH").query(con)?;
             return Ok(false);
         }
-        let done: Option<(i64, i64)> = redis::pipe()
-            .atomic()
-            .zadd(keys.market(), listing, price)
-            .srem(inventory, item)
-            .query(con)?;
+        let done: Option<(i64, i64)> =
+            listing_moves(keys, inventory, item, listing, price).query(con)?;
         if done.is_some() {
             return Ok(true);
         }
@@ -371,12 +360,43 @@ fn list_locked(
     if !owned {
         return Ok(false);
     }
-    let _: (i64, i64) = redis::pipe()
-        .atomic()
-        .zadd(keys.market(), listing, price)
-        .srem(inventory, item)
-        .query(con)?;
+    let _: (i64, i64) = listing_moves(keys, inventory, item, listing, price).query(con)?;
     Ok(true)
+}
+
+/// MULTI: the item leaves the inventory and is listed on the market.
+fn listing_moves(
+    keys: &Keys,
+    inventory: &str,
+    item: &str,
+    listing: &str,
+    price: i64,
+) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .zadd(keys.market(), listing, price)
+        .srem(inventory, item);
+    pipe
+}
+
+/// Runs `operation` holding the market lock (coarse) or the listing's lock
+/// (fine).
+fn under_lock<T>(
+    locks: &LockClient,
+    keys: &Keys,
+    mode: Mode,
+    listing: &str,
+    operation: impl FnOnce() -> RedisResult<T>,
+) -> Result<T, Failure> {
+    let key = if mode == Mode::Coarse {
+        keys.market_lock()
+    } else {
+        keys.item_lock(listing)
+    };
+    let guard = DistributedLock::with_options(locks, key, lock_options()).lock()?;
+    let outcome = operation()?;
+    guard.unlock()?;
+    Ok(outcome)
 }
 
 fn buyer(
@@ -417,15 +437,7 @@ fn buyer(
         let outcome = match mode {
             Mode::Watch => purchase.with_watch(&mut con, counters)?,
             Mode::Coarse | Mode::Fine => {
-                let key = if mode == Mode::Coarse {
-                    keys.market_lock()
-                } else {
-                    keys.item_lock(&listing)
-                };
-                let guard = DistributedLock::with_options(&locks, key, lock_options()).lock()?;
-                let bought = purchase.locked(&mut con)?;
-                guard.unlock()?;
-                bought
+                under_lock(&locks, keys, mode, &listing, || purchase.locked(&mut con))?
             }
         };
         if outcome {

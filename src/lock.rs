@@ -136,6 +136,7 @@ impl DistributedLock {
                 "the lock key and the token must not be empty".into(),
             ));
         }
+        self.client.check_release(self.options.release)?;
         release::release(&self.client, &self.key, token, self.options.release)
     }
 
@@ -347,7 +348,7 @@ impl DistributedLock {
             match waiter.wait_turn(deadline) {
                 Turn::TimedOut => return Ok(None),
                 Turn::Gift(handoff) => {
-                    if let Some(lease) = self.take_handoff(handoff)? {
+                    if let Some(lease) = self.take_handoff(handoff, millis)? {
                         return Ok(Some(lease));
                     }
                     continue;
@@ -360,7 +361,7 @@ impl DistributedLock {
             if let Some(held_until) = queues.held_until(&self.key) {
                 let until = clamp(held_until, deadline);
                 if let Some(handoff) = waiter.wait_release(seen, until)
-                    && let Some(lease) = self.take_handoff(handoff)?
+                    && let Some(lease) = self.take_handoff(handoff, millis)?
                 {
                     return Ok(Some(lease));
                 }
@@ -374,7 +375,7 @@ impl DistributedLock {
             if waiter.take_yield() {
                 let until = clamp(Instant::now() + YIELD, deadline);
                 if let Some(handoff) = waiter.wait_release(seen, until)
-                    && let Some(lease) = self.take_handoff(handoff)?
+                    && let Some(lease) = self.take_handoff(handoff, millis)?
                 {
                     return Ok(Some(lease));
                 }
@@ -394,7 +395,7 @@ impl DistributedLock {
             }
             let until = clamp(now + pacing.pause(pttl), deadline);
             if let Some(handoff) = waiter.wait_release(seen, until)
-                && let Some(lease) = self.take_handoff(handoff)?
+                && let Some(lease) = self.take_handoff(handoff, millis)?
             {
                 return Ok(Some(lease));
             }
@@ -405,14 +406,14 @@ impl DistributedLock {
     /// no Redis command, unless less than half this lock's ttl is left, in
     /// which case it is first extended (owner-checked). `Ok(None)` when it
     /// turns out to be lost.
-    fn take_handoff(&self, handoff: Handoff) -> Result<Option<Rc<Lease>>, Error> {
+    fn take_handoff(&self, handoff: Handoff, millis: u64) -> Result<Option<Rc<Lease>>, Error> {
         let lease = Rc::new(Lease::handed_over(
             self.client.clone(),
             self.key.clone(),
             &self.options,
             handoff,
         ));
-        let ttl = Duration::from_millis(ttl_millis(self.options.ttl)?);
+        let ttl = Duration::from_millis(millis);
         if lease.validity() >= ttl / 2 {
             return Ok(Some(lease));
         }

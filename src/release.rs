@@ -122,7 +122,6 @@ pub(crate) fn release(
     token: &str,
     how: crate::Release,
 ) -> Result<(), crate::Error> {
-    client.check_release(how)?;
     let channel = crate::channel::release_channel(key);
     let stats = client.counters();
     let outcome = client.with_connection(key, |con| match how {

@@ -269,6 +269,9 @@ fn renew(
             err.to_string(),
         ))
     })?;
+    // A cluster connection cannot pipeline; redis-rs's cluster pipeline
+    // splits the batch per node instead.
+    let cluster = con.as_cluster().is_some();
     let mut pipe = redis::pipe();
     let mut cluster_pipe = redis::cluster::cluster_pipe();
     for (entry, state) in due {
@@ -278,8 +281,11 @@ fn renew(
             .arg(&entry.key)
             .arg(&entry.token)
             .arg(state.ttl.as_millis() as u64);
-        pipe.add_command(cmd.clone());
-        cluster_pipe.add_command(cmd);
+        if cluster {
+            cluster_pipe.add_command(cmd);
+        } else {
+            pipe.add_command(cmd);
+        }
     }
     let send = |con: &mut crate::Connection| match con.as_cluster() {
         Some(cluster) => cluster_pipe.query(cluster),

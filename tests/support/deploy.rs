@@ -26,15 +26,6 @@ pub fn redis_cli_binary() -> PathBuf {
     PathBuf::from("redis-cli")
 }
 
-fn query<T: redis::FromRedisValue>(server: &RedisServer, cmd: &mut redis::Cmd) -> Option<T> {
-    let client = redis::Client::open(server.url()).ok()?;
-    let mut con = client
-        .get_connection_with_timeout(Duration::from_millis(500))
-        .ok()?;
-    con.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    cmd.query(&mut con).ok()
-}
-
 /// A Redis Cluster on loopback.
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
@@ -135,10 +126,12 @@ impl RedisCluster {
                     .iter()
                     .all(|v| v.as_deref().map(primaries).as_ref() == Some(&expected))
                 && self.nodes.iter().all(|n| {
-                    let info: String =
-                        query(n, redis::cmd("CLUSTER").arg("INFO")).unwrap_or_default();
-                    let replication: String =
-                        query(n, redis::cmd("INFO").arg("replication")).unwrap_or_default();
+                    let info: String = n
+                        .try_query(redis::cmd("CLUSTER").arg("INFO"))
+                        .unwrap_or_default();
+                    let replication: String = n
+                        .try_query(redis::cmd("INFO").arg("replication"))
+                        .unwrap_or_default();
                     info.contains("cluster_state:ok")
                         && (replication.contains("role:master")
                             || replication.contains("master_link_status:up"))
@@ -169,7 +162,7 @@ impl RedisCluster {
 
     /// The cluster as one node sees it (`CLUSTER NODES`).
     pub fn nodes_seen_by(&self, node: &RedisServer) -> Option<Vec<ClusterNode>> {
-        let text: String = query(node, redis::cmd("CLUSTER").arg("NODES"))?;
+        let text: String = node.try_query(redis::cmd("CLUSTER").arg("NODES"))?;
         Some(text.lines().filter_map(parse_node_line).collect())
     }
 
@@ -185,7 +178,7 @@ impl RedisCluster {
     pub fn slot(&self, name: &str) -> u16 {
         self.nodes
             .iter()
-            .find_map(|n| query(n, redis::cmd("CLUSTER").arg("KEYSLOT").arg(name)))
+            .find_map(|n| n.try_query(redis::cmd("CLUSTER").arg("KEYSLOT").arg(name)))
             .expect("CLUSTER KEYSLOT")
     }
 
@@ -236,7 +229,11 @@ impl RedisCluster {
         self.topology()
             .iter()
             .filter(|n| n.primary)
-            .map(|n| query::<u64>(self.node(n.port), &mut redis::cmd("DBSIZE")).unwrap_or(0))
+            .map(|n| {
+                self.node(n.port)
+                    .try_query::<u64>(&mut redis::cmd("DBSIZE"))
+                    .unwrap_or(0)
+            })
             .sum()
     }
 }
@@ -301,12 +298,12 @@ impl SentinelSet {
         };
         let ready = wait_until(SETTLE_WITHIN, || {
             set.sentinels.iter().all(|s| {
-                let replicas: Vec<redis::Value> =
-                    query(s, redis::cmd("SENTINEL").arg("REPLICAS").arg(Self::MASTER))
-                        .unwrap_or_default();
-                let peers: Vec<redis::Value> =
-                    query(s, redis::cmd("SENTINEL").arg("SENTINELS").arg(Self::MASTER))
-                        .unwrap_or_default();
+                let replicas: Vec<redis::Value> = s
+                    .try_query(redis::cmd("SENTINEL").arg("REPLICAS").arg(Self::MASTER))
+                    .unwrap_or_default();
+                let peers: Vec<redis::Value> = s
+                    .try_query(redis::cmd("SENTINEL").arg("SENTINELS").arg(Self::MASTER))
+                    .unwrap_or_default();
                 replicas.len() == 1 && peers.len() == 2
             })
         });
@@ -330,8 +327,7 @@ impl SentinelSet {
     /// The primary's port as the first answering sentinel names it.
     pub fn primary_port(&self) -> Option<u16> {
         self.sentinels.iter().find_map(|s| {
-            let (_host, port): (String, u16) = query(
-                s,
+            let (_host, port): (String, u16) = s.try_query(
                 redis::cmd("SENTINEL")
                     .arg("GET-MASTER-ADDR-BY-NAME")
                     .arg(Self::MASTER),

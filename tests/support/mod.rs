@@ -136,16 +136,22 @@ impl RedisServer {
     /// The first field of `ROLE` (`master`, `slave`, `sentinel`), if the
     /// server answers.
     pub fn role(&self) -> Option<String> {
+        let role: Vec<redis::Value> = self.try_query(&mut redis::cmd("ROLE"))?;
+        match role.first()? {
+            redis::Value::BulkString(name) => Some(String::from_utf8_lossy(name).into_owned()),
+            _ => None,
+        }
+    }
+
+    /// Runs `cmd` on a fresh connection with short timeouts; `None` when
+    /// the server does not answer or refuses (for polling in `wait_until`).
+    pub fn try_query<T: redis::FromRedisValue>(&self, cmd: &mut redis::Cmd) -> Option<T> {
         let client = redis::Client::open(self.url()).ok()?;
         let mut con = client
             .get_connection_with_timeout(Duration::from_millis(500))
             .ok()?;
         con.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        let role: Vec<redis::Value> = redis::cmd("ROLE").query(&mut con).ok()?;
-        match role.first()? {
-            redis::Value::BulkString(name) => Some(String::from_utf8_lossy(name).into_owned()),
-            _ => None,
-        }
+        cmd.query(&mut con).ok()
     }
 
     /// Calls of one command so far, from `INFO commandstats`.
