@@ -10,24 +10,35 @@
 --
 -- Returns {acquired, pttl, fence}:
 --   {1, 0, fence}  acquired: the key now holds ARGV[1] for ARGV[2] ms. fence
---                  is the counter after INCR (0 without KEYS[2]). Also when
---                  the key already held ARGV[1]: an earlier send of this
---                  request whose reply was lost; fence is then the counter's
---                  current value, which nobody can have moved since.
+--                  is the counter after INCR (0 without KEYS[2]).
+--   {1, 0, fence}  also when the key already held ARGV[1]: an earlier run of
+--                  this same request set it and its reply was lost; fence is
+--                  the counter's value now, which nobody can have moved
+--                  since (only an acquisition bumps it).
 --   {0, pttl, 0}   held by another owner, who has pttl ms left (-1: no expiry)
--- Errors with WRONGTYPE when the key holds a non-string value; nothing changes.
-local previous = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
-if previous == false then
-  local fence = 0
-  if KEYS[2] then
-    fence = redis.call('INCR', KEYS[2])
+-- Errors (nothing changed, the lock is not taken):
+--   WRONGTYPE  the lock key holds a non-string value
+--   FENCE ...  the counter cannot be incremented (not an integer, another
+--              type, or at its maximum): it is bumped before the key is
+--              set, so a bad counter never leaves a lock nobody holds
+--
+-- Safe to run twice: the second run recognises its own token.
+if not KEYS[2] then
+  local previous = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
+  if previous == false or previous == ARGV[1] then
+    return {1, 0, 0}
   end
-  return {1, 0, fence}
-elseif previous == ARGV[1] then
-  local fence = 0
-  if KEYS[2] then
-    fence = tonumber(redis.call('GET', KEYS[2]) or '0')
-  end
-  return {1, 0, fence}
+  return {0, redis.call('PTTL', KEYS[1]), 0}
 end
-return {0, redis.call('PTTL', KEYS[1]), 0}
+local previous = redis.call('GET', KEYS[1])
+if previous == ARGV[1] then
+  return {1, 0, tonumber(redis.pcall('GET', KEYS[2])) or 0}
+elseif previous then
+  return {0, redis.call('PTTL', KEYS[1]), 0}
+end
+local fence = redis.pcall('INCR', KEYS[2])
+if type(fence) ~= 'number' then
+  return redis.error_reply('FENCE ' .. (fence.err or 'the counter cannot be incremented'))
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return {1, 0, fence}

@@ -11,6 +11,8 @@
 --    0  not extended: the key does not exist (the lease expired)
 --   -1  not extended: the key holds another owner's token
 -- Errors with WRONGTYPE when the key holds a non-string value; nothing changes.
+--
+-- Safe to run twice: the second PEXPIRE sets the same lease again.
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])

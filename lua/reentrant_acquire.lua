@@ -1,19 +1,29 @@
--- Server-side reentrant acquire (seed 001, after Redisson): the lock is a
--- hash whose one field is the owner and whose value is the hold count.
--- Taking it when free, or again as its owner, increments the count and
--- refreshes the lease.
+-- Server-side reentrant acquire (after seed 001 and Redisson, with one
+-- field per hold so a lost reply cannot count a hold twice): the lock is a
+-- hash with the field 'owner' (who holds it) and one field 'h:<hold id>'
+-- per hold. Taking it when free, or again as its owner, adds this hold's
+-- field and refreshes the lease.
 --
 -- KEYS[1]  the lock key (a hash)
 -- ARGV[1]  the owner id ("<process uuid>:<thread id>")
 -- ARGV[2]  the lease in milliseconds (a positive integer)
+-- ARGV[3]  this hold's id (a fresh UUID v4)
 --
 -- Returns {count, pttl}:
---   {n, 0}     acquired; n is the owner's hold count now (1 = first hold)
---   {0, pttl}  held by another owner, who has pttl ms left (-1: no expiry)
+--   {n, 0}     acquired; n is the owner's number of holds now (1 = first)
+--   {0, pttl}  held by another owner (or a hash of another layout), who has
+--              pttl ms left (-1: no expiry)
 -- Errors with WRONGTYPE when the key holds something other than a hash.
-if redis.call('EXISTS', KEYS[1]) == 0 or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-  local count = redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {count, 0}
+--
+-- Safe to run twice: the second run sets the same field again and counts
+-- the same holds.
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner == false and redis.call('EXISTS', KEYS[1]) == 1 then
+  return {0, redis.call('PTTL', KEYS[1])}
 end
-return {0, redis.call('PTTL', KEYS[1])}
+if owner ~= false and owner ~= ARGV[1] then
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'h:' .. ARGV[3], '1')
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return {redis.call('HLEN', KEYS[1]) - 1, 0}

@@ -10,7 +10,10 @@
 --    0  not extended: the key is gone (the lease expired)
 --   -1  not extended: another owner holds it
 -- Errors with WRONGTYPE when the key holds something other than a hash.
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+--
+-- Safe to run twice: the second PEXPIRE sets the same lease again.
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 elseif redis.call('EXISTS', KEYS[1]) == 0 then

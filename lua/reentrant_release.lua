@@ -1,23 +1,39 @@
--- Server-side reentrant release (seed 001): decrement the owner's hold
--- count; delete the key when it reaches zero.
+-- Server-side reentrant release: remove this hold's field; delete the key
+-- when no hold is left, leaving a marker.
 --
 -- KEYS[1]  the lock key (a hash)
+-- KEYS[2]  (optional) this release's marker, {KEY}:released:<hold id>
 -- ARGV[1]  the owner id
+-- ARGV[2]  this hold's id
+-- ARGV[3]  how long the marker lives, in milliseconds (a positive integer)
 --
 -- Returns:
---   nil  not the owner: the hash belongs to someone else (the articles' nil)
---    -1  the key is gone: the lease expired (the articles answer nil here too;
---        telling it apart lets the caller report "expired")
---     0  still held: the count is still above zero
---     1  released: the count reached zero and the key was deleted
+--   nil  not the owner: the hash belongs to someone else
+--    -1  the key is gone: the lease expired
+--     0  still held: other holds of this owner remain
+--     1  released: this was the last hold and the key was deleted (also
+--        when an earlier run of this same request did it: its marker is
+--        there)
 -- Errors with WRONGTYPE when the key holds something other than a hash.
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  return -1
-elseif redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+--
+-- Safe to run twice: the field is removed once; a second run finds it gone
+-- and answers from what is left (or from the marker).
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner ~= ARGV[1] then
+  if KEYS[2] and redis.pcall('EXISTS', KEYS[2]) == 1 then
+    return 1
+  end
+  if owner == false and redis.call('EXISTS', KEYS[1]) == 0 then
+    return -1
+  end
   return nil
-elseif redis.call('HINCRBY', KEYS[1], ARGV[1], -1) <= 0 then
-  redis.call('DEL', KEYS[1])
-  return 1
-else
-  return 0
 end
+redis.call('HDEL', KEYS[1], 'h:' .. ARGV[2])
+if redis.call('HLEN', KEYS[1]) <= 1 then
+  redis.call('DEL', KEYS[1])
+  if KEYS[2] then
+    redis.pcall('SET', KEYS[2], '1', 'PX', ARGV[3])
+  end
+  return 1
+end
+return 0

@@ -1,22 +1,44 @@
 -- Owner-checked release: delete the lock key only if it still holds our
--- token, and announce the release to waiters subscribed to the key's channel.
+-- token, leave a marker saying so, and announce the release to waiters
+-- subscribed to the key's channel.
 --
 -- KEYS[1]  the lock key
+-- KEYS[2]  (optional) this release's marker, {KEY}:released:<token>, in
+--          the key's hash slot
 -- ARGV[1]  the token written by this owner's acquisition
--- ARGV[2]  the key's release channel (redmutex:released:{tag}…)
+-- ARGV[2]  the key's release channel (redmutex:released:{tag}...)
+-- ARGV[3]  how long the marker lives, in milliseconds (a positive integer)
 --
 -- Returns:
---   {1, n}   released (the key held our token and was deleted); n is the
---            number of subscribers the release message reached
+--   {1, n}   released now: the key held our token and was deleted; n is the
+--            number of subscribers the message reached, -1 when it could
+--            not be sent (an ACL user without the channel)
+--   {2, 0}   released by an earlier run of this same request, whose reply
+--            was lost: its marker is there
 --   {0, 0}   not released: the key does not exist (the lease expired)
 --   {-1, 0}  not released: the key holds another owner's token
 -- Errors with WRONGTYPE when the key holds a non-string value; nothing changes.
+--
+-- Safe to run twice: the second run finds the key gone or taken and the
+-- marker there, and answers {2, 0}. The marker and the message go through
+-- pcall, so a user whose ACL refuses them still releases, and a release
+-- that deleted the key never turns into an error.
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  return {1, redis.call('PUBLISH', ARGV[2], '')}
-elseif current == false then
-  return {0, 0}
-else
-  return {-1, 0}
+  if KEYS[2] then
+    redis.pcall('SET', KEYS[2], '1', 'PX', ARGV[3])
+  end
+  local n = redis.pcall('PUBLISH', ARGV[2], '')
+  if type(n) ~= 'number' then
+    n = -1
+  end
+  return {1, n}
 end
+if KEYS[2] and redis.pcall('EXISTS', KEYS[2]) == 1 then
+  return {2, 0}
+end
+if current == false then
+  return {0, 0}
+end
+return {-1, 0}

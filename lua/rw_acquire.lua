@@ -18,8 +18,20 @@
 --   {1, 0}     acquired
 --   {0, ms}    refused; ms until the earliest deadline that could free it
 -- Errors with WRONGTYPE when the key is not a hash.
+--
+-- Safe to run twice: a run that finds this token already reading (its
+-- field) or writing (the 'w' field), within its deadline, answers {1, 0}
+-- and changes nothing: an earlier run granted it and its reply was lost.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if ARGV[2] == 'w' then
+  if redis.call('HGET', KEYS[1], 'w') == ARGV[1]
+      and tonumber(redis.call('HGET', KEYS[1], 'wexp') or '0') > now then
+    return {1, 0}
+  end
+elseif tonumber(redis.call('HGET', KEYS[1], 'r:' .. ARGV[1]) or '0') > now then
+  return {1, 0}
+end
 local fields = redis.call('HGETALL', KEYS[1])
 local writer, readers, queued, soonest, latest = false, 0, 0, nil, now
 for i = 1, #fields, 2 do

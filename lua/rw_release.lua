@@ -3,32 +3,47 @@
 -- waiters. A reader can never remove another reader's field.
 --
 -- KEYS[1]  the lock hash
+-- KEYS[2]  (optional) this release's marker, {KEY}:released:<token>
 -- ARGV[1]  this holder's token
--- ARGV[2]  'r' (a reader), 'w' (the writer) or 'q' (a writer gives up waiting)
+-- ARGV[2]  'r' (a reader), 'w' (the writer), 'q' (a writer gives up
+--          waiting) or 'x' (cleanup: every field of this token, whatever it
+--          is: a reader, the writer, a waiting writer)
 -- ARGV[3]  the release channel to PUBLISH on
+-- ARGV[4]  how long the marker lives, in milliseconds (a positive integer)
 --
 -- Returns:
---    1  released
+--    1  released (by this run, or by an earlier run of this same request
+--       whose reply was lost: its marker is there)
 --    0  not released: this holder's field is gone (the lease expired)
 --   -1  not released: another writer holds the write lock
 -- Errors with WRONGTYPE when the key is not a hash.
+--
+-- Safe to run twice: a field is removed once, and a release that removed
+-- one leaves a marker for a second run to find. The marker and the message
+-- go through pcall, so an ACL that refuses them does not turn a done
+-- release into an error.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local result = 0
-if ARGV[2] == 'w' then
-  local writer = redis.call('HGET', KEYS[1], 'w')
+local writer = redis.call('HGET', KEYS[1], 'w')
+if ARGV[2] == 'w' or ARGV[2] == 'x' then
   local deadline = tonumber(redis.call('HGET', KEYS[1], 'wexp') or '0')
   if writer == ARGV[1] then
     redis.call('HDEL', KEYS[1], 'w', 'wexp')
     if deadline > now then result = 1 end
-  elseif writer then
+  elseif writer and ARGV[2] == 'w' then
     result = -1
   end
-else
-  local field = ARGV[2] .. ':' .. ARGV[1]
-  local deadline = tonumber(redis.call('HGET', KEYS[1], field) or '0')
-  if redis.call('HDEL', KEYS[1], field) == 1 and deadline > now then
-    result = 1
+end
+if ARGV[2] ~= 'w' then
+  local kinds = {ARGV[2]}
+  if ARGV[2] == 'x' then kinds = {'r', 'q'} end
+  for _, kind in ipairs(kinds) do
+    local field = kind .. ':' .. ARGV[1]
+    local deadline = tonumber(redis.call('HGET', KEYS[1], field) or '0')
+    if redis.call('HDEL', KEYS[1], field) == 1 and deadline > now then
+      result = 1
+    end
   end
 end
 -- Recompute the hash's expiry from what is left.
@@ -45,7 +60,14 @@ if latest == nil or latest <= now then
 else
   redis.call('PEXPIREAT', KEYS[1], latest)
 end
-if result == 1 and ARGV[2] ~= 'q' then
-  redis.call('PUBLISH', ARGV[3], '')
+if result == 1 then
+  if KEYS[2] and ARGV[2] ~= 'q' then
+    redis.pcall('SET', KEYS[2], '1', 'PX', ARGV[4])
+  end
+  if ARGV[2] ~= 'q' then
+    redis.pcall('PUBLISH', ARGV[3], '')
+  end
+elseif KEYS[2] and redis.pcall('EXISTS', KEYS[2]) == 1 then
+  result = 1
 end
 return result

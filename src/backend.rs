@@ -1,9 +1,37 @@
-//! The three deployments a `LockClient` can talk to, behind one connection
-//! type: a single node, Redis Cluster, or a primary found through Sentinel.
+//! The connections a `LockClient` runs commands on, whatever the deployment
+//! (one node, Redis Cluster, a primary found through Sentinel), and the
+//! pools they come from.
+//!
+//! Pools this crate builds ([`Manager`]) keep three promises the plain
+//! redis-rs pools do not:
+//!
+//! * **No hang on connect.** Connecting, the handshake (`HELLO`/`AUTH`,
+//!   `SELECT`, `CLIENT SETINFO`) and the Sentinel lookup are all bounded by
+//!   the client's timeout: a server that accepts and never answers fails
+//!   the connection instead of blocking the pool's threads for ever.
+//! * **No reuse after a lost reply.** A connection whose request went out
+//!   and whose reply did not come back (timeout, reset, EOF, `EINTR`) may
+//!   still receive that reply later; it is marked broken and the pool drops
+//!   it, so no later user reads somebody else's reply.
+//! * **No walk through dead connections.** When one connection finds the
+//!   server gone (reset, EOF), every idle connection older than that is
+//!   presumed dead too (a restart or a reset drops them all) and is
+//!   discarded at checkout without a round trip, so the next attempt gets a
+//!   fresh connection.
+//!
+//! Sockets are closed with `SO_LINGER 0` (reset, not a graceful close), so
+//! the kernel never delivers a request after the caller has given up on it.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
 
 use redis::cluster::{ClusterClient, ClusterConnection};
+use redis::io::tcp::TcpSettings;
+use redis::io::tcp::socket2::TcpKeepalive;
 use redis::sentinel::LockedSentinelClient;
-use redis::{Cmd, ConnectionLike, RedisResult, Value};
+use redis::{Cmd, ConnectionLike, IntoConnectionInfo, RedisError, RedisResult, Value};
+use scheduled_thread_pool::ScheduledThreadPool;
 
 /// Which kind of Redis deployment a [`LockClient`](crate::LockClient) talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,69 +45,419 @@ pub enum Deployment {
     Sentinel,
 }
 
-/// The pool behind a client.
+/// The threads every pool this crate builds shares for opening connections
+/// in the background: a fixed number for the whole process, so that
+/// clients come and go without leaving threads behind (r2d2 would start
+/// three per pool, alive until its reaper's next tick).
+static POOL_THREADS: LazyLock<Arc<ScheduledThreadPool>> = LazyLock::new(|| {
+    Arc::new(
+        ScheduledThreadPool::builder()
+            .num_threads(2)
+            .thread_name_pattern(POOL_THREAD_NAME)
+            .build(),
+    )
+});
+
+/// The name pattern of the shared pool threads.
+pub(crate) const POOL_THREAD_NAME: &str = "redmutex-pool-{}";
+
+/// Whether the request may have reached Redis while its reply never came
+/// back: the connection went away, timed out or was interrupted. Such a
+/// connection is never used again, and the operation is resent or reported
+/// as of unknown outcome (see [`crate::policy`]).
+pub(crate) fn reply_lost(err: &RedisError) -> bool {
+    err.is_io_error()
+        || err.is_connection_dropped()
+        || err.is_timeout()
+        || err.is_unrecoverable_error()
+}
+
+/// TCP settings of the connections this crate opens: no Nagle delay,
+/// keepalive probes so a dead peer is noticed on an idle connection, and an
+/// abortive close (see the module docs).
+pub(crate) fn tcp_settings(timeout: Duration) -> TcpSettings {
+    TcpSettings::default()
+        .set_nodelay(true)
+        .set_keepalive(keepalive(timeout))
+        .set_linger_time(Duration::ZERO)
+}
+
+/// Keepalive probes after `idle` without traffic, then every second, three
+/// times: a vanished peer is found within `idle` + 3 s.
+pub(crate) fn keepalive(idle: Duration) -> TcpKeepalive {
+    let probes = TcpKeepalive::new()
+        .with_time(idle.max(Duration::from_secs(1)))
+        .with_interval(Duration::from_secs(1));
+    #[cfg(any(target_os = "linux", target_os = "android", target_os = "macos"))]
+    let probes = probes.with_retries(3);
+    probes
+}
+
+/// Opens a plain connection with `timeout` on the connect, the handshake
+/// and every later read and write.
+fn connect_plain(info: &redis::ConnectionInfo, timeout: Duration) -> RedisResult<redis::Connection> {
+    let client = redis::Client::open(info.clone())?;
+    let con = client.get_connection_with_timeout(timeout)?;
+    con.set_read_timeout(Some(timeout))?;
+    con.set_write_timeout(Some(timeout))?;
+    Ok(con)
+}
+
+/// What a pool of this crate connects to.
+pub(crate) enum Target {
+    Single(redis::ConnectionInfo),
+    Cluster(ClusterClient),
+    Sentinel(SentinelTarget),
+}
+
+/// A primary named by Sentinel, looked up again for every new connection.
+pub(crate) struct SentinelTarget {
+    pub(crate) sentinels: Vec<redis::ConnectionInfo>,
+    pub(crate) master: String,
+    pub(crate) primary: redis::RedisConnectionInfo,
+    /// Where the next lookup starts, so a dead sentinel is not always
+    /// asked first.
+    next: AtomicUsize,
+}
+
+impl SentinelTarget {
+    pub(crate) fn new(
+        sentinels: Vec<redis::ConnectionInfo>,
+        master: String,
+        primary: redis::RedisConnectionInfo,
+    ) -> SentinelTarget {
+        SentinelTarget {
+            sentinels,
+            master,
+            primary,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// Asks the sentinels in turn for the primary, connects to it and
+    /// checks that it says it is one; every step bounded by `timeout`.
+    fn connect(&self, timeout: Duration) -> RedisResult<redis::Connection> {
+        let count = self.sentinels.len();
+        let start = self.next.load(Ordering::Relaxed);
+        let mut last = RedisError::from((redis::ErrorKind::Io, "no sentinel to ask"));
+        for i in 0..count {
+            let sentinel = &self.sentinels[(start + i) % count];
+            let found = connect_plain(sentinel, timeout).and_then(|mut con| {
+                redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(&self.master)
+                    .query::<Option<(String, u16)>>(&mut con)
+            });
+            let (host, port) = match found {
+                Ok(Some(address)) => address,
+                Ok(None) => {
+                    last = RedisError::from((
+                        redis::ErrorKind::Io,
+                        "the sentinel knows no primary of that name",
+                        self.master.clone(),
+                    ));
+                    continue;
+                }
+                Err(err) => {
+                    last = err;
+                    self.next.store((start + i + 1) % count, Ordering::Relaxed);
+                    continue;
+                }
+            };
+            let info = redis::ConnectionAddr::Tcp(host, port)
+                .into_connection_info()?
+                .set_redis_settings(self.primary.clone())
+                .set_tcp_settings(tcp_settings(timeout));
+            let mut con = match connect_plain(&info, timeout) {
+                Ok(con) => con,
+                Err(err) => {
+                    last = err;
+                    continue;
+                }
+            };
+            // A sentinel can name a primary that was just demoted.
+            let role: Vec<Value> = redis::cmd("ROLE").query(&mut con)?;
+            match role.first() {
+                Some(Value::BulkString(name)) if name.as_slice() == b"master" => return Ok(con),
+                _ => {
+                    last = RedisError::from((
+                        redis::ErrorKind::Io,
+                        "the server the sentinel named is not a primary",
+                    ))
+                }
+            }
+        }
+        Err(last)
+    }
+}
+
+/// The r2d2 manager of the pools this crate builds (see the module docs).
+pub(crate) struct Manager {
+    target: Target,
+    timeout: Duration,
+    /// Bumped when a connection finds the server gone: idle connections
+    /// opened before are presumed dead.
+    epoch: Arc<AtomicU64>,
+}
+
+impl Manager {
+    pub(crate) fn new(target: Target, timeout: Duration) -> Manager {
+        Manager {
+            target,
+            timeout,
+            epoch: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn deployment(&self) -> Deployment {
+        match self.target {
+            Target::Single(_) => Deployment::Single,
+            Target::Cluster(_) => Deployment::Cluster,
+            Target::Sentinel(_) => Deployment::Sentinel,
+        }
+    }
+}
+
+/// A connection of a pool of this crate.
+pub(crate) struct Link {
+    kind: LinkKind,
+    /// A reply may still be on its way: never hand this connection out again.
+    broken: bool,
+    epoch: u64,
+    epochs: Arc<AtomicU64>,
+}
+
+enum LinkKind {
+    Plain(redis::Connection),
+    Cluster(Box<ClusterConnection>),
+}
+
+impl Link {
+    fn connection(&mut self) -> &mut dyn ConnectionLike {
+        match &mut self.kind {
+            LinkKind::Plain(con) => con,
+            LinkKind::Cluster(con) => &mut **con,
+        }
+    }
+
+    fn connection_ref(&self) -> &dyn ConnectionLike {
+        match &self.kind {
+            LinkKind::Plain(con) => con,
+            LinkKind::Cluster(con) => &**con,
+        }
+    }
+
+    fn set_timeouts(&self, timeout: Option<Duration>) -> RedisResult<()> {
+        match &self.kind {
+            LinkKind::Plain(con) => {
+                con.set_read_timeout(timeout)?;
+                con.set_write_timeout(timeout)
+            }
+            LinkKind::Cluster(con) => {
+                con.set_read_timeout(timeout)?;
+                con.set_write_timeout(timeout)
+            }
+        }
+    }
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = Link;
+    type Error = RedisError;
+
+    fn connect(&self) -> RedisResult<Link> {
+        // Read first: a connection opened while the epoch moves is treated
+        // as older, at worst discarded once.
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        let kind = match &self.target {
+            Target::Single(info) => LinkKind::Plain(connect_plain(info, self.timeout)?),
+            Target::Cluster(client) => LinkKind::Cluster(Box::new(client.get_connection()?)),
+            Target::Sentinel(target) => LinkKind::Plain(target.connect(self.timeout)?),
+        };
+        Ok(Link {
+            kind,
+            broken: false,
+            epoch,
+            epochs: self.epoch.clone(),
+        })
+    }
+
+    /// No round trip: only the epoch is compared (see the module docs).
+    fn is_valid(&self, link: &mut Link) -> RedisResult<()> {
+        if link.epoch < self.epoch.load(Ordering::SeqCst) {
+            return Err(RedisError::from((
+                redis::ErrorKind::Io,
+                "an older connection, from before the server was found gone",
+            )));
+        }
+        Ok(())
+    }
+
+    fn has_broken(&self, link: &mut Link) -> bool {
+        link.broken || !link.connection_ref().is_open()
+    }
+}
+
+/// r2d2 logs every failed background connection attempt at error level,
+/// again and again while a server is down; the caller already gets the
+/// error, so these go to debug.
+#[derive(Debug)]
+struct QuietErrors;
+
+impl r2d2::HandleError<RedisError> for QuietErrors {
+    fn handle_error(&self, error: RedisError) {
+        log::debug!("redmutex: opening a pooled connection failed: {error}");
+    }
+}
+
+/// Which pool a client's connections come from.
 #[derive(Clone)]
-pub(crate) enum Backend {
+enum Pools {
+    /// Built by this crate: see the module docs.
+    Own(r2d2::Pool<Manager>, Deployment),
+    /// Pools the caller built.
     Single(r2d2::Pool<redis::Client>),
     Cluster(r2d2::Pool<ClusterClient>),
     Sentinel(r2d2::Pool<LockedSentinelClient>),
 }
 
+/// The pool behind a client, and the I/O timeout its connections use.
+#[derive(Clone)]
+pub(crate) struct Backend {
+    pools: Pools,
+    timeout: Duration,
+}
+
 impl Backend {
+    /// A pool of this crate: at most `size` connections, none opened ahead,
+    /// `timeout` on connecting, on waiting for a connection, and on every
+    /// read and write.
+    pub(crate) fn own(target: Target, timeout: Duration, size: u32) -> Backend {
+        let manager = Manager::new(target, timeout);
+        let deployment = manager.deployment();
+        let pool = r2d2::Pool::builder()
+            .max_size(size)
+            .min_idle(Some(0))
+            // Costs no round trip: `is_valid` only compares epochs.
+            .test_on_check_out(true)
+            .connection_timeout(timeout)
+            // No reaper: with the shared thread pool it would outlive the
+            // pool as a job that fires for ever.
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .error_handler(Box::new(QuietErrors))
+            .thread_pool(POOL_THREADS.clone())
+            .build_unchecked(manager);
+        Backend {
+            pools: Pools::Own(pool, deployment),
+            timeout,
+        }
+    }
+
+    /// A plain pool the caller built. Its read timeout is unknown here;
+    /// `timeout` is assumed for the resend window.
+    pub(crate) fn single(pool: r2d2::Pool<redis::Client>, timeout: Duration) -> Backend {
+        Backend {
+            pools: Pools::Single(pool),
+            timeout,
+        }
+    }
+
+    pub(crate) fn cluster(pool: r2d2::Pool<ClusterClient>, timeout: Duration) -> Backend {
+        Backend {
+            pools: Pools::Cluster(pool),
+            timeout,
+        }
+    }
+
+    pub(crate) fn sentinel(pool: r2d2::Pool<LockedSentinelClient>, timeout: Duration) -> Backend {
+        Backend {
+            pools: Pools::Sentinel(pool),
+            timeout,
+        }
+    }
+
     pub(crate) fn deployment(&self) -> Deployment {
-        match self {
-            Backend::Single(_) => Deployment::Single,
-            Backend::Cluster(_) => Deployment::Cluster,
-            Backend::Sentinel(_) => Deployment::Sentinel,
+        match &self.pools {
+            Pools::Own(_, deployment) => *deployment,
+            Pools::Single(_) => Deployment::Single,
+            Pools::Cluster(_) => Deployment::Cluster,
+            Pools::Sentinel(_) => Deployment::Sentinel,
         }
     }
 
-    /// A pooled connection, within the pool's connection timeout.
-    pub(crate) fn get(&self) -> Result<Connection, r2d2::Error> {
-        Ok(Connection(match self {
-            Backend::Single(pool) => Pooled::Single(pool.get()?),
-            Backend::Cluster(pool) => Pooled::Cluster(Box::new(pool.get()?)),
-            Backend::Sentinel(pool) => Pooled::Sentinel(pool.get()?),
-        }))
+    /// The I/O timeout of the connections (assumed for pools the caller
+    /// built).
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
     }
 
-    pub(crate) fn max_size(&self) -> u32 {
-        match self {
-            Backend::Single(pool) => pool.max_size(),
-            Backend::Cluster(pool) => pool.max_size(),
-            Backend::Sentinel(pool) => pool.max_size(),
+    /// The caller's own single-node pool, if this client was made from one.
+    pub(crate) fn user_pool(&self) -> Option<&r2d2::Pool<redis::Client>> {
+        match &self.pools {
+            Pools::Single(pool) => Some(pool),
+            _ => None,
         }
+    }
+
+    /// A pooled connection, waiting at most `wait` (and never longer than
+    /// the pool's own connection timeout).
+    pub(crate) fn get(&self, wait: Duration) -> Result<Connection, r2d2::Error> {
+        let wait = wait.max(Duration::from_millis(1));
+        let pooled = match &self.pools {
+            Pools::Own(pool, _) => {
+                Pooled::Own(Box::new(pool.get_timeout(wait.min(pool.connection_timeout()))?))
+            }
+            Pools::Single(pool) => Pooled::Single(pool.get_timeout(wait.min(pool.connection_timeout()))?),
+            Pools::Cluster(pool) => {
+                Pooled::Cluster(Box::new(pool.get_timeout(wait.min(pool.connection_timeout()))?))
+            }
+            Pools::Sentinel(pool) => {
+                Pooled::Sentinel(pool.get_timeout(wait.min(pool.connection_timeout()))?)
+            }
+        };
+        Ok(Connection {
+            pooled,
+            timeout: self.timeout,
+        })
     }
 
     pub(crate) fn state(&self) -> r2d2::State {
-        match self {
-            Backend::Single(pool) => pool.state(),
-            Backend::Cluster(pool) => pool.state(),
-            Backend::Sentinel(pool) => pool.state(),
+        match &self.pools {
+            Pools::Own(pool, _) => pool.state(),
+            Pools::Single(pool) => pool.state(),
+            Pools::Cluster(pool) => pool.state(),
+            Pools::Sentinel(pool) => pool.state(),
         }
     }
 }
 
 /// A connection checked out of a [`LockClient`](crate::LockClient)'s pool,
-/// whatever the deployment; it goes back to the pool when dropped.
+/// whatever the deployment; it goes back to the pool when dropped, unless a
+/// reply was lost on it (it is then closed).
 ///
 /// It implements [`redis::ConnectionLike`], so commands, pipelines and
 /// scripts run on it as on a plain connection. On a cluster, each command
 /// is routed by its first key (a pipeline by its first command's key) and
 /// `MOVED`/`ASK` redirections are followed; commands without a key go to
 /// any node.
-pub struct Connection(Pooled);
+pub struct Connection {
+    pooled: Pooled,
+    timeout: Duration,
+}
 
 enum Pooled {
+    // Boxed: a pooled cluster connection is much larger than the others.
+    Own(Box<r2d2::PooledConnection<Manager>>),
     Single(r2d2::PooledConnection<redis::Client>),
-    // Boxed: a cluster connection is much larger than the others.
     Cluster(Box<r2d2::PooledConnection<ClusterClient>>),
     Sentinel(r2d2::PooledConnection<LockedSentinelClient>),
 }
 
 impl Connection {
     fn inner(&mut self) -> &mut dyn ConnectionLike {
-        match &mut self.0 {
+        match &mut self.pooled {
+            Pooled::Own(link) => link.connection(),
             Pooled::Single(con) => &mut **con,
             Pooled::Cluster(con) => &mut ***con,
             Pooled::Sentinel(con) => &mut **con,
@@ -87,25 +465,91 @@ impl Connection {
     }
 
     fn inner_ref(&self) -> &dyn ConnectionLike {
-        match &self.0 {
+        match &self.pooled {
+            Pooled::Own(link) => link.connection_ref(),
             Pooled::Single(con) => &**con,
             Pooled::Cluster(con) => &***con,
             Pooled::Sentinel(con) => &**con,
         }
     }
 
-    /// The cluster connection, when this is one (for cluster pipelines).
-    pub(crate) fn as_cluster(&mut self) -> Option<&mut ClusterConnection> {
-        match &mut self.0 {
+    /// The cluster connection, when this is one.
+    fn as_cluster(&mut self) -> Option<&mut ClusterConnection> {
+        match &mut self.pooled {
+            Pooled::Own(link) => match &mut link.kind {
+                LinkKind::Cluster(con) => Some(&mut **con),
+                LinkKind::Plain(_) => None,
+            },
             Pooled::Cluster(con) => Some(&mut ***con),
             _ => None,
+        }
+    }
+
+    /// Runs `op` on the cluster connection, when this is one (cluster
+    /// pipelines, commands routed to a chosen node), with its outcome
+    /// noted like every other request's.
+    pub(crate) fn on_cluster<T>(
+        &mut self,
+        op: impl FnOnce(&mut ClusterConnection) -> RedisResult<T>,
+    ) -> Option<RedisResult<T>> {
+        let result = op(self.as_cluster()?);
+        Some(self.note(result))
+    }
+
+    /// Runs `op` with the read and write timeouts cut to `limit` (never
+    /// raised above the connection's own), then puts them back. Only on
+    /// connections of this crate's pools, whose timeouts are known; others
+    /// run `op` with theirs.
+    pub(crate) fn within<T>(
+        &mut self,
+        limit: Duration,
+        op: impl FnOnce(&mut Connection) -> RedisResult<T>,
+    ) -> RedisResult<T> {
+        // A zero timeout means "none" to the socket layer: 1 ms at least.
+        let limit = limit.clamp(Duration::from_millis(1), self.timeout);
+        let cut = limit < self.timeout;
+        if cut && let Pooled::Own(link) = &self.pooled {
+            link.set_timeouts(Some(limit))?;
+        }
+        let result = op(self);
+        if cut
+            && let Pooled::Own(link) = &mut self.pooled
+            && !link.broken
+            && link.set_timeouts(Some(self.timeout)).is_err()
+        {
+            link.broken = true;
+        }
+        result
+    }
+
+    /// Looks at every reply: after a lost one the connection is broken, and
+    /// a dropped one retires the pool's older idle connections.
+    fn note<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
+        if let Err(err) = &result
+            && reply_lost(err)
+            && let Pooled::Own(link) = &mut self.pooled
+        {
+            link.broken = true;
+            if err.is_connection_dropped() {
+                link.epochs.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        result
+    }
+
+    /// Whether a reply was lost on this connection (it will be closed).
+    pub(crate) fn is_broken(&self) -> bool {
+        match &self.pooled {
+            Pooled::Own(link) => link.broken,
+            _ => !self.inner_ref().is_open(),
         }
     }
 }
 
 impl ConnectionLike for Connection {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
-        self.inner().req_packed_command(cmd)
+        let result = self.inner().req_packed_command(cmd);
+        self.note(result)
     }
 
     fn req_packed_commands(
@@ -114,12 +558,14 @@ impl ConnectionLike for Connection {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
-        self.inner().req_packed_commands(cmd, offset, count)
+        let result = self.inner().req_packed_commands(cmd, offset, count);
+        self.note(result)
     }
 
     fn req_command(&mut self, cmd: &Cmd) -> RedisResult<Value> {
         // The cluster connection routes by the parsed command here.
-        self.inner().req_command(cmd)
+        let result = self.inner().req_command(cmd);
+        self.note(result)
     }
 
     fn get_db(&self) -> i64 {
@@ -135,17 +581,25 @@ impl ConnectionLike for Connection {
     }
 
     fn is_open(&self) -> bool {
-        self.inner_ref().is_open()
+        !self.is_broken() && self.inner_ref().is_open()
     }
 }
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kind = match &self.0 {
-            Pooled::Single(_) => Deployment::Single,
-            Pooled::Cluster(_) => Deployment::Cluster,
-            Pooled::Sentinel(_) => Deployment::Sentinel,
+        let kind = match &self.pooled {
+            Pooled::Own(link) => match link.kind {
+                LinkKind::Plain(_) => "plain",
+                LinkKind::Cluster(_) => "cluster",
+            },
+            Pooled::Single(_) => "plain (caller's pool)",
+            Pooled::Cluster(_) => "cluster (caller's pool)",
+            Pooled::Sentinel(_) => "sentinel (caller's pool)",
         };
-        f.debug_tuple("Connection").field(&kind).finish()
+        f.debug_struct("Connection")
+            .field("kind", &kind)
+            .field("broken", &self.is_broken())
+            .finish()
     }
 }
+

@@ -45,6 +45,19 @@ pub fn fence_key(key: &str) -> String {
     }
 }
 
+/// The marker a release of `key` by `id` (a token or a hold id) leaves
+/// behind, in the key's hash slot: `{KEY}:released:ID`, or
+/// `{TAG}:released:KEY:ID` when the key has a `{TAG}`. `None` for a key
+/// with `}` and no valid tag, which no other key can share a slot with
+/// (its releases then leave no marker).
+pub(crate) fn release_marker(key: &str, id: &str) -> Option<String> {
+    match hash_tag(key) {
+        Some(tag) => Some(format!("{{{tag}}}:released:{key}:{id}")),
+        None if key.contains('}') => None,
+        None => Some(format!("{{{key}}}:released:{id}")),
+    }
+}
+
 /// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag, or
 /// of the whole key, modulo 16384.
 pub(crate) fn slot(key: &str) -> u16 {
@@ -119,6 +132,25 @@ mod tests {
         assert_eq!(hash_tag(&release_channel("user:{42}:lock")), Some("42"));
         assert_eq!(release_channel("odd}key"), "redmutex:released:odd}key");
         assert_ne!(release_channel("a"), release_channel("b"));
+    }
+
+    #[test]
+    fn release_markers_share_the_keys_slot() {
+        assert_eq!(
+            release_marker("jobs:nightly", "t1").as_deref(),
+            Some("{jobs:nightly}:released:t1")
+        );
+        assert_eq!(
+            release_marker("user:{42}:lock", "t1").as_deref(),
+            Some("{42}:released:user:{42}:lock:t1")
+        );
+        for key in ["a", "jobs:nightly", "{x}y", "{a}}b", "a{b}}"] {
+            let marker = release_marker(key, "t").expect("a marker");
+            assert_eq!(slot(&marker), slot(key), "{key}");
+            assert_ne!(marker, fence_key(key));
+        }
+        assert_eq!(release_marker("a}b", "t"), None);
+        assert_ne!(release_marker("a", "t1"), release_marker("a", "t2"));
     }
 
     #[test]

@@ -1,24 +1,26 @@
 //! `LockClient`: the shared handle every lock of a program goes through.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::cluster::ClusterClient;
-use redis::sentinel::{
-    LockedSentinelClient, SentinelClient, SentinelNodeConnectionInfo, SentinelServerType,
-};
+use redis::sentinel::LockedSentinelClient;
 
-use crate::backend::{Backend, Connection, Deployment};
+use crate::backend::{Backend, Connection, Deployment, SentinelTarget, Target, tcp_settings};
 use crate::error::Error;
 use crate::options::LockOptions;
+use crate::policy::{self, Op, Send};
 use crate::queue::Queues;
 use crate::stats::{LockStats, Stats};
 use crate::subscriber::{Source, Subscriber};
-use crate::watchdog::Watchdog;
+use crate::watchdog::{Orphan, OrphanKind, Watchdog};
 
 /// Connect, read and write timeout of the pools built by [`LockClient::open`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The longest connection timeout accepted.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// Connections kept by the pools built by [`LockClient::open`] at most.
 pub const DEFAULT_POOL_SIZE: u32 = 16;
@@ -64,25 +66,32 @@ struct Inner {
     /// Dropped after `queues` (field order), which hold its subscriptions.
     subscriber: Subscriber,
     watchdog: Watchdog,
+    /// The server of a single-node client of [`LockClient::open`], and the
+    /// plain pool [`LockClient::pool`] builds for it when asked.
+    single: Option<redis::Client>,
+    compat_pool: OnceLock<r2d2::Pool<redis::Client>>,
 }
 
 impl Inner {
-    fn new(backend: Backend, notify: Option<Source>) -> Inner {
+    fn new(backend: Backend, notify: Option<Source>, single: Option<redis::Client>) -> Inner {
         let stats = Arc::new(Stats::default());
         let watchdog = Watchdog::new(backend.clone(), stats.clone());
         Inner {
             watchdog,
             id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
+            subscriber: Subscriber::new(notify, stats.clone(), backend.timeout()),
             backend,
-            subscriber: Subscriber::new(notify, stats.clone()),
             queues: Queues::default(),
             stats,
+            single,
+            compat_pool: OnceLock::new(),
         }
     }
 }
 
-/// Gives every pooled connection read and write timeouts, so a stalled
-/// server turns into an error instead of a hung caller.
+/// Gives every connection of [`LockClient::pool`]'s pool read and write
+/// timeouts, so a stalled server turns into an error instead of a hung
+/// caller.
 #[derive(Debug)]
 struct IoTimeouts(Duration);
 
@@ -97,14 +106,18 @@ impl LockClient {
     /// Builds a client with its own connection pool for the server at `url`
     /// (`redis://[user:password@]host:port[/db]`).
     ///
-    /// The pool does not send a `PING` on every checkout (that would cost a
-    /// round trip per lock operation; broken connections are still dropped),
-    /// opens connections lazily, keeps at most [`DEFAULT_POOL_SIZE`], and
-    /// gives up on a connection after [`DEFAULT_TIMEOUT`]: getting one, and
-    /// every read and write on it, so no lock call can hang on a dead or
-    /// stalled server. The server is not contacted here; an unreachable one
-    /// makes the first lock operation fail with [`Error::Pool`] within the
-    /// timeout.
+    /// The pool opens connections lazily and keeps at most
+    /// [`DEFAULT_POOL_SIZE`]. [`DEFAULT_TIMEOUT`] bounds everything that
+    /// touches the network: connecting (the TCP connect and the handshake),
+    /// waiting for a pooled connection, and every read and write; so no lock
+    /// call can hang on a dead or stalled server, and the pool is usable
+    /// again within one timeout after the server heals. A connection whose
+    /// reply was lost is closed, never reused (a late reply cannot reach the
+    /// next user), and when one connection finds the server gone the pool's
+    /// older idle connections are discarded too, without a round trip. No
+    /// `PING` is sent per checkout. The server is not contacted here; an
+    /// unreachable one makes the first lock operation fail with
+    /// [`Error::Pool`] within the timeout.
     ///
     /// # Errors
     ///
@@ -120,16 +133,19 @@ impl LockClient {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] when the URL does not parse or `timeout`
-    /// is zero.
+    /// is zero or above [`MAX_TIMEOUT`].
     pub fn open_with_timeout(url: &str, timeout: Duration) -> Result<LockClient, Error> {
         check_timeout(timeout)?;
         let client = parse_url(url)?;
-        let pool = pool_builder(timeout)
-            .connection_customizer(Box::new(IoTimeouts(timeout)))
-            .build_unchecked(client.clone());
+        let info = client
+            .get_connection_info()
+            .clone()
+            .set_tcp_settings(tcp_settings(timeout));
+        let backend = Backend::own(Target::Single(info), timeout, DEFAULT_POOL_SIZE);
         Ok(LockClient::build(
-            Backend::Single(pool),
+            backend,
             Source::servers([&client]),
+            Some(client),
         ))
     }
 
@@ -193,6 +209,7 @@ impl LockClient {
         )
         .connection_timeout(timeout)
         .response_timeout(timeout)
+        .tcp_settings(tcp_settings(timeout))
         // redis-rs waits at least 1.28 s per retry by default, up to 16
         // times: a lock call must fail sooner than that.
         .retries(CLUSTER_RETRIES)
@@ -200,11 +217,8 @@ impl LockClient {
         .max_retry_wait(500)
         .build()
         .map_err(|e| Error::InvalidArgument(format!("cannot use the cluster URLs: {e}")))?;
-        let pool = pool_builder(timeout).build_unchecked(cluster);
-        Ok(LockClient::build(
-            Backend::Cluster(pool),
-            Source::servers(&seeds),
-        ))
+        let backend = Backend::own(Target::Cluster(cluster), timeout, DEFAULT_POOL_SIZE);
+        Ok(LockClient::build(backend, Source::servers(&seeds), None))
     }
 
     /// Builds a client for the primary that Redis Sentinel names
@@ -259,47 +273,55 @@ impl LockClient {
     ) -> Result<LockClient, Error> {
         check_timeout(timeout)?;
         let seeds = parse_urls(sentinels)?;
+        if master_name.is_empty() {
+            return Err(Error::InvalidArgument(
+                "the name of the primary must not be empty".into(),
+            ));
+        }
         let infos: Vec<redis::ConnectionInfo> = seeds
             .iter()
-            .map(|client| client.get_connection_info().clone())
+            .map(|client| {
+                client
+                    .get_connection_info()
+                    .clone()
+                    .set_tcp_settings(tcp_settings(timeout))
+            })
             .collect();
-        let sentinel = SentinelClient::build(
-            infos,
-            master_name.to_owned(),
-            Some(SentinelNodeConnectionInfo::default().set_redis_connection_info(primary.clone())),
-            SentinelServerType::Master,
-        )
-        .map_err(|e| Error::InvalidArgument(format!("cannot use the sentinel URLs: {e}")))?;
-        let pool = pool_builder(timeout)
-            .connection_customizer(Box::new(IoTimeouts(timeout)))
-            .build_unchecked(LockedSentinelClient::new(sentinel));
+        let target = SentinelTarget::new(infos, master_name.to_owned(), primary.clone());
+        let backend = Backend::own(Target::Sentinel(target), timeout, DEFAULT_POOL_SIZE);
         Ok(LockClient::build(
-            Backend::Sentinel(pool),
+            backend,
             Source::sentinel(&seeds, master_name, &primary),
+            None,
         ))
     }
 
-    fn build(backend: Backend, notify: Option<Source>) -> LockClient {
+    fn build(backend: Backend, notify: Option<Source>, single: Option<redis::Client>) -> LockClient {
         LockClient {
-            inner: Arc::new(Inner::new(backend, notify)),
+            inner: Arc::new(Inner::new(backend, notify, single)),
             defaults: Arc::new(LockOptions::default()),
         }
     }
 
     /// Wraps a pool you built, with default [`LockOptions`].
     ///
-    /// Mind two pool settings: r2d2's default `test_on_check_out(true)`
-    /// sends a `PING` per checkout, nearly halving lock throughput; and
-    /// redis connections have no read timeout unless you set one (see
-    /// r2d2's `connection_customizer`), so a stalled server would hang the
-    /// caller.
+    /// Mind three pool settings: r2d2's default `test_on_check_out(true)`
+    /// sends a `PING` per checkout, nearly halving lock throughput; redis
+    /// connections have no read timeout unless you set one (see r2d2's
+    /// `connection_customizer`), so a stalled server would hang the caller;
+    /// and redis-rs opens pooled connections without a connect or
+    /// handshake timeout, so a server that accepts and never answers blocks
+    /// r2d2's threads. Prefer [`LockClient::open_with_timeout`], whose pool
+    /// has none of these problems. The resend window and release markers
+    /// (see the crate docs' failure model) assume [`DEFAULT_TIMEOUT`] for a
+    /// pool given here.
     ///
     /// A pool does not tell where its server is, so a client made here has
     /// no subscriber connection: waiters in [`WaitMode::Notify`](crate::WaitMode::Notify)
     /// still queue locally and take handoffs, but wait for remote releases
     /// with backoff timing. [`LockClient::with_notify_client`] adds one.
     pub fn new(pool: r2d2::Pool<redis::Client>) -> LockClient {
-        LockClient::build(Backend::Single(pool), None)
+        LockClient::build(Backend::single(pool, DEFAULT_TIMEOUT), None, None)
     }
 
     /// Wraps a Redis Cluster pool you built; see [`LockClient::open_cluster`]
@@ -307,7 +329,7 @@ impl LockClient {
     /// settings to mind. Without [`LockClient::with_notify_client`] (any one
     /// node will do), remote releases are waited for with backoff timing.
     pub fn new_cluster(pool: r2d2::Pool<ClusterClient>) -> LockClient {
-        LockClient::build(Backend::Cluster(pool), None)
+        LockClient::build(Backend::cluster(pool, DEFAULT_TIMEOUT), None, None)
     }
 
     /// Wraps a pool over [`LockedSentinelClient`] you built; see
@@ -317,7 +339,7 @@ impl LockClient {
     /// connection of [`LockClient::open_sentinel`] needs the sentinels'
     /// addresses, which the pool does not tell).
     pub fn new_sentinel(pool: r2d2::Pool<LockedSentinelClient>) -> LockClient {
-        LockClient::build(Backend::Sentinel(pool), None)
+        LockClient::build(Backend::sentinel(pool, DEFAULT_TIMEOUT), None, None)
     }
 
     /// Gives a client made by [`LockClient::new`] or
@@ -331,6 +353,7 @@ impl LockClient {
             inner: Arc::new(Inner::new(
                 self.inner.backend.clone(),
                 Source::servers([client]),
+                self.inner.single.clone(),
             )),
             defaults: self.defaults,
         }
@@ -363,7 +386,15 @@ impl LockClient {
         self.inner.backend.deployment()
     }
 
-    /// The connection pool of a single-node client.
+    /// A plain connection pool to the server of a single-node client: the
+    /// pool given to [`LockClient::new`], or, for a client of
+    /// [`LockClient::open`], a pool built on first call with the same size
+    /// and I/O timeouts.
+    ///
+    /// The locks do not use that second pool: theirs also bounds the
+    /// handshake of new connections and never reuses a connection whose
+    /// reply was lost, which a `Pool<redis::Client>` cannot. Prefer
+    /// [`LockClient::connection`] for commands of your own.
     ///
     /// # Panics
     ///
@@ -371,12 +402,24 @@ impl LockClient {
     /// [`LockClient::connection`] (any deployment), or match on
     /// [`LockClient::deployment`] first.
     pub fn pool(&self) -> &r2d2::Pool<redis::Client> {
-        match &self.inner.backend {
-            Backend::Single(pool) => pool,
-            other => panic!(
+        if let Some(pool) = self.inner.backend.user_pool() {
+            return pool;
+        }
+        match &self.inner.single {
+            Some(client) => self.inner.compat_pool.get_or_init(|| {
+                let timeout = self.inner.backend.timeout();
+                r2d2::Pool::builder()
+                    .max_size(DEFAULT_POOL_SIZE)
+                    .min_idle(Some(0))
+                    .test_on_check_out(false)
+                    .connection_timeout(timeout)
+                    .connection_customizer(Box::new(IoTimeouts(timeout)))
+                    .build_unchecked(client.clone())
+            }),
+            None => panic!(
                 "LockClient::pool() is for single-node clients; this is a {:?} client \
                  (use LockClient::connection())",
-                other.deployment()
+                self.deployment()
             ),
         }
     }
@@ -389,7 +432,13 @@ impl LockClient {
     /// [`Error::Pool`] when no connection can be had within the pool's
     /// connection timeout.
     pub fn connection(&self) -> Result<Connection, Error> {
-        Ok(self.inner.backend.get()?)
+        Ok(self.inner.backend.get(self.inner.backend.timeout())?)
+    }
+
+    /// The I/O timeout of this client's connections ([`DEFAULT_TIMEOUT`]
+    /// assumed for a pool given to [`LockClient::new`]).
+    pub fn timeout(&self) -> Duration {
+        self.inner.backend.timeout()
     }
 
     pub(crate) fn id(&self) -> u64 {
@@ -438,31 +487,27 @@ impl LockClient {
         Ok(())
     }
 
-    /// Runs `op` on a pooled connection.
-    ///
-    /// A pooled connection can be stale (the server restarted, an idle
-    /// connection was closed): when `op` fails because the connection
-    /// dropped, it runs again on another connection, at most once per pool
-    /// slot. Every operation passed here is safe to repeat. Other errors are
-    /// returned as they are, WRONGTYPE named with `key`.
-    pub(crate) fn with_connection<T>(
+    /// Runs one operation on a pooled connection, resent or reported
+    /// according to the idempotency table in `policy.rs`.
+    pub(crate) fn run<T>(
         &self,
+        op: Op,
         key: &str,
-        mut op: impl FnMut(&mut Connection) -> redis::RedisResult<T>,
+        send: impl FnMut(&mut Connection, Send) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
-        let retries = self.inner.backend.max_size();
-        let mut attempt = 0;
-        loop {
-            let mut con = self.inner.backend.get()?;
-            match op(&mut con) {
-                Ok(value) => return Ok(value),
-                Err(err) if err.is_connection_dropped() && attempt < retries => {
-                    log::debug!("redmutex: retrying {key:?} on a fresh connection after: {err}");
-                    attempt += 1;
-                }
-                Err(err) => return Err(Error::from_redis(key, err)),
-            }
-        }
+        policy::run(&self.inner.backend, &self.inner.stats, op, key, send)
+    }
+
+    /// Hands a lease nobody owns to the cleanup: an acquisition failed
+    /// after its request may have set the key.
+    pub(crate) fn orphan(&self, key: &str, kind: OrphanKind) {
+        // Long enough for a request held on its way (by a proxy, say) to
+        // arrive, and beyond any resend of it.
+        let window = policy::marker_ttl(self.timeout());
+        log::debug!("redmutex: releasing what a failed acquisition of {key:?} may have left");
+        self.inner
+            .watchdog
+            .clean_up(Orphan::new(key, kind, window));
     }
 }
 
@@ -478,10 +523,10 @@ impl std::fmt::Debug for LockClient {
 }
 
 fn check_timeout(timeout: Duration) -> Result<(), Error> {
-    if timeout.is_zero() {
-        return Err(Error::InvalidArgument(
-            "the connection timeout must be longer than zero".into(),
-        ));
+    if timeout < Duration::from_millis(1) || timeout > MAX_TIMEOUT {
+        return Err(Error::InvalidArgument(format!(
+            "the connection timeout must be between 1 ms and {MAX_TIMEOUT:?}, got {timeout:?}"
+        )));
     }
     Ok(())
 }
@@ -505,12 +550,3 @@ fn parse_urls<S: AsRef<str>>(
     Ok(clients)
 }
 
-/// The pool settings of the `open*` constructors: no `PING` per checkout,
-/// lazy connections, bounded waits.
-fn pool_builder<M: r2d2::ManageConnection>(timeout: Duration) -> r2d2::Builder<M> {
-    r2d2::Pool::builder()
-        .max_size(DEFAULT_POOL_SIZE)
-        .min_idle(Some(0))
-        .test_on_check_out(false)
-        .connection_timeout(timeout)
-}

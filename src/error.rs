@@ -95,6 +95,36 @@ pub enum Error {
         /// What went wrong, per failed node.
         failed: Vec<String>,
     },
+    /// A request that changes the lock was sent, and no reply came back
+    /// (the connection was reset, timed out or was interrupted) even after
+    /// it was sent again within the resend window: it may or may not have
+    /// been applied. A release in this state leaves the key to expire by
+    /// its ttl at worst; an acquisition's token is released in the
+    /// background once Redis answers again, so no lease of it outlives the
+    /// error by more than a few I/O timeouts.
+    #[error("the outcome of {operation} on {key:?} is unknown: no reply came back ({source})")]
+    OutcomeUnknown {
+        /// The lock key.
+        key: String,
+        /// What was being done: acquire, release, extend, renew, cleanup,
+        /// force release.
+        operation: &'static str,
+        /// The last connection error.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// The key's fencing counter ([`fence_key`](crate::fence_key)) cannot be
+    /// incremented: it holds a non-integer, another type, or `i64::MAX`.
+    /// Checked before the lock is taken: nothing was changed.
+    #[error("the fencing counter {counter:?} of lock {key:?} is unusable: {detail}")]
+    FenceCounter {
+        /// The lock key.
+        key: String,
+        /// The counter's key.
+        counter: String,
+        /// What Redis said about it.
+        detail: String,
+    },
     /// Redis answered with an error, or the connection failed or timed out.
     #[error("redis error: {0}")]
     Redis(#[from] redis::RedisError),
@@ -124,10 +154,20 @@ impl Error {
     }
 
     /// True when the error came from the network or the server rather than
-    /// from the lock's state or the caller's input: [`Error::Redis`] and
-    /// [`Error::Pool`]. Such an operation may be retried.
+    /// from the lock's state or the caller's input: [`Error::Redis`],
+    /// [`Error::Pool`] and [`Error::OutcomeUnknown`]. Such an operation may
+    /// be retried.
     pub fn is_connection(&self) -> bool {
-        matches!(self, Error::Redis(_) | Error::Pool(_))
+        matches!(
+            self,
+            Error::Redis(_) | Error::Pool(_) | Error::OutcomeUnknown { .. }
+        )
+    }
+
+    /// True for [`Error::OutcomeUnknown`]: the request may or may not have
+    /// been applied.
+    pub fn is_outcome_unknown(&self) -> bool {
+        matches!(self, Error::OutcomeUnknown { .. })
     }
 
     /// Maps a Redis error about `key`, turning WRONGTYPE (alone or inside a

@@ -9,6 +9,7 @@ use crate::client::LockClient;
 use crate::error::Error;
 use crate::loss::{LossSignal, LossState};
 use crate::options::{HandoffBudget, LockOptions, Release, WaitMode, ttl_millis};
+use crate::policy::Op;
 use crate::queue::Handoff;
 use crate::watchdog::WatchEntry;
 use crate::{reentrancy, release, scripts};
@@ -143,6 +144,38 @@ impl Lease {
         }
     }
 
+    /// Applies a receiver's options to a lease handed over to it: its
+    /// watchdog setting (renewals start or stop; a cap counts from now) and
+    /// its release method. The giver's options no longer apply.
+    pub(crate) fn adopt(&mut self, options: &LockOptions) {
+        let now = Instant::now();
+        let cap = options.max_hold.and_then(|cap| now.checked_add(cap));
+        match (&self.watch, options.watchdog) {
+            (None, true) => {
+                let entry = self.client.watchdog().watch(
+                    &self.key,
+                    &self.token,
+                    self.sent.get(),
+                    self.ttl.get(),
+                    cap,
+                );
+                self.loss = entry.loss.clone();
+                self.watch = Some(entry);
+            }
+            (Some(entry), false) => {
+                let (sent, ttl) = entry.lease();
+                self.client.watchdog().unwatch(entry);
+                self.sent.set(sent);
+                self.ttl.set(ttl);
+                self.watch = None;
+                self.loss = Arc::default();
+            }
+            (Some(entry), true) => entry.set_cap(cap),
+            (None, false) => {}
+        }
+        self.release = options.release;
+    }
+
     /// The request time and ttl that set the current expiry.
     fn timing(&self) -> (Instant, Duration) {
         match &self.watch {
@@ -168,7 +201,7 @@ impl Lease {
             }
             if self.handoff.queued {
                 self.client.queues().unhold(&self.key);
-                self.client.queues().released(&self.key, 0);
+                self.client.queues().released(&self.key, None);
             }
         }
     }
@@ -186,16 +219,17 @@ impl Lease {
         let millis = ttl_millis(ttl)?;
         let ttl = Duration::from_millis(millis);
         let (key, token) = (self.key.as_str(), self.token.as_str());
+        let generation = self.watch.as_ref().map(|entry| entry.generation());
         let sent = Instant::now();
         self.client.counters().commands(1);
-        let reply: i64 = self.client.with_connection(key, |con| {
+        let reply: i64 = self.client.run(Op::Extend, key, |con, _| {
             scripts::EXTEND.key(key).arg(token).arg(millis).invoke(con)
         })?;
         match scripts::owner_checked(reply) {
             Ok(()) => {
                 // The watchdog's entry owns the timing of a watched lease.
                 match &self.watch {
-                    Some(entry) => entry.renewed(sent, ttl),
+                    Some(entry) => entry.renewed(sent, ttl, generation.unwrap_or_default()),
                     None => {
                         self.sent.set(sent);
                         self.ttl.set(ttl);
@@ -263,7 +297,7 @@ impl Lease {
         if let Some(reason) = self.loss.reason() {
             // Nothing to release: the lease is gone (or Redis is unreachable
             // and the key expires by itself).
-            self.client.queues().released(&self.key, 0);
+            self.client.queues().released(&self.key, None);
             return Err(Error::not_held(&self.key, reason.not_held_reason()));
         }
         release::release(&self.client, &self.key, &self.token, how)
@@ -371,7 +405,7 @@ impl LockGuard {
         let current: Option<Vec<u8>> = self
             .lease
             .client
-            .with_connection(key, |con| redis::cmd("GET").arg(key).query(con))?;
+            .run(Op::Read, key, |con, _| redis::cmd("GET").arg(key).query(con))?;
         Ok(current.is_some_and(|v| v == self.token().as_bytes()))
     }
 

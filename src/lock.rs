@@ -1,5 +1,6 @@
 //! `DistributedLock`: one key, and the ways to acquire it.
 
+use std::cell::Cell;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -9,8 +10,10 @@ use crate::backoff::{SystemClock, ThreadJitter, retry_until};
 use crate::client::LockClient;
 use crate::error::Error;
 use crate::guard::{Lease, LockGuard};
-use crate::options::{LockOptions, WaitMode, ttl_millis};
-use crate::queue::{Handoff, HeadPacing, Turn, YIELD, clamp};
+use crate::options::{LockOptions, WaitMode, check_min_replicas, ttl_millis};
+use crate::policy::Op;
+use crate::queue::{Handoff, HeadPacing, Turn, YIELD, clamp, later};
+use crate::watchdog::OrphanKind;
 use crate::{channel, reentrancy, release, scripts};
 
 /// A named lock in Redis: one key. Cheap to make and to clone, `Send` and
@@ -140,6 +143,36 @@ impl DistributedLock {
         release::release(&self.client, &self.key, token, self.options.release)
     }
 
+    /// Deletes the key whatever it holds, for operators breaking a lock
+    /// whose holder is known to be gone (`redmutex release --force`), and
+    /// returns the token that was in it (`None`: it was free). Not
+    /// owner-checked: a holder that is still alive loses its lock without
+    /// being told, until its next extend or release.
+    ///
+    /// `GETDEL` is never sent twice: after a lost reply a second send could
+    /// delete a lock somebody took in between, so that case is reported as
+    /// [`Error::OutcomeUnknown`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an empty key; [`Error::WrongType`]
+    /// when the key is not a plain lock; [`Error::OutcomeUnknown`],
+    /// [`Error::Redis`] or [`Error::Pool`].
+    pub fn force_release(&self) -> Result<Option<String>, Error> {
+        if self.key.is_empty() {
+            return Err(Error::InvalidArgument(
+                "the lock key must not be empty".into(),
+            ));
+        }
+        let key = self.key.as_str();
+        self.client.counters().commands(1);
+        let token: Option<String> = self.client.run(Op::ForceRelease, key, |con, _| {
+            redis::cmd("GETDEL").arg(key).query(con)
+        })?;
+        self.client.queues().released(key, None);
+        Ok(token)
+    }
+
     /// `deadline == None`: a wait so long that `Instant` cannot express its
     /// end, taken as no limit.
     fn acquire(&self, deadline: Option<Instant>) -> Result<Option<LockGuard>, Error> {
@@ -149,6 +182,7 @@ impl DistributedLock {
             ));
         }
         let millis = ttl_millis(self.options.ttl)?;
+        check_min_replicas(&self.options, self.client.timeout())?;
         self.client.check_release(self.options.release)?;
         if self.options.fencing {
             self.client.check_fencing(&self.key)?;
@@ -187,12 +221,13 @@ impl DistributedLock {
 
     /// `SET key token NX PX millis GET`: `nil` means we set it; our own
     /// token means an earlier send of this very request set it and its reply
-    /// was lost with a dropped connection.
+    /// was lost.
     fn set_nx(&self, token: &str, millis: u64) -> Result<Option<Rc<Lease>>, Error> {
         let key = self.key.as_str();
         let sent = Instant::now();
         self.client.counters().commands(1);
-        let (acquired, short) = self.client.with_connection(key, |con| {
+        let set = Cell::new(false);
+        let result = self.client.run(Op::Acquire, key, |con, send| {
             let previous: Option<Vec<u8>> = redis::cmd("SET")
                 .arg(key)
                 .arg(token)
@@ -205,52 +240,95 @@ impl DistributedLock {
                 None => true,
                 Some(holder) => holder == token.as_bytes(),
             };
-            let short = if acquired {
-                self.await_replicas(con, token)?
-            } else {
-                None
-            };
-            Ok((acquired, short))
-        })?;
+            if !acquired {
+                return Ok((false, None));
+            }
+            set.set(true);
+            Ok((true, self.await_replicas(con, token, millis, send.resend)?))
+        });
+        let (acquired, short) = self.settle(result, token, &set)?;
         self.check_replicated(short)?;
         Ok(acquired.then(|| self.new_lease(token, sent, millis, None)))
     }
 
+    /// What a failed acquisition may have left: a key holding our token,
+    /// set by a request whose reply was lost or followed by a failed
+    /// `WAIT`. Handed to the client's cleanup, which releases it
+    /// (owner-checked) as soon as Redis answers.
+    fn settle<T>(&self, result: Result<T, Error>, token: &str, set: &Cell<bool>) -> Result<T, Error> {
+        result.map_err(|err| {
+            if set.get() || err.is_outcome_unknown() {
+                self.client.orphan(
+                    &self.key,
+                    OrphanKind::Plain {
+                        token: token.to_owned(),
+                    },
+                );
+            }
+            err
+        })
+    }
+
     /// With [`LockOptions::min_replicas`]: `WAIT` on the connection that
-    /// wrote the key (WAIT counts that connection's writes only). When fewer
-    /// replicas acknowledged in time, releases the key again (owner-checked,
-    /// same connection) and returns how many did.
+    /// wrote the key (WAIT counts that connection's writes only; on a
+    /// resend, the key was written by an earlier connection, so this one
+    /// writes first: an owner-checked `PEXPIRE`, which replicates after the
+    /// `SET`). When fewer replicas acknowledged in time, releases the key
+    /// again (owner-checked, same connection) and returns how many did.
     fn await_replicas(
         &self,
         con: &mut crate::Connection,
         token: &str,
+        millis: u64,
+        resend: bool,
     ) -> redis::RedisResult<Option<u32>> {
         let Some((wanted, timeout)) = self.options.min_replicas else {
             return Ok(None);
         };
+        if resend {
+            self.client.counters().commands(1);
+            let _extended: i64 = scripts::EXTEND
+                .key(&self.key)
+                .arg(token)
+                .arg(millis)
+                .invoke(con)?;
+        }
         self.client.counters().commands(1);
         let mut wait = redis::cmd("WAIT");
-        wait.arg(wanted).arg(timeout.as_millis() as u64);
-        let acked: u32 = match con.as_cluster() {
+        // Checked below the I/O timeout before anything was sent.
+        wait.arg(wanted)
+            .arg(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
+        let routed = con.on_cluster(|cluster| {
             // WAIT has no key, and redis-rs would ask every primary; it must
             // go to the key's primary, where this connection wrote it.
-            Some(cluster) => {
-                let route = Route::new(channel::slot(&self.key), SlotAddr::Master);
-                redis::from_redis_value(cluster.route_command(
-                    &wait,
-                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-                )?)?
-            }
+            let route = Route::new(channel::slot(&self.key), SlotAddr::Master);
+            cluster.route_command(
+                &wait,
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+            )
+        });
+        let acked: u32 = match routed {
+            Some(reply) => redis::from_redis_value(reply?)?,
             None => wait.query(con)?,
         };
         if acked >= wanted {
             return Ok(None);
         }
         let channel = channel::release_channel(&self.key);
+        let (marker, marker_millis) = release::marker_of(&self.client, &self.key, token);
         // The key was written by this very connection a moment ago; whatever
         // the outcome (released, or expired already), nothing stays ours.
-        let _outcome =
-            release::release_lua(con, self.client.counters(), &self.key, token, &channel)?;
+        let _outcome = release::release_lua(
+            con,
+            self.client.counters(),
+            &self.key,
+            token,
+            &channel,
+            release::Marker {
+                key: marker.as_deref(),
+                millis: marker_millis,
+            },
+        )?;
         Ok(Some(acked))
     }
 
@@ -283,19 +361,30 @@ impl DistributedLock {
         let sent = Instant::now();
         self.client.counters().commands(1);
         let fence_key = self.options.fencing.then(|| channel::fence_key(key));
-        let ((acquired, pttl, fence), short) = self.client.with_connection(key, |con| {
+        let set = Cell::new(false);
+        let result = self.client.run(Op::AcquireScript, key, |con, send| {
             let mut script = scripts::ACQUIRE.key(key);
             if let Some(fence_key) = &fence_key {
                 script.key(fence_key);
             }
             let reply: (i64, i64, u64) = script.arg(token).arg(millis).invoke(con)?;
-            let short = if reply.0 == 1 {
-                self.await_replicas(con, token)?
-            } else {
-                None
-            };
-            Ok((reply, short))
-        })?;
+            if reply.0 != 1 {
+                return Ok((reply, None));
+            }
+            set.set(true);
+            Ok((reply, self.await_replicas(con, token, millis, send.resend)?))
+        });
+        let result = result.map_err(|err| match (err, &fence_key) {
+            (Error::Redis(err), Some(counter)) if err.code() == Some("FENCE") => {
+                Error::FenceCounter {
+                    key: key.to_owned(),
+                    counter: counter.clone(),
+                    detail: err.detail().unwrap_or("unusable").to_owned(),
+                }
+            }
+            (err, _) => err,
+        });
+        let ((acquired, pttl, fence), short) = self.settle(result, token, &set)?;
         self.check_replicated(short)?;
         Ok(if acquired == 1 {
             let fence = self.options.fencing.then_some(fence);
@@ -328,20 +417,21 @@ impl DistributedLock {
                 return Ok(None);
             }
         }
+        // A lease handed to this waiter after it gave up, with nobody left
+        // to take it: released like any other (passed on, or unheld and
+        // released in Redis), so no local hold outlives it.
         let release_orphan = |orphan: Handoff| {
-            if let Some(entry) = &orphan.watch {
-                self.client.watchdog().unwatch(entry);
-            }
-            if let Err(err) =
-                release::release(&self.client, &self.key, &orphan.token, self.options.release)
-            {
-                log::warn!(
-                    "redmutex: releasing an untaken handoff of {:?}: {err}",
-                    self.key
-                );
-            }
+            drop(Lease::handed_over(
+                self.client.clone(),
+                self.key.clone(),
+                &self.options,
+                orphan,
+            ));
         };
-        let waiter = queues.enqueue(&self.key, &release_orphan);
+        // A handed-over lease has the giver's token: no fencing token of its
+        // own, and no WAIT for replicas of it.
+        let takes_handoffs = !self.options.fencing && self.options.min_replicas.is_none();
+        let waiter = queues.enqueue(&self.key, takes_handoffs, &release_orphan);
         let channel = channel::release_channel(&self.key);
         let mut pacing = HeadPacing::new(self.options.backoff);
         loop {
@@ -393,7 +483,7 @@ impl DistributedLock {
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);
             }
-            let until = clamp(now + pacing.pause(pttl), deadline);
+            let until = clamp(later(now, pacing.pause(pttl)), deadline);
             if let Some(handoff) = waiter.wait_release(seen, until)
                 && let Some(lease) = self.take_handoff(handoff, millis)?
             {
@@ -407,12 +497,15 @@ impl DistributedLock {
     /// which case it is first extended (owner-checked). `Ok(None)` when it
     /// turns out to be lost.
     fn take_handoff(&self, handoff: Handoff, millis: u64) -> Result<Option<Rc<Lease>>, Error> {
-        let lease = Rc::new(Lease::handed_over(
+        let mut lease = Lease::handed_over(
             self.client.clone(),
             self.key.clone(),
             &self.options,
             handoff,
-        ));
+        );
+        // The receiver's own options decide renewal and the hold cap.
+        lease.adopt(&self.options);
+        let lease = Rc::new(lease);
         let ttl = Duration::from_millis(millis);
         if lease.validity() >= ttl / 2 {
             return Ok(Some(lease));

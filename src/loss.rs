@@ -53,24 +53,100 @@ impl fmt::Display for LossReason {
     }
 }
 
+/// Whether a lease is lost. A watched lease also carries its local
+/// expiry: once the clock passes it, the lease reads as lost whatever the
+/// watchdog thread is doing (a renewal stuck in a partition cannot delay
+/// the signal past the moment another client could take the key).
 #[derive(Default)]
 pub(crate) struct LossState {
-    reason: Mutex<Option<LossReason>>,
+    inner: Mutex<Loss>,
     fired: Condvar,
+}
+
+#[derive(Default)]
+struct Loss {
+    reason: Option<LossReason>,
+    /// The lease's local expiry (minus drift) and the reason a loss at that
+    /// moment has.
+    deadline: Option<(Instant, LossReason)>,
+}
+
+impl Loss {
+    /// Records a passed deadline as the loss (first reason wins).
+    fn settle(&mut self, now: Instant) -> bool {
+        if self.reason.is_none()
+            && let Some((deadline, reason)) = self.deadline
+            && now >= deadline
+        {
+            self.reason = Some(reason);
+            return true;
+        }
+        false
+    }
 }
 
 impl LossState {
     /// Records the loss (the first reason wins) and wakes every waiter.
     pub(crate) fn lose(&self, reason: LossReason) {
-        let mut current = self.reason.lock();
-        if current.is_none() {
-            *current = Some(reason);
-            self.fired.notify_all();
+        let mut loss = self.inner.lock();
+        loss.settle(Instant::now());
+        if loss.reason.is_none() {
+            loss.reason = Some(reason);
         }
+        self.fired.notify_all();
     }
 
+    /// The loss, if any: recorded, or the local expiry has passed.
     pub(crate) fn reason(&self) -> Option<LossReason> {
-        *self.reason.lock()
+        let mut loss = self.inner.lock();
+        if loss.settle(Instant::now()) {
+            self.fired.notify_all();
+        }
+        loss.reason
+    }
+
+    /// Moves the local expiry to `deadline`, a loss then being `reason`.
+    /// Returns false, changing nothing, when the lease is already lost
+    /// (a loss, once seen, stays).
+    pub(crate) fn expire_at(&self, deadline: Instant, reason: LossReason) -> bool {
+        let mut loss = self.inner.lock();
+        loss.settle(Instant::now());
+        if loss.reason.is_some() {
+            return false;
+        }
+        loss.deadline = Some((deadline, reason));
+        // Waiters sleep until the old deadline at most; they look again.
+        self.fired.notify_all();
+        true
+    }
+
+    /// Blocks until the lease is found lost or `until` passes.
+    fn wait_until(&self, until: Option<Instant>) -> Option<LossReason> {
+        let mut loss = self.inner.lock();
+        loop {
+            let now = Instant::now();
+            if loss.settle(now) {
+                self.fired.notify_all();
+            }
+            if let Some(lost) = loss.reason {
+                return Some(lost);
+            }
+            if until.is_some_and(|until| now >= until) {
+                return None;
+            }
+            let wake = match (until, loss.deadline) {
+                (Some(until), Some((deadline, _))) => Some(until.min(deadline)),
+                (Some(until), None) => Some(until),
+                (None, Some((deadline, _))) => Some(deadline),
+                (None, None) => None,
+            };
+            match wake {
+                Some(wake) => {
+                    self.fired.wait_until(&mut loss, wake);
+                }
+                None => self.fired.wait(&mut loss),
+            }
+        }
     }
 }
 
@@ -126,21 +202,7 @@ impl LossSignal {
     /// Blocks until the lease is found lost or `timeout` passes; returns the
     /// reason, or `None` on timeout.
     pub fn wait_timeout(&self, timeout: Duration) -> Option<LossReason> {
-        let until = Instant::now().checked_add(timeout);
-        let mut reason = self.state.reason.lock();
-        loop {
-            if let Some(lost) = *reason {
-                return Some(lost);
-            }
-            match until {
-                Some(until) => {
-                    if self.state.fired.wait_until(&mut reason, until).timed_out() {
-                        return *reason;
-                    }
-                }
-                None => self.state.fired.wait(&mut reason),
-            }
-        }
+        self.state.wait_until(Instant::now().checked_add(timeout))
     }
 }
 
@@ -175,5 +237,36 @@ mod tests {
             LossReason::Unreachable.not_held_reason(),
             NotHeldReason::Expired
         );
+    }
+
+    #[test]
+    fn a_passed_local_expiry_is_a_loss_that_stays() {
+        let state = Arc::new(LossState::default());
+        let signal = LossSignal {
+            state: state.clone(),
+        };
+        let soon = Instant::now() + Duration::from_millis(30);
+        assert!(state.expire_at(soon, LossReason::Unreachable));
+        assert!(!signal.is_lost());
+        // Woken by the deadline itself, with nobody calling lose().
+        assert_eq!(
+            signal.wait_timeout(Duration::from_secs(10)),
+            Some(LossReason::Unreachable)
+        );
+        assert!(Instant::now() >= soon);
+        assert!(
+            !state.expire_at(Instant::now() + Duration::from_secs(60), LossReason::Unreachable),
+            "a renewal after the loss does not bring the lease back"
+        );
+        assert_eq!(signal.reason(), Some(LossReason::Unreachable));
+    }
+
+    #[test]
+    fn a_moved_expiry_keeps_the_lease() {
+        let state = LossState::default();
+        assert!(state.expire_at(Instant::now() + Duration::from_millis(20), LossReason::MaxHold));
+        assert!(state.expire_at(Instant::now() + Duration::from_secs(60), LossReason::MaxHold));
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(state.reason(), None);
     }
 }

@@ -295,6 +295,11 @@ impl LockOptions {
     /// It narrows the failover hazard, it does not close it: Redis
     /// replication stays asynchronous, and a replica that acknowledged can
     /// still lose the key if it restarts without persistence.
+    ///
+    /// `timeout` must be at least 1 ms and shorter than the client's I/O
+    /// timeout ([`LockClient::timeout`](crate::LockClient::timeout)); other
+    /// values make acquisitions fail with [`Error::InvalidArgument`] before
+    /// anything is sent. If `WAIT` fails, the key is released again.
     pub fn min_replicas(mut self, n: u32, timeout: Duration) -> Self {
         self.min_replicas = (n > 0).then_some((n, timeout));
         self
@@ -356,6 +361,23 @@ impl LockOptions {
     }
 }
 
+/// Checks [`LockOptions::min_replicas`]: a timeout of at least 1 ms (`WAIT
+/// n 0` would block for ever) and shorter than the connection's I/O
+/// timeout (a longer `WAIT` would time out the read and leave the key set
+/// with nobody told).
+pub(crate) fn check_min_replicas(options: &LockOptions, io_timeout: Duration) -> Result<(), Error> {
+    let Some((_, timeout)) = options.min_replicas else {
+        return Ok(());
+    };
+    if timeout < MIN_TTL || timeout >= io_timeout {
+        return Err(Error::InvalidArgument(format!(
+            "the min_replicas timeout must be at least 1 ms and shorter than the client's I/O \
+             timeout ({io_timeout:?}), got {timeout:?}"
+        )));
+    }
+    Ok(())
+}
+
 /// A validated lease length in whole milliseconds, as sent with `PX`.
 pub(crate) fn ttl_millis(ttl: Duration) -> Result<u64, Error> {
     if ttl < MIN_TTL {
@@ -395,6 +417,21 @@ mod tests {
         assert_eq!(b.max(), Duration::from_millis(5));
         assert_eq!(b.factor(), 1);
         assert_eq!(b.ceiling(10), Duration::from_millis(5));
+    }
+
+    #[test]
+    fn min_replicas_timeouts_are_checked() {
+        let io = Duration::from_secs(2);
+        let with = |t| LockOptions::default().min_replicas(1, t);
+        assert!(check_min_replicas(&LockOptions::default(), io).is_ok());
+        assert!(check_min_replicas(&with(Duration::from_millis(500)), io).is_ok());
+        for bad in [Duration::ZERO, Duration::from_micros(999), io, Duration::MAX] {
+            assert!(check_min_replicas(&with(bad), io).is_err(), "{bad:?}");
+        }
+        assert!(
+            check_min_replicas(&LockOptions::default().min_replicas(0, Duration::ZERO), io).is_ok(),
+            "n = 0 turns it off"
+        );
     }
 
     #[test]

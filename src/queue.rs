@@ -63,6 +63,10 @@ const RECHECK: Duration = Duration::from_millis(50);
 struct Slot {
     ticket: u64,
     wake: Arc<Condvar>,
+    /// Whether this waiter may be handed a lease: not when it needs what a
+    /// handed-over lease cannot give (its own fencing token, a `WAIT` for
+    /// replicas).
+    takes_handoffs: bool,
 }
 
 impl QueueState {
@@ -135,8 +139,13 @@ impl Queues {
 
     /// Joins the back of `key`'s queue. A lease handed to this waiter that
     /// nobody can take when it leaves goes to `on_orphan`, to be released in
-    /// Redis.
-    pub(crate) fn enqueue<'a>(&'a self, key: &str, on_orphan: &'a dyn Fn(Handoff)) -> Waiter<'a> {
+    /// Redis. A waiter that does not `take_handoffs` is never offered one.
+    pub(crate) fn enqueue<'a>(
+        &'a self,
+        key: &str,
+        takes_handoffs: bool,
+        on_orphan: &'a dyn Fn(Handoff),
+    ) -> Waiter<'a> {
         let mut by_key = self.by_key.lock();
         let queue = by_key
             .entry(key.to_owned())
@@ -154,6 +163,7 @@ impl Queues {
             state.waiters.push_back(Slot {
                 ticket,
                 wake: wake.clone(),
+                takes_handoffs,
             });
             ticket
         };
@@ -167,16 +177,18 @@ impl Queues {
         }
     }
 
-    /// Hands `lease` to the head of `key`'s queue, if anyone waits and no
-    /// other gift is pending. Gives the lease back otherwise.
+    /// Hands `lease` to the head of `key`'s queue, if anyone waits, the
+    /// head takes handoffs and no other gift is pending. Gives the lease
+    /// back otherwise.
     pub(crate) fn offer(&self, key: &str, lease: Handoff) -> Result<(), Handoff> {
         let queue = match self.by_key.lock().get(key) {
             Some(queue) => queue.clone(),
             None => return Err(lease),
         };
         let mut state = queue.state.lock();
+        let takes = state.waiters.front().is_some_and(|slot| slot.takes_handoffs);
         match state.head() {
-            Some(head) if state.gift.is_none() => {
+            Some(head) if takes && state.gift.is_none() => {
                 state.gift = Some(Gift { to: head, lease });
                 state.notify_head();
                 Ok(())
@@ -185,15 +197,16 @@ impl Queues {
         }
     }
 
-    /// This client released `key` in Redis, and the release message reached
-    /// `receivers` subscribers.
+    /// This client released `key` in Redis (or tried to), and the release
+    /// message reached `receivers` subscribers (`None`: no message was sent,
+    /// or it is not known).
     ///
     /// When some of them are other clients' (other processes'), this
     /// client's head lets them have the next turn: it skips its next attempt
     /// for up to [`YIELD`], unless woken sooner. Otherwise the head is woken
-    /// here if no message will reach it (no live subscription); with one, it
-    /// learns from the message.
-    pub(crate) fn released(&self, key: &str, receivers: u64) {
+    /// here if no message will reach it (none was sent, or no live
+    /// subscription); with one, it learns from the message.
+    pub(crate) fn released(&self, key: &str, receivers: Option<u64>) {
         let queue = self.by_key.lock().get(key).cloned();
         let Some(queue) = queue else {
             return;
@@ -203,10 +216,10 @@ impl Queues {
             .subscription
             .as_ref()
             .is_some_and(Subscription::is_live);
-        if receivers.saturating_sub(u64::from(live)) > 0 {
+        if receivers.is_some_and(|n| n.saturating_sub(u64::from(live)) > 0) {
             state.yield_turn = true;
         }
-        if !live {
+        if !live || receivers.is_none() {
             state.wakeups = state.wakeups.wrapping_add(1);
             state.notify_head();
         }
@@ -368,6 +381,14 @@ impl Drop for Waiter<'_> {
 /// it falls back to backoff timing for this round.
 const SUBSCRIBE_WAIT: Duration = Duration::from_millis(200);
 
+/// `now + wait`, or a day from now when that cannot be expressed (a
+/// caller's `Duration::MAX`): the sleeps that use it are bounded by a
+/// deadline or looked at again.
+pub(crate) fn later(now: Instant, wait: Duration) -> Instant {
+    now.checked_add(wait)
+        .unwrap_or_else(|| now + Duration::from_secs(24 * 3600))
+}
+
 /// `until`, or `deadline` if that comes first.
 pub(crate) fn clamp(until: Instant, deadline: Option<Instant>) -> Instant {
     deadline.map_or(until, |d| d.min(until))
@@ -404,7 +425,7 @@ impl HeadPacing {
         deadline: Option<Instant>,
     ) -> u64 {
         self.live = waiter.keep_subscribed(subscribe)
-            || waiter.wait_subscribed(clamp(Instant::now() + SUBSCRIBE_WAIT, deadline));
+            || waiter.wait_subscribed(clamp(later(Instant::now(), SUBSCRIBE_WAIT), deadline));
         waiter.wakeups()
     }
 
@@ -418,7 +439,9 @@ impl HeadPacing {
         // expiry (no message) or a lost message.
         let ceiling = self.backoff.ceiling(self.step);
         self.step = self.step.saturating_add(1);
-        left.map_or(ceiling, |left| ceiling.min(left + Duration::from_millis(1)))
+        left.map_or(ceiling, |left| {
+            ceiling.min(left.saturating_add(Duration::from_millis(1)))
+        })
     }
 }
 
@@ -456,8 +479,8 @@ mod tests {
         let queues = Queues::default();
         let ignore = |_: Handoff| {};
         assert!(!queues.has_waiters("k"));
-        let first = queues.enqueue("k", &ignore);
-        let second = queues.enqueue("k", &ignore);
+        let first = queues.enqueue("k", true, &ignore);
+        let second = queues.enqueue("k", true, &ignore);
         assert!(queues.has_waiters("k"));
         assert!(matches!(first.wait_turn(now()), Turn::Head));
         assert!(matches!(second.wait_turn(now()), Turn::TimedOut));
@@ -472,8 +495,8 @@ mod tests {
         let queues = Queues::default();
         let ignore = |_: Handoff| {};
         assert!(queues.offer("k", lease("t")).is_err(), "nobody waits");
-        let first = queues.enqueue("k", &ignore);
-        let second = queues.enqueue("k", &ignore);
+        let first = queues.enqueue("k", true, &ignore);
+        let second = queues.enqueue("k", true, &ignore);
         assert!(queues.offer("k", lease("t1")).is_ok(), "the head takes it");
         assert!(
             queues.offer("k", lease("t2")).is_err(),
@@ -491,7 +514,7 @@ mod tests {
         let queues = Queues::default();
         let orphans = RefCell::new(Vec::new());
         let collect = |h: Handoff| orphans.borrow_mut().push(h.token);
-        let only = queues.enqueue("k", &collect);
+        let only = queues.enqueue("k", true, &collect);
         assert!(queues.offer("k", lease("t")).is_ok(), "offered");
         drop(only);
         assert_eq!(*orphans.borrow(), vec!["t".to_string()]);
@@ -502,12 +525,16 @@ mod tests {
     fn a_release_that_reached_others_makes_the_head_yield() {
         let queues = Queues::default();
         let ignore = |_: Handoff| {};
-        let head = queues.enqueue("k", &ignore);
+        let head = queues.enqueue("k", true, &ignore);
         let seen = head.wakeups();
-        queues.released("k", 0);
+        queues.released("k", Some(0));
         assert_ne!(head.wakeups(), seen, "no subscription: woken directly");
         assert!(!head.take_yield());
-        queues.released("k", 2);
+        let seen = head.wakeups();
+        queues.released("k", None);
+        assert_ne!(head.wakeups(), seen, "no message sent: woken directly");
+        assert!(!head.take_yield());
+        queues.released("k", Some(2));
         assert!(head.take_yield(), "other clients were told: stand back");
         assert!(!head.take_yield(), "once");
     }

@@ -14,6 +14,9 @@ use crate::client::LockClient;
 use crate::error::{Error, NotHeldReason};
 use crate::guard::drift;
 use crate::options::{LockOptions, Release, ttl_millis};
+use crate::policy::Op;
+use crate::queue::later;
+use crate::watchdog::OrphanKind;
 use crate::{release, scripts};
 
 /// A lock held on a majority of N independent Redis masters (RedLock).
@@ -120,7 +123,7 @@ impl Nodes {
         op: impl Fn(&LockClient) -> T + Send + Sync + Clone + 'static,
     ) -> Vec<Option<T>> {
         let rx = self.each(op);
-        let deadline = Instant::now() + within;
+        let deadline = later(Instant::now(), within);
         let mut results: Vec<Option<T>> = (0..self.len()).map(|_| None).collect();
         let mut answered = 0;
         while answered < self.len() {
@@ -190,7 +193,8 @@ impl RedLock {
         })
     }
 
-    /// How long each node may take to answer. Defaults to 5 % of the ttl.
+    /// How long each node may take to answer. Defaults to 5 % of the ttl;
+    /// never more than the ttl.
     pub fn node_timeout(mut self, timeout: Duration) -> RedLock {
         self.node_timeout = Some(timeout);
         self
@@ -284,13 +288,13 @@ impl RedLock {
         }
         let millis = ttl_millis(self.options.ttl)?;
         let ttl = Duration::from_millis(millis);
-        let timeout = self.node_timeout.unwrap_or(ttl / 20);
+        let timeout = self.node_timeout.unwrap_or(ttl / 20).min(ttl);
         let token = uuid::Uuid::new_v4().to_string();
         let started = Instant::now();
         let (key, sent_token) = (self.key.clone(), token.clone());
         let answers = self.nodes.all(timeout, move |client| {
             client.counters().commands(1);
-            let previous: Result<Option<Vec<u8>>, Error> = client.with_connection(&key, |con| {
+            let previous: Result<Option<Vec<u8>>, Error> = client.run(Op::Acquire, &key, |con, _| {
                 redis::cmd("SET")
                     .arg(&key)
                     .arg(&sent_token)
@@ -328,7 +332,15 @@ impl RedLock {
         // runs the release after its own acquire, late or not.
         let (key, sent_token) = (self.key.clone(), token.clone());
         drop(self.nodes.each(move |client| {
-            let _ = release::release(client, &key, &sent_token, Release::Lua);
+            if release::release(client, &key, &sent_token, Release::Lua).is_err() {
+                // Unreachable now: released as soon as the node answers.
+                client.orphan(
+                    &key,
+                    OrphanKind::Plain {
+                        token: sent_token.clone(),
+                    },
+                );
+            }
         }));
         let failed: Vec<String> = answers
             .iter()
@@ -400,7 +412,7 @@ impl RedLockGuard {
         let (key, token) = (self.key.clone(), self.token.clone());
         let results = settle(self.nodes.all(NODE_OP_WAIT, move |client| {
             client.counters().commands(1);
-            let reply: i64 = client.with_connection(&key, |con| {
+            let reply: i64 = client.run(Op::Extend, &key, |con, _| {
                 scripts::EXTEND
                     .key(&key)
                     .arg(&token)

@@ -11,7 +11,9 @@ use crate::client::LockClient;
 use crate::error::{Error, NotHeldReason};
 use crate::guard::remaining;
 use crate::options::{LockOptions, ttl_millis};
-use crate::scripts;
+use crate::policy::Op;
+use crate::watchdog::OrphanKind;
+use crate::{release, scripts};
 
 /// This process's part of every owner id: one UUID per process, so any
 /// `LockClient` of a thread re-enters what the thread holds.
@@ -24,13 +26,16 @@ fn current_owner() -> String {
     format!("{}:{thread}", *PROCESS_ID)
 }
 
-/// A reentrant lock whose hold count lives in Redis: the key is a hash with
-/// one field, the owner (`<process uuid>:<thread id>`), whose value is the
-/// number of holds. Acquiring increments it and refreshes the lease;
-/// releasing decrements it and deletes the key at zero.
+/// A reentrant lock whose holds live in Redis: the key is a hash whose
+/// field `owner` names the holder (`<process uuid>:<thread id>`), with one
+/// field `h:<hold id>` per hold. Acquiring adds this hold's field and
+/// refreshes the lease; releasing removes it, and deletes the key when no
+/// hold is left. (A field per hold rather than a counter: a request sent
+/// again after its reply was lost cannot count a hold twice, nor release
+/// one twice.)
 ///
 /// Pick it over [`DistributedLock`](crate::DistributedLock)'s thread-local
-/// reentrancy when the count must be visible in Redis (`HGETALL key` shows
+/// reentrancy when the holds must be visible in Redis (`HGETALL key` shows
 /// who holds it and how deeply), or when a thread re-enters through another
 /// [`LockClient`] (the owner id is per process and thread, not per client).
 /// The price: every nested acquire and release is a round trip, where the
@@ -41,8 +46,8 @@ fn current_owner() -> String {
 /// # fn main() -> Result<(), redmutex::Error> {
 /// let client = redmutex::LockClient::open("redis://127.0.0.1:6379/")?;
 /// let lock = redmutex::ReentrantLock::new(&client, "accounts:42");
-/// let outer = lock.lock()?;          // HINCRBY owner 1 -> 1
-/// let inner = lock.lock()?;          // HINCRBY owner 1 -> 2, lease refreshed
+/// let outer = lock.lock()?;          // HSET owner <id> h:<hold 1> 1
+/// let inner = lock.lock()?;          // HSET h:<hold 2> 1, lease refreshed
 /// assert_eq!(inner.hold_count(), 2);
 /// assert_eq!(inner.unlock()?, redmutex::Unlocked::StillHeld);
 /// assert_eq!(outer.unlock()?, redmutex::Unlocked::Released);
@@ -148,19 +153,34 @@ impl ReentrantLock {
             self.options.backoff,
             deadline,
             || {
+                let hold = uuid::Uuid::new_v4().to_string();
                 let sent = Instant::now();
                 self.client.counters().commands(1);
-                let (count, _pttl): (u32, i64) = self.client.with_connection(key, |con| {
+                let acquired = self.client.run(Op::ReentrantAcquire, key, |con, _| {
                     scripts::REENTRANT_ACQUIRE
                         .key(key)
                         .arg(&owner)
                         .arg(millis)
-                        .invoke(con)
+                        .arg(&hold)
+                        .invoke::<(u32, i64)>(con)
+                });
+                let (count, _pttl) = acquired.inspect_err(|err| {
+                    if err.is_outcome_unknown() {
+                        // The hold may have been added: take it out again.
+                        self.client.orphan(
+                            key,
+                            OrphanKind::Reentrant {
+                                owner: owner.clone(),
+                                hold: hold.clone(),
+                            },
+                        );
+                    }
                 })?;
                 Ok((count > 0).then(|| ReentrantGuard {
                     client: self.client.clone(),
                     key: self.key.clone(),
                     owner: owner.clone(),
+                    hold,
                     hold_count: count,
                     sent,
                     ttl: Duration::from_millis(millis),
@@ -186,6 +206,8 @@ pub struct ReentrantGuard {
     client: LockClient,
     key: String,
     owner: String,
+    /// This hold's own field, `h:<hold>`.
+    hold: String,
     hold_count: u32,
     sent: Instant,
     ttl: Duration,
@@ -204,7 +226,12 @@ impl ReentrantGuard {
         &self.owner
     }
 
-    /// The owner's hold count in Redis right after this acquisition.
+    /// This hold's id: its field in the hash is `h:<id>`.
+    pub fn hold_id(&self) -> &str {
+        &self.hold
+    }
+
+    /// The owner's number of holds in Redis right after this acquisition.
     pub fn hold_count(&self) -> u32 {
         self.hold_count
     }
@@ -227,9 +254,10 @@ impl ReentrantGuard {
     pub fn is_held(&self) -> Result<bool, Error> {
         let key = self.key.as_str();
         self.client.counters().commands(1);
-        self.client.with_connection(key, |con| {
-            redis::cmd("HEXISTS").arg(key).arg(&self.owner).query(con)
-        })
+        let owner: Option<String> = self.client.run(Op::Read, key, |con, _| {
+            redis::cmd("HGET").arg(key).arg("owner").query(con)
+        })?;
+        Ok(owner.as_deref() == Some(self.owner.as_str()))
     }
 
     /// Sets the lease to `ttl` from now if this owner still holds the lock.
@@ -244,7 +272,7 @@ impl ReentrantGuard {
         let key = self.key.as_str();
         let sent = Instant::now();
         self.client.counters().commands(1);
-        let reply: i64 = self.client.with_connection(key, |con| {
+        let reply: i64 = self.client.run(Op::ReentrantExtend, key, |con, _| {
             scripts::REENTRANT_EXTEND
                 .key(key)
                 .arg(&self.owner)
@@ -257,15 +285,17 @@ impl ReentrantGuard {
         Ok(())
     }
 
-    /// Releases this hold: decrements the owner's count, deleting the key at
-    /// zero.
+    /// Releases this hold: removes its field, deleting the key when no hold
+    /// is left.
     ///
     /// # Errors
     ///
     /// [`Error::NotHeld`] with [`NotHeldReason::OwnedByOther`] when the hash
     /// belongs to another owner (the articles' `nil`), or
-    /// [`NotHeldReason::Expired`] when the key is gone; [`Error::Redis`],
-    /// [`Error::Pool`] or [`Error::WrongType`].
+    /// [`NotHeldReason::Expired`] when the key is gone;
+    /// [`Error::OutcomeUnknown`] when no reply came back even after resends
+    /// (the hold may or may not be released; the key expires by its ttl);
+    /// [`Error::Redis`], [`Error::Pool`] or [`Error::WrongType`].
     pub fn unlock(mut self) -> Result<Unlocked, Error> {
         self.release()
     }
@@ -273,19 +303,28 @@ impl ReentrantGuard {
     fn release(&mut self) -> Result<Unlocked, Error> {
         self.released = true;
         let key = self.key.as_str();
+        let (marker, millis) = release::marker_of(&self.client, key, &self.hold);
         self.client.counters().commands(1);
-        let reply: Option<i64> = self.client.with_connection(key, |con| {
-            scripts::REENTRANT_RELEASE
-                .key(key)
+        let (reply, send) = self.client.run(Op::ReentrantRelease, key, |con, send| {
+            let mut script = scripts::REENTRANT_RELEASE.key(key);
+            if let Some(marker) = &marker {
+                script.key(marker);
+            }
+            let reply: Option<i64> = script
                 .arg(&self.owner)
-                .invoke(con)
+                .arg(&self.hold)
+                .arg(millis)
+                .invoke(con)?;
+            Ok((reply, send))
         })?;
-        match reply {
+        let answer = match reply {
             Some(1) => Ok(Unlocked::Released),
             Some(0) => Ok(Unlocked::StillHeld),
-            Some(_) => Err(Error::not_held(key, NotHeldReason::Expired)),
-            None => Err(Error::not_held(key, NotHeldReason::OwnedByOther)),
-        }
+            Some(_) => Err(NotHeldReason::Expired),
+            None => Err(NotHeldReason::OwnedByOther),
+        };
+        release::check_resend(key, answer, send, marker.is_some(), millis)?
+            .map_err(|reason| Error::not_held(key, reason))
     }
 }
 

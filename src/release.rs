@@ -2,11 +2,14 @@
 //!
 //! Both answer the same way: released, or not held because the key is gone
 //! (expired) or holds another owner's token. Neither ever deletes a key it
-//! does not own.
+//! does not own. Both leave a marker when they delete, so a release sent
+//! again after its reply was lost still answers "released" (see
+//! `policy.rs`).
 
-use redis::{ConnectionLike, RedisResult, pipe};
+use redis::{ConnectionLike, RedisResult, Value, pipe};
 
-use crate::error::NotHeldReason;
+use crate::error::{Error, NotHeldReason};
+use crate::policy::{Op, Send, marker_ttl};
 use crate::scripts;
 use crate::stats::Stats;
 
@@ -16,9 +19,36 @@ use crate::stats::Stats;
 /// say); more than a few in a row is pathological.
 pub(crate) const MAX_WATCH_ATTEMPTS: u32 = 16;
 
-/// `Ok(Ok(n))` released, the release message reaching `n` subscribers;
-/// `Ok(Err(reason))` not ours; `Err` Redis failed.
-pub(crate) type Outcome = Result<u64, NotHeldReason>;
+/// A release that took place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Released {
+    /// This request deleted the key; the message reached that many
+    /// subscribers (`None`: it could not be sent).
+    Now(Option<u64>),
+    /// An earlier send of this same request deleted it; its reply was lost.
+    Earlier,
+}
+
+impl Released {
+    /// Subscribers the release message reached, when it is known that it
+    /// was sent.
+    pub(crate) fn receivers(self) -> Option<u64> {
+        match self {
+            Released::Now(receivers) => receivers,
+            Released::Earlier => None,
+        }
+    }
+}
+
+/// `Ok(Ok(_))` released; `Ok(Err(reason))` not ours; `Err` Redis failed.
+pub(crate) type Outcome = Result<Released, NotHeldReason>;
+
+/// Where and how long a release leaves its marker.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Marker<'a> {
+    pub(crate) key: Option<&'a str>,
+    pub(crate) millis: u64,
+}
 
 /// `EVALSHA lua/release.lua`: one round trip (two after a `NOSCRIPT`).
 pub(crate) fn release_lua(
@@ -27,41 +57,61 @@ pub(crate) fn release_lua(
     key: &str,
     token: &str,
     channel: &str,
+    marker: Marker<'_>,
 ) -> RedisResult<Outcome> {
     stats.commands(1);
-    let (reply, receivers): (i64, u64) = scripts::RELEASE
-        .key(key)
+    let mut script = scripts::RELEASE.key(key);
+    if let Some(marker) = marker.key {
+        script.key(marker);
+    }
+    let (reply, receivers): (i64, i64) = script
         .arg(token)
         .arg(channel)
+        .arg(marker.millis)
         .invoke(con)?;
-    Ok(scripts::owner_checked(reply).map(|()| receivers))
+    Ok(match reply {
+        1 => Ok(Released::Now(u64::try_from(receivers).ok())),
+        2 => Ok(Released::Earlier),
+        other => Err(owner_checked_failure(other)),
+    })
 }
 
-/// `WATCH`+`GET`, then `MULTI`/`DEL`/`PUBLISH`/`EXEC`: two round trips.
+fn owner_checked_failure(reply: i64) -> NotHeldReason {
+    match scripts::owner_checked(reply) {
+        Err(reason) => reason,
+        Ok(()) => NotHeldReason::OwnedByOther,
+    }
+}
+
+/// `WATCH`+`GET`, then `MULTI`/`DEL`/`PUBLISH`/marker/`EXEC`: two round
+/// trips.
 ///
 /// Every path that does not end in `EXEC` (which clears the watch whether it
 /// runs or aborts) sends `UNWATCH`, errors included, so the connection goes
 /// back to the pool clean. An `UNWATCH` whose reply is lost has still been
 /// written, and Redis runs it before anything the next user sends; one that
 /// cannot be written marks the connection broken, and the pool drops it.
+///
+/// A user whose ACL refuses the channel or the marker key gets `EXECABORT`
+/// for the whole transaction; the release then starts over with the `DEL`
+/// alone.
 pub(crate) fn release_watch(
     con: &mut dyn ConnectionLike,
     stats: &Stats,
     key: &str,
     token: &str,
     channel: &str,
+    marker: Marker<'_>,
 ) -> RedisResult<Outcome> {
+    let mut bare = false;
     for _ in 0..MAX_WATCH_ATTEMPTS {
-        stats.commands(2);
-        let watched: RedisResult<(Option<Vec<u8>>,)> = pipe()
-            .cmd("WATCH")
-            .arg(key)
-            .ignore()
-            .cmd("GET")
-            .arg(key)
-            .query(con);
-        let current = match watched {
-            Ok((current,)) => current,
+        stats.commands(3);
+        let mut watch = pipe();
+        watch.cmd("WATCH").arg(key).ignore().cmd("GET").arg(key);
+        watch.cmd("EXISTS").arg(marker.key.unwrap_or(key));
+        let watched: RedisResult<(Option<Vec<u8>>, bool)> = watch.query(con);
+        let (current, marked) = match watched {
+            Ok((current, marked)) => (current, marked && marker.key.is_some()),
             Err(err) => {
                 unwatch(con, stats);
                 return Err(err);
@@ -69,19 +119,37 @@ pub(crate) fn release_watch(
         };
         match current {
             Some(value) if value == token.as_bytes() => {
-                stats.commands(4);
-                let executed: RedisResult<Option<(i64, u64)>> = pipe()
-                    .atomic()
-                    .cmd("DEL")
-                    .arg(key)
-                    .cmd("PUBLISH")
-                    .arg(channel)
-                    .arg("")
-                    .query(con);
+                let mut exec = pipe();
+                exec.atomic().cmd("DEL").arg(key);
+                if !bare {
+                    exec.cmd("PUBLISH").arg(channel).arg("");
+                    if let Some(marker_key) = marker.key {
+                        exec.cmd("SET")
+                            .arg(marker_key)
+                            .arg("1")
+                            .arg("PX")
+                            .arg(marker.millis)
+                            .ignore();
+                    }
+                }
+                stats.commands(3 + u64::from(!bare) * 2);
+                let executed: RedisResult<Option<Vec<Value>>> = exec.query(con);
                 match executed {
-                    Ok(Some((_, receivers))) => return Ok(Ok(receivers)),
+                    Ok(Some(replies)) => {
+                        let receivers = match replies.get(1) {
+                            Some(Value::Int(n)) => u64::try_from(*n).ok(),
+                            _ => None,
+                        };
+                        return Ok(Ok(Released::Now(receivers)));
+                    }
                     // EXEC aborted: the key was touched after WATCH. Look again.
                     Ok(None) => continue,
+                    Err(err) if !bare && err.code() == Some("EXECABORT") => {
+                        // EXEC ran (and cleared the watch) but refused the
+                        // queued PUBLISH or marker: an ACL. Again, bare.
+                        bare = true;
+                        continue;
+                    }
                     Err(err) => {
                         // EXEC normally clears the watch, but an error may
                         // mean it never ran; an extra UNWATCH is harmless.
@@ -89,6 +157,10 @@ pub(crate) fn release_watch(
                         return Err(err);
                     }
                 }
+            }
+            _ if marked => {
+                unwatch(con, stats);
+                return Ok(Ok(Released::Earlier));
             }
             None => {
                 unwatch(con, stats);
@@ -114,6 +186,38 @@ fn unwatch(con: &mut dyn ConnectionLike, stats: &Stats) {
     }
 }
 
+/// The marker of a release of `key` by `id`, and how long it lives on
+/// `client`'s deployment.
+pub(crate) fn marker_of(client: &crate::LockClient, key: &str, id: &str) -> (Option<String>, u64) {
+    let millis = u64::try_from(marker_ttl(client.timeout()).as_millis()).unwrap_or(u64::MAX);
+    (crate::channel::release_marker(key, id), millis)
+}
+
+/// A "not held" answer to a resend whose earlier send may have released
+/// the key without a marker to say so (a key with no marker, or one sent
+/// again later than a marker lives) is not the truth: it is unknown.
+pub(crate) fn check_resend<T>(
+    key: &str,
+    answer: Result<T, NotHeldReason>,
+    send: Send,
+    has_marker: bool,
+    marker_millis: u64,
+) -> Result<Result<T, NotHeldReason>, Error> {
+    let late = !has_marker
+        || u64::try_from(send.since_first.as_millis()).unwrap_or(u64::MAX) >= marker_millis;
+    match answer {
+        Err(_) if send.resend && late => Err(Error::OutcomeUnknown {
+            key: key.to_owned(),
+            operation: Op::Release.name(),
+            source: redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "an earlier send's reply was lost, and no marker can tell whether it released",
+            )),
+        }),
+        answer => Ok(answer),
+    }
+}
+
 /// Releases `key` in Redis if it holds `token`, and tells this client's own
 /// queue (see [`Queues::released`](crate::queue::Queues::released)).
 pub(crate) fn release(
@@ -121,19 +225,30 @@ pub(crate) fn release(
     key: &str,
     token: &str,
     how: crate::Release,
-) -> Result<(), crate::Error> {
+) -> Result<(), Error> {
     let channel = crate::channel::release_channel(key);
+    let (marker_key, millis) = marker_of(client, key, token);
+    let marker = Marker {
+        key: marker_key.as_deref(),
+        millis,
+    };
     let stats = client.counters();
-    let outcome = client.with_connection(key, |con| match how {
-        crate::Release::Lua => release_lua(con, stats, key, token, &channel),
-        crate::Release::Watch => release_watch(con, stats, key, token, &channel),
+    let result = client.run(Op::Release, key, |con, send| {
+        let outcome = match how {
+            crate::Release::Lua => release_lua(con, stats, key, token, &channel, marker)?,
+            crate::Release::Watch => release_watch(con, stats, key, token, &channel, marker)?,
+        };
+        Ok((outcome, send))
+    });
+    let outcome = result.and_then(|(outcome, send)| {
+        check_resend(key, outcome, send, marker.key.is_some(), millis)
     });
     let receivers = match &outcome {
-        Ok(Ok(receivers)) => *receivers,
-        _ => 0,
+        Ok(Ok(released)) => released.receivers(),
+        _ => None,
     };
     client.queues().released(key, receivers);
     outcome?
         .map(|_| ())
-        .map_err(|reason| crate::Error::not_held(key, reason))
+        .map_err(|reason| Error::not_held(key, reason))
 }

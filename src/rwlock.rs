@@ -8,8 +8,10 @@ use crate::client::LockClient;
 use crate::error::{Error, NotHeldReason};
 use crate::guard::remaining;
 use crate::options::{LockOptions, WaitMode, ttl_millis};
-use crate::queue::{Handoff, HeadPacing, Turn, clamp};
-use crate::{channel, scripts};
+use crate::policy::Op;
+use crate::queue::{Handoff, HeadPacing, Turn, clamp, later};
+use crate::watchdog::OrphanKind;
+use crate::{channel, release, scripts};
 
 /// A distributed read-write lock: any number of readers, or one writer.
 ///
@@ -179,25 +181,48 @@ impl RwLock {
         // readers back soon.
         let fourth = match mode {
             Mode::Read => u64::from(self.prefer_readers),
-            Mode::Write => (self.options.backoff.max() * 2).as_millis() as u64 + 200,
+            Mode::Write => u64::try_from(
+                self.options
+                    .backoff
+                    .max()
+                    .saturating_mul(2)
+                    .saturating_add(Duration::from_millis(200))
+                    .min(crate::options::MAX_TTL)
+                    .as_millis(),
+            )
+            .unwrap_or(u64::MAX),
         };
         let waiting_writer = mode == Mode::Write && deadline.is_none_or(|d| d > Instant::now());
         let attempt = || -> Result<Result<RwGuard, Option<Duration>>, Error> {
             let sent = Instant::now();
             self.client.counters().commands(1);
-            let (acquired, wait_ms): (i64, i64) = self.client.with_connection(key, |con| {
-                scripts::RW_ACQUIRE
-                    .key(key)
-                    .arg(&token)
-                    .arg(mode.code())
-                    .arg(millis)
-                    .arg(if waiting_writer || mode == Mode::Read {
-                        fourth
-                    } else {
-                        0
-                    })
-                    .invoke(con)
-            })?;
+            let (acquired, wait_ms): (i64, i64) = self
+                .client
+                .run(Op::RwAcquire, key, |con, _| {
+                    scripts::RW_ACQUIRE
+                        .key(key)
+                        .arg(&token)
+                        .arg(mode.code())
+                        .arg(millis)
+                        .arg(if waiting_writer || mode == Mode::Read {
+                            fourth
+                        } else {
+                            0
+                        })
+                        .invoke(con)
+                })
+                .inspect_err(|err| {
+                    if err.is_outcome_unknown() {
+                        // A grant (or a writer's place in line) may have
+                        // been written: take every field of it out again.
+                        self.client.orphan(
+                            key,
+                            OrphanKind::Rw {
+                                token: token.clone(),
+                            },
+                        );
+                    }
+                })?;
             Ok(if acquired == 1 {
                 Ok(RwGuard {
                     client: self.client.clone(),
@@ -222,9 +247,13 @@ impl RwLock {
             ),
             WaitMode::Notify => self.wait_notified(deadline, attempt),
         };
-        if waiting_writer && !matches!(result, Ok(Some(_))) {
-            // Gave up (or failed): stop holding readers back.
-            let _ = release_field(&self.client, key, &token, "q");
+        if waiting_writer
+            && !matches!(result, Ok(Some(_)))
+            && release_field(&self.client, key, &token, "q").is_err()
+        {
+            // Gave up (or failed): stop holding readers back, now or as soon
+            // as Redis answers.
+            self.client.orphan(key, OrphanKind::Rw { token });
         }
         result
     }
@@ -247,7 +276,10 @@ impl RwLock {
         }
         let queue_key = format!("{}\u{0}rw", self.key);
         let no_handoffs = |_: Handoff| {};
-        let waiter = self.client.queues().enqueue(&queue_key, &no_handoffs);
+        let waiter = self
+            .client
+            .queues()
+            .enqueue(&queue_key, false, &no_handoffs);
         let channel = channel::release_channel(&self.key);
         let mut pacing = HeadPacing::new(self.options.backoff);
         loop {
@@ -268,24 +300,42 @@ impl RwLock {
             if deadline.is_some_and(|d| now >= d) {
                 return Ok(None);
             }
-            let _ = waiter.wait_release(seen, clamp(now + pacing.pause(left), deadline));
+            let _ = waiter.wait_release(seen, clamp(later(now, pacing.pause(left)), deadline));
         }
     }
 }
 
 /// Removes one holder's field (`r`, `w` or `q` for a waiting writer):
-/// 1 released, 0 gone, -1 another writer holds the write lock.
+/// 1 released, 0 gone, -1 another writer holds the write lock. A release
+/// sent again after a lost reply answers from its marker.
 fn release_field(client: &LockClient, key: &str, token: &str, code: &str) -> Result<i64, Error> {
     let channel = channel::release_channel(key);
+    let (marker, millis) = release::marker_of(client, key, token);
     client.counters().commands(1);
-    client.with_connection(key, |con| {
-        scripts::RW_RELEASE
-            .key(key)
+    let (reply, send) = client.run(Op::RwRelease, key, |con, send| {
+        let mut script = scripts::RW_RELEASE.key(key);
+        if let Some(marker) = &marker {
+            script.key(marker);
+        }
+        let reply: i64 = script
             .arg(token)
             .arg(code)
             .arg(&channel)
-            .invoke(con)
-    })
+            .arg(millis)
+            .invoke(con)?;
+        Ok((reply, send))
+    })?;
+    if reply != 1 && code != "q" {
+        let reason = if reply == 0 {
+            NotHeldReason::Expired
+        } else {
+            NotHeldReason::OwnedByOther
+        };
+        // "Not held", answered to a resend, proves nothing without a marker.
+        let _answer =
+            release::check_resend(key, Err::<(), _>(reason), send, marker.is_some(), millis)?;
+    }
+    Ok(reply)
 }
 
 /// A read or write hold of an [`RwLock`]. Dropping it releases it (best

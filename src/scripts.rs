@@ -2,18 +2,25 @@
 //!
 //! `redis::Script::invoke` tries `EVALSHA` and, when the server answers
 //! `NOSCRIPT` (after `SCRIPT FLUSH` or a restart), loads the script and tries
-//! again, so callers never see `NOSCRIPT`.
+//! again, so callers never see `NOSCRIPT`. Every script says in its header
+//! whether it is safe to run twice (see `policy.rs`): all of them are.
 
 use std::sync::LazyLock;
 
-use redis::Script;
+use redis::{Cmd, FromRedisValue, RedisResult, Script};
 
-/// `lua/acquire.lua`: SET NX PX GET, or the holder's PTTL. Returns `{1, 0}`
-/// acquired or `{0, pttl}` held.
+use crate::backend::Connection;
+use crate::stats::Stats;
+
+/// `lua/acquire.lua`: SET NX PX GET (the fence counter bumped first), or
+/// the holder's PTTL. Returns `{1, 0, fence}` acquired or `{0, pttl, 0}`
+/// held.
 pub(crate) static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/acquire.lua")));
 
-/// `lua/release.lua`: owner-checked delete and PUBLISH. Returns 1 released, 0 gone, -1 other owner.
+/// `lua/release.lua`: owner-checked delete, marker and PUBLISH. Returns
+/// `{1, n}` released, `{2, 0}` released by an earlier run, `{0, 0}` gone,
+/// `{-1, 0}` other owner.
 pub(crate) static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/release.lua")));
 
@@ -21,12 +28,12 @@ pub(crate) static RELEASE: LazyLock<Script> =
 pub(crate) static EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/extend.lua")));
 
-/// `lua/reentrant_acquire.lua`: HINCRBY the owner's count. Returns `{count, pttl}`.
+/// `lua/reentrant_acquire.lua`: adds this hold's field. Returns `{count, pttl}`.
 pub(crate) static REENTRANT_ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/reentrant_acquire.lua")));
 
-/// `lua/reentrant_release.lua`: decrement, DEL at zero. Returns nil (not the
-/// owner), -1 gone, 0 still held, 1 released.
+/// `lua/reentrant_release.lua`: removes this hold's field, DEL when none is
+/// left. Returns nil (not the owner), -1 gone, 0 still held, 1 released.
 pub(crate) static REENTRANT_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/reentrant_release.lua")));
 
@@ -38,7 +45,8 @@ pub(crate) static REENTRANT_EXTEND: LazyLock<Script> =
 pub(crate) static RW_ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/rw_acquire.lua")));
 
-/// `lua/rw_release.lua`: remove this holder's field. Returns 1, 0 gone, -1 other writer.
+/// `lua/rw_release.lua`: remove this holder's field(s). Returns 1, 0 gone,
+/// -1 other writer.
 pub(crate) static RW_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/rw_release.lua")));
 
@@ -49,4 +57,53 @@ pub(crate) fn owner_checked(reply: i64) -> Result<(), crate::NotHeldReason> {
         0 => Err(crate::NotHeldReason::Expired),
         _ => Err(crate::NotHeldReason::OwnedByOther),
     }
+}
+
+/// Sends `calls` (`EVALSHA`s of `scripts`) in one pipeline; when the server
+/// lost a script (`NOSCRIPT`), loads them all and sends once more. A
+/// pipeline of `EVALSHA` does not reload by itself as `Script::invoke`
+/// does. On a cluster, redis-rs splits it by node and `SCRIPT LOAD` goes to
+/// every primary.
+pub(crate) fn pipelined<T: FromRedisValue>(
+    con: &mut Connection,
+    calls: &[Cmd],
+    scripts: &[&Script],
+    stats: &Stats,
+) -> RedisResult<Vec<T>> {
+    let send = |con: &mut Connection| -> RedisResult<Vec<T>> {
+        let clustered = con.on_cluster(|cluster| {
+            let mut pipe = redis::cluster::cluster_pipe();
+            for call in calls {
+                pipe.add_command(call.clone());
+            }
+            pipe.query(cluster)
+        });
+        if let Some(result) = clustered {
+            return result;
+        }
+        let mut pipe = redis::pipe();
+        for call in calls {
+            pipe.add_command(call.clone());
+        }
+        pipe.query(con)
+    };
+    match send(con) {
+        Err(err) if is_noscript(&err) => {
+            for script in scripts {
+                script.load(con)?;
+            }
+            stats.commands(scripts.len() as u64 + calls.len() as u64);
+            send(con)
+        }
+        other => other,
+    }
+}
+
+/// `NOSCRIPT`, alone or among a pipeline's errors.
+pub(crate) fn is_noscript(err: &redis::RedisError) -> bool {
+    err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+        || err
+            .clone()
+            .into_server_errors()
+            .is_some_and(|errors| errors.iter().any(|(_, e)| e.code() == "NOSCRIPT"))
 }

@@ -22,6 +22,12 @@ pub struct LockStats {
     pub renewals: u64,
     /// Round trips those renewals took (renewals due together share one).
     pub renewal_round_trips: u64,
+    /// Requests sent again on a fresh connection after their reply was
+    /// lost (see the crate docs' failure model).
+    pub resends: u64,
+    /// Tokens of failed acquisitions released in the background, because
+    /// their request may have set the key after all.
+    pub orphans_released: u64,
 }
 
 #[derive(Default)]
@@ -32,6 +38,8 @@ pub(crate) struct Stats {
     notifications: AtomicU64,
     renewals: AtomicU64,
     renewal_round_trips: AtomicU64,
+    resends: AtomicU64,
+    orphans_released: AtomicU64,
 }
 
 impl Stats {
@@ -49,6 +57,13 @@ impl Stats {
     pub(crate) fn handoff(&self) {
         self.handoffs.fetch_add(1, Ordering::Relaxed);
     }
+    pub(crate) fn resend(&self) {
+        self.commands(1);
+        self.resends.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn orphan_released(&self) {
+        self.orphans_released.fetch_add(1, Ordering::Relaxed);
+    }
     pub(crate) fn notification(&self) {
         self.notifications.fetch_add(1, Ordering::Relaxed);
     }
@@ -60,6 +75,8 @@ impl Stats {
             notifications: self.notifications.load(Ordering::Relaxed),
             renewals: self.renewals.load(Ordering::Relaxed),
             renewal_round_trips: self.renewal_round_trips.load(Ordering::Relaxed),
+            resends: self.resends.load(Ordering::Relaxed),
+            orphans_released: self.orphans_released.load(Ordering::Relaxed),
         }
     }
 }

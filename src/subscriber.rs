@@ -10,14 +10,22 @@
 //!
 //! When the connection fails, every waiting queue is woken (its head falls
 //! back to backoff timing) and the thread reconnects and subscribes again.
+//!
+//! A half-open link (the peer gone without a reset, a partition, a proxy
+//! that holds the socket) would look alive for ever to a reader that only
+//! waits: after one timeout without a frame the thread sends `PING`, and
+//! when a second timeout passes without any frame the link is declared
+//! dead, so it is found within twice the client's I/O timeout. TCP
+//! keepalive probes watch the socket as well. A channel the server refuses
+//! (`-NOPERM`: an ACL user without it) is not asked for again on that
+//! connection, and its waiters fall back to backoff timing at once.
 
-use std::collections::HashMap;
-use std::io::{self, BufReader, Read, Write};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 #[cfg(unix)]
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Weak};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -25,12 +33,12 @@ use parking_lot::{Condvar, Mutex};
 use crate::queue::KeyQueue;
 use crate::resp::{self, Frame};
 use crate::stats::Stats;
+use crate::worker::{STOP_WAIT, Worker};
 
 /// The name the subscriber connection gives itself (`CLIENT SETNAME`).
 pub(crate) const CONNECTION_NAME: &str = "redmutex-subscriber";
 /// The subscriber thread's name (Linux keeps 15 bytes of it).
 pub const THREAD_NAME: &str = "redmutex-sub";
-const IO_TIMEOUT: Duration = Duration::from_secs(2);
 const RECONNECT_MIN: Duration = Duration::from_millis(50);
 const RECONNECT_MAX: Duration = Duration::from_secs(2);
 
@@ -116,7 +124,7 @@ impl Source {
     }
 
     /// The server for connection attempt number `attempt`.
-    fn resolve(&self, attempt: usize) -> io::Result<Endpoint> {
+    fn resolve(&self, attempt: usize, timeout: Duration) -> io::Result<Endpoint> {
         match self {
             Source::Fixed(endpoints) => endpoints
                 .get(attempt % endpoints.len().max(1))
@@ -131,7 +139,7 @@ impl Source {
                 let mut last = io::Error::new(io::ErrorKind::NotFound, "no sentinel");
                 for i in 0..sentinels.len() {
                     let sentinel = &sentinels[(attempt + i) % sentinels.len()];
-                    match ask_sentinel(sentinel, master) {
+                    match ask_sentinel(sentinel, master, timeout) {
                         Ok((host, port)) => {
                             return Ok(Endpoint {
                                 target: Target::Tcp { host, port },
@@ -149,8 +157,8 @@ impl Source {
 }
 
 /// `SENTINEL GET-MASTER-ADDR-BY-NAME master` on one sentinel.
-fn ask_sentinel(sentinel: &Endpoint, master: &str) -> io::Result<(String, u16)> {
-    let (mut reader, mut writer) = open(sentinel)?;
+fn ask_sentinel(sentinel: &Endpoint, master: &str, timeout: Duration) -> io::Result<(String, u16)> {
+    let (mut reader, mut writer) = open(sentinel, timeout)?;
     resp::write_command(
         &mut writer,
         &[b"SENTINEL", b"GET-MASTER-ADDR-BY-NAME", master.as_bytes()],
@@ -176,14 +184,16 @@ enum Stream {
 }
 
 impl Stream {
-    fn connect(target: &Target) -> io::Result<Stream> {
+    fn connect(target: &Target, timeout: Duration) -> io::Result<Stream> {
         match target {
             Target::Tcp { host, port } => {
                 let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
                 for addr in (host.as_str(), *port).to_socket_addrs()? {
-                    match TcpStream::connect_timeout(&addr, IO_TIMEOUT) {
+                    match TcpStream::connect_timeout(&addr, timeout) {
                         Ok(stream) => {
                             stream.set_nodelay(true)?;
+                            redis::io::tcp::socket2::SockRef::from(&stream)
+                                .set_tcp_keepalive(&crate::backend::keepalive(timeout))?;
                             return Ok(Stream::Tcp(stream));
                         }
                         Err(err) => last = err,
@@ -275,6 +285,14 @@ impl Channel {
     }
 }
 
+/// A command written on the connection whose reply has not been read:
+/// replies come in order, so an error reply belongs to the first.
+enum Pending {
+    Subscribe(String),
+    Unsubscribe(String),
+    Ping,
+}
+
 #[derive(Default)]
 struct State {
     writer: Option<Stream>,
@@ -282,16 +300,22 @@ struct State {
     /// waiters do not wait for confirmations until it is back.
     failed: bool,
     channels: HashMap<String, Channel>,
+    pending: VecDeque<Pending>,
+    /// Channels the server refused on this connection (`-NOPERM`).
+    denied: HashSet<String>,
+    /// The heartbeat's `PING` went out and no frame has come since.
+    ping_unanswered: bool,
+    thread: Option<Worker>,
     thread_started: bool,
     shutdown: bool,
 }
 
 impl State {
-    fn send(&mut self, command: &[u8], channel: &str) -> bool {
+    fn write(&mut self, args: &[&[u8]]) -> bool {
         let Some(writer) = self.writer.as_mut() else {
             return false;
         };
-        match resp::write_command(writer, &[command, channel.as_bytes()]) {
+        match resp::write_command(writer, args) {
             Ok(()) => true,
             Err(err) => {
                 log::warn!("redmutex: subscriber write failed, reconnecting: {err}");
@@ -303,14 +327,38 @@ impl State {
     }
 
     fn subscribe(&mut self, name: &str) {
-        if self.writer.is_none() {
-            return; // subscribed on (re)connect
+        if self.writer.is_none() || self.denied.contains(name) {
+            return; // subscribed on (re)connect; or refused on this one
         }
-        if self.send(b"SUBSCRIBE", name)
+        if self.write(&[b"SUBSCRIBE", name.as_bytes()])
             && let Some(channel) = self.channels.get_mut(name)
         {
             channel.sent += 1;
             channel.subscribe_at = Some(channel.sent);
+            self.pending.push_back(Pending::Subscribe(name.to_owned()));
+        }
+    }
+
+    fn unsubscribe(&mut self, name: &str) -> bool {
+        let sent = self.write(&[b"UNSUBSCRIBE", name.as_bytes()]);
+        if sent {
+            self.pending.push_back(Pending::Unsubscribe(name.to_owned()));
+        }
+        sent
+    }
+
+    /// Whether release messages for `name` are being delivered now.
+    fn is_live(&self, name: &str) -> bool {
+        self.writer.is_some() && self.channels.get(name).is_some_and(Channel::is_live)
+    }
+
+    /// A reply to the oldest pending (UN)SUBSCRIBE arrived.
+    fn acknowledge(&mut self, name: &str) {
+        if let Some(channel) = self.channels.get_mut(name) {
+            channel.acked += 1;
+            if channel.refs == 0 && channel.acked >= channel.sent {
+                self.channels.remove(name);
+            }
         }
     }
 }
@@ -318,6 +366,8 @@ impl State {
 struct Shared {
     source: Source,
     stats: Arc<Stats>,
+    /// Connect, handshake and write timeout; also the heartbeat's period.
+    timeout: Duration,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -325,23 +375,20 @@ struct Shared {
 /// The client's subscriber: started on first use, stopped when dropped.
 pub(crate) struct Subscriber {
     shared: Option<Arc<Shared>>,
-    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Subscriber {
-    pub(crate) fn new(source: Option<Source>, stats: Arc<Stats>) -> Subscriber {
+    pub(crate) fn new(source: Option<Source>, stats: Arc<Stats>, timeout: Duration) -> Subscriber {
         let shared = source.map(|source| {
             Arc::new(Shared {
                 source,
                 stats,
+                timeout,
                 state: Mutex::new(State::default()),
                 changed: Condvar::new(),
             })
         });
-        Subscriber {
-            shared,
-            thread: Mutex::new(None),
-        }
+        Subscriber { shared }
     }
 
     /// A handle that keeps `channel` subscribed while it lives, waking
@@ -368,11 +415,8 @@ impl Subscriber {
         if !state.thread_started {
             state.thread_started = true;
             let thread_shared = shared.clone();
-            match std::thread::Builder::new()
-                .name(THREAD_NAME.into())
-                .spawn(move || run(&thread_shared))
-            {
-                Ok(handle) => *self.thread.lock() = Some(handle),
+            match Worker::spawn(THREAD_NAME, move || run(&thread_shared)) {
+                Ok(worker) => state.thread = Some(worker),
                 Err(err) => log::warn!("redmutex: cannot start the subscriber thread: {err}"),
             }
         }
@@ -388,16 +432,19 @@ impl Drop for Subscriber {
         let Some(shared) = &self.shared else {
             return;
         };
-        {
+        let thread = {
             let mut state = shared.state.lock();
             state.shutdown = true;
             if let Some(writer) = state.writer.take() {
                 writer.shutdown();
             }
             shared.changed.notify_all();
-        }
-        if let Some(handle) = self.thread.lock().take() {
-            let _ = handle.join();
+            state.thread.take()
+        };
+        // The thread may be inside a connect or a sentinel lookup: it ends
+        // by itself when that returns.
+        if let Some(thread) = thread {
+            thread.stop_within(STOP_WAIT);
         }
     }
 }
@@ -411,28 +458,19 @@ pub(crate) struct Subscription {
 impl Subscription {
     /// Whether release messages for the channel are being delivered now.
     pub(crate) fn is_live(&self) -> bool {
-        let state = self.shared.state.lock();
-        state.writer.is_some()
-            && state
-                .channels
-                .get(&self.channel)
-                .is_some_and(Channel::is_live)
+        self.shared.state.lock().is_live(&self.channel)
     }
 
     /// Waits until the subscription is live, at most until `until`.
     pub(crate) fn wait_live(&self, until: Instant) -> bool {
         let mut state = self.shared.state.lock();
         loop {
-            let live = state.writer.is_some()
-                && state
-                    .channels
-                    .get(&self.channel)
-                    .is_some_and(Channel::is_live);
-            if live {
+            if state.is_live(&self.channel) {
                 return true;
             }
             if state.shutdown
                 || state.failed
+                || state.denied.contains(&self.channel)
                 || self
                     .shared
                     .changed
@@ -456,7 +494,7 @@ impl Drop for Subscription {
             return;
         }
         let was_subscribed = channel.subscribe_at.take().is_some();
-        if was_subscribed && state.send(b"UNSUBSCRIBE", &self.channel) {
+        if was_subscribed && state.unsubscribe(&self.channel) {
             if let Some(channel) = state.channels.get_mut(&self.channel) {
                 channel.sent += 1;
             }
@@ -477,8 +515,8 @@ fn run(shared: &Shared) {
         }
         let connected = shared
             .source
-            .resolve(attempt)
-            .and_then(|endpoint| connect(&endpoint));
+            .resolve(attempt, shared.timeout)
+            .and_then(|endpoint| connect(&endpoint, shared.timeout));
         attempt = attempt.wrapping_add(1);
         match connected {
             Ok((reader, writer)) => {
@@ -493,6 +531,9 @@ fn run(shared: &Shared) {
                     }
                     state.writer = Some(writer);
                     state.failed = false;
+                    state.pending.clear();
+                    state.denied.clear();
+                    state.ping_unanswered = false;
                     state.channels.retain(|_, c| c.refs > 0);
                     let names: Vec<String> = state.channels.keys().cloned().collect();
                     for channel in state.channels.values_mut() {
@@ -539,9 +580,9 @@ fn run(shared: &Shared) {
 
 /// Connects with timeouts and authenticates; returns the reading and the
 /// writing halves.
-fn open(endpoint: &Endpoint) -> io::Result<(BufReader<Stream>, Stream)> {
-    let stream = Stream::connect(&endpoint.target)?;
-    stream.set_timeouts(Some(IO_TIMEOUT), Some(IO_TIMEOUT))?;
+fn open(endpoint: &Endpoint, timeout: Duration) -> io::Result<(BufReader<Stream>, Stream)> {
+    let stream = Stream::connect(&endpoint.target, timeout)?;
+    stream.set_timeouts(Some(timeout), Some(timeout))?;
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::new(stream);
     if let Some(password) = &endpoint.password {
@@ -557,16 +598,19 @@ fn open(endpoint: &Endpoint) -> io::Result<(BufReader<Stream>, Stream)> {
 }
 
 /// Connects, authenticates and names the connection; returns the reading
-/// and the writing halves.
-fn connect(endpoint: &Endpoint) -> io::Result<(BufReader<Stream>, Stream)> {
-    let (mut reader, mut writer) = open(endpoint)?;
+/// and the writing halves. From here on a read waits one timeout, then the
+/// heartbeat speaks.
+fn connect(endpoint: &Endpoint, timeout: Duration) -> io::Result<(BufReader<Stream>, Stream)> {
+    let (mut reader, mut writer) = open(endpoint, timeout)?;
     resp::write_command(
         &mut writer,
         &[b"CLIENT", b"SETNAME", CONNECTION_NAME.as_bytes()],
     )?;
-    expect_ok(&mut reader, "CLIENT SETNAME")?;
-    // From here on the reader blocks until a push arrives.
-    reader.get_ref().set_timeouts(None, Some(IO_TIMEOUT))?;
+    // A name only helps operators; a user whose ACL refuses CLIENT still
+    // gets release messages.
+    if let Err(err) = expect_ok(&mut reader, "CLIENT SETNAME") {
+        log::debug!("redmutex: the subscriber connection stays unnamed: {err}");
+    }
     Ok((reader, writer))
 }
 
@@ -580,49 +624,112 @@ fn expect_ok(reader: &mut BufReader<Stream>, what: &str) -> io::Result<()> {
     }
 }
 
-/// Reads pushed frames until the connection ends.
+/// One timeout passed without a frame: sends `PING`, or, when the last one
+/// got no frame back either, declares the link dead (false).
+fn heartbeat(shared: &Shared) -> bool {
+    let mut state = shared.state.lock();
+    if state.shutdown || state.ping_unanswered {
+        return false;
+    }
+    if !state.write(&[b"PING"]) {
+        return false;
+    }
+    state.pending.push_back(Pending::Ping);
+    state.ping_unanswered = true;
+    true
+}
+
+/// Reads pushed frames until the connection ends or goes silent.
 fn read_pushes(shared: &Shared, mut reader: BufReader<Stream>) {
     loop {
-        let frame = match resp::read_frame(&mut reader) {
-            Ok(Some(frame)) => frame,
-            Ok(None) => return,
+        // Waits for the next frame without consuming anything, so a
+        // timeout here loses nothing.
+        match reader.fill_buf() {
+            Ok([]) => return,
+            Ok(_) => {}
+            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                if heartbeat(shared) {
+                    continue;
+                }
+                log::debug!("redmutex: subscriber link silent for two timeouts: reconnecting");
+                return;
+            }
             Err(err) => {
                 log::debug!("redmutex: subscriber connection ended: {err}");
                 return;
             }
+        }
+        let frame = match resp::read_frame(&mut reader) {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return,
+            Err(err) => {
+                // A frame cut in the middle for a whole timeout, or garbage.
+                log::debug!("redmutex: subscriber connection ended: {err}");
+                return;
+            }
         };
-        let Frame::Array(Some(items)) = frame else {
-            continue;
-        };
-        let (Some(kind), Some(name)) = (
-            items.first().and_then(Frame::as_bytes),
-            items.get(1).and_then(Frame::as_bytes),
-        ) else {
-            continue;
-        };
-        let name = String::from_utf8_lossy(name);
         let mut state = shared.state.lock();
-        match kind {
-            b"message" => {
-                let queue = state
-                    .channels
-                    .get(name.as_ref())
-                    .and_then(|c| c.queue.upgrade());
-                drop(state);
-                shared.stats.notification();
-                if let Some(queue) = queue {
-                    queue.wake();
-                }
-            }
-            b"subscribe" | b"unsubscribe" => {
-                if let Some(channel) = state.channels.get_mut(name.as_ref()) {
-                    channel.acked += 1;
-                    if channel.refs == 0 && channel.acked >= channel.sent {
-                        state.channels.remove(name.as_ref());
+        state.ping_unanswered = false;
+        match frame {
+            Frame::Array(Some(items)) => {
+                let (Some(kind), Some(name)) = (
+                    items.first().and_then(Frame::as_bytes),
+                    items.get(1).and_then(Frame::as_bytes),
+                ) else {
+                    continue;
+                };
+                let name = String::from_utf8_lossy(name).into_owned();
+                match kind {
+                    b"message" => {
+                        let queue = state.channels.get(&name).and_then(|c| c.queue.upgrade());
+                        drop(state);
+                        shared.stats.notification();
+                        if let Some(queue) = queue {
+                            queue.wake();
+                        }
                     }
+                    b"subscribe" | b"unsubscribe" => {
+                        state.pending.pop_front();
+                        state.acknowledge(&name);
+                        shared.changed.notify_all();
+                    }
+                    b"pong" => {
+                        state.pending.pop_front();
+                    }
+                    _ => {}
                 }
-                shared.changed.notify_all();
             }
+            Frame::Simple(_) => {
+                // +PONG, outside subscribe mode.
+                state.pending.pop_front();
+            }
+            Frame::Error(err) => match state.pending.pop_front() {
+                Some(Pending::Subscribe(name)) => {
+                    log::warn!(
+                        "redmutex: the server refuses to subscribe to {name:?} ({err}); \
+                         waiters of that lock poll with backoff instead (see the README's ACL rules)"
+                    );
+                    if let Some(channel) = state.channels.get_mut(&name) {
+                        channel.subscribe_at = None;
+                    }
+                    state.acknowledge(&name);
+                    state.denied.insert(name);
+                    shared.changed.notify_all();
+                }
+                Some(Pending::Unsubscribe(name)) => {
+                    state.acknowledge(&name);
+                    shared.changed.notify_all();
+                }
+                Some(Pending::Ping) | None => {
+                    log::debug!("redmutex: subscriber got an error reply: {err}");
+                }
+            },
             _ => {}
         }
     }

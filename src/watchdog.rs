@@ -1,30 +1,41 @@
 //! The watchdog: one background thread per `LockClient` that keeps watched
 //! leases alive, renewing every lease at a third of its ttl, the renewals
-//! due together pipelined in one round trip.
+//! due together pipelined in one round trip; and that cleans up after
+//! failed acquisitions (orphans), releasing tokens that a request may have
+//! set although its caller was told it failed.
 //!
-//! A renewal holds its entry's lock across the round trip, and release
-//! takes the same lock to stop the entry before it sends anything: so no
-//! renewal starts after a release begins, and none is in flight when the
-//! release is sent.
+//! No lock is held across a round trip: the thread copies what it sends,
+//! and applies the replies afterwards to the entries still watched. A
+//! renewal in flight when its lease is released is harmless (owner-checked:
+//! it finds the key gone or another owner's). A renewal call never lasts
+//! longer than the shortest lease it renews has left, and a watched lease
+//! reads as lost from its local expiry on whatever the thread is doing
+//! (see `loss.rs`), so the holder learns of a loss before another client
+//! can take the key.
 
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex};
 
 use crate::backend::Backend;
-use crate::guard::remaining;
+use crate::error::Error;
+use crate::guard::{drift, remaining};
 use crate::loss::{LossReason, LossState};
+use crate::policy::{self, Op};
 use crate::scripts;
 use crate::stats::Stats;
+use crate::worker::{STOP_WAIT, Worker};
 
 /// The watchdog thread's name.
 pub(crate) const THREAD_NAME: &str = "redmutex-dog";
-/// How soon a renewal that failed on the network is tried again.
+/// How soon a renewal or cleanup that failed on the network is tried again.
 const RETRY: Duration = Duration::from_millis(100);
 /// The longest the thread sleeps without looking.
 const IDLE: Duration = Duration::from_secs(1);
+/// The first and the longest pause between two cleanups of one orphan.
+const ORPHAN_FIRST_STEP: Duration = Duration::from_millis(50);
+const ORPHAN_MAX_STEP: Duration = Duration::from_secs(1);
 
 /// One watched lease.
 pub(crate) struct WatchEntry {
@@ -41,19 +52,26 @@ struct EntryState {
     ttl: Duration,
     /// No renewal after this moment ([`LockOptions::max_hold`](crate::LockOptions::max_hold)).
     cap: Option<Instant>,
+    /// Bumped by every renewal: a renewal that started before another
+    /// ended cannot tell which of the two Redis ran last.
+    generation: u64,
+}
+
+/// The moment a lease sent at `sent` for `ttl` has no validity left.
+pub(crate) fn local_expiry(sent: Instant, ttl: Duration) -> Instant {
+    sent + ttl.saturating_sub(drift(ttl))
+}
+
+impl EntryState {
+    fn end(&self) -> Instant {
+        local_expiry(self.sent, self.ttl)
+    }
 }
 
 impl WatchEntry {
-    /// Stops renewals, waiting for one in flight to finish.
+    /// Stops renewals; one in flight is ignored when it returns.
     pub(crate) fn stop(&self) {
         self.state.lock().stopped = true;
-    }
-
-    /// The holder extended the lease itself.
-    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
-        let mut state = self.state.lock();
-        state.sent = sent;
-        state.ttl = ttl;
     }
 
     /// The lease's current expiry by the local clock.
@@ -61,11 +79,81 @@ impl WatchEntry {
         let state = self.state.lock();
         (state.sent, state.ttl)
     }
+
+    /// Renewals stop at `cap` (a handed-over lease takes its receiver's
+    /// cap).
+    pub(crate) fn set_cap(&self, cap: Option<Instant>) {
+        self.state.lock().cap = cap;
+    }
+
+    /// The renewal generation now: pass it to [`WatchEntry::renewed`]
+    /// after a renewal sent from here.
+    pub(crate) fn generation(&self) -> u64 {
+        self.state.lock().generation
+    }
+
+    /// A renewal sent at `sent` for `ttl`, begun at `generation`,
+    /// succeeded. When another renewal ended meanwhile, Redis may have run
+    /// either last: the earlier of the two expiries is kept.
+    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration, generation: u64) {
+        let mut state = self.state.lock();
+        if state.stopped {
+            return;
+        }
+        let later = local_expiry(sent, ttl) > state.end();
+        if state.generation == generation || !later {
+            state.sent = sent;
+            state.ttl = ttl;
+        }
+        state.generation = state.generation.wrapping_add(1);
+        if !self.loss.expire_at(state.end(), LossReason::Unreachable) {
+            state.stopped = true;
+        }
+    }
+}
+
+/// A lease nobody owns: an acquisition failed after its request may have
+/// reached Redis, so the key may hold its token. Released (owner-checked)
+/// again and again until no request of it can arrive any more.
+pub(crate) struct Orphan {
+    key: String,
+    kind: OrphanKind,
+    /// Cleanups go on until then: a request delayed on its way (by a proxy
+    /// holding it, say) can still set the key until it arrives.
+    until: Instant,
+    next: Instant,
+    step: Duration,
+}
+
+/// What an orphan's request may have left in Redis.
+#[derive(Clone, Debug)]
+pub(crate) enum OrphanKind {
+    /// A plain lock's token (`SET`, `lua/acquire.lua`).
+    Plain { token: String },
+    /// A reentrant hold.
+    Reentrant { owner: String, hold: String },
+    /// A read-write lock token: a reader, the writer, or a waiting writer.
+    Rw { token: String },
+}
+
+impl Orphan {
+    /// An orphan of `key`, watched for `window` from now.
+    pub(crate) fn new(key: &str, kind: OrphanKind, window: Duration) -> Orphan {
+        let now = Instant::now();
+        Orphan {
+            key: key.to_owned(),
+            kind,
+            until: now.checked_add(window).unwrap_or(now),
+            next: now,
+            step: ORPHAN_FIRST_STEP,
+        }
+    }
 }
 
 struct Registry {
     entries: Vec<Arc<WatchEntry>>,
-    thread_started: bool,
+    orphans: Vec<Orphan>,
+    thread: Option<Worker>,
     shutdown: bool,
 }
 
@@ -79,7 +167,6 @@ struct Shared {
 /// The client's watchdog: started on first use, stopped when dropped.
 pub(crate) struct Watchdog {
     shared: Arc<Shared>,
-    thread: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Watchdog {
@@ -90,12 +177,12 @@ impl Watchdog {
                 stats,
                 registry: Mutex::new(Registry {
                     entries: Vec::new(),
-                    thread_started: false,
+                    orphans: Vec::new(),
+                    thread: None,
                     shutdown: false,
                 }),
                 changed: Condvar::new(),
             }),
-            thread: Mutex::new(None),
         }
     }
 
@@ -108,35 +195,27 @@ impl Watchdog {
         ttl: Duration,
         cap: Option<Instant>,
     ) -> Arc<WatchEntry> {
+        let loss = Arc::new(LossState::default());
+        loss.expire_at(local_expiry(sent, ttl), LossReason::Unreachable);
         let entry = Arc::new(WatchEntry {
             key: key.to_owned(),
             token: token.to_owned(),
-            loss: Arc::new(LossState::default()),
+            loss,
             state: Mutex::new(EntryState {
                 stopped: false,
                 sent,
                 ttl,
                 cap,
+                generation: 0,
             }),
         });
         let mut registry = self.shared.registry.lock();
         registry.entries.push(entry.clone());
-        if !registry.thread_started && !registry.shutdown {
-            registry.thread_started = true;
-            let shared = self.shared.clone();
-            match std::thread::Builder::new()
-                .name(THREAD_NAME.into())
-                .spawn(move || run(&shared))
-            {
-                Ok(handle) => *self.thread.lock() = Some(handle),
-                Err(err) => log::warn!("redmutex: cannot start the watchdog thread: {err}"),
-            }
-        }
-        self.shared.changed.notify_all();
+        self.start(&mut registry);
         entry
     }
 
-    /// Stops renewing `entry` (waiting for a renewal in flight) and forgets it.
+    /// Stops renewing `entry` and forgets it.
     pub(crate) fn unwatch(&self, entry: &Arc<WatchEntry>) {
         entry.stop();
         self.shared
@@ -145,36 +224,75 @@ impl Watchdog {
             .entries
             .retain(|e| !Arc::ptr_eq(e, entry));
     }
+
+    /// Releases what `orphan`'s request may have left, now and until its
+    /// window ends.
+    pub(crate) fn clean_up(&self, orphan: Orphan) {
+        let mut registry = self.shared.registry.lock();
+        registry.orphans.push(orphan);
+        self.start(&mut registry);
+    }
+
+    fn start(&self, registry: &mut Registry) {
+        if registry.thread.is_none() && !registry.shutdown {
+            let shared = self.shared.clone();
+            match Worker::spawn(THREAD_NAME, move || run(&shared)) {
+                Ok(worker) => registry.thread = Some(worker),
+                Err(err) => log::warn!("redmutex: cannot start the watchdog thread: {err}"),
+            }
+        }
+        self.shared.changed.notify_all();
+    }
 }
 
 impl Drop for Watchdog {
     fn drop(&mut self) {
-        {
+        let thread = {
             let mut registry = self.shared.registry.lock();
             registry.shutdown = true;
             self.shared.changed.notify_all();
-        }
-        if let Some(handle) = self.thread.lock().take() {
-            let _ = handle.join();
+            registry.thread.take()
+        };
+        if let Some(thread) = thread {
+            thread.stop_within(STOP_WAIT);
         }
     }
 }
 
 fn run(shared: &Shared) {
     loop {
-        let entries = {
+        let (entries, orphans) = {
             let mut registry = shared.registry.lock();
-            while registry.entries.is_empty() && !registry.shutdown {
+            while registry.entries.is_empty() && registry.orphans.is_empty() && !registry.shutdown
+            {
                 shared.changed.wait(&mut registry);
             }
             if registry.shutdown {
                 return;
             }
-            registry.entries.clone()
+            let now = Instant::now();
+            let (due, later): (Vec<Orphan>, Vec<Orphan>) =
+                registry.orphans.drain(..).partition(|o| o.next <= now);
+            registry.orphans = later;
+            (registry.entries.clone(), due)
         };
-        let next = renew_due(shared, &entries);
+        let mut next = renew_due(shared, &entries);
+        if !orphans.is_empty() {
+            let budget = next
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(10));
+            let orphans = clean_orphans(shared, orphans, budget);
+            let mut registry = shared.registry.lock();
+            for orphan in &orphans {
+                next = next.min(orphan.next);
+            }
+            registry.orphans.extend(orphans);
+        }
         let mut registry = shared.registry.lock();
         registry.entries.retain(|entry| !entry.state.lock().stopped);
+        for orphan in &registry.orphans {
+            next = next.min(orphan.next);
+        }
         if registry.shutdown {
             return;
         }
@@ -183,131 +301,193 @@ fn run(shared: &Shared) {
     }
 }
 
+/// What one due renewal sends.
+struct Due {
+    entry: Arc<WatchEntry>,
+    ttl: Duration,
+    generation: u64,
+    /// What the lease has left: the call must not outlast it.
+    left: Duration,
+}
+
 /// Renews the entries that are due, in one pipeline; returns when to look
 /// again.
 fn renew_due(shared: &Shared, entries: &[Arc<WatchEntry>]) -> Instant {
     let now = Instant::now();
     let mut next = now + IDLE;
-    let mut due: Vec<(&WatchEntry, MutexGuard<'_, EntryState>)> = Vec::new();
+    let mut due: Vec<Due> = Vec::new();
     for entry in entries {
         let mut state = entry.state.lock();
         if state.stopped {
             continue;
         }
+        if entry.loss.reason().is_some() {
+            // Ran out while the last renewal was failing.
+            state.stopped = true;
+            continue;
+        }
         let left = remaining(state.sent, state.ttl, now);
         if state.cap.is_some_and(|cap| now >= cap) {
-            if left.is_zero() {
-                entry.loss.lose(LossReason::MaxHold);
-                state.stopped = true;
-            } else {
-                next = next.min(now + left);
-            }
+            // No more renewals: the lease runs out, and says why.
+            entry.loss.expire_at(state.end(), LossReason::MaxHold);
+            next = next.min(state.end());
             continue;
         }
         let period = state.ttl / 3;
         let due_at = state.sent + period;
         // Renewals due soon ride along with those due now.
         if now + period / 8 >= due_at {
-            due.push((entry, state));
+            due.push(Due {
+                entry: entry.clone(),
+                ttl: state.ttl,
+                generation: state.generation,
+                left,
+            });
         } else {
             next = next.min(due_at);
         }
     }
-    if due.is_empty() {
+    let Some(budget) = due.iter().map(|d| d.left).min() else {
         return next;
-    }
+    };
     let sent = Instant::now();
-    match renew(shared, &due) {
+    match renew(shared, &due, budget) {
         Ok(replies) => {
-            for ((entry, state), reply) in due.iter_mut().zip(replies) {
+            for (d, reply) in due.iter().zip(replies) {
                 match scripts::owner_checked(reply) {
                     Ok(()) => {
-                        state.sent = sent;
-                        next = next.min(sent + state.ttl / 3);
+                        d.entry.renewed(sent, d.ttl, d.generation);
+                        next = next.min(sent + d.ttl / 3);
                     }
                     Err(reason) => {
-                        entry.loss.lose(reason.into());
-                        state.stopped = true;
+                        d.entry.loss.lose(reason.into());
+                        d.entry.stop();
                     }
                 }
             }
         }
+        Err(Error::WrongType { .. }) => {
+            for d in &due {
+                d.entry.loss.lose(LossReason::OwnedByOther);
+                d.entry.stop();
+            }
+        }
         Err(err) => {
             log::warn!("redmutex: watchdog renewal failed: {err}");
-            let now = Instant::now();
-            for (entry, state) in due.iter_mut() {
-                let wrong_type = matches!(
-                    crate::Error::from_redis(&entry.key, err.clone()),
-                    crate::Error::WrongType { .. }
-                );
-                if wrong_type {
-                    entry.loss.lose(LossReason::OwnedByOther);
-                    state.stopped = true;
-                } else if remaining(state.sent, state.ttl, now).is_zero() {
-                    entry.loss.lose(LossReason::Unreachable);
-                    state.stopped = true;
-                }
-            }
-            next = next.min(now + RETRY);
+            next = next.min(Instant::now() + RETRY);
         }
     }
     next
 }
 
 /// One pipeline of owner-checked PEXPIREs (`lua/extend.lua` by EVALSHA),
-/// loading the script once if the server lost it. On a cluster, redis-rs
-/// splits the pipeline by node: one round trip per node that holds a due
-/// lease.
-fn renew(
-    shared: &Shared,
-    due: &[(&WatchEntry, MutexGuard<'_, EntryState>)],
-) -> redis::RedisResult<Vec<i64>> {
-    let mut con = shared.backend.get().map_err(|err| {
-        redis::RedisError::from((
-            redis::ErrorKind::Io,
-            "no connection for the watchdog",
-            err.to_string(),
-        ))
-    })?;
-    // A cluster connection cannot pipeline; redis-rs's cluster pipeline
-    // splits the batch per node instead.
-    let cluster = con.as_cluster().is_some();
-    let mut pipe = redis::pipe();
-    let mut cluster_pipe = redis::cluster::cluster_pipe();
-    for (entry, state) in due {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(scripts::EXTEND.get_hash())
-            .arg(1)
-            .arg(&entry.key)
-            .arg(&entry.token)
-            .arg(state.ttl.as_millis() as u64);
-        if cluster {
-            cluster_pipe.add_command(cmd);
-        } else {
-            pipe.add_command(cmd);
-        }
-    }
-    let send = |con: &mut crate::Connection| match con.as_cluster() {
-        Some(cluster) => cluster_pipe.query(cluster),
-        None => pipe.query(con),
-    };
-    shared.stats.renewal_batch(due.len() as u64);
-    match send(&mut con) {
-        Err(err) if is_noscript(&err) => {
-            // On a cluster, SCRIPT LOAD goes to every primary.
-            scripts::EXTEND.load(&mut con)?;
-            shared.stats.commands(1);
-            shared.stats.renewal_batch(due.len() as u64);
-            send(&mut con)
-        }
-        other => other,
-    }
+/// within `budget`, resent on a fresh connection after a lost reply. On a
+/// cluster, redis-rs splits the pipeline by node: one round trip per node
+/// that holds a due lease.
+fn renew(shared: &Shared, due: &[Due], budget: Duration) -> Result<Vec<i64>, Error> {
+    let calls: Vec<redis::Cmd> = due
+        .iter()
+        .map(|d| {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(scripts::EXTEND.get_hash())
+                .arg(1)
+                .arg(&d.entry.key)
+                .arg(&d.entry.token)
+                .arg(u64::try_from(d.ttl.as_millis()).unwrap_or(u64::MAX));
+            cmd
+        })
+        .collect();
+    let key = due.first().map_or("", |d| d.entry.key.as_str());
+    shared.stats.renewal_batch(calls.len() as u64);
+    policy::run_within(
+        &shared.backend,
+        &shared.stats,
+        Op::Renew,
+        key,
+        budget,
+        |con, _| scripts::pipelined(con, &calls, &[&scripts::EXTEND], &shared.stats),
+    )
 }
 
-fn is_noscript(err: &redis::RedisError) -> bool {
-    err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
-        || err
-            .clone()
-            .into_server_errors()
-            .is_some_and(|errors| errors.iter().any(|(_, e)| e.code() == "NOSCRIPT"))
+/// One round of cleanups, pipelined; returns the orphans to look at again.
+fn clean_orphans(shared: &Shared, mut orphans: Vec<Orphan>, budget: Duration) -> Vec<Orphan> {
+    let calls: Vec<redis::Cmd> = orphans.iter().map(cleanup_call).collect();
+    let key = orphans.first().map_or("", |o| o.key.as_str());
+    shared.stats.commands(calls.len() as u64);
+    let scripts: [&redis::Script; 3] = [
+        &scripts::RELEASE,
+        &scripts::REENTRANT_RELEASE,
+        &scripts::RW_RELEASE,
+    ];
+    let result = policy::run_within(
+        &shared.backend,
+        &shared.stats,
+        Op::Cleanup,
+        key,
+        budget,
+        |con, _| scripts::pipelined::<redis::Value>(con, &calls, &scripts, &shared.stats),
+    );
+    let now = Instant::now();
+    match result {
+        Ok(replies) => {
+            for (orphan, reply) in orphans.iter().zip(replies) {
+                if cleaned(&reply) {
+                    shared.stats.orphan_released();
+                    log::debug!("redmutex: released an orphan lease of {:?}", orphan.key);
+                }
+            }
+        }
+        Err(err) => log::debug!("redmutex: orphan cleanup failed, trying again: {err}"),
+    }
+    for orphan in &mut orphans {
+        orphan.next = now + orphan.step;
+        orphan.step = (orphan.step * 2).min(ORPHAN_MAX_STEP);
+    }
+    // Watched until the window ends, then forgotten.
+    orphans.retain(|o| now < o.until);
+    orphans
+}
+
+/// The owner-checked release of what an orphan's request may have left,
+/// without a marker (nobody awaits its answer).
+fn cleanup_call(orphan: &Orphan) -> redis::Cmd {
+    let channel = crate::channel::release_channel(&orphan.key);
+    let mut cmd = redis::cmd("EVALSHA");
+    match &orphan.kind {
+        OrphanKind::Plain { token } => {
+            cmd.arg(scripts::RELEASE.get_hash())
+                .arg(1)
+                .arg(&orphan.key)
+                .arg(token)
+                .arg(&channel)
+                .arg(1);
+        }
+        OrphanKind::Reentrant { owner, hold } => {
+            cmd.arg(scripts::REENTRANT_RELEASE.get_hash())
+                .arg(1)
+                .arg(&orphan.key)
+                .arg(owner)
+                .arg(hold)
+                .arg(1);
+        }
+        OrphanKind::Rw { token } => {
+            cmd.arg(scripts::RW_RELEASE.get_hash())
+                .arg(1)
+                .arg(&orphan.key)
+                .arg(token)
+                .arg("x")
+                .arg(&channel)
+                .arg(1);
+        }
+    }
+    cmd
+}
+
+/// Whether a cleanup's reply says it removed something: 1, alone or first.
+fn cleaned(reply: &redis::Value) -> bool {
+    let first = match reply {
+        redis::Value::Array(items) => items.first(),
+        other => Some(other),
+    };
+    matches!(first, Some(redis::Value::Int(1)))
 }

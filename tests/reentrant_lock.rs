@@ -1,5 +1,5 @@
-//! `ReentrantLock`: the hold count in a Redis hash, as in seed 001's
-//! redis-cli sessions.
+//! `ReentrantLock`: the holds in a Redis hash, as in seed 001's redis-cli
+//! sessions (one field per hold instead of a counter).
 
 mod support;
 
@@ -14,8 +14,16 @@ fn release_as(con: &mut redis::Connection, key: &str, owner: &str) -> Option<i64
     redis::Script::new(include_str!("../lua/reentrant_release.lua"))
         .key(key)
         .arg(owner)
+        .arg("some-hold")
+        .arg(1000)
         .invoke(con)
         .expect("EVALSHA")
+}
+
+/// How many holds the hash records (one field per hold besides `owner`).
+fn holds(con: &mut redis::Connection, key: &str) -> usize {
+    let len: usize = con.hlen(key).expect("HLEN");
+    len.saturating_sub(1)
 }
 
 #[test]
@@ -38,15 +46,19 @@ fn the_articles_session_count_three_foreign_release_three_releases() {
         (first.hold_count(), second.hold_count(), third.hold_count()),
         (1, 2, 3)
     );
-    let count: String = con.hget("lock-key-1", first.owner()).expect("HGET");
-    assert_eq!(count, "3", "hget lock-key-1 <owner> = \"3\"");
+    let owner: String = con.hget("lock-key-1", "owner").expect("HGET");
+    assert_eq!(owner, first.owner());
+    assert_eq!(holds(&mut con, "lock-key-1"), 3, "three hold fields");
+    let field: String = con
+        .hget("lock-key-1", format!("h:{}", third.hold_id()))
+        .expect("HGET");
+    assert_eq!(field, "1");
     let ttl: i64 = con.ttl("lock-key-1").expect("TTL");
     assert!(ttl > 290 && ttl <= 300, "TTL {ttl}");
 
     // A foreign owner's release: the articles' nil, nothing changes.
     assert_eq!(release_as(&mut con, "lock-key-1", "thread-2"), None);
-    let count: String = con.hget("lock-key-1", first.owner()).expect("HGET");
-    assert_eq!(count, "3");
+    assert_eq!(holds(&mut con, "lock-key-1"), 3);
 
     assert_eq!(third.unlock().expect("1st release"), Unlocked::StillHeld);
     assert_eq!(second.unlock().expect("2nd release"), Unlocked::StillHeld);

@@ -7,8 +7,11 @@
 #![allow(dead_code)]
 
 mod deploy;
+mod proxy;
 #[allow(unused_imports)]
 pub use deploy::*;
+#[allow(unused_imports)]
+pub use proxy::*;
 
 use std::io::Read;
 use std::net::{Ipv4Addr, TcpListener};

@@ -1,0 +1,272 @@
+//! What the crate does when a reply does not come back: one table for every
+//! request it sends, and the one loop that applies it.
+//!
+//! A request whose reply is lost (the connection reset, timed out or was
+//! interrupted after the request was written) may or may not have run in
+//! Redis. Resending it is right only if running it twice does what running
+//! it once does. So every operation is one of:
+//!
+//! * **safe**: running it again changes nothing more (reads, `PEXPIRE` of
+//!   our own key);
+//! * **made safe**: the script recognises its own earlier effect and
+//!   answers as the first run would have (the owner's token in the key, a
+//!   per-hold field, a release marker);
+//! * **never resent**: its outcome is reported as unknown
+//!   ([`Error::OutcomeUnknown`]).
+//!
+//! The property the table keeps: *an operation whose reply was lost is
+//! applied at most once, and its caller is told the truth*. A request
+//! that may have been applied and whose outcome could not be learned within
+//! the resend window is [`Error::OutcomeUnknown`]; an acquisition in that
+//! state is also handed to the client's cleanup, which releases its token
+//! (owner-checked) once Redis answers again (see [`crate::watchdog`]).
+
+use std::time::{Duration, Instant};
+
+use redis::RedisResult;
+
+use crate::backend::{Backend, Connection, reply_lost};
+use crate::error::Error;
+use crate::stats::Stats;
+
+/// Every operation the crate sends, with its answer to "what if the reply
+/// never comes back but Redis ran it?".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// `SET key token NX PX ttl GET` (and `WAIT` after it). *Made safe*: a
+    /// resend that finds our own token in the key knows an earlier send set
+    /// it; before `WAIT` it first writes on its new connection (an
+    /// owner-checked `PEXPIRE`), since `WAIT` counts only that connection's
+    /// writes.
+    Acquire,
+    /// `lua/acquire.lua` (waiters and fenced locks). *Made safe* the same
+    /// way; the fencing counter is read back, not bumped again.
+    AcquireScript,
+    /// `lua/release.lua`, or the `WATCH` release. *Made safe*: a release
+    /// that deletes our key leaves a marker `{key}:released:<token>` for a
+    /// few timeouts; a resend that finds the key gone or taken reads it and
+    /// answers "released".
+    Release,
+    /// `lua/extend.lua`, by a holder. *Safe*: an owner-checked `PEXPIRE`
+    /// sets the same expiry again from a later moment (the local estimate
+    /// keeps counting from the first send).
+    Extend,
+    /// The watchdog's pipelined `lua/extend.lua`. *Safe*, as `Extend`.
+    Renew,
+    /// `GET`, `HGET`, `PTTL`, `SCRIPT LOAD`: *safe*.
+    Read,
+    /// `lua/reentrant_acquire.lua`. *Made safe*: every hold is its own hash
+    /// field, named by a fresh id; setting it again is no second hold.
+    ReentrantAcquire,
+    /// `lua/reentrant_release.lua`. *Made safe*: it deletes only this
+    /// hold's field, and a release that deletes the key leaves a marker.
+    ReentrantRelease,
+    /// `lua/reentrant_extend.lua`: *safe*.
+    ReentrantExtend,
+    /// `lua/rw_acquire.lua`. *Made safe*: a resend that finds this token
+    /// already reading or writing answers "acquired".
+    RwAcquire,
+    /// `lua/rw_release.lua`. *Made safe*: it removes only this holder's
+    /// field, and leaves a marker when it did.
+    RwRelease,
+    /// The cleanup of a lease nobody owns (an acquisition that failed after
+    /// its request may have run): owner-checked releases. *Safe*.
+    Cleanup,
+    /// `GETDEL key` ([`DistributedLock::force_release`](crate::DistributedLock::force_release)):
+    /// a resend would delete a lock somebody took since. *Never resent*.
+    ForceRelease,
+}
+
+impl Op {
+    /// Whether the operation is resent after a lost reply.
+    pub(crate) fn resend(self) -> bool {
+        !matches!(self, Op::ForceRelease)
+    }
+
+    /// Whether it can change anything in Redis (a lost reply then leaves
+    /// the outcome unknown).
+    pub(crate) fn writes(self) -> bool {
+        !matches!(self, Op::Read)
+    }
+
+    /// How the operation is named in errors.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Op::Acquire | Op::AcquireScript | Op::ReentrantAcquire | Op::RwAcquire => "acquire",
+            Op::Release | Op::ReentrantRelease | Op::RwRelease => "release",
+            Op::Extend | Op::ReentrantExtend => "extend",
+            Op::Renew => "renew",
+            Op::Read => "read",
+            Op::Cleanup => "cleanup",
+            Op::ForceRelease => "force release",
+        }
+    }
+}
+
+/// One operation is sent at most this many times.
+const MAX_SENDS: u32 = 3;
+
+/// What a send knows about the sends before it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Send {
+    /// An earlier send's reply was lost: this one repeats it.
+    pub(crate) resend: bool,
+    /// Time since the first send left.
+    pub(crate) since_first: Duration,
+}
+
+/// The window in which an operation is resent: twice the I/O timeout from
+/// its first send (an interrupted system call, a stopped process, starts it
+/// again). Release markers outlive it (see [`marker_ttl`]).
+pub(crate) fn resend_window(timeout: Duration) -> Duration {
+    timeout.saturating_mul(2)
+}
+
+/// How long a release marker lives: longer than any resend can come after
+/// the first send, so a resend within the window always finds it.
+pub(crate) fn marker_ttl(timeout: Duration) -> Duration {
+    timeout
+        .saturating_mul(3)
+        .clamp(Duration::from_secs(1), Duration::from_secs(24 * 3600))
+}
+
+/// Runs `send` on a pooled connection, following the table above: a send
+/// whose reply was lost is repeated on a fresh connection, at most
+/// [`MAX_SENDS`] times and only within the resend window, each resend's
+/// read cut to what is left of it; then, for operations that write, the
+/// result is [`Error::OutcomeUnknown`]. Errors Redis answered with are
+/// returned at once (WRONGTYPE named with `key`).
+pub(crate) fn run<T>(
+    backend: &Backend,
+    stats: &Stats,
+    op: Op,
+    key: &str,
+    send: impl FnMut(&mut Connection, Send) -> RedisResult<T>,
+) -> Result<T, Error> {
+    run_within(backend, stats, op, key, Duration::MAX, send)
+}
+
+/// [`run`], all of it (waiting for connections, every send) within
+/// `budget`: for the watchdog, whose renewal must not outlast the lease.
+pub(crate) fn run_within<T>(
+    backend: &Backend,
+    stats: &Stats,
+    op: Op,
+    key: &str,
+    budget: Duration,
+    mut send: impl FnMut(&mut Connection, Send) -> RedisResult<T>,
+) -> Result<T, Error> {
+    let window = resend_window(backend.timeout());
+    let started = Instant::now();
+    let ends = started.checked_add(budget);
+    let mut first: Option<Instant> = None;
+    let mut window_start = started;
+    let mut lost: Option<redis::RedisError> = None;
+    // What the next step may take: the budget left, and for a resend the
+    // resend window left.
+    let left = |lost: bool, window_start: Instant| {
+        let budget = ends.map_or(Duration::MAX, |e| e.saturating_duration_since(Instant::now()));
+        if lost {
+            budget.min(window.saturating_sub(window_start.elapsed()))
+        } else {
+            budget
+        }
+    };
+    for _ in 0..MAX_SENDS {
+        let wait = left(lost.is_some(), window_start);
+        if wait.is_zero() {
+            break;
+        }
+        let mut con = match backend.get(wait.min(backend.timeout())) {
+            Ok(con) => con,
+            // Nothing was sent yet: a plain pool error.
+            Err(err) if lost.is_none() => return Err(Error::Pool(err)),
+            Err(_) => break,
+        };
+        let now = Instant::now();
+        let this = Send {
+            resend: lost.is_some(),
+            since_first: now.saturating_duration_since(*first.get_or_insert(now)),
+        };
+        if this.resend {
+            stats.resend();
+        }
+        let limit = left(lost.is_some(), window_start);
+        match con.within(limit, |con| send(con, this)) {
+            Ok(value) => return Ok(value),
+            Err(err) if reply_lost(&err) => {
+                log::debug!(
+                    "redmutex: {} of {key:?} lost its reply ({err}){}",
+                    op.name(),
+                    if op.resend() { "; sending it again" } else { "" }
+                );
+                if interrupted(&err) {
+                    // The process was stopped or signalled, not the server
+                    // slow: the window starts again.
+                    window_start = Instant::now();
+                }
+                lost = Some(err);
+                if !op.resend() {
+                    break;
+                }
+            }
+            Err(err) => return Err(Error::from_redis(key, err)),
+        }
+    }
+    match lost {
+        Some(source) if op.writes() => Err(Error::OutcomeUnknown {
+            key: key.to_owned(),
+            operation: op.name(),
+            source,
+        }),
+        Some(source) => Err(Error::Redis(source)),
+        None => Err(Error::Redis(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "no time was left to send the request",
+        )))),
+    }
+}
+
+/// `EINTR`: a read or write interrupted by a signal (after `SIGSTOP` and
+/// `SIGCONT`, on a socket with a timeout, Linux does not restart it).
+/// redis-rs keeps the `io::Error` out of reach, so it is known by its text:
+/// the OS's (`EINTR`) or the standard library's for that kind.
+fn interrupted(err: &redis::RedisError) -> bool {
+    err.is_io_error() && {
+        let text = err.to_string();
+        text.contains("Interrupted system call") || text.contains("operation interrupted")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_outlive_the_resend_window() {
+        for secs in [0, 1, 2, 30, 3600] {
+            let timeout = Duration::from_secs(secs);
+            assert!(marker_ttl(timeout) > resend_window(timeout), "{timeout:?}");
+        }
+        assert_eq!(resend_window(Duration::MAX), Duration::MAX);
+        assert!(marker_ttl(Duration::MAX) <= Duration::from_secs(24 * 3600));
+    }
+
+    #[test]
+    fn only_force_release_is_never_resent_and_reads_change_nothing() {
+        assert!(!Op::ForceRelease.resend());
+        assert!(Op::Release.resend() && Op::Acquire.resend() && Op::Renew.resend());
+        assert!(!Op::Read.writes());
+        assert!(Op::Cleanup.writes());
+    }
+
+    #[test]
+    fn an_interrupted_call_is_recognised() {
+        let err = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::Interrupted));
+        assert!(interrupted(&err));
+        assert!(reply_lost(&err));
+        let timeout = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        assert!(!interrupted(&timeout));
+        assert!(reply_lost(&timeout));
+    }
+}
