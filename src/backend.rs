@@ -95,7 +95,10 @@ pub(crate) fn keepalive(idle: Duration) -> TcpKeepalive {
 
 /// Opens a plain connection with `timeout` on the connect, the handshake
 /// and every later read and write.
-fn connect_plain(info: &redis::ConnectionInfo, timeout: Duration) -> RedisResult<redis::Connection> {
+fn connect_plain(
+    info: &redis::ConnectionInfo,
+    timeout: Duration,
+) -> RedisResult<redis::Connection> {
     let client = redis::Client::open(info.clone())?;
     let con = client.get_connection_with_timeout(timeout)?;
     con.set_read_timeout(Some(timeout))?;
@@ -405,13 +408,15 @@ impl Backend {
     pub(crate) fn get(&self, wait: Duration) -> Result<Connection, r2d2::Error> {
         let wait = wait.max(Duration::from_millis(1));
         let pooled = match &self.pools {
-            Pools::Own(pool, _) => {
-                Pooled::Own(Box::new(pool.get_timeout(wait.min(pool.connection_timeout()))?))
+            Pools::Own(pool, _) => Pooled::Own(Box::new(
+                pool.get_timeout(wait.min(pool.connection_timeout()))?,
+            )),
+            Pools::Single(pool) => {
+                Pooled::Single(pool.get_timeout(wait.min(pool.connection_timeout()))?)
             }
-            Pools::Single(pool) => Pooled::Single(pool.get_timeout(wait.min(pool.connection_timeout()))?),
-            Pools::Cluster(pool) => {
-                Pooled::Cluster(Box::new(pool.get_timeout(wait.min(pool.connection_timeout()))?))
-            }
+            Pools::Cluster(pool) => Pooled::Cluster(Box::new(
+                pool.get_timeout(wait.min(pool.connection_timeout()))?,
+            )),
             Pools::Sentinel(pool) => {
                 Pooled::Sentinel(pool.get_timeout(wait.min(pool.connection_timeout()))?)
             }
@@ -602,4 +607,3 @@ impl std::fmt::Debug for Connection {
             .finish()
     }
 }
-

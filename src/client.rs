@@ -296,7 +296,11 @@ impl LockClient {
         ))
     }
 
-    fn build(backend: Backend, notify: Option<Source>, single: Option<redis::Client>) -> LockClient {
+    fn build(
+        backend: Backend,
+        notify: Option<Source>,
+        single: Option<redis::Client>,
+    ) -> LockClient {
         LockClient {
             inner: Arc::new(Inner::new(backend, notify, single)),
             defaults: Arc::new(LockOptions::default()),
@@ -505,9 +509,7 @@ impl LockClient {
         // arrive, and beyond any resend of it.
         let window = policy::marker_ttl(self.timeout());
         log::debug!("redmutex: releasing what a failed acquisition of {key:?} may have left");
-        self.inner
-            .watchdog
-            .clean_up(Orphan::new(key, kind, window));
+        self.inner.watchdog.clean_up(Orphan::new(key, kind, window));
     }
 }
 
@@ -549,4 +551,3 @@ fn parse_urls<S: AsRef<str>>(
     }
     Ok(clients)
 }
-

@@ -402,10 +402,9 @@ impl LockGuard {
     pub fn is_held(&self) -> Result<bool, Error> {
         let key = self.key();
         self.lease.client.counters().commands(1);
-        let current: Option<Vec<u8>> = self
-            .lease
-            .client
-            .run(Op::Read, key, |con, _| redis::cmd("GET").arg(key).query(con))?;
+        let current: Option<Vec<u8>> = self.lease.client.run(Op::Read, key, |con, _| {
+            redis::cmd("GET").arg(key).query(con)
+        })?;
         Ok(current.is_some_and(|v| v == self.token().as_bytes()))
     }
 

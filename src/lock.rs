@@ -255,8 +255,13 @@ impl DistributedLock {
     /// set by a request whose reply was lost or followed by a failed
     /// `WAIT`. Handed to the client's cleanup, which releases it
     /// (owner-checked) as soon as Redis answers.
-    fn settle<T>(&self, result: Result<T, Error>, token: &str, set: &Cell<bool>) -> Result<T, Error> {
-        result.map_err(|err| {
+    fn settle<T>(
+        &self,
+        result: Result<T, Error>,
+        token: &str,
+        set: &Cell<bool>,
+    ) -> Result<T, Error> {
+        result.inspect_err(|err| {
             if set.get() || err.is_outcome_unknown() {
                 self.client.orphan(
                     &self.key,
@@ -265,7 +270,6 @@ impl DistributedLock {
                     },
                 );
             }
-            err
         })
     }
 

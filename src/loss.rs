@@ -255,7 +255,10 @@ mod tests {
         );
         assert!(Instant::now() >= soon);
         assert!(
-            !state.expire_at(Instant::now() + Duration::from_secs(60), LossReason::Unreachable),
+            !state.expire_at(
+                Instant::now() + Duration::from_secs(60),
+                LossReason::Unreachable
+            ),
             "a renewal after the loss does not bring the lease back"
         );
         assert_eq!(signal.reason(), Some(LossReason::Unreachable));
@@ -264,8 +267,14 @@ mod tests {
     #[test]
     fn a_moved_expiry_keeps_the_lease() {
         let state = LossState::default();
-        assert!(state.expire_at(Instant::now() + Duration::from_millis(20), LossReason::MaxHold));
-        assert!(state.expire_at(Instant::now() + Duration::from_secs(60), LossReason::MaxHold));
+        assert!(state.expire_at(
+            Instant::now() + Duration::from_millis(20),
+            LossReason::MaxHold
+        ));
+        assert!(state.expire_at(
+            Instant::now() + Duration::from_secs(60),
+            LossReason::MaxHold
+        ));
         std::thread::sleep(Duration::from_millis(40));
         assert_eq!(state.reason(), None);
     }

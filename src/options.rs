@@ -425,7 +425,12 @@ mod tests {
         let with = |t| LockOptions::default().min_replicas(1, t);
         assert!(check_min_replicas(&LockOptions::default(), io).is_ok());
         assert!(check_min_replicas(&with(Duration::from_millis(500)), io).is_ok());
-        for bad in [Duration::ZERO, Duration::from_micros(999), io, Duration::MAX] {
+        for bad in [
+            Duration::ZERO,
+            Duration::from_micros(999),
+            io,
+            Duration::MAX,
+        ] {
             assert!(check_min_replicas(&with(bad), io).is_err(), "{bad:?}");
         }
         assert!(

@@ -165,7 +165,9 @@ pub(crate) fn run_within<T>(
     // What the next step may take: the budget left, and for a resend the
     // resend window left.
     let left = |lost: bool, window_start: Instant| {
-        let budget = ends.map_or(Duration::MAX, |e| e.saturating_duration_since(Instant::now()));
+        let budget = ends.map_or(Duration::MAX, |e| {
+            e.saturating_duration_since(Instant::now())
+        });
         if lost {
             budget.min(window.saturating_sub(window_start.elapsed()))
         } else {
@@ -198,7 +200,11 @@ pub(crate) fn run_within<T>(
                 log::debug!(
                     "redmutex: {} of {key:?} lost its reply ({err}){}",
                     op.name(),
-                    if op.resend() { "; sending it again" } else { "" }
+                    if op.resend() {
+                        "; sending it again"
+                    } else {
+                        ""
+                    }
                 );
                 if interrupted(&err) {
                     // The process was stopped or signalled, not the server

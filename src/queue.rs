@@ -186,7 +186,10 @@ impl Queues {
             None => return Err(lease),
         };
         let mut state = queue.state.lock();
-        let takes = state.waiters.front().is_some_and(|slot| slot.takes_handoffs);
+        let takes = state
+            .waiters
+            .front()
+            .is_some_and(|slot| slot.takes_handoffs);
         match state.head() {
             Some(head) if takes && state.gift.is_none() => {
                 state.gift = Some(Gift { to: head, lease });

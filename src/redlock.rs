@@ -294,16 +294,17 @@ impl RedLock {
         let (key, sent_token) = (self.key.clone(), token.clone());
         let answers = self.nodes.all(timeout, move |client| {
             client.counters().commands(1);
-            let previous: Result<Option<Vec<u8>>, Error> = client.run(Op::Acquire, &key, |con, _| {
-                redis::cmd("SET")
-                    .arg(&key)
-                    .arg(&sent_token)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(millis)
-                    .arg("GET")
-                    .query(con)
-            });
+            let previous: Result<Option<Vec<u8>>, Error> =
+                client.run(Op::Acquire, &key, |con, _| {
+                    redis::cmd("SET")
+                        .arg(&key)
+                        .arg(&sent_token)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(millis)
+                        .arg("GET")
+                        .query(con)
+                });
             match previous {
                 Ok(None) => Reply::Granted,
                 Ok(Some(v)) if v == sent_token.as_bytes() => Reply::Granted,

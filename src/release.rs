@@ -240,9 +240,8 @@ pub(crate) fn release(
         };
         Ok((outcome, send))
     });
-    let outcome = result.and_then(|(outcome, send)| {
-        check_resend(key, outcome, send, marker.key.is_some(), millis)
-    });
+    let outcome = result
+        .and_then(|(outcome, send)| check_resend(key, outcome, send, marker.key.is_some(), millis));
     let receivers = match &outcome {
         Ok(Ok(released)) => released.receivers(),
         _ => None,

@@ -342,7 +342,8 @@ impl State {
     fn unsubscribe(&mut self, name: &str) -> bool {
         let sent = self.write(&[b"UNSUBSCRIBE", name.as_bytes()]);
         if sent {
-            self.pending.push_back(Pending::Unsubscribe(name.to_owned()));
+            self.pending
+                .push_back(Pending::Unsubscribe(name.to_owned()));
         }
         sent
     }

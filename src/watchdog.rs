@@ -263,8 +263,7 @@ fn run(shared: &Shared) {
     loop {
         let (entries, orphans) = {
             let mut registry = shared.registry.lock();
-            while registry.entries.is_empty() && registry.orphans.is_empty() && !registry.shutdown
-            {
+            while registry.entries.is_empty() && registry.orphans.is_empty() && !registry.shutdown {
                 shared.changed.wait(&mut registry);
             }
             if registry.shutdown {

@@ -335,6 +335,62 @@ pub fn total_calls(info: &str) -> u64 {
         .sum()
 }
 
+/// The SHA1 a script is sent by (`EVALSHA`), for arming proxy faults on it.
+pub fn sha(lua: &str) -> String {
+    redis::Script::new(lua).get_hash().to_owned()
+}
+
+/// Every script of the crate, by file name.
+pub const SCRIPTS: [(&str, &str); 8] = [
+    ("acquire", include_str!("../../lua/acquire.lua")),
+    ("release", include_str!("../../lua/release.lua")),
+    ("extend", include_str!("../../lua/extend.lua")),
+    (
+        "reentrant_acquire",
+        include_str!("../../lua/reentrant_acquire.lua"),
+    ),
+    (
+        "reentrant_release",
+        include_str!("../../lua/reentrant_release.lua"),
+    ),
+    (
+        "reentrant_extend",
+        include_str!("../../lua/reentrant_extend.lua"),
+    ),
+    ("rw_acquire", include_str!("../../lua/rw_acquire.lua")),
+    ("rw_release", include_str!("../../lua/rw_release.lua")),
+];
+
+/// Loads every script on `server`, so that an `EVALSHA` runs at once
+/// (a fault armed on it then hits a command that really ran, not a
+/// `NOSCRIPT` answer).
+pub fn load_scripts(server: &RedisServer) {
+    let mut con = server.conn();
+    for (_, lua) in SCRIPTS {
+        let _: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(lua)
+            .query(&mut con)
+            .expect("SCRIPT LOAD");
+    }
+}
+
+/// Whether `key` exists on `server`.
+pub fn exists(server: &RedisServer, key: &str) -> bool {
+    redis::cmd("EXISTS")
+        .arg(key)
+        .query::<bool>(&mut server.conn())
+        .expect("EXISTS")
+}
+
+/// The string value of `key` on `server`.
+pub fn get(server: &RedisServer, key: &str) -> Option<String> {
+    redis::cmd("GET")
+        .arg(key)
+        .query(&mut server.conn())
+        .expect("GET")
+}
+
 /// Polls `condition` every 5 ms until it holds or `within` passes.
 pub fn wait_until(within: Duration, mut condition: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + within;

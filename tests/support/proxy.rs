@@ -117,7 +117,12 @@ impl Link {
     fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
         let _ = self.client.shutdown(Shutdown::Both);
-        if let Some(server) = self.server.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        if let Some(server) = self
+            .server
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+        {
             let _ = server.shutdown(Shutdown::Both);
         }
     }
@@ -246,10 +251,7 @@ impl FaultProxy {
     }
 
     fn links(&self) -> MutexGuard<'_, Vec<Arc<Link>>> {
-        self.shared
-            .links
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        self.shared.links.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Connections open now.
@@ -381,7 +383,10 @@ fn pump(shared: &Arc<Shared>, link: &Arc<Link>, mut from: TcpStream, direction: 
                         Direction::Down => f.latency_down,
                     }
                 };
-                if tx.send((Instant::now() + latency, buf[..n].to_vec())).is_err() {
+                if tx
+                    .send((Instant::now() + latency, buf[..n].to_vec()))
+                    .is_err()
+                {
                     break;
                 }
             }

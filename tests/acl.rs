@@ -1,0 +1,175 @@
+//! Redis ACL users: the rule the README gives a lock user is enough for
+//! every lock type, and a user without channel permissions (the Redis 7
+//! default for new users) still releases, and waits by backoff.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redmutex::{
+    Backoff, DistributedLock, LockClient, LockOptions, ReentrantLock, Release, RwLock, Unlocked,
+};
+use support::{RedisServer, exists, wait_until};
+
+/// The README's rule for a user whose locks are named `locks:*`, word for
+/// word (checked against README.md below).
+const RULE: &str = "on >secret resetkeys ~locks:* ~{locks:* resetchannels &redmutex:released:* \
+    -@all +set +get +getdel +pttl +evalsha +script|load +wait +watch +unwatch +multi +exec \
+    +subscribe +unsubscribe +ping +client|setname \
+    +del +exists +pexpire +pexpireat +publish +incr +time +hget +hset +hdel +hlen +hgetall";
+
+fn set_user(server: &RedisServer, name: &str, rule: &str) {
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg("SETUSER").arg(name);
+    for word in rule.split_whitespace() {
+        cmd.arg(word);
+    }
+    let _: () = cmd.query(&mut server.conn()).expect("ACL SETUSER");
+}
+
+fn client_as(server: &RedisServer, user: &str) -> LockClient {
+    let url = format!("redis://{user}:secret@127.0.0.1:{}/", server.port());
+    LockClient::open(&url).expect("client")
+}
+
+#[test]
+fn the_readme_gives_this_rule() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let flat = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    let rule = RULE.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        flat.contains(&rule),
+        "README.md must give the rule:\n{rule}"
+    );
+}
+
+#[test]
+fn the_readme_rule_runs_every_lock_type() {
+    let server = RedisServer::start();
+    set_user(&server, "locker", RULE);
+    let client = client_as(&server, "locker");
+    let options = LockOptions::default().wait(Duration::from_secs(5));
+    for release in [Release::Lua, Release::Watch] {
+        let lock =
+            DistributedLock::with_options(&client, "locks:plain", options.clone().release(release));
+        let mut guard = lock.lock().expect("lock");
+        guard.extend(Duration::from_secs(10)).expect("extend");
+        assert!(guard.is_held().expect("is_held"));
+        guard.unlock().expect("unlock");
+    }
+    let fenced =
+        DistributedLock::with_options(&client, "locks:fenced", options.clone().fencing(true));
+    let guard = fenced.lock().expect("fenced lock");
+    assert_eq!(guard.fencing_token(), Some(1));
+    guard.unlock().expect("unlock");
+
+    let watched = DistributedLock::with_options(
+        &client,
+        "locks:watched",
+        options
+            .clone()
+            .ttl(Duration::from_millis(300))
+            .watchdog(true),
+    );
+    let guard = watched.lock().expect("watched lock");
+    let renewals = client.stats().renewals;
+    assert!(wait_until(Duration::from_secs(5), || client
+        .stats()
+        .renewals
+        > renewals + 2));
+    assert!(!guard.is_lost());
+    guard.unlock().expect("unlock");
+
+    let reentrant = ReentrantLock::new(&client, "locks:reentrant");
+    let outer = reentrant.lock().expect("reentrant");
+    let inner = reentrant.lock().expect("re-enter");
+    assert_eq!(inner.unlock().expect("inner"), Unlocked::StillHeld);
+    assert_eq!(outer.unlock().expect("outer"), Unlocked::Released);
+
+    let rw = RwLock::new(&client, "locks:rw");
+    let reader = rw.read().expect("read");
+    reader.unlock().expect("unlock");
+    let writer = rw.write().expect("write");
+    writer.unlock().expect("unlock");
+
+    // Notify waiting: the waiter is woken by the release message.
+    let holder = client_as(&server, "locker");
+    let waited = support::release_wakes_waiter(&holder, &client, "locks:notify", |channel| {
+        support::numsub(&server, channel) == 1
+    });
+    assert!(
+        waited < Duration::from_secs(4),
+        "woken, not polled: {waited:?}"
+    );
+
+    let forced = DistributedLock::new(&client, "locks:forced");
+    let guard = forced.lock().expect("lock");
+    let token = guard.token().to_owned();
+    assert_eq!(forced.force_release().expect("force"), Some(token));
+    drop(guard);
+    for key in [
+        "locks:plain",
+        "locks:fenced",
+        "locks:watched",
+        "locks:rw",
+        "locks:forced",
+    ] {
+        assert!(!exists(&server, key), "{key}");
+    }
+}
+
+/// Case 7: a user without channel permissions. On main `release.lua`
+/// deleted the key and then failed on `PUBLISH`, so every `unlock()`
+/// returned an error although the lock was released; and each queue head
+/// waited 200 ms for a `SUBSCRIBE` the server had refused.
+#[test]
+fn a_user_without_channels_releases_and_waits_by_backoff() {
+    let server = RedisServer::start();
+    let rule = RULE.replace("&redmutex:released:*", "");
+    set_user(&server, "nochan", &rule);
+    let client = client_as(&server, "nochan");
+    for release in [Release::Lua, Release::Watch] {
+        let lock = DistributedLock::with_options(
+            &client,
+            "locks:n",
+            LockOptions::default().release(release),
+        );
+        lock.lock()
+            .expect("lock")
+            .unlock()
+            .expect("released, not an error");
+        assert!(!exists(&server, "locks:n"), "{release:?}");
+    }
+    let rw = RwLock::new(&client, "locks:rw");
+    rw.write().expect("write").unlock().expect("released");
+
+    let holder = server.lock_client();
+    let guard = DistributedLock::new(&holder, "locks:w")
+        .lock()
+        .expect("lock");
+    let waiter = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            let commands = client.stats().commands;
+            let guard = DistributedLock::with_options(
+                &client,
+                "locks:w",
+                LockOptions::default()
+                    .wait(Duration::from_secs(10))
+                    .backoff(Backoff::constant(Duration::from_millis(10))),
+            )
+            .lock()
+            .expect("lock");
+            let attempts = client.stats().commands - commands;
+            drop(guard);
+            (attempts, started.elapsed())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(600));
+    drop(guard);
+    let (attempts, waited) = waiter.join().expect("waiter");
+    // At the backoff's pace: ~10 ms apart, not 200 ms apart.
+    assert!(attempts >= 15, "{attempts} attempts in {waited:?}");
+}

@@ -1,0 +1,294 @@
+//! The edges of the lock found by the fault model: untaken handoffs,
+//! `min_replicas` input, handoffs to waiters with other options, a
+//! `validity()` that must never wait on the network, and corrupt fencing
+//! counters.
+
+mod support;
+
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use redis::Commands;
+use redmutex::{DistributedLock, Error, LockClient, LockOptions, ReentrantLock};
+use support::{FaultProxy, RedisServer, exists, get};
+
+/// Case 5: a waiter's deadline passes just as the holder hands it the
+/// lease. On main the orphaned lease was released in Redis but the client
+/// still recorded a local holder: `try_lock()` answered `None` without
+/// asking Redis until the old lease's ttl ran out. Many rounds of the race,
+/// with random timings; after each, Redis and the client must agree that
+/// the lock is free.
+#[test]
+fn an_untaken_handoff_leaves_no_local_hold() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let options = LockOptions::default()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(5));
+    let lock = DistributedLock::with_options(&client, "k", options);
+    let mut seed: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut micros = move |max: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % max
+    };
+    let handoffs_before = client.stats().handoffs;
+    for round in 0..150 {
+        let start = Arc::new(Barrier::new(2));
+        let hold_for = Duration::from_micros(500 + micros(2500));
+        let wait_for = Duration::from_micros(500 + micros(2500));
+        let holder = {
+            let (lock, start) = (lock.clone(), start.clone());
+            std::thread::spawn(move || {
+                let guard = lock.lock().expect("lock");
+                start.wait();
+                std::thread::sleep(hold_for);
+                drop(guard);
+            })
+        };
+        let waiter = {
+            let (lock, start) = (lock.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                let got = lock.try_lock_for(wait_for).expect("try_lock_for");
+                drop(got);
+            })
+        };
+        holder.join().expect("holder");
+        waiter.join().expect("waiter");
+        assert!(!exists(&server, "k"), "round {round}: Redis still holds it");
+        let commands = client.stats().commands;
+        let guard = lock.try_lock().expect("try_lock");
+        assert!(
+            guard.is_some(),
+            "round {round}: a stale local hold refused the lock"
+        );
+        assert!(
+            client.stats().commands > commands,
+            "round {round}: Redis was asked"
+        );
+        drop(guard);
+    }
+    assert!(
+        client.stats().handoffs > handoffs_before,
+        "the race took handoffs: {:?}",
+        client.stats()
+    );
+}
+
+/// Case 6: `min_replicas` timeouts are checked before anything is sent.
+/// On main `WAIT n 0` blocked for ever, and a timeout at or above the read
+/// timeout failed with the key left set for the whole ttl.
+#[test]
+fn min_replicas_timeouts_are_checked_before_anything_is_sent() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    for timeout in [
+        Duration::ZERO,
+        Duration::from_micros(500),
+        redmutex::DEFAULT_TIMEOUT,
+        Duration::from_secs(60),
+        Duration::MAX,
+    ] {
+        let lock = DistributedLock::with_options(
+            &client,
+            "m",
+            LockOptions::default().min_replicas(1, timeout),
+        );
+        match lock.try_lock() {
+            Err(Error::InvalidArgument(msg)) => assert!(msg.contains("min_replicas"), "{msg}"),
+            other => panic!("{timeout:?}: expected InvalidArgument, got {other:?}"),
+        }
+    }
+    let keys: i64 = redis::cmd("DBSIZE")
+        .query(&mut server.conn())
+        .expect("DBSIZE");
+    assert_eq!(keys, 0, "nothing was written");
+}
+
+/// Case 8: a handoff respects the receiver's options. On main a
+/// watchdog waiter received an unwatched lease (it then expired mid-work)
+/// and a fenced waiter got no fencing token.
+#[test]
+fn a_handoff_takes_the_receivers_watchdog_and_never_reaches_a_fenced_waiter() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    // A budget long enough that the giver may hand off after its hold.
+    let plain = DistributedLock::with_options(
+        &client,
+        "h",
+        LockOptions::default()
+            .ttl(Duration::from_millis(800))
+            .handoff_budget(32, Duration::from_secs(10)),
+    );
+    let watched = DistributedLock::with_options(
+        &client,
+        "h",
+        LockOptions::default()
+            .ttl(Duration::from_millis(800))
+            .watchdog(true)
+            .wait(Duration::from_secs(5)),
+    );
+    // Whether the waiter is queued when the holder lets go cannot be seen
+    // from outside: try until a handoff happened (almost always at once).
+    let mut handed = false;
+    for _ in 0..20 {
+        let guard = plain.lock().expect("lock");
+        let handoffs = client.stats().handoffs;
+        let waiter = {
+            let watched = watched.clone();
+            std::thread::spawn(move || {
+                let guard = watched.lock().expect("lock");
+                // Longer than the ttl: only renewals keep it.
+                std::thread::sleep(Duration::from_millis(1500));
+                let kept = !guard.is_lost() && guard.is_held().expect("is_held");
+                (kept, guard.unlock())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        drop(guard);
+        let (kept, unlocked) = waiter.join().expect("waiter");
+        unlocked.expect("unlock");
+        if client.stats().handoffs > handoffs {
+            assert!(
+                kept,
+                "the receiver's watchdog renewed the handed-over lease"
+            );
+            handed = true;
+            break;
+        }
+    }
+    assert!(handed, "no handoff in 20 tries: {:?}", client.stats());
+
+    // A fenced waiter: never handed a lease, it acquires with its own token.
+    let fenced = DistributedLock::with_options(
+        &client,
+        "h",
+        LockOptions::default()
+            .fencing(true)
+            .wait(Duration::from_secs(5)),
+    );
+    for round in 1..=3 {
+        let guard = plain.lock().expect("lock");
+        let handoffs = client.stats().handoffs;
+        let waiter = {
+            let fenced = fenced.clone();
+            std::thread::spawn(move || {
+                let guard = fenced.lock().expect("lock");
+                (guard.fencing_token(), guard.unlock())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        drop(guard);
+        let (token, unlocked) = waiter.join().expect("waiter");
+        assert_eq!(token, Some(round), "the fenced waiter has its own number");
+        assert_eq!(client.stats().handoffs, handoffs, "no handoff to it");
+        unlocked.expect("unlock");
+    }
+}
+
+/// Case 9: `validity()` (and `Debug`, and a reentrant `lock()`) never wait
+/// on the network. On main the watchdog held the entry's mutex across a
+/// renewal's round trip, and all of these waited for it.
+#[test]
+fn validity_never_waits_for_a_renewal_in_flight() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::to(&server);
+    let client = LockClient::open(&proxy.url()).expect("client");
+    let lock = DistributedLock::with_options(
+        &client,
+        "v",
+        LockOptions::default()
+            .ttl(Duration::from_secs(3))
+            .watchdog(true),
+    );
+    let guard = lock.lock().expect("lock");
+    let renewals = client.stats().renewal_round_trips;
+    proxy.blackhole(true);
+    // The next renewal goes out into the blackhole and waits there.
+    let started = Instant::now();
+    let mut slowest = Duration::ZERO;
+    let mut nested = None;
+    while started.elapsed() < Duration::from_millis(2500) {
+        let call = Instant::now();
+        let _ = guard.validity();
+        let _ = format!("{guard:?}");
+        if nested.is_none() {
+            nested = Some(lock.lock().expect("re-enter"));
+        }
+        slowest = slowest.max(call.elapsed());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        client.stats().renewal_round_trips > renewals,
+        "a renewal was in flight: {:?}",
+        client.stats()
+    );
+    assert!(
+        slowest < Duration::from_millis(200),
+        "a call waited {slowest:?}"
+    );
+    proxy.heal();
+    drop(nested);
+    drop(guard);
+}
+
+/// Case 15: a fencing counter that cannot be incremented (a hash, text,
+/// `i64::MAX`). On main the key was set before `INCR` failed, so the caller
+/// got an error and the lock stayed taken for the whole ttl; for a hash the
+/// error blamed the lock key.
+#[test]
+fn a_corrupt_fence_counter_is_named_and_takes_nothing() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let mut con = server.conn();
+    let counter = redmutex::fence_key("f");
+    let corrupt: [&dyn Fn(&mut redis::Connection); 3] = [
+        &|con| con.hset::<_, _, _, ()>(&counter, "x", 1).expect("HSET"),
+        &|con| con.set::<_, _, ()>(&counter, "abc").expect("SET"),
+        &|con| con.set::<_, _, ()>(&counter, i64::MAX).expect("SET"),
+    ];
+    for (case, corrupt) in corrupt.iter().enumerate() {
+        let _: () = con.del(&counter).expect("DEL");
+        corrupt(&mut con);
+        let lock =
+            DistributedLock::with_options(&client, "f", LockOptions::default().fencing(true));
+        match lock.try_lock() {
+            Err(Error::FenceCounter {
+                key,
+                counter: named,
+                ..
+            }) => {
+                assert_eq!(key, "f");
+                assert_eq!(named, counter, "case {case}");
+            }
+            other => panic!("case {case}: expected FenceCounter, got {other:?}"),
+        }
+        assert!(!exists(&server, "f"), "case {case}: the lock was not taken");
+    }
+    // Mended, it works again.
+    let _: () = con.set(&counter, 41).expect("SET");
+    let guard = DistributedLock::with_options(&client, "f", LockOptions::default().fencing(true))
+        .lock()
+        .expect("lock");
+    assert_eq!(guard.fencing_token(), Some(42));
+    guard.unlock().expect("unlock");
+    assert_eq!(get(&server, "f"), None);
+}
+
+/// A reentrant acquisition whose holder is stuck keeps its own lease
+/// only: other threads stay out, and `validity()` answers at once.
+#[test]
+fn reentrant_guards_answer_validity_without_the_network() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::to(&server);
+    let client = LockClient::open(&proxy.url()).expect("client");
+    let guard = ReentrantLock::new(&client, "rv").lock().expect("lock");
+    proxy.blackhole(true);
+    let started = Instant::now();
+    assert!(!guard.validity().is_zero());
+    assert!(started.elapsed() < Duration::from_millis(100));
+    proxy.heal();
+    drop(guard);
+}

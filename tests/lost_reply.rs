@@ -1,0 +1,380 @@
+//! A reply lost after Redis ran the command, for every operation the crate
+//! sends: the fault-injecting proxy forwards the request, lets the server
+//! run it, and cuts the connection before the reply gets back. The property
+//! (see `src/policy.rs`): an operation whose reply was lost is applied at
+//! most once, and its caller is told the truth.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redis::Commands;
+use redmutex::{
+    DistributedLock, LockClient, LockOptions, RedLock, ReentrantLock, Release, RwLock, Unlocked,
+    WaitMode,
+};
+use support::{FaultProxy, RedisServer, exists, get, sha, wait_until};
+
+const ACQUIRE: &str = include_str!("../lua/acquire.lua");
+const RELEASE: &str = include_str!("../lua/release.lua");
+const EXTEND: &str = include_str!("../lua/extend.lua");
+const REENTRANT_ACQUIRE: &str = include_str!("../lua/reentrant_acquire.lua");
+const REENTRANT_RELEASE: &str = include_str!("../lua/reentrant_release.lua");
+const RW_ACQUIRE: &str = include_str!("../lua/rw_acquire.lua");
+const RW_RELEASE: &str = include_str!("../lua/rw_release.lua");
+
+/// A server with the scripts loaded, so a lost reply follows a command
+/// that ran.
+fn server() -> RedisServer {
+    let server = RedisServer::start();
+    support::load_scripts(&server);
+    server
+}
+
+/// A client whose every connection goes through `proxy`.
+fn client(proxy: &FaultProxy) -> LockClient {
+    LockClient::open(&proxy.url()).expect("client")
+}
+
+fn options() -> LockOptions {
+    LockOptions::default()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(5))
+}
+
+/// Case 1: the reentrant release's reply is lost. On main the resend
+/// decremented the count twice: `inner.unlock()` said `Released` while
+/// `outer` was alive, and another thread could take the lock.
+#[test]
+fn reentrant_release_applies_once_after_a_lost_reply() {
+    let server = server();
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy);
+    let lock = ReentrantLock::with_options(&client, "acct", options());
+    let outer = lock.lock().expect("outer");
+    let inner = lock.lock().expect("inner");
+    proxy.lose_reply(&sha(REENTRANT_RELEASE), 1);
+    assert_eq!(inner.unlock().expect("inner unlock"), Unlocked::StillHeld);
+    assert_eq!(proxy.lost_replies(), 1, "the fault fired");
+    assert!(exists(&server, "acct"), "outer still holds it");
+    let other = {
+        let client = client.clone();
+        std::thread::spawn(move || {
+            ReentrantLock::new(&client, "acct")
+                .try_lock()
+                .map(|g| g.is_some())
+        })
+        .join()
+        .expect("thread")
+    };
+    assert!(!other.expect("try_lock"), "another thread must not get it");
+    // The last release's reply lost too: the marker says it was done.
+    proxy.lose_reply(&sha(REENTRANT_RELEASE), 1);
+    assert_eq!(outer.unlock().expect("outer unlock"), Unlocked::Released);
+    assert_eq!(proxy.lost_replies(), 2);
+    assert!(!exists(&server, "acct"));
+}
+
+/// Case 1, acquiring: a resent reentrant acquire must not count the hold
+/// twice (on main the key then outlived its holder by a whole ttl).
+#[test]
+fn reentrant_acquire_counts_once_after_a_lost_reply() {
+    let server = server();
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy);
+    let lock = ReentrantLock::with_options(&client, "acct", options());
+    proxy.lose_reply(&sha(REENTRANT_ACQUIRE), 1);
+    let guard = lock.lock().expect("lock");
+    assert_eq!(proxy.lost_replies(), 1);
+    assert_eq!(guard.hold_count(), 1);
+    let fields: usize = server.conn().hlen("acct").expect("HLEN");
+    assert_eq!(fields, 2, "owner + one hold");
+    assert_eq!(guard.unlock().expect("unlock"), Unlocked::Released);
+    assert!(!exists(&server, "acct"), "one release frees it");
+}
+
+/// Case 2: a lost reply on `RwLock::write`'s grant. On main the resend was
+/// refused by the writer's own hold: `Timeout`, and the hash held for the
+/// whole ttl with no guard.
+#[test]
+fn rwlock_write_grant_is_recognised_after_a_lost_reply() {
+    let server = server();
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy);
+    let lock = RwLock::with_options(&client, "catalog", options());
+    proxy.lose_reply(&sha(RW_ACQUIRE), 1);
+    let started = Instant::now();
+    let writer = lock.write().expect("write");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "no wait for itself"
+    );
+    assert_eq!(proxy.lost_replies(), 1);
+    let held: Option<String> = server.conn().hget("catalog", "w").expect("HGET");
+    assert_eq!(held.as_deref(), Some(writer.token()));
+    proxy.lose_reply(&sha(RW_RELEASE), 1);
+    writer.unlock().expect("unlock after a lost reply is Ok");
+    assert_eq!(proxy.lost_replies(), 2);
+    assert!(!exists(&server, "catalog"));
+    // Readers too.
+    proxy.lose_reply(&sha(RW_ACQUIRE), 1);
+    let reader = lock.read().expect("read");
+    assert_eq!(proxy.lost_replies(), 3);
+    proxy.lose_reply(&sha(RW_RELEASE), 1);
+    reader.unlock().expect("unlock");
+    assert!(!exists(&server, "catalog"));
+}
+
+/// Case 3: a plain release whose reply is lost is `Ok`, not
+/// `NotHeld { Expired }`; with both release methods.
+#[test]
+fn a_release_that_deleted_our_key_is_ok_after_a_lost_reply() {
+    let server = server();
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy);
+    for (release, pattern) in [
+        (Release::Lua, sha(RELEASE)),
+        (Release::Watch, "MULTI".into()),
+    ] {
+        let lock = DistributedLock::with_options(&client, "job", options().release(release));
+        let guard = lock.lock().expect("lock");
+        let lost = proxy.lost_replies();
+        proxy.lose_reply(&pattern, 1);
+        guard.unlock().expect("the release happened: Ok");
+        assert_eq!(
+            proxy.lost_replies(),
+            lost + 1,
+            "{release:?}: the fault fired"
+        );
+        assert!(!exists(&server, "job"));
+        // And a release that really finds the lock gone still says so.
+        let guard = lock.lock().expect("lock");
+        let _: () = server.conn().del("job").expect("DEL");
+        assert_eq!(
+            guard.unlock().expect_err("gone").not_held_reason(),
+            Some(redmutex::NotHeldReason::Expired)
+        );
+    }
+}
+
+/// A lost reply on the acquisition itself: the caller holds a guard whose
+/// token Redis has, acquired once; for the plain `SET`, the acquire script
+/// and a fenced acquisition (the counter bumped once).
+#[test]
+fn acquisitions_are_recognised_after_a_lost_reply() {
+    let server = server();
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy);
+    let plain = DistributedLock::with_options(&client, "a", options());
+    proxy.lose_reply("NX", 1);
+    let guard = plain.lock().expect("lock");
+    assert_eq!(proxy.lost_replies(), 1);
+    assert_eq!(get(&server, "a").as_deref(), Some(guard.token()));
+    guard.unlock().expect("unlock");
+
+    let fenced = DistributedLock::with_options(&client, "f", options().fencing(true));
+    proxy.lose_reply(&sha(ACQUIRE), 1);
+    let guard = fenced.lock().expect("lock");
+    assert_eq!(proxy.lost_replies(), 2);
+    assert_eq!(get(&server, "f").as_deref(), Some(guard.token()));
+    assert_eq!(guard.fencing_token(), Some(1));
+    assert_eq!(
+        get(&server, "{f}:fence").as_deref(),
+        Some("1"),
+        "the counter was bumped once"
+    );
+    guard.unlock().expect("unlock");
+    let again = fenced.lock().expect("lock");
+    assert_eq!(again.fencing_token(), Some(2));
+    again.unlock().expect("unlock");
+    assert!(client.stats().resends >= 2, "{:?}", client.stats());
+}
+
+/// Extend and the watchdog's renewals are safe to resend.
+#[test]
+fn extend_and_renewals_survive_lost_replies() {
+    let server = server();
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy);
+    let lock = DistributedLock::with_options(&client, "e", options());
+    let mut guard = lock.lock().expect("lock");
+    proxy.lose_reply(&sha(EXTEND), 1);
+    guard.extend(Duration::from_secs(60)).expect("extend");
+    assert_eq!(proxy.lost_replies(), 1);
+    let pttl: i64 = server.conn().pttl("e").expect("PTTL");
+    assert!(pttl > 59_000, "{pttl}");
+    guard.unlock().expect("unlock");
+
+    let watched = DistributedLock::with_options(
+        &client,
+        "w",
+        options().ttl(Duration::from_millis(600)).watchdog(true),
+    );
+    let guard = watched.lock().expect("lock");
+    proxy.lose_reply(&sha(EXTEND), 2);
+    let renewed = wait_until(Duration::from_secs(10), || {
+        proxy.lost_replies() >= 3 && client.stats().renewals >= 4
+    });
+    assert!(renewed, "{:?}", client.stats());
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(!guard.is_lost(), "renewals went on after the lost replies");
+    assert_eq!(get(&server, "w").as_deref(), Some(guard.token()));
+    guard.unlock().expect("unlock");
+}
+
+/// More lost replies than resends: the caller gets `OutcomeUnknown`, and
+/// the token its request set is released in the background, so no lease of
+/// ours outlives the error by more than the cleanup's first steps.
+#[test]
+fn an_acquisition_whose_outcome_is_unknown_leaves_no_lease() {
+    let server = server();
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy);
+    for (name, pattern, lock) in [
+        ("plain", "NX".to_string(), options()),
+        ("fenced", sha(ACQUIRE), options().fencing(true)),
+    ] {
+        let key = format!("u-{name}");
+        proxy.lose_reply(&pattern, 3);
+        let err = DistributedLock::with_options(&client, key.clone(), lock)
+            .try_lock()
+            .expect_err("every reply lost");
+        assert!(err.is_outcome_unknown(), "{name}: {err}");
+        assert_eq!(proxy.armed(), 0, "{name}: sent three times");
+        let gone = wait_until(Duration::from_secs(5), || !exists(&server, &key));
+        assert!(gone, "{name}: the orphan lease was released");
+    }
+    assert!(client.stats().orphans_released >= 2, "{:?}", client.stats());
+
+    // The same for the reentrant and read-write locks.
+    proxy.lose_reply(&sha(REENTRANT_ACQUIRE), 3);
+    let err = ReentrantLock::new(&client, "u-re")
+        .try_lock()
+        .expect_err("lost");
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert!(wait_until(Duration::from_secs(5), || !exists(
+        &server, "u-re"
+    )));
+    proxy.lose_reply(&sha(RW_ACQUIRE), 3);
+    let err = RwLock::new(&client, "u-rw").try_write().expect_err("lost");
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert!(wait_until(Duration::from_secs(5), || !exists(
+        &server, "u-rw"
+    )));
+}
+
+/// Random numbers of lost replies on acquisitions and releases: after
+/// each round either the caller held a guard whose token Redis had, or it
+/// got an error and no lease of ours is left; nothing is ever held twice.
+#[test]
+fn random_lost_replies_never_leave_a_lease_or_lie() {
+    let server = server();
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy);
+    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let mut held = 0;
+    for round in 0..40 {
+        let mode = if next(2) == 0 {
+            WaitMode::Spin
+        } else {
+            WaitMode::Notify
+        };
+        let lock = DistributedLock::with_options(
+            &client,
+            "r",
+            options().wait_mode(mode).fencing(next(2) == 0),
+        );
+        proxy.heal();
+        proxy.lose_reply("NX", next(4) as u32);
+        proxy.lose_reply(&sha(ACQUIRE), next(4) as u32);
+        match lock.try_lock() {
+            Ok(Some(guard)) => {
+                held += 1;
+                assert_eq!(
+                    get(&server, "r").as_deref(),
+                    Some(guard.token()),
+                    "round {round}"
+                );
+                proxy.heal();
+                proxy.lose_reply(&sha(RELEASE), next(3) as u32);
+                match guard.unlock() {
+                    Ok(()) => assert!(!exists(&server, "r"), "round {round}"),
+                    Err(err) => assert!(err.is_outcome_unknown(), "round {round}: {err}"),
+                }
+            }
+            Ok(None) => panic!("round {round}: nobody else holds it"),
+            Err(err) => assert!(err.is_outcome_unknown(), "round {round}: {err}"),
+        }
+        proxy.heal();
+        let clean = wait_until(Duration::from_secs(5), || !exists(&server, "r"));
+        assert!(clean, "round {round}: a lease of ours was left behind");
+    }
+    assert!(held > 10, "most rounds acquire: {held}");
+}
+
+/// RedLock over three nodes, one of them losing replies: acquired once per
+/// node, released everywhere, `unlock()` Ok.
+#[test]
+fn redlock_survives_lost_replies_on_a_node() {
+    let servers = RedisServer::start_many(3);
+    servers.iter().for_each(support::load_scripts);
+    let proxy = FaultProxy::to(&servers[0]);
+    let nodes = vec![
+        client(&proxy),
+        servers[1].lock_client(),
+        servers[2].lock_client(),
+    ];
+    let lock = RedLock::with_options(nodes, "rl", options().ttl(Duration::from_secs(10)))
+        .expect("redlock")
+        .node_timeout(Duration::from_secs(2));
+    proxy.lose_reply("NX", 1);
+    let guard = lock.lock().expect("lock");
+    assert_eq!(proxy.lost_replies(), 1);
+    for server in &servers {
+        assert_eq!(get(server, "rl").as_deref(), Some(guard.token()));
+    }
+    proxy.lose_reply(&sha(RELEASE), 1);
+    guard.unlock().expect("unlock");
+    assert_eq!(proxy.lost_replies(), 2);
+    for server in &servers {
+        assert!(!exists(server, "rl"));
+    }
+}
+
+/// `min_replicas`: the `WAIT` reply lost. The resend finds its own token,
+/// writes on its new connection so `WAIT` has something to wait for, and
+/// the lock is granted once the replica has it.
+#[test]
+fn a_lost_wait_reply_is_resent_on_a_connection_that_wrote() {
+    let primary = server();
+    let replica = RedisServer::start_replica_of(&primary);
+    let proxy = FaultProxy::to(&primary);
+    let client = client(&proxy);
+    let lock = DistributedLock::with_options(
+        &client,
+        "rep",
+        options().min_replicas(1, Duration::from_millis(1000)),
+    );
+    proxy.lose_reply("WAIT", 1);
+    let guard = lock.lock().expect("lock");
+    assert_eq!(proxy.lost_replies(), 1);
+    let on_replica = wait_until(Duration::from_secs(5), || {
+        get(&replica, "rep").as_deref() == Some(guard.token())
+    });
+    assert!(on_replica);
+    guard.unlock().expect("unlock");
+
+    // Every WAIT reply lost: an error, and the key released again.
+    proxy.lose_reply("WAIT", 3);
+    let err = lock.try_lock().expect_err("lost");
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert!(wait_until(Duration::from_secs(5), || !exists(
+        &primary, "rep"
+    )));
+}
