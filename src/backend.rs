@@ -329,6 +329,9 @@ enum Pools {
 pub(crate) struct Backend {
     pools: Pools,
     timeout: Duration,
+    /// How long opening one connection may take: one timeout, or for
+    /// Sentinel one per sentinel asked plus one for the primary.
+    connect_wait: Duration,
 }
 
 impl Backend {
@@ -336,6 +339,11 @@ impl Backend {
     /// `timeout` on connecting, on waiting for a connection, and on every
     /// read and write.
     pub(crate) fn own(target: Target, timeout: Duration, size: u32) -> Backend {
+        let steps = match &target {
+            Target::Sentinel(sentinel) => sentinel.sentinels.len().saturating_add(1),
+            _ => 1,
+        };
+        let connect_wait = timeout.saturating_mul(u32::try_from(steps).unwrap_or(u32::MAX));
         let manager = Manager::new(target, timeout);
         let deployment = manager.deployment();
         let pool = r2d2::Pool::builder()
@@ -343,7 +351,7 @@ impl Backend {
             .min_idle(Some(0))
             // Costs no round trip: `is_valid` only compares epochs.
             .test_on_check_out(true)
-            .connection_timeout(timeout)
+            .connection_timeout(connect_wait)
             // No reaper: with the shared thread pool it would outlive the
             // pool as a job that fires for ever.
             .idle_timeout(None)
@@ -354,6 +362,7 @@ impl Backend {
         Backend {
             pools: Pools::Own(pool, deployment),
             timeout,
+            connect_wait,
         }
     }
 
@@ -363,6 +372,7 @@ impl Backend {
         Backend {
             pools: Pools::Single(pool),
             timeout,
+            connect_wait: timeout,
         }
     }
 
@@ -370,6 +380,7 @@ impl Backend {
         Backend {
             pools: Pools::Cluster(pool),
             timeout,
+            connect_wait: timeout,
         }
     }
 
@@ -377,6 +388,7 @@ impl Backend {
         Backend {
             pools: Pools::Sentinel(pool),
             timeout,
+            connect_wait: timeout,
         }
     }
 
@@ -393,6 +405,12 @@ impl Backend {
     /// built).
     pub(crate) fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// How long getting a connection may take when a new one must be
+    /// opened.
+    pub(crate) fn connect_wait(&self) -> Duration {
+        self.connect_wait
     }
 
     /// The caller's own single-node pool, if this client was made from one.

@@ -436,7 +436,7 @@ impl LockClient {
     /// [`Error::Pool`] when no connection can be had within the pool's
     /// connection timeout.
     pub fn connection(&self) -> Result<Connection, Error> {
-        Ok(self.inner.backend.get(self.inner.backend.timeout())?)
+        Ok(self.inner.backend.get(self.inner.backend.connect_wait())?)
     }
 
     /// The I/O timeout of this client's connections ([`DEFAULT_TIMEOUT`]

@@ -179,7 +179,7 @@ pub(crate) fn run_within<T>(
         if wait.is_zero() {
             break;
         }
-        let mut con = match backend.get(wait.min(backend.timeout())) {
+        let mut con = match backend.get(wait.min(backend.connect_wait())) {
             Ok(con) => con,
             // Nothing was sent yet: a plain pool error.
             Err(err) if lost.is_none() => return Err(Error::Pool(err)),

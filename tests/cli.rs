@@ -337,3 +337,227 @@ fn cluster_and_sentinel_deployments_are_chosen_by_flags() {
         "held on the primary the sentinels name"
     );
 }
+
+/// Whether process `pid` is gone (a zombie waiting to be reaped counts as
+/// gone: it runs nothing).
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+fn read_pid(path: &std::path::Path) -> Option<u32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
+/// Waits for `child` to end, at most `within`.
+fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status;
+        }
+        assert!(started.elapsed() < within, "did not end within {within:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Case 18: a SIGTERM while `redmutex run` waits for the lock ends the wait
+/// (128+15) and leaves nothing held. On main the handlers were installed
+/// only after acquiring.
+#[test]
+fn a_signal_while_waiting_ends_the_wait_and_holds_nothing() {
+    let server = RedisServer::start();
+    let holder = server.lock_client();
+    let guard = redmutex::DistributedLock::new(&holder, "wait")
+        .lock()
+        .expect("lock");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marker = dir.path().join("ran");
+    let mut run = redmutex(&server)
+        .args(["run", "--wait", "60s", "wait", "--", "touch"])
+        .arg(&marker)
+        .spawn()
+        .expect("run");
+    let channel = redmutex::release_channel("wait");
+    assert!(wait_until(Duration::from_secs(10), || support::numsub(
+        &server, &channel
+    ) == 1));
+    signal(run.id(), "TERM");
+    let status = wait_exit(&mut run, Duration::from_secs(5));
+    assert_eq!(status.code(), Some(128 + 15));
+    assert!(!marker.exists(), "the command did not run");
+    assert_eq!(held(&server, "wait").as_deref(), Some(guard.token()));
+    guard.unlock().expect("unlock");
+    // Nothing of the CLI's is left to take the key.
+    let again = redmutex::DistributedLock::new(&holder, "wait")
+        .try_lock()
+        .expect("try_lock");
+    assert!(again.is_some());
+}
+
+/// Case 18: on a loss the whole process group is ended, grandchildren of
+/// `sh -c` included (on main only the direct child was signalled).
+#[test]
+fn a_loss_ends_the_commands_whole_process_group() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("grandchild");
+    let script = format!("sleep 300 & echo $! > {}; wait", pidfile.display());
+    let mut run = redmutex(&server)
+        .args(["run", "--ttl", "900ms", "group", "--", "sh", "-c", &script])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run");
+    assert!(wait_until(Duration::from_secs(10), || read_pid(&pidfile).is_some()));
+    let grandchild = read_pid(&pidfile).expect("pid");
+    let _: () = server.conn().set("group", "someone-else").expect("SET");
+    let status = wait_exit(&mut run, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(75));
+    assert!(
+        wait_until(Duration::from_secs(5), || gone(grandchild)),
+        "the grandchild {grandchild} still runs"
+    );
+}
+
+/// Case 18: SIGHUP (a closed terminal, a restart) is passed on to the
+/// command's group like SIGINT and SIGTERM.
+#[test]
+fn sighup_is_passed_on_to_the_command() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("log");
+    let ready = dir.path().join("ready");
+    let script = format!(
+        "trap 'echo hup >> {log}; exit 3' HUP; touch {ready}; sleep 30 & wait",
+        log = log.display(),
+        ready = ready.display()
+    );
+    let mut run = redmutex(&server)
+        .args(["run", "hup", "--", "sh", "-c", &script])
+        .spawn()
+        .expect("run");
+    assert!(wait_until(Duration::from_secs(10), || ready.exists()));
+    signal(run.id(), "HUP");
+    let status = wait_exit(&mut run, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(3), "the command's own code");
+    assert_eq!(std::fs::read_to_string(&log).expect("log").trim(), "hup");
+    assert_eq!(held(&server, "hup"), None);
+}
+
+/// Case 18: if `redmutex` itself dies (SIGKILL: no handler runs), the
+/// command does not run on without its lease's renewals (Linux: a
+/// parent-death signal).
+#[test]
+fn the_command_does_not_outlive_redmutex() {
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("child");
+    let script = format!("echo $$ > {}; exec sleep 300", pidfile.display());
+    let mut run = redmutex(&server)
+        .args(["run", "orphan", "--", "sh", "-c", &script])
+        .spawn()
+        .expect("run");
+    assert!(wait_until(Duration::from_secs(10), || read_pid(&pidfile).is_some()));
+    let child = read_pid(&pidfile).expect("pid");
+    signal(run.id(), "KILL");
+    let _ = wait_exit(&mut run, Duration::from_secs(5));
+    assert!(
+        wait_until(Duration::from_secs(5), || gone(child)),
+        "the command {child} outlived redmutex"
+    );
+}
+
+/// Case 18: when renewals fail (Redis behind a blackhole), the command is
+/// terminated while `--kill-after` of the lease is left and killed with a
+/// quarter of it left, so it is gone before another client can take the
+/// lock; even a command that ignores SIGTERM.
+#[test]
+fn a_lease_that_cannot_be_renewed_ends_the_command_before_it_runs_out() {
+    let server = RedisServer::start();
+    let proxy = support::FaultProxy::to(&server);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("child");
+    let script = format!(
+        "trap '' TERM; echo $$ > {}; sleep 100 & echo $! >> {}; wait",
+        pidfile.display(),
+        pidfile.display()
+    );
+    let mut run = Command::cargo_bin("redmutex")
+        .expect("the redmutex binary")
+        .env("REDMUTEX_URL", proxy.url())
+        .args([
+            "run",
+            "--ttl",
+            "3s",
+            "--kill-after",
+            "1s",
+            "renew",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run");
+    let pids = || -> Vec<u32> {
+        std::fs::read_to_string(&pidfile)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    assert!(wait_until(Duration::from_secs(10), || pids().len() == 2));
+    let pids = pids();
+    // Let one renewal through, then cut Redis off.
+    std::thread::sleep(Duration::from_millis(1200));
+    proxy.blackhole(true);
+    let other = server.lock_client();
+    let theirs = redmutex::DistributedLock::with_options(
+        &other,
+        "renew",
+        redmutex::LockOptions::default()
+            .wait_mode(redmutex::WaitMode::Spin)
+            .backoff(redmutex::Backoff::constant(Duration::from_millis(5))),
+    )
+    .try_lock_for(Duration::from_secs(10))
+    .expect("other client")
+    .expect("the lease ran out");
+    for pid in &pids {
+        assert!(
+            gone(*pid),
+            "{pid} still ran when another client got the lock"
+        );
+    }
+    drop(theirs);
+    proxy.heal();
+    let out = {
+        let status = wait_exit(&mut run, Duration::from_secs(15));
+        let mut stderr = String::new();
+        use std::io::Read;
+        run.stderr
+            .take()
+            .expect("stderr")
+            .read_to_string(&mut stderr)
+            .expect("read");
+        (status, stderr)
+    };
+    assert_eq!(out.0.code(), Some(75), "{}", out.1);
+    assert!(out.1.contains("cannot renew"), "{}", out.1);
+}

@@ -176,3 +176,29 @@ fn a_manual_failover_with_the_old_primary_alive_is_followed() {
             .expect("unlock");
     }
 }
+
+/// A stalled sentinel first in the list (it accepts and never answers):
+/// its lookup gives up after the timeout and the next sentinel is asked,
+/// so the client still locks, within one timeout more.
+#[test]
+fn a_stalled_sentinel_is_passed_over() {
+    let set = SentinelSet::start();
+    let proxy = support::FaultProxy::to(&set.sentinels[0]);
+    proxy.stall_new(true);
+    let mut urls = vec![proxy.url()];
+    urls.extend(set.sentinel_urls().into_iter().skip(1));
+    let timeout = Duration::from_millis(500);
+    let client = LockClient::open_sentinel_with(
+        urls,
+        SentinelSet::MASTER,
+        redis::RedisConnectionInfo::default(),
+        timeout,
+    )
+    .expect("client");
+    let started = Instant::now();
+    let guard = DistributedLock::with_options(&client, "passed", options())
+        .lock()
+        .expect("lock through the other sentinels");
+    assert!(started.elapsed() < timeout * 4, "{:?}", started.elapsed());
+    guard.unlock().expect("unlock");
+}

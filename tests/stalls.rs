@@ -347,3 +347,36 @@ fn a_stalled_server_bounds_the_call_and_leaves_no_lease() {
     }
     let _: () = server.conn().del("z").expect("DEL");
 }
+
+/// Case 4 for Sentinel: a sentinel that accepts and never answers. The
+/// lookup is bounded by the timeout; with every sentinel stalled the call
+/// fails within its timeouts, and dropping the client does not wait for
+/// the subscriber's lookup.
+#[test]
+fn a_stalled_sentinel_never_hangs_a_call_or_a_drop() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::to(&server);
+    proxy.stall_new(true);
+    let client = LockClient::open_sentinel_with(
+        [proxy.url()],
+        "nobody",
+        redis::RedisConnectionInfo::default(),
+        T,
+    )
+    .expect("client");
+    let lock = DistributedLock::with_options(&client, "s", options());
+    for _ in 0..3 {
+        let started = Instant::now();
+        let err = lock.try_lock().expect_err("stalled");
+        assert!(err.is_connection(), "{err}");
+        assert!(
+            started.elapsed() < T * 3,
+            "bounded: {:?}",
+            started.elapsed()
+        );
+    }
+    let started = Instant::now();
+    drop(lock);
+    drop(client);
+    assert!(started.elapsed() < Duration::from_millis(500));
+}

@@ -9,7 +9,8 @@
 //! | 1 | the lock is held elsewhere (`run` did not start the command; `release --token`: not that token's) |
 //! | 2 | bad usage: unknown option, missing `--` or command, zero ttl |
 //! | 69 | Redis unreachable or failing (`EX_UNAVAILABLE`) |
-//! | 75 | `run`: the lock was lost while the command ran; it was terminated (`EX_TEMPFAIL`) |
+//! | 75 | `run`: the lock was lost, or could not be renewed, while the command ran; it was terminated (`EX_TEMPFAIL`) |
+//! | 128+N | `run`: signal N arrived while waiting for the lock; the command was not run |
 //! | 126 | `run`: the command cannot be executed |
 //! | 127 | `run`: the command was not found |
 
@@ -37,7 +38,9 @@ Exit codes:
   1        the lock is held elsewhere: the command was not run (see --conflict-exit-code)
   2        bad usage
   69       Redis unreachable or failing
-  75       the lock was lost while the command ran; the command was terminated
+  75       the lock was lost, or could not be renewed, while the command ran; the
+           command was terminated before the lease ran out
+  128+N    signal N arrived while waiting for the lock: the command was not run
   126      the command cannot be executed
   127      the command was not found
 
@@ -114,7 +117,11 @@ struct RunArgs {
     /// Exit code when the lock cannot be had in time.
     #[arg(long, default_value_t = EXIT_CONFLICT)]
     conflict_exit_code: u8,
-    /// After losing the lock, how long CMD gets between SIGTERM and SIGKILL.
+    /// How much of the lease is left when CMD gets SIGTERM because
+    /// renewals fail (at most a third of the ttl); it gets SIGKILL with a
+    /// quarter of that left, so it is gone before the lease runs out and
+    /// another holder can take the lock. A lease found lost ends CMD the
+    /// same way at once.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     kill_after: Duration,
     /// The lock key.
@@ -319,6 +326,16 @@ impl Drop for Spinner {
     }
 }
 
+/// The signals `redmutex run` catches from the start: while it waits for
+/// the lock they end the wait (nothing stays held), and while the command
+/// runs they are passed on to the command's whole process group.
+const FORWARDED: [i32; 4] = [
+    signal_hook::consts::SIGHUP,
+    signal_hook::consts::SIGINT,
+    signal_hook::consts::SIGQUIT,
+    signal_hook::consts::SIGTERM,
+];
+
 /// Signals received by `redmutex` itself, to pass on to the child.
 struct Forwarded {
     pending: Arc<AtomicUsize>,
@@ -329,7 +346,7 @@ impl Forwarded {
     fn install() -> Result<Forwarded, Failure> {
         let pending = Arc::new(AtomicUsize::new(0));
         let last = Arc::new(AtomicUsize::new(0));
-        for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        for signal in FORWARDED {
             let (pending, last) = (pending.clone(), last.clone());
             // SAFETY: the handler only stores to atomics, which is
             // async-signal-safe.
@@ -354,11 +371,86 @@ impl Forwarded {
     }
 }
 
-fn send_signal(pid: u32, signal: i32) {
-    // SAFETY: kill(2) with a pid we spawned and have not yet reaped.
+/// Signals the command's whole process group (its children included:
+/// the grandchildren of `sh -c` go too).
+fn signal_group(pgid: u32, signal: i32) {
+    let Ok(pgid) = libc::pid_t::try_from(pgid) else {
+        return;
+    };
+    // SAFETY: kill(2) on the process group of a child we spawned as its
+    // leader; a group whose members are gone gets ESRCH, which is ignored.
     unsafe {
-        libc::kill(pid as libc::pid_t, signal);
+        libc::kill(-pgid, signal);
     }
+}
+
+/// The terminal's foreground group, handed to the command while it runs
+/// when `redmutex` itself has it (so an interactive command can read the
+/// terminal), and taken back after.
+struct Foreground {
+    ours: Option<libc::pid_t>,
+}
+
+impl Foreground {
+    fn ours() -> Foreground {
+        // SAFETY: tcgetpgrp and getpgrp only read the process's state.
+        let ours = unsafe {
+            let pgrp = libc::getpgrp();
+            (libc::isatty(libc::STDIN_FILENO) == 1 && libc::tcgetpgrp(libc::STDIN_FILENO) == pgrp)
+                .then_some(pgrp)
+        };
+        Foreground { ours }
+    }
+
+    fn give_back(&self) {
+        if let Some(pgrp) = self.ours {
+            // SAFETY: a background group may set the terminal's group only
+            // with SIGTTOU ignored; the old disposition is put back.
+            unsafe {
+                let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+                libc::tcsetpgrp(libc::STDIN_FILENO, pgrp);
+                libc::signal(libc::SIGTTOU, old);
+            }
+        }
+    }
+}
+
+/// Makes the command the leader of its own process group (so a signal
+/// reaches everything it started), gives it the terminal when `redmutex`
+/// had it, and on Linux has the kernel kill it if `redmutex` dies (it must
+/// not run on without the lock's renewals).
+fn isolate(command: &mut Command, foreground: &Foreground) {
+    use std::os::unix::process::CommandExt;
+    command.process_group(0);
+    let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
+    let take_terminal = foreground.ours.is_some();
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            #[cfg(target_os = "linux")]
+            {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // redmutex died before the prctl: do not run unprotected.
+                if libc::getppid() != parent {
+                    libc::_exit(EXIT_UNAVAILABLE.into());
+                }
+            }
+            let _ = parent;
+            if take_terminal {
+                let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+                libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpid());
+                libc::signal(libc::SIGTTOU, old);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// The exit code of a run ended by `signal` before the command started.
+fn signalled(signal: i32) -> u8 {
+    128u8.wrapping_add(u8::try_from(signal).unwrap_or(0))
 }
 
 fn exit_code_of(status: ExitStatus) -> u8 {
@@ -370,10 +462,61 @@ fn exit_code_of(status: ExitStatus) -> u8 {
     }
 }
 
+/// How long one slice of waiting for the lock lasts: a signal that
+/// arrives while waiting is acted on within it.
+const WAIT_SLICE: Duration = Duration::from_millis(250);
+
+/// Takes the lock, waiting in slices so a signal ends the wait.
+/// `Err(signal)` when one arrived; nothing is held then.
+fn acquire(
+    lock: &DistributedLock,
+    args: &RunArgs,
+    forwarded: &Forwarded,
+) -> Result<Result<Option<redmutex::LockGuard>, Error>, i32> {
+    if args.no_wait {
+        let acquired = lock.try_lock();
+        return match forwarded.take() {
+            // A guard taken meanwhile is released when dropped here.
+            Some(signal) => Err(signal),
+            None => Ok(acquired),
+        };
+    }
+    let deadline = Instant::now().checked_add(args.wait);
+    loop {
+        let slice = match deadline {
+            Some(deadline) => deadline
+                .saturating_duration_since(Instant::now())
+                .min(WAIT_SLICE),
+            None => WAIT_SLICE,
+        };
+        let acquired = lock.try_lock_for(slice);
+        if let Some(signal) = forwarded.take() {
+            return Err(signal);
+        }
+        match acquired {
+            Ok(None) if deadline.is_none_or(|d| Instant::now() < d) => continue,
+            other => return Ok(other),
+        }
+    }
+}
+
+/// Whether, and why, the command is being ended.
+enum Ending {
+    /// It runs under a lease that is being renewed.
+    Running,
+    /// Renewals failed and this much of the lease was left.
+    LowValidity(Duration),
+    /// The lease was found lost.
+    Lost(redmutex::LossReason),
+}
+
 fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
     if args.key.is_empty() {
         return Err(fail(EXIT_USAGE, "the lock key must not be empty"));
     }
+    // Before anything is acquired: a SIGTERM while waiting or acquiring
+    // must not leave the key held for its ttl.
+    let forwarded = Forwarded::install()?;
     let client = client(cli)?;
     let options = LockOptions::default()
         .ttl(args.ttl)
@@ -381,18 +524,35 @@ fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
         .watchdog(true)
         .fencing(args.fencing)
         .wait_mode(WaitMode::Notify);
+    let kill_after = args.kill_after.min(args.ttl / 3);
+    if kill_after < args.kill_after {
+        verbose(
+            cli,
+            format_args!("--kill-after is at most a third of the ttl: {kill_after:?}"),
+        );
+    }
     let lock = DistributedLock::with_options(&client, args.key.clone(), options);
     verbose(
         cli,
         format_args!("acquiring {:?} at {}", args.key, redact(&cli.url)),
     );
-    let acquired = if args.no_wait {
-        lock.try_lock()
-    } else {
-        let _spinner = Spinner::start(cli, &client, &args.key);
-        lock.try_lock_for(args.wait)
-    }
-    .map_err(redis_failure)?;
+    let acquired = {
+        let _spinner = (!args.no_wait).then(|| Spinner::start(cli, &client, &args.key));
+        acquire(&lock, args, &forwarded)
+    };
+    let acquired = match acquired {
+        Ok(acquired) => acquired.map_err(redis_failure)?,
+        Err(signal) => {
+            say(
+                cli,
+                format_args!(
+                    "signal {signal} while waiting for {:?}; not running the command",
+                    args.key
+                ),
+            );
+            return Ok(signalled(signal));
+        }
+    };
     let Some(guard) = acquired else {
         let who = match holder(&client, &args.key) {
             Ok(Some((token, pttl))) => format!("held by {}… ({})", short(&token), ttl_text(pttl)),
@@ -421,10 +581,12 @@ fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
     if let Some(fence) = guard.fencing_token() {
         command.env("REDMUTEX_FENCING_TOKEN", fence.to_string());
     }
-    let forwarded = Forwarded::install()?;
+    let foreground = Foreground::ours();
+    isolate(&mut command, &foreground);
     let mut child = match command.spawn() {
         Ok(child) => child,
         Err(err) => {
+            foreground.give_back();
             let name = program.to_string_lossy();
             let _ = guard.unlock();
             return Err(match err.kind() {
@@ -438,8 +600,9 @@ fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
             });
         }
     };
-    let pid = child.id();
+    let pgid = child.id();
     let lost = guard.loss_signal();
+    let mut ending = Ending::Running;
     let mut terminated_at: Option<Instant> = None;
     let mut killed = false;
     let status = loop {
@@ -447,6 +610,8 @@ fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
             Ok(Some(status)) => break status,
             Ok(None) => {}
             Err(err) => {
+                signal_group(pgid, libc::SIGKILL);
+                foreground.give_back();
                 let _ = guard.unlock();
                 return Err(fail(
                     EXIT_UNAVAILABLE,
@@ -456,33 +621,49 @@ fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
         }
         if let Some(signal) = forwarded.take() {
             verbose(cli, format_args!("passing signal {signal} to the command"));
-            send_signal(pid, signal);
+            signal_group(pgid, signal);
         }
-        if let Some(reason) = lost.reason() {
-            match terminated_at {
-                None => {
-                    eprintln!(
-                        "redmutex: lost the lock {:?} ({reason}); terminating the command",
-                        args.key
-                    );
-                    send_signal(pid, libc::SIGTERM);
-                    terminated_at = Some(Instant::now());
-                }
-                Some(at) if !killed && at.elapsed() >= args.kill_after => {
-                    eprintln!(
-                        "redmutex: the command outlived --kill-after {:?}; killing it",
-                        args.kill_after
-                    );
-                    send_signal(pid, libc::SIGKILL);
-                    killed = true;
-                }
-                Some(_) => {}
+        let validity = guard.validity();
+        if matches!(ending, Ending::Running) {
+            if let Some(reason) = lost.reason() {
+                ending = Ending::Lost(reason);
+            } else if validity <= kill_after {
+                ending = Ending::LowValidity(validity);
             }
+            match &ending {
+                Ending::Running => {}
+                Ending::Lost(reason) => eprintln!(
+                    "redmutex: lost the lock {:?} ({reason}); terminating the command",
+                    args.key
+                ),
+                Ending::LowValidity(left) => eprintln!(
+                    "redmutex: cannot renew the lock {:?} and {left:?} of it is left; \
+                     terminating the command before it runs out",
+                    args.key
+                ),
+            }
+            if !matches!(ending, Ending::Running) {
+                signal_group(pgid, libc::SIGTERM);
+                terminated_at = Some(Instant::now());
+            }
+        }
+        if let Some(at) = terminated_at
+            && !killed
+            && (validity <= kill_after / 4 || at.elapsed() >= kill_after)
+        {
+            eprintln!(
+                "redmutex: the command is still running with {validity:?} of the lease left; killing it"
+            );
+            signal_group(pgid, libc::SIGKILL);
+            killed = true;
         }
         // Wakes at once on a loss, else polls the child and signals.
         lost.wait_timeout(Duration::from_millis(25));
     };
-    if lost.is_lost() {
+    foreground.give_back();
+    if !matches!(ending, Ending::Running) {
+        // Whatever the command left in its group does not run on unlocked.
+        signal_group(pgid, libc::SIGKILL);
         let _ = guard.unlock();
         return Ok(EXIT_LOST);
     }
@@ -530,11 +711,10 @@ fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
 fn release(cli: &Cli, args: &ReleaseArgs) -> Result<u8, Failure> {
     let client = client(cli)?;
     if args.force {
-        let mut con = connection(&client)?;
-        let deleted: Option<String> = redis::cmd("GETDEL")
-            .arg(&args.key)
-            .query(&mut con)
-            .map_err(|e| redis_failure(Error::from(e)))?;
+        // Never sent twice: a lost reply is reported as unknown (exit 69).
+        let deleted = DistributedLock::new(&client, args.key.clone())
+            .force_release()
+            .map_err(redis_failure)?;
         match deleted {
             Some(token) => println!("{}: deleted, it was held by {token}", args.key),
             None => println!("{}: nothing to delete, it was free", args.key),
