@@ -87,9 +87,9 @@ fn dropped_clients_leave_no_threads_and_drop_is_bounded() {
     );
     let gone = wait_until(Duration::from_secs(3), || {
         let now = threads();
-        now.get("redmutex-dog").is_none()
-            && now.get("redmutex-sub").is_none()
-            && now.get("r2d2-worker").is_none()
+        !now.contains_key("redmutex-dog")
+            && !now.contains_key("redmutex-sub")
+            && !now.contains_key("r2d2-worker")
     });
     assert!(gone, "threads left: {:?}", threads());
     // The pools' shared threads: two for the whole process.
