@@ -6,6 +6,7 @@
 //! `#[path = "…/tests/support/mod.rs"]`.
 #![allow(dead_code)]
 
+pub mod chaos;
 mod deploy;
 mod proxy;
 #[allow(unused_imports)]
