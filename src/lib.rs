@@ -37,8 +37,9 @@
 //!   a key the thread holds returns a nested guard without any Redis command;
 //!   the lock is released in Redis when the last guard of the hold goes. So a
 //!   [`LockGuard`] is `!Send`.
-//! * **No hangs**: [`LockClient::open`] gives its pool connect, read and write
-//!   timeouts (2 s), and no `PING` per checkout.
+//! * **No hangs**: [`LockClient::open`]'s pool bounds connecting (the TCP
+//!   connect and the handshake), waiting for a connection and every read
+//!   and write by one timeout (2 s), and sends no `PING` per checkout.
 //!
 //! ## Waiting: notify (default) or spin
 //!
@@ -126,9 +127,46 @@
 //!   extends a key holding another owner's token, and says which case it met.
 //! * **Crash safety**: a holder that dies frees the lock after at most the
 //!   ttl.
-//! * **Bounded calls**: every call returns within the wait plus the
-//!   connection timeouts; an unreachable server is an error, never
-//!   `Ok(None)`.
+//! * **Bounded calls**: every call returns within the wait plus one
+//!   connect and the resend window (three I/O timeouts in all); an
+//!   unreachable server is an error, never `Ok(None)`.
+//! * **The truth after a lost reply**: a request whose reply was lost (the
+//!   connection reset, timed out or was interrupted after Redis ran it) is
+//!   applied at most once and answered as its first send would have been,
+//!   or reported as [`Error::OutcomeUnknown`]. See below.
+//!
+//! ## Failure model
+//!
+//! * **Lost replies.** A connection whose reply was lost is closed, never
+//!   reused. The request is sent again on a fresh connection (at most three
+//!   sends, within twice the I/O timeout), and every request is safe to
+//!   send twice: an acquisition recognises its own token, a release that
+//!   deleted the key leaves a short marker (`{KEY}:released:<token>`, three
+//!   timeouts), a [`ReentrantLock`] keeps one field per hold, an
+//!   [`RwLock`] grant recognises its token. Only
+//!   [`DistributedLock::force_release`] is never resent.
+//! * **Failed acquisitions leave nothing.** An acquisition whose request
+//!   may have set the key but which returns an error hands its token to the
+//!   client's cleanup (on the watchdog thread), which releases it,
+//!   owner-checked, as soon as Redis answers again.
+//! * **Stalls and partitions.** Connects and handshakes are bounded; the
+//!   subscriber pings a silent link and drops it after two timeouts; a
+//!   watched lease reads as lost from its local expiry (send time + ttl −
+//!   drift) whatever its renewal is doing, so the holder knows before Redis
+//!   can give the key to anyone else; [`LockGuard::validity`] never waits
+//!   on the network.
+//! * **Resets** retire the pool's older idle connections without a round
+//!   trip; **`EINTR`** (a caller stopped and continued mid-call) is a lost
+//!   reply; **ACL users** without channel permissions release normally and
+//!   wait by backoff; a **corrupt fencing counter** is
+//!   [`Error::FenceCounter`], with nothing taken.
+//! * **Threads.** A client starts at most two threads (subscriber, watchdog)
+//!   and stops them when dropped: drop returns within 100 ms per thread, and
+//!   the threads end by themselves within one I/O timeout. The pools of all
+//!   clients share two threads that open connections.
+//!
+//! The README's "Failure model" has the whole table, the bounds and the ACL
+//! rule a lock user needs.
 //!
 //! ## Non-guarantees: it is a lease, not a mutex
 //!

@@ -25,18 +25,20 @@ fn options() -> LockOptions {
         .wait(Duration::from_secs(2))
 }
 
-/// Case 4: a server that accepts and never answers the handshake. On main
-/// r2d2's threads blocked for ever and the pool stayed wedged after the
-/// server healed; now every call fails within its timeouts and the pool
-/// works again within 1.5 connect timeouts of the heal (one attempt in
-/// progress, plus r2d2's retry pause of at most half a timeout).
+/// Case 4: a server that accepts and never answers the handshake, on
+/// connections that stay silent even after it heals (a path that swallowed
+/// them). On main r2d2's threads blocked for ever on them and the pool
+/// stayed wedged after the heal; now every call fails within its timeouts
+/// and the pool works again within 1.5 connect timeouts of the heal (one
+/// attempt in progress, plus r2d2's retry pause of at most half a
+/// timeout).
 #[test]
 fn a_stalled_handshake_never_wedges_the_pool() {
     let server = RedisServer::start();
     let proxy = FaultProxy::to(&server);
     let client = client(&proxy);
     let lock = DistributedLock::with_options(&client, "s", options());
-    proxy.stall_new(true);
+    proxy.swallow_new(true);
     for _ in 0..5 {
         let started = Instant::now();
         let err = lock.try_lock().expect_err("stalled");
@@ -47,7 +49,7 @@ fn a_stalled_handshake_never_wedges_the_pool() {
             started.elapsed()
         );
     }
-    proxy.stall_new(false);
+    proxy.swallow_new(false);
     let healed = Instant::now();
     let recovered = wait_until(T * 5, || matches!(lock.try_lock(), Ok(Some(_))));
     assert!(recovered, "the pool recovers after the heal");

@@ -40,6 +40,9 @@ struct Faults {
     blackhole: bool,
     /// New connections are accepted and held, not connected upstream.
     stall_new: bool,
+    /// New connections are accepted and never served, even after this is
+    /// turned off (a path that swallowed them).
+    swallow_new: bool,
     lose_reply: Vec<Arm>,
     drop_request: Vec<Arm>,
 }
@@ -204,6 +207,13 @@ impl FaultProxy {
         self.update(|f| f.stall_new = on);
     }
 
+    /// New connections are accepted and never answered, not even after
+    /// this is turned off: they stay silent until closed, as on a path that
+    /// swallowed them. Existing ones go on working.
+    pub fn swallow_new(&self, on: bool) {
+        self.update(|f| f.swallow_new = on);
+    }
+
     /// The next `times` requests containing `pattern` reach the server, run,
     /// and their connection is cut before the reply gets back.
     pub fn lose_reply(&self, pattern: &str, times: u32) {
@@ -325,6 +335,12 @@ fn accept_loop(listener: TcpListener, shared: &Arc<Shared>) {
 
 /// Connects `link` upstream once no stall holds it, then pumps both ways.
 fn serve(shared: &Arc<Shared>, link: &Arc<Link>, client_reader: TcpStream) {
+    if shared.faults().swallow_new {
+        // Held until the client or the proxy gives up on it.
+        let _ = shared.wait_while(link, |_| true);
+        link.close();
+        return;
+    }
     if !shared.wait_while(link, |f| f.stall_new || f.blackhole) {
         link.close();
         return;
