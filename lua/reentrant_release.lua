@@ -32,7 +32,7 @@ redis.call('HDEL', KEYS[1], 'h:' .. ARGV[2])
 if redis.call('HLEN', KEYS[1]) <= 1 then
   redis.call('DEL', KEYS[1])
   if KEYS[2] then
-    redis.pcall('SET', KEYS[2], '1', 'PX', ARGV[3])
+    redis.pcall('PSETEX', KEYS[2], ARGV[3], '1')
   end
   return 1
 end

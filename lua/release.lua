@@ -27,7 +27,7 @@ local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('DEL', KEYS[1])
   if KEYS[2] then
-    redis.pcall('SET', KEYS[2], '1', 'PX', ARGV[3])
+    redis.pcall('PSETEX', KEYS[2], ARGV[3], '1')
   end
   local n = redis.pcall('PUBLISH', ARGV[2], '')
   if type(n) ~= 'number' then

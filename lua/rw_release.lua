@@ -62,7 +62,7 @@ else
 end
 if result == 1 then
   if KEYS[2] and ARGV[2] ~= 'q' then
-    redis.pcall('SET', KEYS[2], '1', 'PX', ARGV[4])
+    redis.pcall('PSETEX', KEYS[2], ARGV[4], '1')
   end
   if ARGV[2] ~= 'q' then
     redis.pcall('PUBLISH', ARGV[3], '')

@@ -124,11 +124,10 @@ pub(crate) fn release_watch(
                 if !bare {
                     exec.cmd("PUBLISH").arg(channel).arg("");
                     if let Some(marker_key) = marker.key {
-                        exec.cmd("SET")
+                        exec.cmd("PSETEX")
                             .arg(marker_key)
-                            .arg("1")
-                            .arg("PX")
                             .arg(marker.millis)
+                            .arg("1")
                             .ignore();
                     }
                 }

@@ -16,7 +16,7 @@ use support::{RedisServer, exists, wait_until};
 const RULE: &str = "on >secret resetkeys ~locks:* ~{locks:* resetchannels &redmutex:released:* \
     -@all +set +get +getdel +pttl +evalsha +script|load +wait +watch +unwatch +multi +exec \
     +subscribe +unsubscribe +ping +client|setname \
-    +del +exists +pexpire +pexpireat +publish +incr +time +hget +hset +hdel +hlen +hgetall";
+    +del +exists +pexpire +pexpireat +psetex +publish +incr +time +hget +hset +hdel +hlen +hgetall";
 
 fn set_user(server: &RedisServer, name: &str, rule: &str) {
     let mut cmd = redis::cmd("ACL");
@@ -56,7 +56,11 @@ fn the_readme_rule_runs_every_lock_type() {
         let mut guard = lock.lock().expect("lock");
         guard.extend(Duration::from_secs(10)).expect("extend");
         assert!(guard.is_held().expect("is_held"));
+        let marker = format!("{{locks:plain}}:released:{}", guard.token());
         guard.unlock().expect("unlock");
+        // The rule lets the release leave its marker (written with pcall,
+        // so a refusal would otherwise go unnoticed).
+        assert!(exists(&server, &marker), "{release:?}: no release marker");
     }
     let fenced =
         DistributedLock::with_options(&client, "locks:fenced", options.clone().fencing(true));
