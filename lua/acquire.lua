@@ -19,8 +19,9 @@
 -- Errors (nothing changed, the lock is not taken):
 --   WRONGTYPE  the lock key holds a non-string value
 --   FENCE ...  the counter cannot be incremented (not an integer, another
---              type, or at its maximum): it is bumped before the key is
---              set, so a bad counter never leaves a lock nobody holds
+--              type, at its maximum, or negative): it is bumped (and a
+--              negative one put back) before the key is set, so a bad
+--              counter never leaves a lock nobody holds
 --
 -- Safe to run twice: the second run recognises its own token.
 if not KEYS[2] then
@@ -39,6 +40,11 @@ end
 local fence = redis.pcall('INCR', KEYS[2])
 if type(fence) ~= 'number' then
   return redis.error_reply('FENCE ' .. (fence.err or 'the counter cannot be incremented'))
+end
+if fence < 1 then
+  -- A negative counter: tokens must be positive and increasing. Undone.
+  redis.call('DECR', KEYS[2])
+  return redis.error_reply('FENCE the counter is negative')
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {1, 0, fence}

@@ -179,15 +179,19 @@ impl SentinelTarget {
                 }
             };
             // A sentinel can name a primary that was just demoted.
-            let role: Vec<Value> = redis::cmd("ROLE").query(&mut con)?;
-            match role.first() {
-                Some(Value::BulkString(name)) if name.as_slice() == b"master" => return Ok(con),
-                _ => {
+            match redis::cmd("ROLE").query::<Vec<Value>>(&mut con) {
+                Ok(role) if matches!(role.first(), Some(Value::BulkString(name)) if name.as_slice() == b"master") =>
+                {
+                    return Ok(con);
+                }
+                Ok(_) => {
                     last = RedisError::from((
                         redis::ErrorKind::Io,
                         "the server the sentinel named is not a primary",
                     ))
                 }
+                // Ask the next sentinel.
+                Err(err) => last = err,
             }
         }
         Err(last)

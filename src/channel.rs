@@ -58,6 +58,12 @@ pub(crate) fn release_marker(key: &str, id: &str) -> Option<String> {
     }
 }
 
+/// [`release_marker`], or on a single server (where slots do not matter)
+/// `redmutex:released:KEY:ID` for a key that has none.
+pub(crate) fn marker_anywhere(key: &str, id: &str) -> String {
+    release_marker(key, id).unwrap_or_else(|| format!("redmutex:released:{key}:{id}"))
+}
+
 /// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag, or
 /// of the whole key, modulo 16384.
 pub(crate) fn slot(key: &str) -> u16 {

@@ -479,13 +479,16 @@ impl LockClient {
         Ok(())
     }
 
-    /// Refuses a fenced lock whose counter could not share the key's
-    /// cluster slot (a `}` without a valid `{tag}` in the key).
-    pub(crate) fn check_fencing(&self, key: &str) -> Result<(), Error> {
+    /// Refuses, on Redis Cluster, a key whose auxiliary keys (fencing
+    /// counter, release markers) could not share its hash slot: one with a
+    /// `}` and no valid `{tag}`. Without markers a release sent twice (and
+    /// redis-rs resends on a cluster by itself) could not tell the truth.
+    pub(crate) fn check_key(&self, key: &str) -> Result<(), Error> {
         if self.deployment() == Deployment::Cluster && !crate::channel::same_slot_fence(key) {
             return Err(Error::InvalidArgument(format!(
-                "cannot fence {key:?} on Redis Cluster: a key with '}}' and no valid {{tag}} \
-                 cannot have a counter key in its hash slot; give it a tag, e.g. \"{{name}}:lock\""
+                "cannot lock {key:?} on Redis Cluster: a key with '}}' and no valid {{tag}} \
+                 cannot have its fencing counter and release markers in its hash slot; \
+                 give it a tag, e.g. \"{{name}}:lock\""
             )));
         }
         Ok(())

@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
 use crate::error::Error;
-use crate::loss::{LossSignal, LossState};
+use crate::loss::{LossReason, LossSignal, LossState};
 use crate::options::{HandoffBudget, LockOptions, Release, WaitMode, ttl_millis};
 use crate::policy::Op;
 use crate::queue::Handoff;
-use crate::watchdog::WatchEntry;
+use crate::watchdog::{OrphanKind, WatchEntry};
 use crate::{reentrancy, release, scripts};
 use std::sync::Arc;
 
@@ -167,8 +167,14 @@ impl Lease {
                 self.client.watchdog().unwatch(entry);
                 self.sent.set(sent);
                 self.ttl.set(ttl);
+                // Unwatched from here on: no local expiry in the signal,
+                // but a loss already found stays found.
+                let loss = Arc::new(LossState::default());
+                if let Some(reason) = entry.loss.reason() {
+                    loss.lose(reason);
+                }
+                self.loss = loss;
                 self.watch = None;
-                self.loss = Arc::default();
             }
             (Some(entry), true) => entry.set_cap(cap),
             (None, false) => {}
@@ -263,7 +269,8 @@ impl Lease {
 
     /// Releases, once: hands the lease to a queued thread of this client when
     /// allowed, else releases in Redis. Whatever the outcome the lease is
-    /// done (a failed release leaves the key to expire by its ttl).
+    /// done: a release that fails on the network is handed to the client's
+    /// cleanup, which releases the key (owner-checked) once Redis answers.
     fn release_now(&self, how: Release) -> Result<(), Error> {
         if self.released.replace(true) {
             return Ok(());
@@ -285,7 +292,7 @@ impl Lease {
                 return Ok(());
             }
         }
-        // No renewal starts from here on, and none is in flight.
+        // No renewal starts from here on; one in flight is ignored.
         if let Some(entry) = &self.watch {
             self.client.watchdog().unwatch(entry);
         }
@@ -294,13 +301,25 @@ impl Lease {
         if self.handoff.queued {
             self.client.queues().unhold(&self.key);
         }
-        if let Some(reason) = self.loss.reason() {
-            // Nothing to release: the lease is gone (or Redis is unreachable
-            // and the key expires by itself).
+        // Redis said the key is gone or another's: nothing to release. (A
+        // loss by the local clock, renewals failing or the hold cap, is
+        // released all the same: Redis may still hold our token, and the
+        // answer is Redis's.)
+        if let Some(reason @ (LossReason::Expired | LossReason::OwnedByOther)) = self.loss.reason()
+        {
             self.client.queues().released(&self.key, None);
             return Err(Error::not_held(&self.key, reason.not_held_reason()));
         }
-        release::release(&self.client, &self.key, &self.token, how)
+        release::release(&self.client, &self.key, &self.token, how).inspect_err(|err| {
+            if err.is_connection() {
+                self.client.orphan(
+                    &self.key,
+                    OrphanKind::Plain {
+                        token: self.token.clone(),
+                    },
+                );
+            }
+        })
     }
 }
 
@@ -434,10 +453,15 @@ impl LockGuard {
     /// [`Error::NotHeld`] when the lease had already run out
     /// ([`NotHeldReason::Expired`](crate::NotHeldReason::Expired)) or another owner holds the key
     /// ([`NotHeldReason::OwnedByOther`](crate::NotHeldReason::OwnedByOther)); nothing is deleted then.
-    /// After the lease was found lost ([`LockGuard::is_lost`]) nothing is
-    /// sent and the loss's reason is reported.
-    /// [`Error::Redis`] or [`Error::Pool`] when Redis fails; the key then
-    /// expires after its ttl.
+    /// After Redis said the lease is gone or another's
+    /// ([`LossReason::Expired`], [`LossReason::OwnedByOther`]) nothing is
+    /// sent and that is reported; after a loss by the local clock
+    /// ([`LossReason::Unreachable`], [`LossReason::MaxHold`]) the
+    /// owner-checked release is still sent (Redis may still hold the key)
+    /// and its answer reported.
+    /// [`Error::OutcomeUnknown`], [`Error::Redis`] or [`Error::Pool`] when
+    /// Redis fails; the key is then released in the background once Redis
+    /// answers (or expires after its ttl).
     pub fn unlock(self) -> Result<(), Error> {
         let how = self.lease.release;
         self.unlock_with(how)

@@ -143,12 +143,15 @@
 //!   send twice: an acquisition recognises its own token, a release that
 //!   deleted the key leaves a short marker (`{KEY}:released:<token>`, three
 //!   timeouts), a [`ReentrantLock`] keeps one field per hold, an
-//!   [`RwLock`] grant recognises its token. Only
-//!   [`DistributedLock::force_release`] is never resent.
-//! * **Failed acquisitions leave nothing.** An acquisition whose request
-//!   may have set the key but which returns an error hands its token to the
-//!   client's cleanup (on the watchdog thread), which releases it,
-//!   owner-checked, as soon as Redis answers again.
+//!   [`RwLock`] grant recognises its token, and
+//!   [`DistributedLock::force_release`] records what it deleted under a
+//!   request id. (On Redis Cluster redis-rs resends by itself, so nothing
+//!   may rely on being sent once.)
+//! * **Failures leave nothing.** An acquisition whose request may have set
+//!   the key but which returns an error, and a release that fails on the
+//!   network, hand the token to the client's cleanup (on the watchdog
+//!   thread), which releases it, owner-checked, as soon as Redis answers
+//!   again. A lease lost by the local clock is still released on unlock.
 //! * **Stalls and partitions.** Connects and handshakes are bounded; the
 //!   subscriber pings a silent link and drops it after two timeouts; a
 //!   watched lease reads as lost from its local expiry (send time + ttl −
@@ -161,8 +164,9 @@
 //!   wait by backoff; a **corrupt fencing counter** is
 //!   [`Error::FenceCounter`], with nothing taken.
 //! * **Threads.** A client starts at most two threads (subscriber, watchdog)
-//!   and stops them when dropped: drop returns within 100 ms per thread, and
-//!   the threads end by themselves within one I/O timeout. The pools of all
+//!   and stops them when dropped: drop returns within 100 ms per thread (plus
+//!   one I/O timeout for a last cleanup round when one is pending), and the
+//!   threads end by themselves within one I/O timeout. The pools of all
 //!   clients share two threads that open connections.
 //!
 //! The README's "Failure model" has the whole table, the bounds and the ACL

@@ -140,6 +140,7 @@ impl DistributedLock {
             ));
         }
         self.client.check_release(self.options.release)?;
+        self.client.check_key(&self.key)?;
         release::release(&self.client, &self.key, token, self.options.release)
     }
 
@@ -149,25 +150,35 @@ impl DistributedLock {
     /// owner-checked: a holder that is still alive loses its lock without
     /// being told, until its next extend or release.
     ///
-    /// `GETDEL` is never sent twice: after a lost reply a second send could
-    /// delete a lock somebody took in between, so that case is reported as
-    /// [`Error::OutcomeUnknown`].
+    /// Safe to send twice (`lua/force_release.lua` records what it deleted
+    /// under a fresh request id before deleting): a resend after a lost
+    /// reply answers what the first send deleted and never deletes a lock
+    /// somebody took in between.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] for an empty key; [`Error::WrongType`]
-    /// when the key is not a plain lock; [`Error::OutcomeUnknown`],
-    /// [`Error::Redis`] or [`Error::Pool`].
+    /// [`Error::InvalidArgument`] for an empty key (or, on Redis Cluster, a
+    /// key with `}` and no valid `{tag}`); [`Error::WrongType`] when the key
+    /// is not a plain lock; [`Error::OutcomeUnknown`], [`Error::Redis`] or
+    /// [`Error::Pool`].
     pub fn force_release(&self) -> Result<Option<String>, Error> {
         if self.key.is_empty() {
             return Err(Error::InvalidArgument(
                 "the lock key must not be empty".into(),
             ));
         }
+        self.client.check_key(&self.key)?;
         let key = self.key.as_str();
+        let request = uuid::Uuid::new_v4().to_string();
+        let marker = channel::marker_anywhere(key, &request);
+        let (_, millis) = release::marker_of(&self.client, key, &request);
         self.client.counters().commands(1);
         let token: Option<String> = self.client.run(Op::ForceRelease, key, |con, _| {
-            redis::cmd("GETDEL").arg(key).query(con)
+            scripts::FORCE_RELEASE
+                .key(key)
+                .key(&marker)
+                .arg(millis)
+                .invoke(con)
         })?;
         self.client.queues().released(key, None);
         Ok(token)
@@ -184,9 +195,7 @@ impl DistributedLock {
         let millis = ttl_millis(self.options.ttl)?;
         check_min_replicas(&self.options, self.client.timeout())?;
         self.client.check_release(self.options.release)?;
-        if self.options.fencing {
-            self.client.check_fencing(&self.key)?;
-        }
+        self.client.check_key(&self.key)?;
         if let Some(lease) = reentrancy::current(self.client.id(), &self.key) {
             return Ok(Some(LockGuard::new(lease)));
         }
@@ -228,6 +237,7 @@ impl DistributedLock {
         self.client.counters().commands(1);
         let set = Cell::new(false);
         let result = self.client.run(Op::Acquire, key, |con, send| {
+            let connection = self.node_connection_id(con)?;
             let previous: Option<Vec<u8>> = redis::cmd("SET")
                 .arg(key)
                 .arg(token)
@@ -244,7 +254,10 @@ impl DistributedLock {
                 return Ok((false, None));
             }
             set.set(true);
-            Ok((true, self.await_replicas(con, token, millis, send.resend)?))
+            Ok((
+                true,
+                self.await_replicas(con, token, millis, send.resend, connection)?,
+            ))
         });
         let (acquired, short) = self.settle(result, token, &set)?;
         self.check_replicated(short)?;
@@ -285,6 +298,7 @@ impl DistributedLock {
         token: &str,
         millis: u64,
         resend: bool,
+        connection: Option<i64>,
     ) -> redis::RedisResult<Option<u32>> {
         let Some((wanted, timeout)) = self.options.min_replicas else {
             return Ok(None);
@@ -311,10 +325,16 @@ impl DistributedLock {
                 RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
             )
         });
-        let acked: u32 = match routed {
+        let mut acked: u32 = match routed {
             Some(reply) => redis::from_redis_value(reply?)?,
             None => wait.query(con)?,
         };
+        if connection.is_some() && self.node_connection_id(con)? != connection {
+            // redis-rs reconnected to the node in between and sent the
+            // command again itself: this WAIT counted another connection's
+            // writes (none). Not trusted.
+            acked = 0;
+        }
         if acked >= wanted {
             return Ok(None);
         }
@@ -334,6 +354,29 @@ impl DistributedLock {
             },
         )?;
         Ok(Some(acked))
+    }
+
+    /// On Redis Cluster with [`LockOptions::min_replicas`]: the id of the
+    /// connection to the key's primary (`CLIENT ID`). redis-rs reconnects
+    /// and resends by itself after an I/O error; comparing the id before
+    /// the `SET` and after the `WAIT` tells whether both ran on one
+    /// connection, which `WAIT` needs. `None` elsewhere (no extra round
+    /// trip).
+    fn node_connection_id(&self, con: &mut crate::Connection) -> redis::RedisResult<Option<i64>> {
+        if self.options.min_replicas.is_none() {
+            return Ok(None);
+        }
+        let route = Route::new(channel::slot(&self.key), SlotAddr::Master);
+        let id = con.on_cluster(|cluster| {
+            cluster.route_command(
+                redis::cmd("CLIENT").arg("ID"),
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+            )
+        });
+        match id {
+            Some(value) => Ok(Some(redis::from_redis_value(value?)?)),
+            None => Ok(None),
+        }
     }
 
     fn check_replicated(&self, short: Option<u32>) -> Result<(), Error> {
@@ -367,6 +410,7 @@ impl DistributedLock {
         let fence_key = self.options.fencing.then(|| channel::fence_key(key));
         let set = Cell::new(false);
         let result = self.client.run(Op::AcquireScript, key, |con, send| {
+            let connection = self.node_connection_id(con)?;
             let mut script = scripts::ACQUIRE.key(key);
             if let Some(fence_key) = &fence_key {
                 script.key(fence_key);
@@ -376,7 +420,10 @@ impl DistributedLock {
                 return Ok((reply, None));
             }
             set.set(true);
-            Ok((reply, self.await_replicas(con, token, millis, send.resend)?))
+            Ok((
+                reply,
+                self.await_replicas(con, token, millis, send.resend, connection)?,
+            ))
         });
         let result = result.map_err(|err| match (err, &fence_key) {
             (Error::Redis(err), Some(counter)) if err.code() == Some("FENCE") => {
@@ -509,6 +556,12 @@ impl DistributedLock {
         );
         // The receiver's own options decide renewal and the hold cap.
         lease.adopt(&self.options);
+        if lease.is_lost() {
+            // Lost while it was being passed on: released (if Redis may
+            // still hold it) and the waiter goes on waiting.
+            drop(lease);
+            return Ok(None);
+        }
         let lease = Rc::new(lease);
         let ttl = Duration::from_millis(millis);
         if lease.validity() >= ttl / 2 {

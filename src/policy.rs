@@ -12,7 +12,9 @@
 //!   answers as the first run would have (the owner's token in the key, a
 //!   per-hold field, a release marker);
 //! * **never resent**: its outcome is reported as unknown
-//!   ([`Error::OutcomeUnknown`]).
+//!   ([`Error::OutcomeUnknown`]). No operation is in this class any more:
+//!   on Redis Cluster, redis-rs itself resends a request after an I/O error
+//!   (up to its retry count), so every request must be safe to send twice.
 //!
 //! The property the table keeps: *an operation whose reply was lost is
 //! applied at most once, and its caller is told the truth*. A request
@@ -72,15 +74,21 @@ pub(crate) enum Op {
     /// The cleanup of a lease nobody owns (an acquisition that failed after
     /// its request may have run): owner-checked releases. *Safe*.
     Cleanup,
-    /// `GETDEL key` ([`DistributedLock::force_release`](crate::DistributedLock::force_release)):
-    /// a resend would delete a lock somebody took since. *Never resent*.
+    /// `lua/force_release.lua`
+    /// ([`DistributedLock::force_release`](crate::DistributedLock::force_release)).
+    /// *Made safe*: it records what it deleted in a marker named by a fresh
+    /// request id before deleting; a resend answers from the marker and
+    /// deletes nothing (a bare `GETDEL` sent twice would delete a lock
+    /// somebody took in between).
     ForceRelease,
 }
 
 impl Op {
-    /// Whether the operation is resent after a lost reply.
+    /// Whether the operation is resent after a lost reply. Every operation
+    /// is: on Redis Cluster redis-rs resends a request after an I/O error by
+    /// itself, so none may rely on never being sent twice.
     pub(crate) fn resend(self) -> bool {
-        !matches!(self, Op::ForceRelease)
+        true
     }
 
     /// Whether it can change anything in Redis (a lost reply then leaves
@@ -111,8 +119,27 @@ const MAX_SENDS: u32 = 3;
 pub(crate) struct Send {
     /// An earlier send's reply was lost: this one repeats it.
     pub(crate) resend: bool,
-    /// Time since the first send left.
-    pub(crate) since_first: Duration,
+    /// When the first send left.
+    pub(crate) first: Instant,
+}
+
+impl Send {
+    /// Taken as soon as the reply is in: whether this was a resend, and
+    /// how long after the first send its reply came (Redis ran it no
+    /// later than that).
+    pub(crate) fn replied(self) -> Replied {
+        Replied {
+            resend: self.resend,
+            after: self.first.elapsed(),
+        }
+    }
+}
+
+/// See [`Send::replied`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Replied {
+    pub(crate) resend: bool,
+    pub(crate) after: Duration,
 }
 
 /// The window in which an operation is resent: twice the I/O timeout from
@@ -188,7 +215,7 @@ pub(crate) fn run_within<T>(
         let now = Instant::now();
         let this = Send {
             resend: lost.is_some(),
-            since_first: now.saturating_duration_since(*first.get_or_insert(now)),
+            first: *first.get_or_insert(now),
         };
         if this.resend {
             stats.resend();
@@ -215,6 +242,15 @@ pub(crate) fn run_within<T>(
                 if !op.resend() {
                     break;
                 }
+            }
+            // An earlier send may have run: whatever this one is told (OOM,
+            // READONLY after a failover, a refusal), the outcome is unknown.
+            Err(source) if lost.is_some() && op.writes() => {
+                return Err(Error::OutcomeUnknown {
+                    key: key.to_owned(),
+                    operation: op.name(),
+                    source,
+                });
             }
             Err(err) => return Err(Error::from_redis(key, err)),
         }
@@ -259,8 +295,8 @@ mod tests {
     }
 
     #[test]
-    fn only_force_release_is_never_resent_and_reads_change_nothing() {
-        assert!(!Op::ForceRelease.resend());
+    fn every_operation_is_resent_and_reads_change_nothing() {
+        assert!(Op::ForceRelease.resend());
         assert!(Op::Release.resend() && Op::Acquire.resend() && Op::Renew.resend());
         assert!(!Op::Read.writes());
         assert!(Op::Cleanup.writes());

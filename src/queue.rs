@@ -46,8 +46,9 @@ struct QueueState {
     /// Bumped whenever the lock may have become free (a release message, a
     /// release in Redis by this client, a lost subscriber connection).
     wakeups: u64,
-    /// Keeps the key's release channel subscribed while anyone waits.
-    subscription: Option<Subscription>,
+    /// Keeps the key's release channel subscribed while anyone waits. In an
+    /// `Arc` so it can be asked about without holding the queue's lock.
+    subscription: Option<Arc<Subscription>>,
     /// Waiters of other clients were told of this client's last release:
     /// the head lets them try first.
     yield_turn: bool,
@@ -214,11 +215,10 @@ impl Queues {
         let Some(queue) = queue else {
             return;
         };
+        // Asked without the queue's lock (the subscriber may be writing).
+        let subscription = queue.state.lock().subscription.clone();
+        let live = subscription.is_some_and(|s| s.is_live());
         let mut state = queue.state.lock();
-        let live = state
-            .subscription
-            .as_ref()
-            .is_some_and(Subscription::is_live);
         if receivers.is_some_and(|n| n.saturating_sub(u64::from(live)) > 0) {
             state.yield_turn = true;
         }
@@ -297,9 +297,11 @@ impl Waiter<'_> {
     }
 
     /// Gives the queue a subscription to keep while anyone waits, unless it
-    /// has one; returns whether it is live.
+    /// has one; returns whether it is live. The subscriber is asked without
+    /// the queue's lock held (it may be writing to its socket).
     pub(crate) fn keep_subscribed(&self, subscribe: impl FnOnce() -> Option<Subscription>) -> bool {
-        if let Some(subscription) = &self.queue.state.lock().subscription {
+        let kept = self.queue.state.lock().subscription.clone();
+        if let Some(subscription) = kept {
             return subscription.is_live();
         }
         let Some(subscription) = subscribe() else {
@@ -308,24 +310,15 @@ impl Waiter<'_> {
         let live = subscription.is_live();
         let mut state = self.queue.state.lock();
         if state.subscription.is_none() {
-            state.subscription = Some(subscription);
+            state.subscription = Some(Arc::new(subscription));
         }
         live
     }
 
     /// The queue's subscription, waited on until live or `until`.
     pub(crate) fn wait_subscribed(&self, until: Instant) -> bool {
-        // Taken out to wait without holding the queue's lock; put back after.
-        let subscription = self.queue.state.lock().subscription.take();
-        let Some(subscription) = subscription else {
-            return false;
-        };
-        let live = subscription.wait_live(until);
-        let mut state = self.queue.state.lock();
-        if state.subscription.is_none() {
-            state.subscription = Some(subscription);
-        }
-        live
+        let kept = self.queue.state.lock().subscription.clone();
+        kept.is_some_and(|subscription| subscription.wait_live(until))
     }
 
     fn leave_inner(&mut self) -> Option<Handoff> {
@@ -339,7 +332,14 @@ impl Waiter<'_> {
         // does, the coming handoff or release wakes it.
         let mut wake_next = was_head && self.queues.held_until(&self.key).is_none();
         if state.gift.as_ref().is_some_and(|g| g.to == self.ticket) {
-            match (state.head(), state.gift.take()) {
+            // The gift goes on to the new head only if it takes handoffs;
+            // otherwise it is released in Redis, and the release wakes it.
+            let next = state
+                .waiters
+                .front()
+                .filter(|slot| slot.takes_handoffs)
+                .map(|slot| slot.ticket);
+            match (next, state.gift.take()) {
                 (Some(next), Some(gift)) => {
                     wake_next = true;
                     state.gift = Some(Gift {
@@ -510,6 +510,26 @@ mod tests {
             Turn::Gift(handoff) => assert_eq!(handoff.token, "t1"),
             _ => panic!("the next waiter inherits the gift"),
         }
+    }
+
+    #[test]
+    fn an_untaken_gift_never_passes_to_a_waiter_that_refuses_handoffs() {
+        let queues = Queues::default();
+        let orphans = RefCell::new(Vec::new());
+        let collect = |h: Handoff| orphans.borrow_mut().push(h.token);
+        let plain = queues.enqueue("k", true, &collect);
+        let fenced = queues.enqueue("k", false, &collect);
+        assert!(
+            queues.offer("k", lease("t")).is_ok(),
+            "the plain head takes it"
+        );
+        drop(plain);
+        assert!(
+            !matches!(fenced.wait_turn(now()), Turn::Gift(_)),
+            "a fenced waiter was handed a lease"
+        );
+        assert_eq!(*orphans.borrow(), vec!["t".to_string()], "released instead");
+        assert!(queues.offer("k", lease("u")).is_err(), "nor offered one");
     }
 
     #[test]

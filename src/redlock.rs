@@ -65,12 +65,17 @@ pub struct RedLock {
 /// acquire runs after it.
 struct Nodes {
     workers: Vec<Mutex<mpsc::Sender<Job>>>,
+    /// Whether any node is a Redis Cluster (keys are then checked).
+    cluster: bool,
 }
 
 type Job = Box<dyn FnOnce(&LockClient) + Send>;
 
 impl Nodes {
     fn start(clients: Vec<LockClient>) -> Nodes {
+        let cluster = clients
+            .iter()
+            .any(|c| c.deployment() == crate::Deployment::Cluster);
         let workers = clients
             .into_iter()
             .map(|client| {
@@ -89,7 +94,7 @@ impl Nodes {
                 Mutex::new(tx)
             })
             .collect();
-        Nodes { workers }
+        Nodes { workers, cluster }
     }
 
     fn len(&self) -> usize {
@@ -287,6 +292,13 @@ impl RedLock {
             ));
         }
         let millis = ttl_millis(self.options.ttl)?;
+        if self.nodes.cluster && !crate::channel::same_slot_fence(&self.key) {
+            return Err(Error::InvalidArgument(format!(
+                "cannot lock {:?} on a Redis Cluster node: a key with '}}' and no valid {{tag}} \
+                 cannot have its release markers in its hash slot",
+                self.key
+            )));
+        }
         let ttl = Duration::from_millis(millis);
         let timeout = self.node_timeout.unwrap_or(ttl / 20).min(ttl);
         let token = uuid::Uuid::new_v4().to_string();

@@ -145,6 +145,7 @@ impl ReentrantLock {
             ));
         }
         let millis = ttl_millis(self.options.ttl)?;
+        self.client.check_key(&self.key)?;
         let owner = current_owner();
         let key = self.key.as_str();
         retry_until(
@@ -305,18 +306,32 @@ impl ReentrantGuard {
         let key = self.key.as_str();
         let (marker, millis) = release::marker_of(&self.client, key, &self.hold);
         self.client.counters().commands(1);
-        let (reply, send) = self.client.run(Op::ReentrantRelease, key, |con, send| {
-            let mut script = scripts::REENTRANT_RELEASE.key(key);
-            if let Some(marker) = &marker {
-                script.key(marker);
-            }
-            let reply: Option<i64> = script
-                .arg(&self.owner)
-                .arg(&self.hold)
-                .arg(millis)
-                .invoke(con)?;
-            Ok((reply, send))
-        })?;
+        let (reply, send) = self
+            .client
+            .run(Op::ReentrantRelease, key, |con, send| {
+                let mut script = scripts::REENTRANT_RELEASE.key(key);
+                if let Some(marker) = &marker {
+                    script.key(marker);
+                }
+                let reply: Option<i64> = script
+                    .arg(&self.owner)
+                    .arg(&self.hold)
+                    .arg(millis)
+                    .invoke(con)?;
+                Ok((reply, send.replied()))
+            })
+            .inspect_err(|err| {
+                if err.is_connection() {
+                    // Released in the background once Redis answers.
+                    self.client.orphan(
+                        key,
+                        OrphanKind::Reentrant {
+                            owner: self.owner.clone(),
+                            hold: self.hold.clone(),
+                        },
+                    );
+                }
+            })?;
         let answer = match reply {
             Some(1) => Ok(Unlocked::Released),
             Some(0) => Ok(Unlocked::StillHeld),

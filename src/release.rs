@@ -6,10 +6,14 @@
 //! again after its reply was lost still answers "released" (see
 //! `policy.rs`).
 
+use std::cell::Cell;
+use std::time::Duration;
+
 use redis::{ConnectionLike, RedisResult, Value, pipe};
 
+use crate::backoff::{Jitter, ThreadJitter};
 use crate::error::{Error, NotHeldReason};
-use crate::policy::{Op, Send, marker_ttl};
+use crate::policy::{Op, Replied, marker_ttl};
 use crate::scripts;
 use crate::stats::Stats;
 
@@ -94,7 +98,8 @@ fn owner_checked_failure(reply: i64) -> NotHeldReason {
 ///
 /// A user whose ACL refuses the channel or the marker key gets `EXECABORT`
 /// for the whole transaction; the release then starts over with the `DEL`
-/// alone.
+/// alone, and `markerless` is set: a resend of it cannot count on a
+/// marker.
 pub(crate) fn release_watch(
     con: &mut dyn ConnectionLike,
     stats: &Stats,
@@ -102,13 +107,33 @@ pub(crate) fn release_watch(
     token: &str,
     channel: &str,
     marker: Marker<'_>,
+    markerless: &Cell<bool>,
 ) -> RedisResult<Outcome> {
-    let mut bare = false;
+    // Both transactions are built before WATCH goes out: nothing but a
+    // round trip lies between WATCH and EXEC.
+    let transaction = |bare: bool| {
+        let mut exec = pipe();
+        exec.atomic().cmd("DEL").arg(key);
+        if !bare {
+            exec.cmd("PUBLISH").arg(channel).arg("");
+            if let Some(marker_key) = marker.key {
+                exec.cmd("PSETEX")
+                    .arg(marker_key)
+                    .arg(marker.millis)
+                    .arg("1")
+                    .ignore();
+            }
+        }
+        exec
+    };
+    let (full, plain) = (transaction(false), transaction(true));
+    let mut watch = pipe();
+    watch.cmd("WATCH").arg(key).ignore().cmd("GET").arg(key);
+    watch.cmd("EXISTS").arg(marker.key.unwrap_or(key));
+    let mut bare = markerless.get();
+    let mut aborts = 0u32;
     for _ in 0..MAX_WATCH_ATTEMPTS {
         stats.commands(3);
-        let mut watch = pipe();
-        watch.cmd("WATCH").arg(key).ignore().cmd("GET").arg(key);
-        watch.cmd("EXISTS").arg(marker.key.unwrap_or(key));
         let watched: RedisResult<(Option<Vec<u8>>, bool)> = watch.query(con);
         let (current, marked) = match watched {
             Ok((current, marked)) => (current, marked && marker.key.is_some()),
@@ -119,18 +144,7 @@ pub(crate) fn release_watch(
         };
         match current {
             Some(value) if value == token.as_bytes() => {
-                let mut exec = pipe();
-                exec.atomic().cmd("DEL").arg(key);
-                if !bare {
-                    exec.cmd("PUBLISH").arg(channel).arg("");
-                    if let Some(marker_key) = marker.key {
-                        exec.cmd("PSETEX")
-                            .arg(marker_key)
-                            .arg(marker.millis)
-                            .arg("1")
-                            .ignore();
-                    }
-                }
+                let exec = if bare { &plain } else { &full };
                 stats.commands(3 + u64::from(!bare) * 2);
                 let executed: RedisResult<Option<Vec<Value>>> = exec.query(con);
                 match executed {
@@ -141,12 +155,21 @@ pub(crate) fn release_watch(
                         };
                         return Ok(Ok(Released::Now(receivers)));
                     }
-                    // EXEC aborted: the key was touched after WATCH. Look again.
-                    Ok(None) => continue,
+                    // EXEC aborted: the key was touched after WATCH. Look
+                    // again after a short jittered pause (growing with the
+                    // aborts), so a writer touching the key at a steady pace
+                    // cannot keep hitting the same window.
+                    Ok(None) => {
+                        aborts = aborts.saturating_add(1);
+                        let ceiling = Duration::from_micros(50).saturating_mul(aborts);
+                        std::thread::sleep(ThreadJitter.below(ceiling));
+                        continue;
+                    }
                     Err(err) if !bare && err.code() == Some("EXECABORT") => {
                         // EXEC ran (and cleared the watch) but refused the
                         // queued PUBLISH or marker: an ACL. Again, bare.
                         bare = true;
+                        markerless.set(true);
                         continue;
                     }
                     Err(err) => {
@@ -193,19 +216,20 @@ pub(crate) fn marker_of(client: &crate::LockClient, key: &str, id: &str) -> (Opt
 }
 
 /// A "not held" answer to a resend whose earlier send may have released
-/// the key without a marker to say so (a key with no marker, or one sent
-/// again later than a marker lives) is not the truth: it is unknown.
+/// the key without a marker to say so (no marker was written, or the
+/// resend's reply came later than a marker lives, counted from the first
+/// send) is not the truth: it is unknown.
 pub(crate) fn check_resend<T>(
     key: &str,
     answer: Result<T, NotHeldReason>,
-    send: Send,
+    replied: Replied,
     has_marker: bool,
     marker_millis: u64,
 ) -> Result<Result<T, NotHeldReason>, Error> {
     let late = !has_marker
-        || u64::try_from(send.since_first.as_millis()).unwrap_or(u64::MAX) >= marker_millis;
+        || u64::try_from(replied.after.as_millis()).unwrap_or(u64::MAX) >= marker_millis;
     match answer {
-        Err(_) if send.resend && late => Err(Error::OutcomeUnknown {
+        Err(_) if replied.resend && late => Err(Error::OutcomeUnknown {
             key: key.to_owned(),
             operation: Op::Release.name(),
             source: redis::RedisError::from((
@@ -232,15 +256,19 @@ pub(crate) fn release(
         millis,
     };
     let stats = client.counters();
+    let markerless = Cell::new(marker.key.is_none());
     let result = client.run(Op::Release, key, |con, send| {
         let outcome = match how {
             crate::Release::Lua => release_lua(con, stats, key, token, &channel, marker)?,
-            crate::Release::Watch => release_watch(con, stats, key, token, &channel, marker)?,
+            crate::Release::Watch => {
+                release_watch(con, stats, key, token, &channel, marker, &markerless)?
+            }
         };
-        Ok((outcome, send))
+        Ok((outcome, send.replied()))
     });
-    let outcome = result
-        .and_then(|(outcome, send)| check_resend(key, outcome, send, marker.key.is_some(), millis));
+    let outcome = result.and_then(|(outcome, replied)| {
+        check_resend(key, outcome, replied, !markerless.get(), millis)
+    });
     let receivers = match &outcome {
         Ok(Ok(released)) => released.receivers(),
         _ => None,
@@ -249,4 +277,49 @@ pub(crate) fn release(
     outcome?
         .map(|_| ())
         .map_err(|reason| Error::not_held(key, reason))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn replied(resend: bool, after_ms: u64) -> Replied {
+        Replied {
+            resend,
+            after: Duration::from_millis(after_ms),
+        }
+    }
+
+    #[test]
+    fn not_held_after_a_resend_is_believed_only_within_the_markers_life() {
+        let gone: Result<(), NotHeldReason> = Err(NotHeldReason::Expired);
+        // A first send: Redis's answer is the truth.
+        assert!(matches!(
+            check_resend("k", gone, replied(false, 9_999), true, 6_000),
+            Ok(Err(_))
+        ));
+        // A resend whose reply came while the marker lived: no marker, so
+        // the first send did not release it.
+        assert!(matches!(
+            check_resend("k", gone, replied(true, 5_999), true, 6_000),
+            Ok(Err(_))
+        ));
+        // Later than a marker lives, or with no marker at all: unknown.
+        let late = check_resend("k", gone, replied(true, 6_000), true, 6_000);
+        assert!(matches!(late, Err(Error::OutcomeUnknown { .. })));
+        let bare = check_resend("k", gone, replied(true, 10), false, 6_000);
+        assert!(matches!(bare, Err(Error::OutcomeUnknown { .. })));
+        // "Released" needs no marker to be believed.
+        assert!(matches!(
+            check_resend(
+                "k",
+                Ok::<_, NotHeldReason>(()),
+                replied(true, 99_999),
+                false,
+                1
+            ),
+            Ok(Ok(()))
+        ));
+    }
 }

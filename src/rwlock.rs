@@ -174,6 +174,7 @@ impl RwLock {
             ));
         }
         let millis = ttl_millis(self.options.ttl)?;
+        self.client.check_key(&self.key)?;
         let token = uuid::Uuid::new_v4().to_string();
         let key = self.key.as_str();
         // A waiting writer stays registered a little longer than it sleeps
@@ -323,7 +324,7 @@ fn release_field(client: &LockClient, key: &str, token: &str, code: &str) -> Res
             .arg(&channel)
             .arg(millis)
             .invoke(con)?;
-        Ok((reply, send))
+        Ok((reply, send.replied()))
     })?;
     if reply != 1 && code != "q" {
         let reason = if reply == 0 {
@@ -389,7 +390,19 @@ impl RwGuard {
 
     fn release(&mut self) -> Result<(), Error> {
         self.released = true;
-        match release_field(&self.client, &self.key, &self.token, self.mode.code())? {
+        let released = release_field(&self.client, &self.key, &self.token, self.mode.code())
+            .inspect_err(|err| {
+                if err.is_connection() {
+                    // Released in the background once Redis answers.
+                    self.client.orphan(
+                        &self.key,
+                        OrphanKind::Rw {
+                            token: self.token.clone(),
+                        },
+                    );
+                }
+            })?;
+        match released {
             1 => Ok(()),
             0 => Err(Error::not_held(&self.key, NotHeldReason::Expired)),
             _ => Err(Error::not_held(&self.key, NotHeldReason::OwnedByOther)),

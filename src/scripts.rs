@@ -24,6 +24,11 @@ pub(crate) static ACQUIRE: LazyLock<Script> =
 pub(crate) static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/release.lua")));
 
+/// `lua/force_release.lua`: delete whatever the key holds, once per request.
+/// Returns the token it held, or nil.
+pub(crate) static FORCE_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../lua/force_release.lua")));
+
 /// `lua/extend.lua`: owner-checked PEXPIRE. Returns 1 extended, 0 gone, -1 other owner.
 pub(crate) static EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../lua/extend.lua")));

@@ -247,15 +247,33 @@ impl Watchdog {
 
 impl Drop for Watchdog {
     fn drop(&mut self) {
-        let thread = {
+        let (thread, cleaning) = {
             let mut registry = self.shared.registry.lock();
             registry.shutdown = true;
             self.shared.changed.notify_all();
-            registry.thread.take()
+            (registry.thread.take(), !registry.orphans.is_empty())
+        };
+        // With failed acquisitions still to clean up, the thread makes one
+        // last round (within one I/O timeout) before it ends: a program
+        // that exits right after an error leaves no lease behind.
+        let wait = if cleaning {
+            STOP_WAIT.saturating_add(self.shared.backend.timeout())
+        } else {
+            STOP_WAIT
         };
         if let Some(thread) = thread {
-            thread.stop_within(STOP_WAIT);
+            thread.stop_within(wait);
         }
+    }
+}
+
+/// The thread's last act at shutdown: one cleanup round for the orphans
+/// still pending, within one I/O timeout.
+fn finish(shared: &Shared, mut registry: parking_lot::MutexGuard<'_, Registry>) {
+    let last: Vec<Orphan> = registry.orphans.drain(..).collect();
+    drop(registry);
+    if !last.is_empty() {
+        clean_orphans(shared, last, shared.backend.timeout());
     }
 }
 
@@ -267,7 +285,7 @@ fn run(shared: &Shared) {
                 shared.changed.wait(&mut registry);
             }
             if registry.shutdown {
-                return;
+                return finish(shared, registry);
             }
             let now = Instant::now();
             let (due, later): (Vec<Orphan>, Vec<Orphan>) =
@@ -293,7 +311,7 @@ fn run(shared: &Shared) {
             next = next.min(orphan.next);
         }
         if registry.shutdown {
-            return;
+            return finish(shared, registry);
         }
         let sleep_until = next.min(Instant::now() + IDLE);
         shared.changed.wait_until(&mut registry, sleep_until);

@@ -177,3 +177,32 @@ fn a_user_without_channels_releases_and_waits_by_backoff() {
     // At the backoff's pace: ~10 ms apart, not 200 ms apart.
     assert!(attempts >= 15, "{attempts} attempts in {waited:?}");
 }
+
+/// The WATCH release for a user without channel permissions falls back to
+/// a transaction without `PUBLISH` and without a marker; when that one's
+/// reply is lost, the resend cannot count on a marker: it must not say
+/// "not held" for a release that happened (it says Ok or unknown).
+#[test]
+fn a_bare_watch_release_whose_reply_is_lost_does_not_lie() {
+    let server = RedisServer::start();
+    let rule = RULE.replace("&redmutex:released:*", "");
+    set_user(&server, "nochan", &rule);
+    let proxy = support::FaultProxy::to(&server);
+    let url = format!("redis://nochan:secret@127.0.0.1:{}/", proxy.port());
+    let client = LockClient::open(&url).expect("client");
+    let lock = DistributedLock::with_options(
+        &client,
+        "locks:w",
+        LockOptions::default().release(Release::Watch),
+    );
+    let guard = lock.lock().expect("lock");
+    // The bare transaction: MULTI, DEL locks:w, EXEC, with no PUBLISH.
+    proxy.lose_reply("$7\r\nlocks:w\r\n*1\r\n$4\r\nEXEC", 1);
+    let result = guard.unlock();
+    assert_eq!(proxy.lost_replies(), 1, "the fault fired");
+    assert!(!exists(&server, "locks:w"), "the release deleted the key");
+    match result {
+        Ok(()) => {}
+        Err(err) => assert!(err.is_outcome_unknown(), "told {err}"),
+    }
+}

@@ -561,3 +561,77 @@ fn a_lease_that_cannot_be_renewed_ends_the_command_before_it_runs_out() {
     assert_eq!(out.0.code(), Some(75), "{}", out.1);
     assert!(out.1.contains("cannot renew"), "{}", out.1);
 }
+
+/// With `stty tostop`, a background process that writes to the terminal
+/// is stopped by SIGTTOU. While CMD has the terminal, `redmutex` is such a
+/// process: its loss message must not stop it (and its watchdog) while CMD
+/// runs on. Run under a pseudo-terminal (`script`), when there is one.
+#[test]
+fn a_loss_message_under_tostop_does_not_stop_redmutex() {
+    let Ok(script) = which("script") else {
+        return;
+    };
+    let server = RedisServer::start();
+    let redmutex = assert_cmd::cargo::cargo_bin("redmutex");
+    // The key names this run, so a failed run's processes can be found.
+    let key = format!("tty-{}", std::process::id());
+    let line = format!(
+        "stty tostop; {} --url {} run --ttl 900ms {key} -- sleep 30",
+        redmutex.display(),
+        server.url()
+    );
+    use std::os::unix::process::CommandExt;
+    let mut run = Command::new(script)
+        .args(["-qec", &line, "/dev/null"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        // Its own group: a stopped redmutex and its command are killed
+        // with it when the test fails.
+        .process_group(0)
+        .spawn()
+        .expect("script");
+    let group = run.id();
+    let kill_group = || {
+        signal_group(group, "KILL");
+        // The pty's session is not script's group: find the run by its key.
+        let _ = Command::new("pkill")
+            .args(["-KILL", "-f", &format!("run --ttl 900ms {key}")])
+            .status();
+    };
+    if !wait_until(Duration::from_secs(10), || held(&server, &key).is_some()) {
+        kill_group();
+        panic!("redmutex did not take the lock");
+    }
+    let _: () = server.conn().set(&key, "someone-else").expect("SET");
+    let ended = wait_until(Duration::from_secs(10), || {
+        matches!(run.try_wait(), Ok(Some(_)))
+    });
+    if !ended {
+        kill_group();
+        let _ = run.wait();
+        panic!("redmutex was stopped by its own loss message and its command ran on");
+    }
+    let status = run.wait().expect("status");
+    assert_eq!(status.code(), Some(75));
+}
+
+/// Signals a whole process group (and whatever `script` started in its
+/// session, which stays in the group's session).
+fn signal_group(pgid: u32, name: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg("--")
+        .arg(format!("-{pgid}"))
+        .status();
+}
+
+fn which(name: &str) -> Result<std::path::PathBuf, ()> {
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join(name))
+                .find(|candidate| candidate.is_file())
+        })
+        .ok_or(())
+}

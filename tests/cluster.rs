@@ -139,11 +139,31 @@ fn unfenceable_keys_and_the_watch_release_are_refused_before_anything_is_sent() 
     let client = cluster.lock_client();
     let before = cluster.total_keys();
 
-    let stray = DistributedLock::with_options(&client, "a}b", options().fencing(true));
-    match stray.try_lock() {
-        Err(Error::InvalidArgument(message)) => assert!(message.contains("tag"), "{message}"),
-        other => panic!("expected InvalidArgument, got {other:?}"),
+    // A key with '}' and no valid tag: no fencing counter or release
+    // marker can share its slot, so every lock type refuses it.
+    for fencing in [true, false] {
+        let stray = DistributedLock::with_options(&client, "a}b", options().fencing(fencing));
+        match stray.try_lock() {
+            Err(Error::InvalidArgument(message)) => assert!(message.contains("tag"), "{message}"),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+        assert!(matches!(
+            stray.force_release(),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            stray.release_token("t"),
+            Err(Error::InvalidArgument(_))
+        ));
     }
+    assert!(matches!(
+        redmutex::ReentrantLock::new(&client, "a}b").try_lock(),
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        redmutex::RwLock::new(&client, "a}b").try_write(),
+        Err(Error::InvalidArgument(_))
+    ));
 
     let watch = DistributedLock::with_options(&client, "w", options().release(Release::Watch));
     match watch.try_lock() {
@@ -372,4 +392,41 @@ fn bad_cluster_urls_are_refused() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// On a cluster, redis-rs resends a command by itself after a read timeout
+/// (the policy above it never sees the first send). Here the key's primary
+/// pauses writes longer than the client's timeout, so `force_release` is
+/// sent twice: the second send must answer what the first deleted, not
+/// "it was free" (a bare `GETDEL` would, and would delete a lock taken in
+/// between).
+#[test]
+fn force_release_is_safe_against_redis_rs_resends() {
+    let cluster = RedisCluster::start(3, 0);
+    let holder = cluster.lock_client();
+    let key = "{forced}:lock";
+    let guard = DistributedLock::new(&holder, key).lock().expect("lock");
+    let token = guard.token().to_owned();
+    std::mem::forget(guard);
+    let client = LockClient::open_cluster_with_timeout(cluster.urls(), Duration::from_millis(200))
+        .expect("client");
+    let primary = cluster.primary_for(key);
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(350)
+        .arg("WRITE")
+        .query(&mut primary.conn())
+        .expect("CLIENT PAUSE");
+    let forced = DistributedLock::new(&client, key).force_release();
+    match forced {
+        Ok(deleted) => assert_eq!(deleted.as_deref(), Some(token.as_str())),
+        Err(err) => assert!(err.is_outcome_unknown(), "{err}"),
+    }
+    let gone = support::wait_until(Duration::from_secs(5), || {
+        redis::cmd("EXISTS")
+            .arg(key)
+            .query::<bool>(&mut primary.conn())
+            .is_ok_and(|e| !e)
+    });
+    assert!(gone, "the key was deleted");
 }

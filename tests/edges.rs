@@ -235,7 +235,7 @@ fn validity_never_waits_for_a_renewal_in_flight() {
 }
 
 /// Case 15: a fencing counter that cannot be incremented (a hash, text,
-/// `i64::MAX`). On main the key was set before `INCR` failed, so the caller
+/// `i64::MAX`, or a negative number, which would make tokens wrap). On main the key was set before `INCR` failed, so the caller
 /// got an error and the lock stayed taken for the whole ttl; for a hash the
 /// error blamed the lock key.
 #[test]
@@ -244,10 +244,11 @@ fn a_corrupt_fence_counter_is_named_and_takes_nothing() {
     let client = server.lock_client();
     let mut con = server.conn();
     let counter = redmutex::fence_key("f");
-    let corrupt: [&dyn Fn(&mut redis::Connection); 3] = [
+    let corrupt: [&dyn Fn(&mut redis::Connection); 4] = [
         &|con| con.hset::<_, _, _, ()>(&counter, "x", 1).expect("HSET"),
         &|con| con.set::<_, _, ()>(&counter, "abc").expect("SET"),
         &|con| con.set::<_, _, ()>(&counter, i64::MAX).expect("SET"),
+        &|con| con.set::<_, _, ()>(&counter, -5).expect("SET"),
     ];
     for (case, corrupt) in corrupt.iter().enumerate() {
         let _: () = con.del(&counter).expect("DEL");
@@ -291,4 +292,36 @@ fn reentrant_guards_answer_validity_without_the_network() {
     assert!(started.elapsed() < Duration::from_millis(100));
     proxy.heal();
     drop(guard);
+}
+
+/// A lease found lost by the local clock only (every renewal's reply lost,
+/// so the watchdog could not confirm it) may still be ours in Redis:
+/// `unlock()` still sends the owner-checked release and reports Redis's
+/// answer, instead of saying `Expired` and leaving the key held.
+#[test]
+fn a_lease_lost_by_the_local_clock_is_still_released() {
+    let server = RedisServer::start();
+    support::load_scripts(&server);
+    let proxy = FaultProxy::to(&server);
+    let client = LockClient::open(&proxy.url()).expect("client");
+    let guard = DistributedLock::with_options(
+        &client,
+        "local",
+        LockOptions::default()
+            .ttl(Duration::from_millis(900))
+            .watchdog(true),
+    )
+    .lock()
+    .expect("lock");
+    proxy.lose_reply(&support::sha(include_str!("../lua/extend.lua")), 10_000);
+    let lost = guard.loss_signal();
+    assert!(support::wait_until(Duration::from_secs(5), || lost.is_lost()));
+    assert_eq!(lost.reason(), Some(redmutex::LossReason::Unreachable));
+    proxy.heal();
+    let ours = get(&server, "local").as_deref() == Some(guard.token());
+    let result = guard.unlock();
+    if ours {
+        result.expect("the key was still ours: released");
+    }
+    assert!(!exists(&server, "local"), "nothing of ours is left");
 }

@@ -378,3 +378,75 @@ fn a_lost_wait_reply_is_resent_on_a_connection_that_wrote() {
         &primary, "rep"
     )));
 }
+
+/// A resend answered with an error (here `OOM`: the server filled up
+/// between the first send, which ran, and the resend): the first send may
+/// have set the key, so the outcome is unknown, not a plain Redis error,
+/// and the lease is cleaned up.
+#[test]
+fn an_error_answering_a_resend_is_an_unknown_outcome() {
+    let server = server();
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy);
+    let lock = DistributedLock::with_options(&client, "oom", options());
+    drop(lock.try_lock().expect("warm a connection"));
+    // The first SET is held a moment on its way, so the watcher can fill
+    // the server up before the resend.
+    proxy.set_latency(Duration::from_millis(300), Duration::ZERO);
+    proxy.lose_reply("NX", 1);
+    let watcher = {
+        let url = server.url();
+        std::thread::spawn(move || {
+            let mut con = redis::Client::open(url)
+                .expect("url")
+                .get_connection()
+                .expect("connection");
+            wait_until(Duration::from_secs(5), || {
+                let set: Option<String> =
+                    redis::cmd("GET").arg("oom").query(&mut con).ok().flatten();
+                set.is_some()
+                    && redis::cmd("CONFIG")
+                        .arg("SET")
+                        .arg("maxmemory")
+                        .arg("1")
+                        .query::<()>(&mut con)
+                        .is_ok()
+            })
+        })
+    };
+    let result = lock.try_lock();
+    assert!(watcher.join().expect("watcher"), "the first SET ran");
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query(&mut server.conn())
+        .expect("CONFIG SET");
+    proxy.heal();
+    let err = result.map(|g| g.is_some()).expect_err("refused");
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert!(
+        wait_until(Duration::from_secs(5), || !exists(&server, "oom")),
+        "the lease the first send set was released"
+    );
+}
+
+/// A client dropped right after an acquisition of unknown outcome (a
+/// program that exits on the error) still releases what the request may
+/// have set: the watchdog thread makes one last cleanup round.
+#[test]
+fn a_client_dropped_after_an_unknown_acquisition_leaves_no_lease() {
+    let server = server();
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy);
+    proxy.lose_reply("NX", 3);
+    let err = DistributedLock::with_options(&client, "bye", options())
+        .try_lock()
+        .expect_err("lost");
+    assert!(err.is_outcome_unknown(), "{err}");
+    drop(client);
+    assert!(
+        wait_until(Duration::from_secs(3), || !exists(&server, "bye")),
+        "the lease was left for its ttl"
+    );
+}

@@ -120,7 +120,9 @@ fn watch_release_retries_when_exec_aborts_but_the_key_is_still_ours() {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) && touches < 200_000 {
                 let _: Result<i64, _> = con.pexpire("touchy", 30_000);
                 touches += 1;
-                std::thread::sleep(Duration::from_micros(300));
+                // Slower than one WATCH..EXEC window (a round trip, longer
+                // in a debug build), or every attempt would abort.
+                std::thread::sleep(Duration::from_millis(1));
             }
         })
     };

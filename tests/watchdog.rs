@@ -256,5 +256,13 @@ fn redis_unreachable_until_the_lease_runs_out_is_a_loss() {
     server.signal("CONT");
     assert_eq!(reason, Some(LossReason::Unreachable));
     assert!(guard.is_lost());
-    assert!(guard.unlock().expect_err("lost").is_not_held());
+    // Lost by the local clock: Redis may still hold it (the renewals that
+    // waited in the stopped server's socket ran on SIGCONT), so the
+    // release is sent all the same and nothing of ours is left.
+    match guard.unlock() {
+        Ok(()) => {}
+        Err(err) => assert!(err.is_not_held(), "{err}"),
+    }
+    let left: Option<String> = server.conn().get("stalled").expect("GET");
+    assert_eq!(left, None);
 }

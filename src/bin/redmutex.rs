@@ -387,29 +387,45 @@ fn signal_group(pgid: u32, signal: i32) {
 /// The terminal's foreground group, handed to the command while it runs
 /// when `redmutex` itself has it (so an interactive command can read the
 /// terminal), and taken back after.
+///
+/// Meanwhile `redmutex` is a background group on that terminal: with
+/// `stty tostop` its own writes to the terminal (a loss message) would stop
+/// it with SIGTTOU, watchdog and all, while the command ran on. So it
+/// ignores SIGTTOU until it has the terminal back; the command gets the
+/// disposition `redmutex` found.
 struct Foreground {
     ours: Option<libc::pid_t>,
+    /// The SIGTTOU disposition found at start, restored in the command and
+    /// at the end.
+    ttou: libc::sighandler_t,
 }
 
 impl Foreground {
     fn ours() -> Foreground {
-        // SAFETY: tcgetpgrp and getpgrp only read the process's state.
-        let ours = unsafe {
+        // SAFETY: tcgetpgrp and getpgrp only read the process's state;
+        // signal(2) swaps a disposition, put back in give_back.
+        unsafe {
             let pgrp = libc::getpgrp();
-            (libc::isatty(libc::STDIN_FILENO) == 1 && libc::tcgetpgrp(libc::STDIN_FILENO) == pgrp)
-                .then_some(pgrp)
-        };
-        Foreground { ours }
+            let ours = (libc::isatty(libc::STDIN_FILENO) == 1
+                && libc::tcgetpgrp(libc::STDIN_FILENO) == pgrp)
+                .then_some(pgrp);
+            let ttou = if ours.is_some() {
+                libc::signal(libc::SIGTTOU, libc::SIG_IGN)
+            } else {
+                libc::SIG_DFL
+            };
+            Foreground { ours, ttou }
+        }
     }
 
     fn give_back(&self) {
         if let Some(pgrp) = self.ours {
-            // SAFETY: a background group may set the terminal's group only
-            // with SIGTTOU ignored; the old disposition is put back.
+            // SAFETY: SIGTTOU is ignored since `ours`, so a background
+            // group may set the terminal's group; then the disposition
+            // found at start is put back.
             unsafe {
-                let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
                 libc::tcsetpgrp(libc::STDIN_FILENO, pgrp);
-                libc::signal(libc::SIGTTOU, old);
+                libc::signal(libc::SIGTTOU, self.ttou);
             }
         }
     }
@@ -424,6 +440,7 @@ fn isolate(command: &mut Command, foreground: &Foreground) {
     command.process_group(0);
     let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
     let take_terminal = foreground.ours.is_some();
+    let ttou = foreground.ttou;
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         command.pre_exec(move || {
@@ -439,9 +456,9 @@ fn isolate(command: &mut Command, foreground: &Foreground) {
             }
             let _ = parent;
             if take_terminal {
-                let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+                // SIGTTOU is ignored here (inherited): the call goes through.
                 libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpid());
-                libc::signal(libc::SIGTTOU, old);
+                libc::signal(libc::SIGTTOU, ttou);
             }
             Ok(())
         });
@@ -581,6 +598,18 @@ fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
     if let Some(fence) = guard.fencing_token() {
         command.env("REDMUTEX_FENCING_TOKEN", fence.to_string());
     }
+    // A signal that came while acquiring: the command is not started.
+    if let Some(signal) = forwarded.take() {
+        let _ = guard.unlock();
+        say(
+            cli,
+            format_args!(
+                "signal {signal} after acquiring {:?}; not running the command",
+                args.key
+            ),
+        );
+        return Ok(signalled(signal));
+    }
     let foreground = Foreground::ours();
     isolate(&mut command, &foreground);
     let mut child = match command.spawn() {
@@ -647,10 +676,17 @@ fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
                 terminated_at = Some(Instant::now());
             }
         }
-        if let Some(at) = terminated_at
-            && !killed
-            && (validity <= kill_after / 4 || at.elapsed() >= kill_after)
-        {
+        // A lease running low: SIGKILL with a quarter of --kill-after left.
+        // A lease already lost (validity reads zero): a quarter of it as
+        // grace after the SIGTERM.
+        let due = match (&ending, terminated_at) {
+            (Ending::LowValidity(_), Some(at)) => {
+                validity <= kill_after / 4 || at.elapsed() >= kill_after
+            }
+            (Ending::Lost(_), Some(at)) => at.elapsed() >= kill_after / 4,
+            _ => false,
+        };
+        if due && !killed {
             eprintln!(
                 "redmutex: the command is still running with {validity:?} of the lease left; killing it"
             );

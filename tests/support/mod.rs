@@ -342,7 +342,8 @@ pub fn sha(lua: &str) -> String {
 }
 
 /// Every script of the crate, by file name.
-pub const SCRIPTS: [(&str, &str); 8] = [
+pub const SCRIPTS: [(&str, &str); 9] = [
+    ("force_release", include_str!("../../lua/force_release.lua")),
     ("acquire", include_str!("../../lua/acquire.lua")),
     ("release", include_str!("../../lua/release.lua")),
     ("extend", include_str!("../../lua/extend.lua")),
