@@ -172,11 +172,7 @@ fn sigterm_to_redmutex_ends_the_child_and_frees_the_key() {
         &server, "term"
     )
     .is_some()));
-    let killed = Command::new("kill")
-        .args(["-TERM", &run.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(killed.success());
+    signal(run.id(), "TERM");
     let started = Instant::now();
     let status = loop {
         if let Some(status) = run.try_wait().expect("wait") {
@@ -354,12 +350,7 @@ fn read_pid(path: &std::path::Path) -> Option<u32> {
 }
 
 fn signal(pid: u32, name: &str) {
-    let status = Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .status()
-        .expect("kill");
-    assert!(status.success(), "kill -{name} {pid}");
+    assert!(support::signal(pid, name), "kill -{name} {pid}");
 }
 
 /// Waits for `child` to end, at most `within`.

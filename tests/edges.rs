@@ -26,13 +26,8 @@ fn an_untaken_handoff_leaves_no_local_hold() {
         .ttl(Duration::from_secs(30))
         .wait(Duration::from_secs(5));
     let lock = DistributedLock::with_options(&client, "k", options);
-    let mut seed: u64 = 0x2545_F491_4F6C_DD1D;
-    let mut micros = move |max: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % max
-    };
+    let mut dice = support::Dice(0x2545_F491_4F6C_DD1D);
+    let mut micros = move |max: u64| dice.below(max);
     let handoffs_before = client.stats().handoffs;
     for round in 0..150 {
         let start = Arc::new(Barrier::new(2));

@@ -271,13 +271,8 @@ fn random_lost_replies_never_leave_a_lease_or_lie() {
     let server = server();
     let proxy = FaultProxy::to(&server);
     let client = client(&proxy);
-    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut next = move |n: u64| {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed % n
-    };
+    let mut dice = support::Dice(0x9E37_79B9_7F4A_7C15);
+    let mut next = move |n: u64| dice.below(n);
     let mut held = 0;
     for round in 0..40 {
         let mode = if next(2) == 0 {

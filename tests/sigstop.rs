@@ -50,12 +50,7 @@ fn child() {
 }
 
 fn signal(pid: u32, name: &str) {
-    let status = Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .status()
-        .expect("kill");
-    assert!(status.success());
+    assert!(support::signal(pid, name), "kill -{name} {pid}");
 }
 
 #[test]

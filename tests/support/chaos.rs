@@ -21,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redmutex::{DistributedLock, Error, LockClient, LockOptions};
 
-use super::{FaultProxy, RedisServer, wait_until};
+use super::{Dice, FaultProxy, RedisServer, wait_until};
 
 /// The lock every worker takes.
 pub const KEY: &str = "chaos";
@@ -242,24 +242,9 @@ struct Worker {
     stopped: bool,
 }
 
-/// A tiny deterministic generator for the controller's choices.
-struct Dice(u64);
-
-impl Dice {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
-
+/// Signals a worker; one that already ended is no error here.
 fn signal(pid: u32, name: &str) {
-    let _ = Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .stderr(Stdio::null())
-        .status();
+    let _ = super::signal(pid, name);
 }
 
 /// Runs the chaos: `spawn(lock_url, resource_url, threads, secs)` gives the

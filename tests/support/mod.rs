@@ -191,12 +191,7 @@ impl RedisServer {
     /// Sends a signal (`STOP`, `CONT`, …) to the server process.
     pub fn signal(&self, name: &str) {
         let pid = self.pid().expect("a running server");
-        let status = Command::new("kill")
-            .arg(format!("-{name}"))
-            .arg(pid.to_string())
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{name} {pid}");
+        assert!(signal(pid, name), "kill -{name} {pid}");
     }
 
     /// Kills the server (SIGKILL) and waits for it to go.
@@ -334,6 +329,31 @@ pub fn total_calls(info: &str) -> u64 {
         .filter_map(|(_, rest)| rest.split(',').next())
         .filter_map(|n| n.parse::<u64>().ok())
         .sum()
+}
+
+/// Sends signal `name` (`STOP`, `KILL`, …) to process `pid`; whether it
+/// was delivered.
+pub fn signal(pid: u32, name: &str) -> bool {
+    Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A small deterministic generator (xorshift) for tests' random choices:
+/// the same seed, the same run.
+pub struct Dice(pub u64);
+
+impl Dice {
+    /// A number in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
 }
 
 /// The SHA1 a script is sent by (`EVALSHA`), for arming proxy faults on it.
