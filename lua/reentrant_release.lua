@@ -14,16 +14,28 @@
 --     1  released: this was the last hold and the key was deleted (also
 --        when an earlier run of this same request did it: its marker is
 --        there)
+--    -2, -3  as -1 and nil, but the marker cannot be read (an ACL refuses
+--        it): whether an earlier run of this request released the key
+--        cannot be told
 -- Errors with WRONGTYPE when the key holds something other than a hash.
 --
 -- Safe to run twice: the field is removed once; a second run finds it gone
 -- and answers from what is left (or from the marker).
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if owner ~= ARGV[1] then
-  if KEYS[2] and redis.pcall('EXISTS', KEYS[2]) == 1 then
-    return 1
+  local gone = owner == false and redis.call('EXISTS', KEYS[1]) == 0
+  if KEYS[2] then
+    local marked = redis.pcall('EXISTS', KEYS[2])
+    if marked == 1 then
+      return 1
+    elseif type(marked) ~= 'number' then
+      if gone then
+        return -2
+      end
+      return -3
+    end
   end
-  if owner == false and redis.call('EXISTS', KEYS[1]) == 0 then
+  if gone then
     return -1
   end
   return nil

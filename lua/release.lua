@@ -17,6 +17,9 @@
 --            was lost: its marker is there
 --   {0, 0}   not released: the key does not exist (the lease expired)
 --   {-1, 0}  not released: the key holds another owner's token
+--   {-2, 0}, {-3, 0}  as {0, 0} and {-1, 0}, but the marker cannot be read
+--            (an ACL refuses it): whether an earlier run of this request
+--            released the key cannot be told
 -- Errors with WRONGTYPE when the key holds a non-string value; nothing changes.
 --
 -- Safe to run twice: the second run finds the key gone or taken and the
@@ -35,10 +38,16 @@ if current == ARGV[1] then
   end
   return {1, n}
 end
-if KEYS[2] and redis.pcall('EXISTS', KEYS[2]) == 1 then
-  return {2, 0}
-end
+local code = -1
 if current == false then
-  return {0, 0}
+  code = 0
 end
-return {-1, 0}
+if KEYS[2] then
+  local marked = redis.pcall('EXISTS', KEYS[2])
+  if marked == 1 then
+    return {2, 0}
+  elseif type(marked) ~= 'number' then
+    code = code - 2
+  end
+end
+return {code, 0}

@@ -16,6 +16,9 @@
 --       whose reply was lost: its marker is there)
 --    0  not released: this holder's field is gone (the lease expired)
 --   -1  not released: another writer holds the write lock
+--   -2, -3  as 0 and -1, but the marker cannot be read (an ACL refuses
+--       it): whether an earlier run of this request released cannot be
+--       told
 -- Errors with WRONGTYPE when the key is not a hash.
 --
 -- Safe to run twice: a field is removed once, and a release that removed
@@ -67,7 +70,12 @@ if result == 1 then
   if ARGV[2] ~= 'q' then
     redis.pcall('PUBLISH', ARGV[3], '')
   end
-elseif KEYS[2] and redis.pcall('EXISTS', KEYS[2]) == 1 then
-  result = 1
+elseif KEYS[2] then
+  local marked = redis.pcall('EXISTS', KEYS[2])
+  if marked == 1 then
+    result = 1
+  elseif type(marked) ~= 'number' then
+    result = result - 2
+  end
 end
 return result

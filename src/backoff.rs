@@ -58,14 +58,19 @@ impl Jitter for ThreadJitter {
         if bound == 0 {
             return Duration::ZERO;
         }
-        let random = XORSHIFT.with(|state| {
-            let mut x = state.get();
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            state.set(x);
-            x
-        });
+        // try_with: this can run in a thread-local destructor (a guard
+        // released while its thread ends), after the generator is gone;
+        // any spread will do then.
+        let random = XORSHIFT
+            .try_with(|state| {
+                let mut x = state.get();
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                state.set(x);
+                x
+            })
+            .unwrap_or_else(|_| seed());
         Duration::from_nanos(random % bound.saturating_add(1).max(1))
     }
 }

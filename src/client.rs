@@ -1,6 +1,6 @@
 //! `LockClient`: the shared handle every lock of a program goes through.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -70,6 +70,9 @@ struct Inner {
     /// plain pool [`LockClient::pool`] builds for it when asked.
     single: Option<redis::Client>,
     compat_pool: OnceLock<r2d2::Pool<redis::Client>>,
+    /// The server refused a release marker (an ACL without the
+    /// `{KEY}:released:*` keys): releases go without one from then on.
+    markers_refused: AtomicBool,
 }
 
 impl Inner {
@@ -85,6 +88,7 @@ impl Inner {
             stats,
             single,
             compat_pool: OnceLock::new(),
+            markers_refused: AtomicBool::new(false),
         }
     }
 }
@@ -503,6 +507,23 @@ impl LockClient {
         send: impl FnMut(&mut Connection, Send) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
         policy::run(&self.inner.backend, &self.inner.stats, op, key, send)
+    }
+
+    /// Whether releases may leave markers (the server has not refused one).
+    pub(crate) fn markers_allowed(&self) -> bool {
+        !self.inner.markers_refused.load(Ordering::Relaxed)
+    }
+
+    /// The server refused a marker key (`NOPERM`): from now on releases
+    /// go without, and a release sent again after a lost reply says its
+    /// outcome is unknown where a marker would have told.
+    pub(crate) fn refuse_markers(&self) {
+        if !self.inner.markers_refused.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "redmutex: the server refuses the release markers ({{KEY}}:released:*; \
+                 see the README's ACL rules); releasing without them"
+            );
+        }
     }
 
     /// Hands a lease nobody owns to the cleanup: an acquisition failed

@@ -170,6 +170,13 @@ impl Error {
         matches!(self, Error::OutcomeUnknown { .. })
     }
 
+    /// A failed release that may have left the key held: its outcome is
+    /// unknown, or it was never sent (no connection). Not a refusal Redis
+    /// answered (an ACL, a wrong type), which a cleanup would meet again.
+    pub(crate) fn may_leave_a_lease(&self) -> bool {
+        matches!(self, Error::OutcomeUnknown { .. } | Error::Pool(_))
+    }
+
     /// Maps a Redis error about `key`, turning WRONGTYPE (alone or inside a
     /// pipeline's errors) into [`Error::WrongType`] with the key's name.
     pub(crate) fn from_redis(key: &str, err: redis::RedisError) -> Error {

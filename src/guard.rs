@@ -94,7 +94,7 @@ impl Lease {
         client.counters().acquired();
         let handoff = HandoffPolicy::of(options);
         if handoff.queued {
-            client.queues().hold(&key, sent + ttl);
+            client.queues().hold(&key, &token, sent + ttl);
         }
         let watch = options.watchdog.then(|| {
             let cap = options.max_hold.and_then(|cap| sent.checked_add(cap));
@@ -206,7 +206,7 @@ impl Lease {
                 self.client.watchdog().unwatch(entry);
             }
             if self.handoff.queued {
-                self.client.queues().unhold(&self.key);
+                self.client.queues().unhold(&self.key, &self.token);
                 self.client.queues().released(&self.key, None);
             }
         }
@@ -242,7 +242,7 @@ impl Lease {
                     }
                 }
                 if self.handoff.queued {
-                    self.client.queues().hold(key, sent + ttl);
+                    self.client.queues().hold(key, token, sent + ttl);
                 }
                 Ok(())
             }
@@ -299,7 +299,7 @@ impl Lease {
         // Unheld before the release, so a queued head woken by the release
         // message asks Redis instead of waiting for a handoff.
         if self.handoff.queued {
-            self.client.queues().unhold(&self.key);
+            self.client.queues().unhold(&self.key, &self.token);
         }
         // Redis said the key is gone or another's: nothing to release. (A
         // loss by the local clock, renewals failing or the hold cap, is
@@ -311,7 +311,7 @@ impl Lease {
             return Err(Error::not_held(&self.key, reason.not_held_reason()));
         }
         release::release(&self.client, &self.key, &self.token, how).inspect_err(|err| {
-            if err.is_connection() {
+            if err.may_leave_a_lease() {
                 self.client.orphan(
                     &self.key,
                     OrphanKind::Plain {

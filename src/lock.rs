@@ -16,6 +16,9 @@ use crate::queue::{Handoff, HeadPacing, Turn, YIELD, clamp, later};
 use crate::watchdog::OrphanKind;
 use crate::{channel, reentrancy, release, scripts};
 
+/// How long `force_release`'s marker lives: an hour.
+const FORCE_MARKER_MILLIS: u64 = 3_600_000;
+
 /// A named lock in Redis: one key. Cheap to make and to clone, `Send` and
 /// `Sync`; holds no connection and no state in Redis until acquired.
 ///
@@ -171,7 +174,10 @@ impl DistributedLock {
         let key = self.key.as_str();
         let request = uuid::Uuid::new_v4().to_string();
         let marker = channel::marker_anywhere(key, &request);
-        let (_, millis) = release::marker_of(&self.client, key, &request);
+        // Long-lived (an operator's rare act): on a cluster redis-rs may
+        // deliver a copy of the request much later than the first, and the
+        // copy must still find the marker rather than delete a new lock.
+        let millis = FORCE_MARKER_MILLIS;
         self.client.counters().commands(1);
         let token: Option<String> = self.client.run(Op::ForceRelease, key, |con, _| {
             scripts::FORCE_RELEASE
@@ -352,6 +358,7 @@ impl DistributedLock {
                 key: marker.as_deref(),
                 millis: marker_millis,
             },
+            &std::cell::Cell::new(false),
         )?;
         Ok(Some(acked))
     }

@@ -119,17 +119,20 @@ const MAX_SENDS: u32 = 3;
 pub(crate) struct Send {
     /// An earlier send's reply was lost: this one repeats it.
     pub(crate) resend: bool,
+    /// This send may repeat an earlier copy of the request, sent by this
+    /// crate or, on Redis Cluster, by redis-rs on its own.
+    maybe_resent: bool,
     /// When the first send left.
     pub(crate) first: Instant,
 }
 
 impl Send {
-    /// Taken as soon as the reply is in: whether this was a resend, and
-    /// how long after the first send its reply came (Redis ran it no
-    /// later than that).
+    /// Taken as soon as the reply is in: whether an earlier copy may have
+    /// run, and how long after the first send the reply came (every copy
+    /// ran no later than that).
     pub(crate) fn replied(self) -> Replied {
         Replied {
-            resend: self.resend,
+            resend: self.maybe_resent,
             after: self.first.elapsed(),
         }
     }
@@ -140,6 +143,15 @@ impl Send {
 pub(crate) struct Replied {
     pub(crate) resend: bool,
     pub(crate) after: Duration,
+}
+
+/// Errors Redis gives for the request itself, which say nothing ran:
+/// a wrong type, an ACL refusal, a bad fencing counter, too few replicas.
+fn refusal(err: &redis::RedisError) -> bool {
+    matches!(
+        err.code(),
+        Some("WRONGTYPE" | "NOPERM" | "FENCE" | "NOREPLICAS")
+    )
 }
 
 /// The window in which an operation is resent: twice the I/O timeout from
@@ -184,6 +196,7 @@ pub(crate) fn run_within<T>(
     mut send: impl FnMut(&mut Connection, Send) -> RedisResult<T>,
 ) -> Result<T, Error> {
     let window = resend_window(backend.timeout());
+    let cluster = backend.deployment() == crate::Deployment::Cluster;
     let started = Instant::now();
     let ends = started.checked_add(budget);
     let mut first: Option<Instant> = None;
@@ -215,6 +228,7 @@ pub(crate) fn run_within<T>(
         let now = Instant::now();
         let this = Send {
             resend: lost.is_some(),
+            maybe_resent: lost.is_some() || cluster,
             first: *first.get_or_insert(now),
         };
         if this.resend {
@@ -245,7 +259,9 @@ pub(crate) fn run_within<T>(
             }
             // An earlier send may have run: whatever this one is told (OOM,
             // READONLY after a failover, a refusal), the outcome is unknown.
-            Err(source) if lost.is_some() && op.writes() => {
+            // On a cluster an earlier copy may have run too (redis-rs
+            // resends by itself), unless the error proves nothing did.
+            Err(source) if op.writes() && (lost.is_some() || (cluster && !refusal(&source))) => {
                 return Err(Error::OutcomeUnknown {
                     key: key.to_owned(),
                     operation: op.name(),

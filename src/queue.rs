@@ -103,7 +103,7 @@ pub(crate) struct Queues {
     /// Keys a thread of this client holds, with the local end of the lease:
     /// while it lasts, queued threads wait for a handoff or a release
     /// instead of asking Redis for a lock their own process holds.
-    held: Mutex<HashMap<String, Instant>>,
+    held: Mutex<HashMap<String, (String, Instant)>>,
 }
 
 /// What a waiter found when it looked at the queue.
@@ -117,19 +117,26 @@ pub(crate) enum Turn {
 }
 
 impl Queues {
-    /// A thread of this client holds `key` until `until` (local clock).
-    pub(crate) fn hold(&self, key: &str, until: Instant) {
-        self.held.lock().insert(key.to_owned(), until);
+    /// A thread of this client holds `key` under `token` until `until`
+    /// (local clock).
+    pub(crate) fn hold(&self, key: &str, token: &str, until: Instant) {
+        self.held
+            .lock()
+            .insert(key.to_owned(), (token.to_owned(), until));
     }
 
-    /// No thread of this client holds `key` any more.
-    pub(crate) fn unhold(&self, key: &str) {
-        self.held.lock().remove(key);
+    /// The hold of `key` under `token` is over (a newer hold of the key,
+    /// under another token, stays).
+    pub(crate) fn unhold(&self, key: &str, token: &str) {
+        let mut held = self.held.lock();
+        if held.get(key).is_some_and(|(held_by, _)| held_by == token) {
+            held.remove(key);
+        }
     }
 
     /// Until when a thread of this client holds `key`, if it does now.
     pub(crate) fn held_until(&self, key: &str) -> Option<Instant> {
-        let until = *self.held.lock().get(key)?;
+        let until = self.held.lock().get(key)?.1;
         (until > Instant::now()).then_some(until)
     }
 
@@ -565,15 +572,17 @@ mod tests {
     #[test]
     fn local_holds_expire_by_the_clock() {
         let queues = Queues::default();
-        queues.hold("k", Instant::now() + Duration::from_secs(5));
+        queues.hold("k", "t", Instant::now() + Duration::from_secs(5));
         assert!(queues.held_until("k").is_some());
-        queues.hold("k", Instant::now() - Duration::from_millis(1));
+        queues.hold("k", "t", Instant::now() - Duration::from_millis(1));
         assert!(
             queues.held_until("k").is_none(),
             "a lapsed hold does not count"
         );
-        queues.hold("k", Instant::now() + Duration::from_secs(5));
-        queues.unhold("k");
+        queues.hold("k", "t", Instant::now() + Duration::from_secs(5));
+        queues.unhold("k", "older");
+        assert!(queues.held_until("k").is_some(), "another token's end");
+        queues.unhold("k", "t");
         assert!(queues.held_until("k").is_none());
     }
 }

@@ -345,7 +345,8 @@ impl RedLock {
         // runs the release after its own acquire, late or not.
         let (key, sent_token) = (self.key.clone(), token.clone());
         drop(self.nodes.each(move |client| {
-            if release::release(client, &key, &sent_token, Release::Lua).is_err() {
+            let released = release::release(client, &key, &sent_token, Release::Lua);
+            if released.is_err_and(|err| err.may_leave_a_lease()) {
                 // Unreachable now: released as soon as the node answers.
                 client.orphan(
                     &key,
@@ -467,7 +468,17 @@ impl RedLockGuard {
         self.released = true;
         let (key, token) = (self.key.clone(), self.token.clone());
         let results = settle(self.nodes.all(NODE_OP_WAIT, move |client| {
-            release::release(client, &key, &token, Release::Lua)
+            release::release(client, &key, &token, Release::Lua).inspect_err(|err| {
+                if err.may_leave_a_lease() {
+                    // Released on that node as soon as it answers.
+                    client.orphan(
+                        &key,
+                        OrphanKind::Plain {
+                            token: token.clone(),
+                        },
+                    );
+                }
+            })
         }));
         let released = results.iter().filter(|r| r.is_ok()).count();
         let unreachable = results

@@ -1,6 +1,7 @@
 //! `ReentrantLock`: the hold count kept in Redis, in a hash whose field is
 //! the owner (seed 001, as Redisson does it).
 
+use std::cell::Cell;
 use std::marker::PhantomData;
 use std::rc::Rc;
 use std::sync::LazyLock;
@@ -306,22 +307,26 @@ impl ReentrantGuard {
         let key = self.key.as_str();
         let (marker, millis) = release::marker_of(&self.client, key, &self.hold);
         self.client.counters().commands(1);
+        let markerless = Cell::new(marker.is_none());
         let (reply, send) = self
             .client
             .run(Op::ReentrantRelease, key, |con, send| {
-                let mut script = scripts::REENTRANT_RELEASE.key(key);
-                if let Some(marker) = &marker {
-                    script.key(marker);
-                }
-                let reply: Option<i64> = script
-                    .arg(&self.owner)
-                    .arg(&self.hold)
-                    .arg(millis)
-                    .invoke(con)?;
+                let reply: Option<i64> =
+                    release::with_marker(&self.client, marker.as_deref(), &markerless, |marker| {
+                        let mut script = scripts::REENTRANT_RELEASE.key(key);
+                        if let Some(marker) = marker {
+                            script.key(marker);
+                        }
+                        script
+                            .arg(&self.owner)
+                            .arg(&self.hold)
+                            .arg(millis)
+                            .invoke(con)
+                    })?;
                 Ok((reply, send.replied()))
             })
             .inspect_err(|err| {
-                if err.is_connection() {
+                if err.may_leave_a_lease() {
                     // Released in the background once Redis answers.
                     self.client.orphan(
                         key,
@@ -335,10 +340,12 @@ impl ReentrantGuard {
         let answer = match reply {
             Some(1) => Ok(Unlocked::Released),
             Some(0) => Ok(Unlocked::StillHeld),
+            // -1 gone; -2 gone, -3 another owner's, the marker unreadable.
+            Some(code @ (-3 | -2)) => Err(release::not_held(code, &markerless)),
             Some(_) => Err(NotHeldReason::Expired),
             None => Err(NotHeldReason::OwnedByOther),
         };
-        release::check_resend(key, answer, send, marker.is_some(), millis)?
+        release::check_resend(key, answer, send, !markerless.get(), millis)?
             .map_err(|reason| Error::not_held(key, reason))
     }
 }

@@ -55,6 +55,8 @@ pub(crate) struct Marker<'a> {
 }
 
 /// `EVALSHA lua/release.lua`: one round trip (two after a `NOSCRIPT`).
+/// Sets `markerless` when the script could not read the marker (an ACL
+/// refuses it).
 pub(crate) fn release_lua(
     con: &mut dyn ConnectionLike,
     stats: &Stats,
@@ -62,6 +64,7 @@ pub(crate) fn release_lua(
     token: &str,
     channel: &str,
     marker: Marker<'_>,
+    markerless: &Cell<bool>,
 ) -> RedisResult<Outcome> {
     stats.commands(1);
     let mut script = scripts::RELEASE.key(key);
@@ -76,14 +79,20 @@ pub(crate) fn release_lua(
     Ok(match reply {
         1 => Ok(Released::Now(u64::try_from(receivers).ok())),
         2 => Ok(Released::Earlier),
-        other => Err(owner_checked_failure(other)),
+        other => Err(not_held(other, markerless)),
     })
 }
 
-fn owner_checked_failure(reply: i64) -> NotHeldReason {
-    match scripts::owner_checked(reply) {
-        Err(reason) => reason,
-        Ok(()) => NotHeldReason::OwnedByOther,
+/// The reason of a "not released" answer of the release scripts: 0 (or
+/// -2) gone, -1 (or -3) another owner's; -2 and -3 also say the marker
+/// could not be read, which `markerless` records.
+pub(crate) fn not_held(reply: i64, markerless: &Cell<bool>) -> NotHeldReason {
+    if reply <= -2 {
+        markerless.set(true);
+    }
+    match reply {
+        0 | -2 => NotHeldReason::Expired,
+        _ => NotHeldReason::OwnedByOther,
     }
 }
 
@@ -130,7 +139,7 @@ pub(crate) fn release_watch(
     let mut watch = pipe();
     watch.cmd("WATCH").arg(key).ignore().cmd("GET").arg(key);
     watch.cmd("EXISTS").arg(marker.key.unwrap_or(key));
-    let mut bare = markerless.get();
+    let mut bare = false;
     let mut aborts = 0u32;
     for _ in 0..MAX_WATCH_ATTEMPTS {
         stats.commands(3);
@@ -209,10 +218,39 @@ fn unwatch(con: &mut dyn ConnectionLike, stats: &Stats) {
 }
 
 /// The marker of a release of `key` by `id`, and how long it lives on
-/// `client`'s deployment.
+/// `client`'s deployment. Outside a cluster every key has one; on a
+/// cluster only keys whose marker can share their slot (the others are
+/// refused before anything is sent).
 pub(crate) fn marker_of(client: &crate::LockClient, key: &str, id: &str) -> (Option<String>, u64) {
     let millis = u64::try_from(marker_ttl(client.timeout()).as_millis()).unwrap_or(u64::MAX);
-    (crate::channel::release_marker(key, id), millis)
+    let marker = if !client.markers_allowed() {
+        None
+    } else if client.deployment() == crate::Deployment::Cluster {
+        crate::channel::release_marker(key, id)
+    } else {
+        Some(crate::channel::marker_anywhere(key, id))
+    };
+    (marker, millis)
+}
+
+/// Runs a release script with its marker, and, when the server refuses the
+/// marker key (`NOPERM`: Redis checks a script's keys before running it, so
+/// nothing ran), once more without it; the client then stops asking for
+/// markers.
+pub(crate) fn with_marker<T>(
+    client: &crate::LockClient,
+    marker: Option<&str>,
+    markerless: &Cell<bool>,
+    mut invoke: impl FnMut(Option<&str>) -> RedisResult<T>,
+) -> RedisResult<T> {
+    match invoke(marker) {
+        Err(err) if marker.is_some() && err.code() == Some("NOPERM") => {
+            client.refuse_markers();
+            markerless.set(true);
+            invoke(None)
+        }
+        other => other,
+    }
 }
 
 /// A "not held" answer to a resend whose earlier send may have released
@@ -259,7 +297,13 @@ pub(crate) fn release(
     let markerless = Cell::new(marker.key.is_none());
     let result = client.run(Op::Release, key, |con, send| {
         let outcome = match how {
-            crate::Release::Lua => release_lua(con, stats, key, token, &channel, marker)?,
+            crate::Release::Lua => with_marker(client, marker.key, &markerless, |key_of_marker| {
+                let marker = Marker {
+                    key: key_of_marker,
+                    ..marker
+                };
+                release_lua(con, stats, key, token, &channel, marker, &markerless)
+            })?,
             crate::Release::Watch => {
                 release_watch(con, stats, key, token, &channel, marker, &markerless)?
             }

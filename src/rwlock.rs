@@ -313,30 +313,34 @@ fn release_field(client: &LockClient, key: &str, token: &str, code: &str) -> Res
     let channel = channel::release_channel(key);
     let (marker, millis) = release::marker_of(client, key, token);
     client.counters().commands(1);
+    let markerless = std::cell::Cell::new(marker.is_none());
     let (reply, send) = client.run(Op::RwRelease, key, |con, send| {
-        let mut script = scripts::RW_RELEASE.key(key);
-        if let Some(marker) = &marker {
-            script.key(marker);
-        }
-        let reply: i64 = script
-            .arg(token)
-            .arg(code)
-            .arg(&channel)
-            .arg(millis)
-            .invoke(con)?;
+        let reply: i64 = release::with_marker(client, marker.as_deref(), &markerless, |marker| {
+            let mut script = scripts::RW_RELEASE.key(key);
+            if let Some(marker) = marker {
+                script.key(marker);
+            }
+            script
+                .arg(token)
+                .arg(code)
+                .arg(&channel)
+                .arg(millis)
+                .invoke(con)
+        })?;
         Ok((reply, send.replied()))
     })?;
     if reply != 1 && code != "q" {
-        let reason = if reply == 0 {
-            NotHeldReason::Expired
-        } else {
-            NotHeldReason::OwnedByOther
-        };
+        let reason = release::not_held(reply, &markerless);
         // "Not held", answered to a resend, proves nothing without a marker.
         let _answer =
-            release::check_resend(key, Err::<(), _>(reason), send, marker.is_some(), millis)?;
+            release::check_resend(key, Err::<(), _>(reason), send, !markerless.get(), millis)?;
     }
-    Ok(reply)
+    // -2 and -3 are 0 and -1 whose marker could not be read.
+    Ok(match reply {
+        -2 => 0,
+        -3 => -1,
+        other => other,
+    })
 }
 
 /// A read or write hold of an [`RwLock`]. Dropping it releases it (best
@@ -392,7 +396,7 @@ impl RwGuard {
         self.released = true;
         let released = release_field(&self.client, &self.key, &self.token, self.mode.code())
             .inspect_err(|err| {
-                if err.is_connection() {
+                if err.may_leave_a_lease() {
                     // Released in the background once Redis answers.
                     self.client.orphan(
                         &self.key,

@@ -7,7 +7,7 @@
 
 use std::sync::LazyLock;
 
-use redis::{Cmd, FromRedisValue, RedisResult, Script};
+use redis::{Cmd, RedisResult, Script, Value};
 
 use crate::backend::Connection;
 use crate::stats::Stats;
@@ -64,44 +64,103 @@ pub(crate) fn owner_checked(reply: i64) -> Result<(), crate::NotHeldReason> {
     }
 }
 
-/// Sends `calls` (`EVALSHA`s of `scripts`) in one pipeline; when the server
-/// lost a script (`NOSCRIPT`), loads them all and sends once more. A
-/// pipeline of `EVALSHA` does not reload by itself as `Script::invoke`
-/// does. On a cluster, redis-rs splits it by node and `SCRIPT LOAD` goes to
-/// every primary.
-pub(crate) fn pipelined<T: FromRedisValue>(
+/// Sends `calls` (`EVALSHA`s of `scripts`) in one pipeline and returns
+/// each call's own result: one refused call (a wrong type, an ACL) does not
+/// fail the others. When the server lost a script (`NOSCRIPT` in any
+/// reply), loads them all and sends the pipeline once more (every call
+/// sent here is safe to run twice). A pipeline of `EVALSHA` does not
+/// reload by itself as `Script::invoke` does. On a cluster, redis-rs splits
+/// it by node and `SCRIPT LOAD` goes to every primary.
+pub(crate) fn pipelined(
     con: &mut Connection,
     calls: &[Cmd],
     scripts: &[&Script],
     stats: &Stats,
-) -> RedisResult<Vec<T>> {
-    let send = |con: &mut Connection| -> RedisResult<Vec<T>> {
-        let clustered = con.on_cluster(|cluster| {
-            let mut pipe = redis::cluster::cluster_pipe();
-            for call in calls {
-                pipe.add_command(call.clone());
-            }
-            pipe.query(cluster)
-        });
-        if let Some(result) = clustered {
+) -> RedisResult<Vec<RedisResult<Value>>> {
+    let send = |con: &mut Connection| -> RedisResult<Vec<RedisResult<Value>>> {
+        if let Some(result) = con.on_cluster(|cluster| cluster_each(cluster, calls)) {
             return result;
         }
         let mut pipe = redis::pipe();
+        pipe.ignore_errors();
         for call in calls {
             pipe.add_command(call.clone());
         }
         pipe.query(con)
     };
-    match send(con) {
-        Err(err) if is_noscript(&err) => {
-            for script in scripts {
-                script.load(con)?;
-            }
-            stats.commands(scripts.len() as u64 + calls.len() as u64);
-            send(con)
+    let replies = send(con)?;
+    if replies
+        .iter()
+        .any(|reply| reply.as_ref().is_err_and(is_noscript))
+    {
+        for script in scripts {
+            script.load(con)?;
         }
-        other => other,
+        stats.commands(scripts.len() as u64 + calls.len() as u64);
+        return send(con);
     }
+    Ok(replies)
+}
+
+/// A cluster pipeline, each call's own result. redis-rs's cluster pipeline
+/// cannot return errors one by one: when some calls are refused, it names
+/// them, and the others are sent once more (safe: see [`pipelined`]) for
+/// their replies.
+fn cluster_each(
+    cluster: &mut redis::cluster::ClusterConnection,
+    calls: &[Cmd],
+) -> RedisResult<Vec<RedisResult<Value>>> {
+    let run = |cluster: &mut redis::cluster::ClusterConnection, calls: &[&Cmd]| {
+        let mut pipe = redis::cluster::cluster_pipe();
+        for call in calls {
+            pipe.add_command((*call).clone());
+        }
+        pipe.query::<Vec<Value>>(cluster)
+    };
+    let all: Vec<&Cmd> = calls.iter().collect();
+    let err = match run(cluster, &all) {
+        Ok(values) => return Ok(values.into_iter().map(Ok).collect()),
+        Err(err) => err,
+    };
+    let Some(refused) = err.clone().into_server_errors() else {
+        return Err(err);
+    };
+    let mut results: Vec<Option<RedisResult<Value>>> = calls.iter().map(|_| None).collect();
+    for (index, error) in refused.iter() {
+        if let Some(slot) = results.get_mut(*index) {
+            *slot = Some(Err(redis::RedisError::from(error.clone())));
+        }
+    }
+    let rest: Vec<&Cmd> = all
+        .iter()
+        .zip(&results)
+        .filter(|(_, result)| result.is_none())
+        .map(|(call, _)| *call)
+        .collect();
+    let mut values = if rest.is_empty() {
+        Vec::new()
+    } else {
+        run(cluster, &rest)?
+    }
+    .into_iter();
+    Ok(results
+        .into_iter()
+        .map(|result| match result {
+            Some(result) => result,
+            None => values.next().map(Ok).unwrap_or_else(|| {
+                Err(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "a reply is missing",
+                )))
+            }),
+        })
+        .collect())
+}
+
+/// Errors Redis answers for the request itself, which a second send would
+/// meet again: a wrong type, an ACL refusal.
+pub(crate) fn refused(err: &redis::RedisError) -> bool {
+    matches!(err.code(), Some("WRONGTYPE" | "NOPERM"))
 }
 
 /// `NOSCRIPT`, alone or among a pipeline's errors.

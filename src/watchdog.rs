@@ -153,6 +153,8 @@ impl Orphan {
 struct Registry {
     entries: Vec<Arc<WatchEntry>>,
     orphans: Vec<Orphan>,
+    /// Orphans taken out for a cleanup round in progress.
+    cleaning: usize,
     thread: Option<Worker>,
     shutdown: bool,
 }
@@ -178,6 +180,7 @@ impl Watchdog {
                 registry: Mutex::new(Registry {
                     entries: Vec::new(),
                     orphans: Vec::new(),
+                    cleaning: 0,
                     thread: None,
                     shutdown: false,
                 }),
@@ -251,7 +254,10 @@ impl Drop for Watchdog {
             let mut registry = self.shared.registry.lock();
             registry.shutdown = true;
             self.shared.changed.notify_all();
-            (registry.thread.take(), !registry.orphans.is_empty())
+            (
+                registry.thread.take(),
+                !registry.orphans.is_empty() || registry.cleaning > 0,
+            )
         };
         // With failed acquisitions still to clean up, the thread makes one
         // last round (within one I/O timeout) before it ends: a program
@@ -291,6 +297,7 @@ fn run(shared: &Shared) {
             let (due, later): (Vec<Orphan>, Vec<Orphan>) =
                 registry.orphans.drain(..).partition(|o| o.next <= now);
             registry.orphans = later;
+            registry.cleaning = due.len();
             (registry.entries.clone(), due)
         };
         let mut next = renew_due(shared, &entries);
@@ -305,6 +312,7 @@ fn run(shared: &Shared) {
             }
             registry.orphans.extend(orphans);
         }
+        shared.registry.lock().cleaning = 0;
         let mut registry = shared.registry.lock();
         registry.entries.retain(|entry| !entry.state.lock().stopped);
         for orphan in &registry.orphans {
@@ -371,22 +379,28 @@ fn renew_due(shared: &Shared, entries: &[Arc<WatchEntry>]) -> Instant {
     match renew(shared, &due, budget) {
         Ok(replies) => {
             for (d, reply) in due.iter().zip(replies) {
-                match scripts::owner_checked(reply) {
-                    Ok(()) => {
-                        d.entry.renewed(sent, d.ttl, d.generation);
-                        next = next.min(sent + d.ttl / 3);
-                    }
-                    Err(reason) => {
-                        d.entry.loss.lose(reason.into());
+                let reply = reply.and_then(|value| Ok(redis::from_redis_value::<i64>(value)?));
+                match reply {
+                    Ok(reply) => match scripts::owner_checked(reply) {
+                        Ok(()) => {
+                            d.entry.renewed(sent, d.ttl, d.generation);
+                            next = next.min(sent + d.ttl / 3);
+                        }
+                        Err(reason) => {
+                            d.entry.loss.lose(reason.into());
+                            d.entry.stop();
+                        }
+                    },
+                    // This key alone holds something else now: taken.
+                    Err(err) if err.code() == Some("WRONGTYPE") => {
+                        d.entry.loss.lose(LossReason::OwnedByOther);
                         d.entry.stop();
                     }
+                    Err(err) => {
+                        log::warn!("redmutex: renewing {:?} failed: {err}", d.entry.key);
+                        next = next.min(Instant::now() + RETRY);
+                    }
                 }
-            }
-        }
-        Err(Error::WrongType { .. }) => {
-            for d in &due {
-                d.entry.loss.lose(LossReason::OwnedByOther);
-                d.entry.stop();
             }
         }
         Err(err) => {
@@ -401,7 +415,11 @@ fn renew_due(shared: &Shared, entries: &[Arc<WatchEntry>]) -> Instant {
 /// within `budget`, resent on a fresh connection after a lost reply. On a
 /// cluster, redis-rs splits the pipeline by node: one round trip per node
 /// that holds a due lease.
-fn renew(shared: &Shared, due: &[Due], budget: Duration) -> Result<Vec<i64>, Error> {
+fn renew(
+    shared: &Shared,
+    due: &[Due],
+    budget: Duration,
+) -> Result<Vec<redis::RedisResult<redis::Value>>, Error> {
     let calls: Vec<redis::Cmd> = due
         .iter()
         .map(|d| {
@@ -442,15 +460,25 @@ fn clean_orphans(shared: &Shared, mut orphans: Vec<Orphan>, budget: Duration) ->
         Op::Cleanup,
         key,
         budget,
-        |con, _| scripts::pipelined::<redis::Value>(con, &calls, &scripts, &shared.stats),
+        |con, _| scripts::pipelined(con, &calls, &scripts, &shared.stats),
     );
     let now = Instant::now();
     match result {
         Ok(replies) => {
-            for (orphan, reply) in orphans.iter().zip(replies) {
-                if cleaned(&reply) {
-                    shared.stats.orphan_released();
-                    log::debug!("redmutex: released an orphan lease of {:?}", orphan.key);
+            for (orphan, reply) in orphans.iter_mut().zip(replies) {
+                match reply {
+                    Ok(reply) if cleaned(&reply) => {
+                        shared.stats.orphan_released();
+                        log::debug!("redmutex: released an orphan lease of {:?}", orphan.key);
+                    }
+                    Ok(_) => {}
+                    // Refused for good (the key holds another type, an
+                    // ACL): asking again would meet the same answer.
+                    Err(err) if scripts::refused(&err) => {
+                        log::warn!("redmutex: cannot clean up {:?}: {err}", orphan.key);
+                        orphan.until = now;
+                    }
+                    Err(err) => log::debug!("redmutex: cleanup of {:?} failed: {err}", orphan.key),
                 }
             }
         }

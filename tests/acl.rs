@@ -15,7 +15,7 @@ use support::{RedisServer, exists, wait_until};
 /// word (checked against README.md below).
 const RULE: &str = "on >secret resetkeys ~locks:* ~{locks:* resetchannels &redmutex:released:* \
     -@all +set +get +getdel +pttl +evalsha +script|load +wait +watch +unwatch +multi +exec \
-    +subscribe +unsubscribe +ping +client|setname \
+    +subscribe +unsubscribe +ping +client|setname +role \
     +del +exists +pexpire +pexpireat +psetex +publish +incr +time +hget +hset +hdel +hlen +hgetall";
 
 fn set_user(server: &RedisServer, name: &str, rule: &str) {
@@ -203,6 +203,35 @@ fn a_bare_watch_release_whose_reply_is_lost_does_not_lie() {
     assert!(!exists(&server, "locks:w"), "the release deleted the key");
     match result {
         Ok(()) => {}
+        Err(err) => assert!(err.is_outcome_unknown(), "told {err}"),
+    }
+}
+
+/// A user who may write lock keys but not their markers (`~locks:*`
+/// without `~{locks:*`): releases still work (the marker is written with
+/// pcall), and a release whose reply is lost, sent again, cannot read a
+/// marker: it says the outcome is unknown, never "not held".
+#[test]
+fn a_release_whose_marker_cannot_be_read_does_not_claim_not_held() {
+    let server = RedisServer::start();
+    support::load_scripts(&server);
+    let rule = RULE.replace("~{locks:*", "");
+    set_user(&server, "nomarks", &rule);
+    let proxy = support::FaultProxy::to(&server);
+    let url = format!("redis://nomarks:secret@127.0.0.1:{}/", proxy.port());
+    let client = LockClient::open(&url).expect("client");
+    let lock = DistributedLock::new(&client, "locks:m");
+    lock.lock()
+        .expect("lock")
+        .unlock()
+        .expect("a plain release works");
+    let guard = lock.lock().expect("lock");
+    proxy.lose_reply(&support::sha(include_str!("../lua/release.lua")), 1);
+    let result = guard.unlock();
+    assert_eq!(proxy.lost_replies(), 1, "the fault fired");
+    assert!(!exists(&server, "locks:m"), "the first send released it");
+    match result {
+        Ok(()) => panic!("no marker could say so"),
         Err(err) => assert!(err.is_outcome_unknown(), "told {err}"),
     }
 }

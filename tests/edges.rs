@@ -320,3 +320,63 @@ fn a_lease_lost_by_the_local_clock_is_still_released() {
     }
     assert!(!exists(&server, "local"), "nothing of ours is left");
 }
+
+/// Renewals are pipelined, and one key that now holds another type fails
+/// only its own lease: the others in the batch go on being renewed.
+#[test]
+fn one_wrong_typed_key_fails_only_its_own_renewal() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let watched = |key: &str| {
+        DistributedLock::with_options(
+            &client,
+            key,
+            LockOptions::default()
+                .ttl(Duration::from_millis(600))
+                .watchdog(true),
+        )
+        .lock()
+        .expect("lock")
+    };
+    let (a, b) = (watched("ra"), watched("rb"));
+    let mut con = server.conn();
+    let _: () = con.del("rb").expect("DEL");
+    let _: () = con.hset("rb", "someone", 1).expect("HSET");
+    let lost = b.loss_signal();
+    assert_eq!(
+        lost.wait_timeout(Duration::from_secs(5)),
+        Some(redmutex::LossReason::OwnedByOther)
+    );
+    let renewals = client.stats().renewals;
+    assert!(support::wait_until(Duration::from_secs(5), || client
+        .stats()
+        .renewals
+        > renewals + 2));
+    assert!(
+        !a.is_lost(),
+        "the other lease of the batch is still renewed"
+    );
+    assert_eq!(get(&server, "ra").as_deref(), Some(a.token()));
+    a.unlock().expect("unlock");
+}
+
+/// A key with a stray `}` on a single server: its releases still leave a
+/// marker and still publish (with either release method).
+#[test]
+fn a_key_without_a_tag_still_gets_markers_and_messages() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    for release in [redmutex::Release::Lua, redmutex::Release::Watch] {
+        let lock =
+            DistributedLock::with_options(&client, "a}b", LockOptions::default().release(release));
+        let guard = lock.lock().expect("lock");
+        let marker = format!("redmutex:released:a}}b:{}", guard.token());
+        let published = server.command_calls("publish");
+        guard.unlock().expect("unlock");
+        assert!(exists(&server, &marker), "{release:?}: no marker");
+        assert!(
+            server.command_calls("publish") > published,
+            "{release:?}: no release message"
+        );
+    }
+}

@@ -382,3 +382,77 @@ fn a_stalled_sentinel_never_hangs_a_call_or_a_drop() {
     drop(client);
     assert!(started.elapsed() < Duration::from_millis(500));
 }
+
+/// A RedLock node that cannot be reached at release time: `unlock()` says
+/// so, and that node's key is released in the background once it answers.
+#[test]
+fn a_redlock_release_that_misses_a_node_is_finished_later() {
+    let servers = RedisServer::start_many(3);
+    let proxy = FaultProxy::to(&servers[0]);
+    let nodes = vec![
+        client(&proxy),
+        servers[1].lock_client(),
+        servers[2].lock_client(),
+    ];
+    let lock = redmutex::RedLock::with_options(nodes, "rl", options())
+        .expect("redlock")
+        .node_timeout(Duration::from_secs(1));
+    let guard = lock.lock().expect("lock");
+    proxy.blackhole(true);
+    assert!(guard.unlock().is_err(), "one node did not answer");
+    assert!(
+        exists(&servers[0], "rl"),
+        "still set on the unreachable node"
+    );
+    proxy.heal();
+    assert!(
+        wait_until(Duration::from_secs(10), || !exists(&servers[0], "rl")),
+        "released on the node once it answered"
+    );
+}
+
+/// A release that failed (Redis cut off) is still to be cleaned up when
+/// the client is dropped, and Redis answers again only a moment later:
+/// drop waits (one I/O timeout at most) for the cleanup, so the key is
+/// gone when it returns. (Whether the watchdog thread has already taken
+/// the cleanup into a round when drop comes is up to the scheduler; both
+/// are waited for.)
+#[test]
+fn a_drop_waits_for_the_cleanup_round_in_progress() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy);
+    // The watchdog thread already runs (a watched lease started it), so
+    // it takes the orphan into a round at once.
+    DistributedLock::with_options(&client, "warm", options().watchdog(true))
+        .lock()
+        .expect("lock")
+        .unlock()
+        .expect("unlock");
+    let guard = DistributedLock::with_options(&client, "round", options())
+        .lock()
+        .expect("lock");
+    proxy.blackhole(true);
+    let err = guard.unlock().expect_err("cut off");
+    assert!(err.is_connection(), "{err}");
+    // The cleanup thread is now at it, through the blackhole; the heal
+    // comes while the client is being dropped.
+    let healer = {
+        let proxy = std::sync::Arc::new(proxy);
+        let healing = proxy.clone();
+        (
+            proxy,
+            std::thread::spawn(move || {
+                // Past the 100 ms a drop waits for an idle thread, within
+                // the one timeout it waits for a cleanup round.
+                std::thread::sleep(Duration::from_millis(300));
+                healing.heal();
+            }),
+        )
+    };
+    drop(client);
+    // Checked the moment drop returns: the round had to end first.
+    let left = exists(&server, "round");
+    healer.1.join().expect("healer");
+    assert!(!left, "drop returned with the key left behind");
+}

@@ -747,7 +747,8 @@ fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
 fn release(cli: &Cli, args: &ReleaseArgs) -> Result<u8, Failure> {
     let client = client(cli)?;
     if args.force {
-        // Never sent twice: a lost reply is reported as unknown (exit 69).
+        // Safe to send twice (it records what it deleted); an outcome that
+        // cannot be learned is reported as unknown (exit 69).
         let deleted = DistributedLock::new(&client, args.key.clone())
             .force_release()
             .map_err(redis_failure)?;
