@@ -252,8 +252,10 @@ impl LockOptions {
     /// Keeps the lease alive while the guard lives: the client's watchdog
     /// thread renews it (owner-checked) every ttl/3, many held locks
     /// pipelined per round trip, and stops the moment the guard is released.
-    /// When a renewal finds the key gone or taken, or Redis stays
-    /// unreachable until the lease has run out, the guard is marked lost
+    /// When a renewal finds the key gone or taken, or the lease's local
+    /// expiry (send time + ttl − drift) passes with no successful renewal
+    /// (whatever the renewal call is doing: the holder learns before Redis
+    /// can give the key away), the guard is marked lost
     /// ([`LockGuard::is_lost`](crate::LockGuard::is_lost),
     /// [`LockGuard::loss_signal`](crate::LockGuard::loss_signal)). Defaults
     /// to `false`.
