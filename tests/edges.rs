@@ -327,18 +327,11 @@ fn a_lease_lost_by_the_local_clock_is_still_released() {
 fn one_wrong_typed_key_fails_only_its_own_renewal() {
     let server = RedisServer::start();
     let client = server.lock_client();
-    let watched = |key: &str| {
-        DistributedLock::with_options(
-            &client,
-            key,
-            LockOptions::default()
-                .ttl(Duration::from_millis(600))
-                .watchdog(true),
-        )
-        .lock()
-        .expect("lock")
-    };
-    let (a, b) = (watched("ra"), watched("rb"));
+    let ttl = Duration::from_millis(600);
+    let (a, b) = (
+        support::watched_lock(&client, "ra", ttl),
+        support::watched_lock(&client, "rb", ttl),
+    );
     let mut con = server.conn();
     let _: () = con.del("rb").expect("DEL");
     let _: () = con.hset("rb", "someone", 1).expect("HSET");

@@ -445,3 +445,64 @@ fn a_client_dropped_after_an_unknown_acquisition_leaves_no_lease() {
         "the lease was left for its ttl"
     );
 }
+
+/// `force_release` whose reply is lost: the resend answers from the
+/// request's marker what the first send deleted, and deletes nothing more
+/// (here: not the lock another client took in between).
+#[test]
+fn a_force_release_sent_again_deletes_nothing_more() {
+    let server = server();
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy);
+    let holder = server.lock_client();
+    let guard = DistributedLock::new(&holder, "forced")
+        .lock()
+        .expect("lock");
+    let token = guard.token().to_owned();
+    std::mem::forget(guard);
+    // The first send deletes the key and its reply is lost; before the
+    // resend, another client takes the lock.
+    let sha = sha(include_str!("../lua/force_release.lua"));
+    proxy.set_latency(Duration::ZERO, Duration::from_millis(200));
+    proxy.lose_reply(&sha, 1);
+    let taker = {
+        // Another client (the holder's leaked guard keeps a local hold).
+        let other = server.lock_client();
+        let server_url = server.url();
+        std::thread::spawn(move || {
+            let mut con = redis::Client::open(server_url)
+                .expect("url")
+                .get_connection()
+                .expect("connection");
+            wait_until(Duration::from_secs(5), || {
+                !redis::cmd("EXISTS")
+                    .arg("forced")
+                    .query::<bool>(&mut con)
+                    .unwrap_or(true)
+            });
+            DistributedLock::new(&other, "forced").lock().map(|g| {
+                let token = g.token().to_owned();
+                std::mem::forget(g);
+                token
+            })
+        })
+    };
+    let forced = DistributedLock::new(&client, "forced")
+        .force_release()
+        .expect("force release");
+    assert_eq!(proxy.lost_replies(), 1, "the fault fired");
+    assert_eq!(
+        forced.as_deref(),
+        Some(token.as_str()),
+        "what the first send deleted"
+    );
+    let new_token = taker
+        .join()
+        .expect("taker")
+        .expect("the other client's lock");
+    assert_eq!(
+        get(&server, "forced").as_deref(),
+        Some(new_token.as_str()),
+        "the lock taken in between survives the resend"
+    );
+}

@@ -96,18 +96,11 @@ fn watched_leases_survive_a_reset_of_every_pooled_connection() {
     let proxy = FaultProxy::to(&server);
     let client = LockClient::open(&proxy.url()).expect("client");
     warm_pool(&client, 16);
-    let watched = |key: &str| {
-        DistributedLock::with_options(
-            &client,
-            key,
-            LockOptions::default()
-                .ttl(Duration::from_millis(600))
-                .watchdog(true),
-        )
-        .lock()
-        .expect("lock")
-    };
-    let (a, b) = (watched("wa"), watched("wb"));
+    let ttl = Duration::from_millis(600);
+    let (a, b) = (
+        support::watched_lock(&client, "wa", ttl),
+        support::watched_lock(&client, "wb", ttl),
+    );
     proxy.reset_all();
     let renewals = client.stats().renewals;
     assert!(wait_until(Duration::from_secs(5), || client

@@ -356,6 +356,21 @@ impl Dice {
     }
 }
 
+/// Takes `key` through `client` with the watchdog on and a `ttl` lease.
+pub fn watched_lock(
+    client: &redmutex::LockClient,
+    key: &str,
+    ttl: Duration,
+) -> redmutex::LockGuard {
+    redmutex::DistributedLock::with_options(
+        client,
+        key,
+        redmutex::LockOptions::default().ttl(ttl).watchdog(true),
+    )
+    .lock()
+    .expect("lock")
+}
+
 /// The SHA1 a script is sent by (`EVALSHA`), for arming proxy faults on it.
 pub fn sha(lua: &str) -> String {
     redis::Script::new(lua).get_hash().to_owned()
