@@ -20,6 +20,7 @@ use support::{FaultProxy, RedisServer, exists, get};
 /// the lock is free.
 #[test]
 fn an_untaken_handoff_leaves_no_local_hold() {
+    let _serial = support::serial();
     let server = RedisServer::start();
     let client = server.lock_client();
     let options = LockOptions::default()
@@ -77,6 +78,7 @@ fn an_untaken_handoff_leaves_no_local_hold() {
 /// timeout failed with the key left set for the whole ttl.
 #[test]
 fn min_replicas_timeouts_are_checked_before_anything_is_sent() {
+    let _serial = support::serial();
     let server = RedisServer::start();
     let client = server.lock_client();
     for timeout in [
@@ -107,6 +109,7 @@ fn min_replicas_timeouts_are_checked_before_anything_is_sent() {
 /// and a fenced waiter got no fencing token.
 #[test]
 fn a_handoff_takes_the_receivers_watchdog_and_never_reaches_a_fenced_waiter() {
+    let _serial = support::serial();
     let server = RedisServer::start();
     let client = server.lock_client();
     // A budget long enough that the giver may hand off after its hold.
@@ -188,6 +191,7 @@ fn a_handoff_takes_the_receivers_watchdog_and_never_reaches_a_fenced_waiter() {
 /// renewal's round trip, and all of these waited for it.
 #[test]
 fn validity_never_waits_for_a_renewal_in_flight() {
+    let _serial = support::serial();
     let server = RedisServer::start();
     let proxy = FaultProxy::to(&server);
     let client = LockClient::open(&proxy.url()).expect("client");
@@ -235,6 +239,7 @@ fn validity_never_waits_for_a_renewal_in_flight() {
 /// error blamed the lock key.
 #[test]
 fn a_corrupt_fence_counter_is_named_and_takes_nothing() {
+    let _serial = support::serial();
     let server = RedisServer::start();
     let client = server.lock_client();
     let mut con = server.conn();
@@ -277,6 +282,7 @@ fn a_corrupt_fence_counter_is_named_and_takes_nothing() {
 /// only: other threads stay out, and `validity()` answers at once.
 #[test]
 fn reentrant_guards_answer_validity_without_the_network() {
+    let _serial = support::serial();
     let server = RedisServer::start();
     let proxy = FaultProxy::to(&server);
     let client = LockClient::open(&proxy.url()).expect("client");
@@ -295,6 +301,7 @@ fn reentrant_guards_answer_validity_without_the_network() {
 /// answer, instead of saying `Expired` and leaving the key held.
 #[test]
 fn a_lease_lost_by_the_local_clock_is_still_released() {
+    let _serial = support::serial();
     let server = RedisServer::start();
     support::load_scripts(&server);
     let proxy = FaultProxy::to(&server);
@@ -325,6 +332,7 @@ fn a_lease_lost_by_the_local_clock_is_still_released() {
 /// only its own lease: the others in the batch go on being renewed.
 #[test]
 fn one_wrong_typed_key_fails_only_its_own_renewal() {
+    let _serial = support::serial();
     let server = RedisServer::start();
     let client = server.lock_client();
     let ttl = Duration::from_millis(600);
@@ -357,6 +365,7 @@ fn one_wrong_typed_key_fails_only_its_own_renewal() {
 /// marker and still publish (with either release method).
 #[test]
 fn a_key_without_a_tag_still_gets_markers_and_messages() {
+    let _serial = support::serial();
     let server = RedisServer::start();
     let client = server.lock_client();
     for release in [redmutex::Release::Lua, redmutex::Release::Watch] {

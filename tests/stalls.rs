@@ -34,6 +34,7 @@ fn options() -> LockOptions {
 /// timeout).
 #[test]
 fn a_stalled_handshake_never_wedges_the_pool() {
+    let _serial = support::serial();
     let server = RedisServer::start();
     let proxy = FaultProxy::to(&server);
     let client = client(&proxy);
@@ -65,6 +66,7 @@ fn a_stalled_handshake_never_wedges_the_pool() {
 /// walking through them, and the next user gets a fresh one too.
 #[test]
 fn a_reset_retires_every_idle_connection() {
+    let _serial = support::serial();
     let server = RedisServer::start();
     let proxy = FaultProxy::to(&server);
     let client = client(&proxy);
@@ -79,9 +81,7 @@ fn a_reset_retires_every_idle_connection() {
 
 /// Opens `n` pooled connections at once, then gives them back idle.
 fn warm_pool(client: &LockClient, n: usize) {
-    let held: Vec<_> = (0..n)
-        .map(|_| client.connection().expect("connection"))
-        .collect();
+    let held: Vec<_> = (0..n).map(|_| support::connection_of(client)).collect();
     for mut con in held {
         let _: String = redis::cmd("PING").query(&mut con).expect("PING");
     }
@@ -92,6 +92,7 @@ fn warm_pool(client: &LockClient, n: usize) {
 /// took one dead connection after another, 100 ms apart.
 #[test]
 fn watched_leases_survive_a_reset_of_every_pooled_connection() {
+    let _serial = support::serial();
     let server = RedisServer::start();
     let proxy = FaultProxy::to(&server);
     let client = LockClient::open(&proxy.url()).expect("client");
@@ -124,6 +125,7 @@ fn watched_leases_survive_a_reset_of_every_pooled_connection() {
 /// panic; the outcome is reported as unknown and the key expires by ttl.
 #[test]
 fn a_blackhole_during_unlock_and_drop_is_bounded() {
+    let _serial = support::serial();
     let server = RedisServer::start();
     let proxy = FaultProxy::to(&server);
     let client = client(&proxy);
@@ -158,6 +160,7 @@ fn a_blackhole_during_unlock_and_drop_is_bounded() {
 /// 50 ms each way: the local estimate never exceeds what Redis allows.
 #[test]
 fn validity_never_exceeds_pttl_under_latency() {
+    let _serial = support::serial();
     let server = RedisServer::start();
     let proxy = FaultProxy::to(&server);
     let client = LockClient::open(&proxy.url()).expect("client");
@@ -180,6 +183,7 @@ fn validity_never_exceeds_pttl_under_latency() {
 /// and the lease its late request sets is released once it lands.
 #[test]
 fn a_late_acquisition_is_cleaned_up_after_the_error() {
+    let _serial = support::serial();
     let server = RedisServer::start();
     let proxy = FaultProxy::to(&server);
     let client = client(&proxy);
@@ -213,6 +217,7 @@ fn a_late_acquisition_is_cleaned_up_after_the_error() {
 /// wakes its waiters, and they ask Redis.
 #[test]
 fn a_silent_subscriber_link_is_detected() {
+    let _serial = support::serial();
     let server = RedisServer::start();
     let proxy = FaultProxy::to(&server);
     // Commands go straight to Redis; only the subscriber's link is proxied.
@@ -264,6 +269,7 @@ fn a_silent_subscriber_link_is_detected() {
 /// lost by the time the other client holds the lock.
 #[test]
 fn the_loss_signal_fires_before_anyone_else_can_acquire() {
+    let _serial = support::serial();
     let server = RedisServer::start();
     let proxy = FaultProxy::to(&server);
     let holder = LockClient::open(&proxy.url()).expect("client");
@@ -312,6 +318,7 @@ fn the_loss_signal_fires_before_anyone_else_can_acquire() {
 /// resend window, and whatever the stalled request did is cleaned up.
 #[test]
 fn a_stalled_server_bounds_the_call_and_leaves_no_lease() {
+    let _serial = support::serial();
     let server = RedisServer::start();
     let client = LockClient::open_with_timeout(&server.url(), T).expect("client");
     let lock = DistributedLock::with_options(&client, "z", options());
@@ -349,6 +356,7 @@ fn a_stalled_server_bounds_the_call_and_leaves_no_lease() {
 /// the subscriber's lookup.
 #[test]
 fn a_stalled_sentinel_never_hangs_a_call_or_a_drop() {
+    let _serial = support::serial();
     let server = RedisServer::start();
     let proxy = FaultProxy::to(&server);
     proxy.stall_new(true);
@@ -380,6 +388,7 @@ fn a_stalled_sentinel_never_hangs_a_call_or_a_drop() {
 /// so, and that node's key is released in the background once it answers.
 #[test]
 fn a_redlock_release_that_misses_a_node_is_finished_later() {
+    let _serial = support::serial();
     let servers = RedisServer::start_many(3);
     let proxy = FaultProxy::to(&servers[0]);
     let nodes = vec![
@@ -412,6 +421,7 @@ fn a_redlock_release_that_misses_a_node_is_finished_later() {
 /// are waited for.)
 #[test]
 fn a_drop_waits_for_the_cleanup_round_in_progress() {
+    let _serial = support::serial();
     let server = RedisServer::start();
     let proxy = FaultProxy::to(&server);
     let client = client(&proxy);

@@ -356,6 +356,30 @@ impl Dice {
     }
 }
 
+/// Serializes the tests of one binary that assert time bounds, so that
+/// they do not measure each other's load: `let _serial = support::serial();`
+/// first thing in each.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A pooled connection of `client`, tried again for up to 10 s: for a
+/// test's setup on a loaded machine, where a first connect through a proxy
+/// can take longer than a short timeout.
+pub fn connection_of(client: &redmutex::LockClient) -> redmutex::Connection {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match client.connection() {
+            Ok(con) => return con,
+            Err(err) if Instant::now() > deadline => panic!("no connection: {err}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
 /// Takes `key` through `client` with the watchdog on and a `ttl` lease.
 pub fn watched_lock(
     client: &redmutex::LockClient,
