@@ -488,14 +488,7 @@ impl LockClient {
     /// `}` and no valid `{tag}`. Without markers a release sent twice (and
     /// redis-rs resends on a cluster by itself) could not tell the truth.
     pub(crate) fn check_key(&self, key: &str) -> Result<(), Error> {
-        if self.deployment() == Deployment::Cluster && !crate::channel::same_slot_fence(key) {
-            return Err(Error::InvalidArgument(format!(
-                "cannot lock {key:?} on Redis Cluster: a key with '}}' and no valid {{tag}} \
-                 cannot have its fencing counter and release markers in its hash slot; \
-                 give it a tag, e.g. \"{{name}}:lock\""
-            )));
-        }
-        Ok(())
+        check_cluster_key(self.deployment() == Deployment::Cluster, key)
     }
 
     /// Runs one operation on a pooled connection, resent or reported
@@ -546,6 +539,19 @@ impl std::fmt::Debug for LockClient {
             .field("defaults", &self.defaults)
             .finish()
     }
+}
+
+/// [`LockClient::check_key`] for a key used on a cluster (`cluster`), or
+/// on RedLock nodes one of which is a cluster.
+pub(crate) fn check_cluster_key(cluster: bool, key: &str) -> Result<(), Error> {
+    if cluster && !crate::channel::same_slot_fence(key) {
+        return Err(Error::InvalidArgument(format!(
+            "cannot lock {key:?} on Redis Cluster: a key with '}}' and no valid {{tag}} \
+             cannot have its fencing counter and release markers in its hash slot; \
+             give it a tag, e.g. \"{{name}}:lock\""
+        )));
+    }
+    Ok(())
 }
 
 fn check_timeout(timeout: Duration) -> Result<(), Error> {

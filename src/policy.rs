@@ -84,13 +84,6 @@ pub(crate) enum Op {
 }
 
 impl Op {
-    /// Whether the operation is resent after a lost reply. Every operation
-    /// is: on Redis Cluster redis-rs resends a request after an I/O error by
-    /// itself, so none may rely on never being sent twice.
-    pub(crate) fn resend(self) -> bool {
-        true
-    }
-
     /// Whether it can change anything in Redis (a lost reply then leaves
     /// the outcome unknown).
     pub(crate) fn writes(self) -> bool {
@@ -145,9 +138,10 @@ pub(crate) struct Replied {
     pub(crate) after: Duration,
 }
 
-/// Errors Redis gives for the request itself, which say nothing ran:
-/// a wrong type, an ACL refusal, a bad fencing counter, too few replicas.
-fn refusal(err: &redis::RedisError) -> bool {
+/// Errors Redis gives for the request itself, which say nothing ran and
+/// which a second send would meet again: a wrong type, an ACL refusal, a
+/// bad fencing counter, too few replicas.
+pub(crate) fn refusal(err: &redis::RedisError) -> bool {
     matches!(
         err.code(),
         Some("WRONGTYPE" | "NOPERM" | "FENCE" | "NOREPLICAS")
@@ -239,23 +233,18 @@ pub(crate) fn run_within<T>(
             Ok(value) => return Ok(value),
             Err(err) if reply_lost(&err) => {
                 log::debug!(
-                    "redmutex: {} of {key:?} lost its reply ({err}){}",
-                    op.name(),
-                    if op.resend() {
-                        "; sending it again"
-                    } else {
-                        ""
-                    }
+                    "redmutex: {} of {key:?} lost its reply ({err}); sending it again",
+                    op.name()
                 );
                 if interrupted(&err) {
                     // The process was stopped or signalled, not the server
                     // slow: the window starts again.
                     window_start = Instant::now();
                 }
+                // Every operation is resent (see the table): on Redis
+                // Cluster redis-rs resends by itself, so none may rely on
+                // being sent once.
                 lost = Some(err);
-                if !op.resend() {
-                    break;
-                }
             }
             // An earlier send may have run: whatever this one is told (OOM,
             // READONLY after a failover, a refusal), the outcome is unknown.
@@ -311,9 +300,7 @@ mod tests {
     }
 
     #[test]
-    fn every_operation_is_resent_and_reads_change_nothing() {
-        assert!(Op::ForceRelease.resend());
-        assert!(Op::Release.resend() && Op::Acquire.resend() && Op::Renew.resend());
+    fn reads_change_nothing() {
         assert!(!Op::Read.writes());
         assert!(Op::Cleanup.writes());
     }

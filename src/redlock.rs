@@ -292,13 +292,7 @@ impl RedLock {
             ));
         }
         let millis = ttl_millis(self.options.ttl)?;
-        if self.nodes.cluster && !crate::channel::same_slot_fence(&self.key) {
-            return Err(Error::InvalidArgument(format!(
-                "cannot lock {:?} on a Redis Cluster node: a key with '}}' and no valid {{tag}} \
-                 cannot have its release markers in its hash slot",
-                self.key
-            )));
-        }
+        crate::client::check_cluster_key(self.nodes.cluster, &self.key)?;
         let ttl = Duration::from_millis(millis);
         let timeout = self.node_timeout.unwrap_or(ttl / 20).min(ttl);
         let token = uuid::Uuid::new_v4().to_string();

@@ -157,12 +157,6 @@ fn cluster_each(
         .collect())
 }
 
-/// Errors Redis answers for the request itself, which a second send would
-/// meet again: a wrong type, an ACL refusal.
-pub(crate) fn refused(err: &redis::RedisError) -> bool {
-    matches!(err.code(), Some("WRONGTYPE" | "NOPERM"))
-}
-
 /// `NOSCRIPT`, alone or among a pipeline's errors.
 pub(crate) fn is_noscript(err: &redis::RedisError) -> bool {
     err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)

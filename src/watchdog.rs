@@ -474,7 +474,7 @@ fn clean_orphans(shared: &Shared, mut orphans: Vec<Orphan>, budget: Duration) ->
                     Ok(_) => {}
                     // Refused for good (the key holds another type, an
                     // ACL): asking again would meet the same answer.
-                    Err(err) if scripts::refused(&err) => {
+                    Err(err) if policy::refusal(&err) => {
                         log::warn!("redmutex: cannot clean up {:?}: {err}", orphan.key);
                         orphan.until = now;
                     }
