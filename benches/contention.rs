@@ -42,7 +42,11 @@ fn uncontended(c: &mut Criterion, client: &LockClient) {
     }
     group.bench_function("ping", |b| {
         b.iter(|| {
-            let mut con = client.pool().get().expect("connection");
+            let mut con = client
+                .pool()
+                .expect("a single-node client")
+                .get()
+                .expect("connection");
             let pong: String = redis::cmd("PING").query(&mut *con).expect("PING");
             pong
         })

@@ -149,8 +149,8 @@ fn modes(arg: ModeArg) -> Vec<WaitMode> {
 
 fn release_name(release: Release) -> &'static str {
     match release {
-        Release::Lua => "lua",
         Release::Watch => "watch",
+        _ => "lua",
     }
 }
 
@@ -340,7 +340,7 @@ fn uncontended(
         LockOptions::default().wait_mode(mode).release(release),
     );
     let mut ping = |_: ()| -> Result<(), Failure> {
-        let mut con = client.pool().get()?;
+        let mut con = client.pool()?.get()?;
         redis::cmd("PING").exec(&mut *con)?;
         Ok(())
     };

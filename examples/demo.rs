@@ -78,7 +78,7 @@ fn main() -> Result<(), Error> {
     }
 
     // 4. Eight threads, one key, a deliberately non-atomic counter.
-    let mut con = client.pool().get()?;
+    let mut con = client.pool()?.get()?;
     redis::cmd("DEL").arg("demo:counter").exec(&mut *con)?;
     drop(con);
     let started = Instant::now();
@@ -89,7 +89,7 @@ fn main() -> Result<(), Error> {
                 let lock = DistributedLock::new(&client, "demo:counter-lock");
                 for _ in 0..100 {
                     let _guard = lock.lock()?;
-                    let mut con = client.pool().get()?;
+                    let mut con = client.pool()?.get()?;
                     let n: Option<i64> = redis::cmd("GET").arg("demo:counter").query(&mut *con)?;
                     redis::cmd("SET")
                         .arg("demo:counter")
@@ -105,7 +105,7 @@ fn main() -> Result<(), Error> {
             .join()
             .map_err(|_| Error::InvalidArgument("a worker panicked".into()))??;
     }
-    let mut con = client.pool().get()?;
+    let mut con = client.pool()?.get()?;
     let n: i64 = redis::cmd("GET").arg("demo:counter").query(&mut *con)?;
     println!(
         "4. 8 threads x 100 locked GET/SET increments: counter = {n} (expected 800) in {:?}",
@@ -115,7 +115,7 @@ fn main() -> Result<(), Error> {
     // 5. The cost of a cycle, in PING round trips.
     let rounds = 2_000;
     let ping = time(rounds, || {
-        let mut con = client.pool().get()?;
+        let mut con = client.pool()?.get()?;
         redis::cmd("PING").exec(&mut *con)?;
         Ok(())
     })?;

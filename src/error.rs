@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 /// Why an owner-checked operation found that we no longer hold the lock.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NotHeldReason {
     /// The key is gone: the lease ran out (or someone deleted it) and nobody
@@ -49,10 +50,14 @@ pub enum Error {
     /// a URL that does not parse). Nothing was sent to Redis.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-    /// The key exists but holds a value that is not a string (a hash, a list…),
-    /// so it is not a lock of this crate. Nothing was changed in Redis.
+    /// The key exists but holds a value of another type than this lock
+    /// keeps there (a [`DistributedLock`](crate::DistributedLock)'s key is a
+    /// string; a [`ReentrantLock`](crate::ReentrantLock)'s and an
+    /// [`RwLock`](crate::RwLock)'s a hash): another kind of lock, or other
+    /// data, lives under that name. Nothing was changed in Redis.
     #[error(
-        "key {key:?} holds a non-string value (WRONGTYPE): it is not a lock key; pick another key"
+        "key {key:?} holds a value of another type than this lock uses (WRONGTYPE): \
+         another kind of lock or other data lives there; pick another key"
     )]
     WrongType {
         /// The lock key.
@@ -88,10 +93,39 @@ pub enum Error {
     Quorum {
         /// The lock key.
         key: String,
-        /// Nodes that granted (or, for extend and release, succeeded).
+        /// Nodes that granted.
         granted: usize,
         /// Nodes needed.
         needed: usize,
+        /// What went wrong, per failed node.
+        failed: Vec<String>,
+    },
+    /// [`RedLockGuard::extend`](crate::RedLockGuard::extend) reached fewer
+    /// than a majority of the nodes in time: the lock must be considered
+    /// lost (stop the work it protects).
+    #[error("RedLock on {key:?} is lost: {extended} of the {needed} nodes needed extended it; {}", failed.join("; "))]
+    QuorumLost {
+        /// The lock key.
+        key: String,
+        /// Nodes that extended the lease.
+        extended: usize,
+        /// Nodes needed.
+        needed: usize,
+        /// What went wrong, per failed node.
+        failed: Vec<String>,
+    },
+    /// [`RedLockGuard::unlock`](crate::RedLockGuard::unlock) could not reach
+    /// some nodes: the lock is free once a majority released it, and the
+    /// keys left on the others expire by the ttl (or are released in the
+    /// background as soon as those nodes answer).
+    #[error("RedLock on {key:?}: released on {released} of {nodes} nodes; {}", failed.join("; "))]
+    NodesUnreachable {
+        /// The lock key.
+        key: String,
+        /// Nodes that released.
+        released: usize,
+        /// All nodes.
+        nodes: usize,
         /// What went wrong, per failed node.
         failed: Vec<String>,
     },
@@ -153,15 +187,28 @@ impl Error {
         }
     }
 
-    /// True when the error came from the network or the server rather than
-    /// from the lock's state or the caller's input: [`Error::Redis`],
-    /// [`Error::Pool`] and [`Error::OutcomeUnknown`]. Such an operation may
-    /// be retried.
+    /// True when the error came from reaching Redis, so that trying again
+    /// later may succeed: no connection from the pool ([`Error::Pool`]), a
+    /// lost reply ([`Error::OutcomeUnknown`]), and the [`Error::Redis`]
+    /// errors of the link (I/O, timeout, refused or dropped connection) or
+    /// of a server not ready yet (`LOADING`, `TRYAGAIN`, `CLUSTERDOWN`,
+    /// `MASTERDOWN`). False for what a retry meets again: a server refusal
+    /// (`NOPERM`, a script error, a wrong type), bad input, a lock state.
     pub fn is_connection(&self) -> bool {
-        matches!(
-            self,
-            Error::Redis(_) | Error::Pool(_) | Error::OutcomeUnknown { .. }
-        )
+        match self {
+            Error::Pool(_) | Error::OutcomeUnknown { .. } => true,
+            Error::Redis(err) => {
+                err.is_io_error()
+                    || err.is_timeout()
+                    || err.is_connection_dropped()
+                    || err.is_connection_refusal()
+                    || matches!(
+                        err.code(),
+                        Some("LOADING" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN")
+                    )
+            }
+            _ => false,
+        }
     }
 
     /// True for [`Error::OutcomeUnknown`]: the request may or may not have

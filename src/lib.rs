@@ -96,7 +96,9 @@
 //! ## Deployments
 //!
 //! The constructor picks the deployment; the lock types stay the same
-//! ([`LockClient::deployment`] tells which):
+//! ([`LockClient::deployment`] tells which). [`LockClient::builder`] covers
+//! every deployment with every setting (timeout, pool size, notify on or
+//! off, default options); the `open*` constructors are its short forms:
 //!
 //! * [`LockClient::open`]: one server.
 //! * [`LockClient::open_sentinel`]: the primary Redis Sentinel names, found
@@ -198,44 +200,34 @@
 
 #![warn(missing_docs)]
 
-mod backend;
-mod backoff;
-mod channel;
+// The layers, lowest first; each may use only the layers before it in
+// this list (checked by `tests/layers.rs`; see ARCHITECTURE.md):
+//
+// layers: error lease wait conn script notify renew client mutex family
 mod client;
+mod conn;
 mod error;
-mod guard;
-mod lock;
-mod loss;
-mod options;
-mod policy;
-mod queue;
-mod redlock;
-mod reentrancy;
-mod reentrant;
-mod release;
-mod resp;
-mod rwlock;
-mod scripts;
-mod stats;
-mod subscriber;
-mod watchdog;
-mod worker;
+mod family;
+mod lease;
+mod mutex;
+mod notify;
+mod renew;
+mod script;
+mod wait;
 
-pub use backend::{Connection, Deployment};
-pub use channel::{fence_key, release_channel};
+pub use client::builder::LockClientBuilder;
+pub use client::options::{Backoff, HandoffBudget, LockOptions, Release, WaitMode};
 pub use client::{DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT, LockClient, MAX_TIMEOUT};
+pub use conn::backend::{Connection, Deployment};
+pub use conn::stats::LockStats;
 pub use error::{Error, NotHeldReason};
-pub use guard::LockGuard;
-pub use lock::DistributedLock;
-pub use loss::{LossReason, LossSignal};
-pub use options::{Backoff, HandoffBudget, LockOptions, Release, WaitMode};
-pub use redlock::{RedLock, RedLockGuard};
-pub use reentrant::{ReentrantGuard, ReentrantLock, Unlocked};
-pub use rwlock::{RwGuard, RwLock};
-pub use stats::LockStats;
-pub use subscriber::THREAD_NAME as SUBSCRIBER_THREAD_NAME;
-/// The name of a client's watchdog thread.
-pub const WATCHDOG_THREAD_NAME: &str = watchdog::THREAD_NAME;
+pub use family::redlock::{RedLock, RedLockGuard};
+pub use family::reentrant::{ReentrantGuard, ReentrantLock, Unlocked};
+pub use family::rwlock::{RwGuard, RwLock};
+pub use lease::loss::{LossReason, LossSignal};
+pub use mutex::DistributedLock;
+pub use mutex::guard::LockGuard;
+pub use script::names::{fence_key, release_channel};
 
 /// The connection pool type a [`LockClient`] is built on.
 pub type Pool = r2d2::Pool<redis::Client>;

@@ -16,7 +16,11 @@ fn next_transaction_runs(server: &RedisServer, client: &redmutex::LockClient, ke
     let mut outside = server.conn();
     let _: () = outside.set(key, "touched").expect("SET");
     let _: () = outside.del(key).expect("DEL");
-    let mut pooled = client.pool().get().expect("the pool's only connection");
+    let mut pooled = client
+        .pool()
+        .expect("a single-node client")
+        .get()
+        .expect("the pool's only connection");
     let executed: Option<(String,)> = redis::pipe()
         .atomic()
         .cmd("SET")
@@ -34,7 +38,11 @@ fn the_check_detects_a_leftover_watch() {
     let server = RedisServer::start();
     let client = server.lock_client_single();
     {
-        let mut pooled = client.pool().get().expect("connection");
+        let mut pooled = client
+            .pool()
+            .expect("a single-node client")
+            .get()
+            .expect("connection");
         let _: () = redis::cmd("WATCH")
             .arg("k")
             .query(&mut *pooled)

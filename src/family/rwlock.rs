@@ -1,17 +1,33 @@
 //! `RwLock`: many readers or one writer, all state in one hash (seed 004's
 //! cluster variant, fixed so a reader can only release itself).
 
+use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backoff::{SystemClock, ThreadJitter, retry_until};
 use crate::client::LockClient;
+use crate::client::options::{LockOptions, MAX_TTL, WaitMode, ttl_millis};
+use crate::client::release;
+use crate::conn::policy::Op;
 use crate::error::{Error, NotHeldReason};
-use crate::guard::remaining;
-use crate::options::{LockOptions, WaitMode, ttl_millis};
-use crate::policy::Op;
-use crate::queue::{Handoff, HeadPacing, Turn, clamp, later};
-use crate::watchdog::OrphanKind;
-use crate::{channel, release, scripts};
+use crate::lease::remaining;
+use crate::renew::watchdog::OrphanKind;
+use crate::script::{self, names};
+use crate::wait::acquire::{Attempt, Contender, Queued, Waiting, Within, acquire, blocking};
+use crate::wait::queue::Queues;
+
+/// The read-write lock's state in one client: its wait queues, apart from
+/// plain locks of the same name. Nothing is ever handed over.
+#[derive(Default)]
+struct Local {
+    queues: Queues<Infallible>,
+}
+
+impl std::fmt::Debug for Local {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Local").finish_non_exhaustive()
+    }
+}
 
 /// A distributed read-write lock: any number of readers, or one writer.
 ///
@@ -47,6 +63,7 @@ use crate::{channel, release, scripts};
 #[derive(Clone, Debug)]
 pub struct RwLock {
     client: LockClient,
+    local: Arc<Local>,
     key: String,
     options: LockOptions,
     prefer_readers: bool,
@@ -82,6 +99,7 @@ impl RwLock {
     ) -> RwLock {
         RwLock {
             client: client.clone(),
+            local: client.local::<Local>(),
             key: key.into(),
             options,
             prefer_readers: false,
@@ -117,8 +135,9 @@ impl RwLock {
     /// # Errors
     ///
     /// As [`RwLock::read`], without [`Error::Timeout`].
+    #[must_use = "the guard is the lock: dropping it at once releases the lock"]
     pub fn try_read(&self) -> Result<Option<RwGuard>, Error> {
-        self.acquire(Mode::Read, Some(Instant::now()))
+        self.acquire(Mode::Read, Within::Once)
     }
 
     /// Attempts a read lock until `wait` has passed.
@@ -126,8 +145,9 @@ impl RwLock {
     /// # Errors
     ///
     /// As [`RwLock::read`], without [`Error::Timeout`].
+    #[must_use = "the guard is the lock: dropping it at once releases the lock"]
     pub fn try_read_for(&self, wait: Duration) -> Result<Option<RwGuard>, Error> {
-        self.acquire(Mode::Read, Instant::now().checked_add(wait))
+        self.acquire(Mode::Read, Within::For(wait))
     }
 
     /// Takes the write lock, waiting up to the options' `wait`.
@@ -144,8 +164,9 @@ impl RwLock {
     /// # Errors
     ///
     /// As [`RwLock::read`], without [`Error::Timeout`].
+    #[must_use = "the guard is the lock: dropping it at once releases the lock"]
     pub fn try_write(&self) -> Result<Option<RwGuard>, Error> {
-        self.acquire(Mode::Write, Some(Instant::now()))
+        self.acquire(Mode::Write, Within::Once)
     }
 
     /// Attempts the write lock until `wait` has passed; while it waits, new
@@ -154,20 +175,18 @@ impl RwLock {
     /// # Errors
     ///
     /// As [`RwLock::read`], without [`Error::Timeout`].
+    #[must_use = "the guard is the lock: dropping it at once releases the lock"]
     pub fn try_write_for(&self, wait: Duration) -> Result<Option<RwGuard>, Error> {
-        self.acquire(Mode::Write, Instant::now().checked_add(wait))
+        self.acquire(Mode::Write, Within::For(wait))
     }
 
     fn blocking(&self, mode: Mode) -> Result<RwGuard, Error> {
-        let started = Instant::now();
-        self.acquire(mode, started.checked_add(self.options.wait))?
-            .ok_or_else(|| Error::Timeout {
-                key: self.key.clone(),
-                waited: started.elapsed(),
-            })
+        blocking(&self.key, self.options.wait, |within| {
+            self.acquire(mode, within)
+        })
     }
 
-    fn acquire(&self, mode: Mode, deadline: Option<Instant>) -> Result<Option<RwGuard>, Error> {
+    fn acquire(&self, mode: Mode, within: Within) -> Result<Option<RwGuard>, Error> {
         if self.key.is_empty() {
             return Err(Error::InvalidArgument(
                 "the lock key must not be empty".into(),
@@ -175,6 +194,7 @@ impl RwLock {
         }
         let millis = ttl_millis(self.options.ttl)?;
         self.client.check_key(&self.key)?;
+        let deadline = within.deadline();
         let token = uuid::Uuid::new_v4().to_string();
         let key = self.key.as_str();
         // A waiting writer stays registered a little longer than it sleeps
@@ -188,66 +208,40 @@ impl RwLock {
                     .max()
                     .saturating_mul(2)
                     .saturating_add(Duration::from_millis(200))
-                    .min(crate::options::MAX_TTL)
+                    .min(MAX_TTL)
                     .as_millis(),
             )
             .unwrap_or(u64::MAX),
         };
         let waiting_writer = mode == Mode::Write && deadline.is_none_or(|d| d > Instant::now());
-        let attempt = || -> Result<Result<RwGuard, Option<Duration>>, Error> {
-            let sent = Instant::now();
-            self.client.counters().commands(1);
-            let (acquired, wait_ms): (i64, i64) = self
-                .client
-                .run(Op::RwAcquire, key, |con, _| {
-                    scripts::RW_ACQUIRE
-                        .key(key)
-                        .arg(&token)
-                        .arg(mode.code())
-                        .arg(millis)
-                        .arg(if waiting_writer || mode == Mode::Read {
-                            fourth
-                        } else {
-                            0
-                        })
-                        .invoke(con)
-                })
-                .inspect_err(|err| {
-                    if err.is_outcome_unknown() {
-                        // A grant (or a writer's place in line) may have
-                        // been written: take every field of it out again.
-                        self.client.orphan(
-                            key,
-                            OrphanKind::Rw {
-                                token: token.clone(),
-                            },
-                        );
-                    }
-                })?;
-            Ok(if acquired == 1 {
-                Ok(RwGuard {
-                    client: self.client.clone(),
-                    key: self.key.clone(),
-                    token: token.clone(),
-                    mode,
-                    sent,
-                    ttl: Duration::from_millis(millis),
-                    released: false,
-                })
+        let mut contender = Grant {
+            lock: self,
+            token: &token,
+            mode,
+            millis,
+            fourth: if waiting_writer || mode == Mode::Read {
+                fourth
             } else {
-                Err(u64::try_from(wait_ms).ok().map(Duration::from_millis))
-            })
+                0
+            },
         };
-        let result = match self.options.wait_mode {
-            WaitMode::Spin => retry_until(
-                &SystemClock,
-                &mut ThreadJitter,
-                self.options.backoff,
-                deadline,
-                || attempt().map(Result::ok),
-            ),
-            WaitMode::Notify => self.wait_notified(deadline, attempt),
+        let queue_key = format!("{}\u{0}rw", self.key);
+        let channel = names::release_channel(&self.key);
+        let subscribe = |waker| self.client.subscribe(&channel, waker);
+        let nothing = |never: Infallible| match never {};
+        let waiting = match self.options.wait_mode {
+            WaitMode::Spin => Waiting::Spin,
+            WaitMode::Notify => Waiting::Queued(Queued {
+                queues: &self.local.queues,
+                key: &queue_key,
+                takes_handoffs: false,
+                // Readers share: a reader must not queue behind a reader.
+                barge: true,
+                on_orphan: &nothing,
+                subscribe: &subscribe,
+            }),
         };
+        let result = acquire(&mut contender, deadline, self.options.backoff, waiting);
         if waiting_writer
             && !matches!(result, Ok(Some(_)))
             && release_field(&self.client, key, &token, "q").is_err()
@@ -258,51 +252,67 @@ impl RwLock {
         }
         result
     }
+}
 
-    /// [`WaitMode::Notify`] for the read-write lock: one attempt at once;
-    /// then the threads of this client waiting for the key queue up (in a
-    /// queue of their own, apart from plain locks of the same name), and the
-    /// head sleeps between attempts until a release message, at most until
-    /// the earliest holder deadline or a backoff step.
-    fn wait_notified(
-        &self,
-        deadline: Option<Instant>,
-        mut attempt: impl FnMut() -> Result<Result<RwGuard, Option<Duration>>, Error>,
-    ) -> Result<Option<RwGuard>, Error> {
-        if let Ok(guard) = attempt()? {
-            return Ok(Some(guard));
+/// One acquisition of an [`RwLock`], seen by the acquire loop.
+struct Grant<'a> {
+    lock: &'a RwLock,
+    token: &'a str,
+    mode: Mode,
+    millis: u64,
+    /// The script's fourth argument: prefer readers (a read), or how long a
+    /// waiting writer stays registered (0: not waiting).
+    fourth: u64,
+}
+
+impl Contender for Grant<'_> {
+    type Won = RwGuard;
+    type Gift = Infallible;
+
+    fn attempt(&mut self, _quick: bool) -> Result<Attempt<RwGuard>, Error> {
+        let (client, key, token) = (&self.lock.client, self.lock.key.as_str(), self.token);
+        let sent = Instant::now();
+        client.counters().commands(1);
+        let (acquired, wait_ms): (i64, i64) = client
+            .run(Op::RwAcquire, key, |con, _| {
+                script::RW_ACQUIRE
+                    .key(key)
+                    .arg(token)
+                    .arg(self.mode.code())
+                    .arg(self.millis)
+                    .arg(self.fourth)
+                    .invoke(con)
+            })
+            .inspect_err(|err| {
+                if err.is_outcome_unknown() {
+                    // A grant (or a writer's place in line) may have been
+                    // written: take every field of it out again.
+                    client.orphan(
+                        key,
+                        OrphanKind::Rw {
+                            token: token.to_owned(),
+                        },
+                    );
+                }
+            })?;
+        if acquired != 1 {
+            return Ok(Attempt::Held(
+                u64::try_from(wait_ms).ok().map(Duration::from_millis),
+            ));
         }
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Ok(None);
-        }
-        let queue_key = format!("{}\u{0}rw", self.key);
-        let no_handoffs = |_: Handoff| {};
-        let waiter = self
-            .client
-            .queues()
-            .enqueue(&queue_key, false, &no_handoffs);
-        let channel = channel::release_channel(&self.key);
-        let mut pacing = HeadPacing::new(self.options.backoff);
-        loop {
-            match waiter.wait_turn(deadline) {
-                Turn::TimedOut => return Ok(None),
-                Turn::Gift(_) | Turn::Head => {}
-            }
-            let seen = pacing.before_attempt(
-                &waiter,
-                || self.client.subscriber().subscribe(&channel, waiter.queue()),
-                deadline,
-            );
-            let left = match attempt()? {
-                Ok(guard) => return Ok(Some(guard)),
-                Err(left) => left,
-            };
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                return Ok(None);
-            }
-            let _ = waiter.wait_release(seen, clamp(later(now, pacing.pause(left)), deadline));
-        }
+        Ok(Attempt::Won(RwGuard {
+            client: client.clone(),
+            key: key.to_owned(),
+            token: token.to_owned(),
+            mode: self.mode,
+            sent,
+            ttl: Duration::from_millis(self.millis),
+            released: false,
+        }))
+    }
+
+    fn accept(&mut self, gift: Infallible) -> Result<Option<RwGuard>, Error> {
+        match gift {}
     }
 }
 
@@ -310,13 +320,13 @@ impl RwLock {
 /// 1 released, 0 gone, -1 another writer holds the write lock. A release
 /// sent again after a lost reply answers from its marker.
 fn release_field(client: &LockClient, key: &str, token: &str, code: &str) -> Result<i64, Error> {
-    let channel = channel::release_channel(key);
+    let channel = names::release_channel(key);
     let (marker, millis) = release::marker_of(client, key, token);
     client.counters().commands(1);
     let markerless = std::cell::Cell::new(marker.is_none());
     let (reply, send) = client.run(Op::RwRelease, key, |con, send| {
         let reply: i64 = release::with_marker(client, marker.as_deref(), &markerless, |marker| {
-            let mut script = scripts::RW_RELEASE.key(key);
+            let mut script = script::RW_RELEASE.key(key);
             if let Some(marker) = marker {
                 script.key(marker);
             }

@@ -18,14 +18,14 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::backend::Backend;
+use crate::conn::backend::Backend;
+use crate::conn::policy::{self, Op};
+use crate::conn::stats::Stats;
+use crate::conn::worker::{STOP_WAIT, Worker};
 use crate::error::Error;
-use crate::guard::{drift, remaining};
-use crate::loss::{LossReason, LossState};
-use crate::policy::{self, Op};
-use crate::scripts;
-use crate::stats::Stats;
-use crate::worker::{STOP_WAIT, Worker};
+use crate::lease::loss::{LossReason, LossState};
+use crate::lease::{local_expiry, remaining};
+use crate::script;
 
 /// The watchdog thread's name.
 pub(crate) const THREAD_NAME: &str = "redmutex-dog";
@@ -55,11 +55,6 @@ struct EntryState {
     /// Bumped by every renewal: a renewal that started before another
     /// ended cannot tell which of the two Redis ran last.
     generation: u64,
-}
-
-/// The moment a lease sent at `sent` for `ttl` has no validity left.
-pub(crate) fn local_expiry(sent: Instant, ttl: Duration) -> Instant {
-    sent + ttl.saturating_sub(drift(ttl))
 }
 
 impl EntryState {
@@ -381,7 +376,7 @@ fn renew_due(shared: &Shared, entries: &[Arc<WatchEntry>]) -> Instant {
             for (d, reply) in due.iter().zip(replies) {
                 let reply = reply.and_then(|value| Ok(redis::from_redis_value::<i64>(value)?));
                 match reply {
-                    Ok(reply) => match scripts::owner_checked(reply) {
+                    Ok(reply) => match script::owner_checked(reply) {
                         Ok(()) => {
                             d.entry.renewed(sent, d.ttl, d.generation);
                             next = next.min(sent + d.ttl / 3);
@@ -424,7 +419,7 @@ fn renew(
         .iter()
         .map(|d| {
             let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(scripts::EXTEND.get_hash())
+            cmd.arg(script::EXTEND.get_hash())
                 .arg(1)
                 .arg(&d.entry.key)
                 .arg(&d.entry.token)
@@ -440,7 +435,7 @@ fn renew(
         Op::Renew,
         key,
         budget,
-        |con, _| scripts::pipelined(con, &calls, &[&scripts::EXTEND], &shared.stats),
+        |con, _| script::pipelined(con, &calls, &[&script::EXTEND], &shared.stats),
     )
 }
 
@@ -450,9 +445,9 @@ fn clean_orphans(shared: &Shared, mut orphans: Vec<Orphan>, budget: Duration) ->
     let key = orphans.first().map_or("", |o| o.key.as_str());
     shared.stats.commands(calls.len() as u64);
     let scripts: [&redis::Script; 3] = [
-        &scripts::RELEASE,
-        &scripts::REENTRANT_RELEASE,
-        &scripts::RW_RELEASE,
+        &script::RELEASE,
+        &script::REENTRANT_RELEASE,
+        &script::RW_RELEASE,
     ];
     let result = policy::run_within(
         &shared.backend,
@@ -460,7 +455,7 @@ fn clean_orphans(shared: &Shared, mut orphans: Vec<Orphan>, budget: Duration) ->
         Op::Cleanup,
         key,
         budget,
-        |con, _| scripts::pipelined(con, &calls, &scripts, &shared.stats),
+        |con, _| script::pipelined(con, &calls, &scripts, &shared.stats),
     );
     let now = Instant::now();
     match result {
@@ -496,11 +491,11 @@ fn clean_orphans(shared: &Shared, mut orphans: Vec<Orphan>, budget: Duration) ->
 /// The owner-checked release of what an orphan's request may have left,
 /// without a marker (nobody awaits its answer).
 fn cleanup_call(orphan: &Orphan) -> redis::Cmd {
-    let channel = crate::channel::release_channel(&orphan.key);
+    let channel = crate::script::names::release_channel(&orphan.key);
     let mut cmd = redis::cmd("EVALSHA");
     match &orphan.kind {
         OrphanKind::Plain { token } => {
-            cmd.arg(scripts::RELEASE.get_hash())
+            cmd.arg(script::RELEASE.get_hash())
                 .arg(1)
                 .arg(&orphan.key)
                 .arg(token)
@@ -508,7 +503,7 @@ fn cleanup_call(orphan: &Orphan) -> redis::Cmd {
                 .arg(1);
         }
         OrphanKind::Reentrant { owner, hold } => {
-            cmd.arg(scripts::REENTRANT_RELEASE.get_hash())
+            cmd.arg(script::REENTRANT_RELEASE.get_hash())
                 .arg(1)
                 .arg(&orphan.key)
                 .arg(owner)
@@ -516,7 +511,7 @@ fn cleanup_call(orphan: &Orphan) -> redis::Cmd {
                 .arg(1);
         }
         OrphanKind::Rw { token } => {
-            cmd.arg(scripts::RW_RELEASE.get_hash())
+            cmd.arg(script::RW_RELEASE.get_hash())
                 .arg(1)
                 .arg(&orphan.key)
                 .arg(token)

@@ -3,13 +3,15 @@
 //!
 //! The connection is not pooled: a connection in subscribe mode cannot run
 //! other commands, and a waiter must never hold a pooled connection the
-//! releaser needs. It speaks just enough RESP itself (`resp.rs`) so that the
-//! thread can block reading pushed messages while waiters write `SUBSCRIBE`
-//! and `UNSUBSCRIBE` on a clone of the socket: no polling, and a
-//! subscription is confirmed before the waiter's next attempt.
+//! releaser needs. The thread blocks reading pushed messages while waiters
+//! write `SUBSCRIBE` and `UNSUBSCRIBE` on the other half of the socket
+//! (`transport.rs`): no polling, and a subscription is confirmed before the
+//! waiter's next attempt.
 //!
-//! When the connection fails, every waiting queue is woken (its head falls
-//! back to backoff timing) and the thread reconnects and subscribes again.
+//! It wakes waiters through the [`Waker`] each subscription was made with,
+//! never by knowing who waits. When the connection fails, every waker is
+//! called (the waiting heads fall back to backoff timing) and the thread
+//! reconnects and subscribes again.
 //!
 //! A half-open link (the peer gone without a reset, a partition, a proxy
 //! that holds the socket) would look alive for ever to a reader that only
@@ -21,248 +23,25 @@
 //! connection, and its waiters fall back to backoff timing at once.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{Shutdown, TcpStream, ToSocketAddrs};
-#[cfg(unix)]
-use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Weak};
+use std::io;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
+use redis::Value;
 
-use crate::queue::KeyQueue;
-use crate::resp::{self, Frame};
-use crate::stats::Stats;
-use crate::worker::{STOP_WAIT, Worker};
+use crate::conn::stats::Stats;
+use crate::conn::worker::{STOP_WAIT, Worker};
+use crate::notify::transport::{Reader, Source, Stream, connect, write_command};
 
-/// The name the subscriber connection gives itself (`CLIENT SETNAME`).
-pub(crate) const CONNECTION_NAME: &str = "redmutex-subscriber";
+/// Wakes the waiters of one channel: called on each release message, and
+/// when the connection is lost.
+pub(crate) type Waker = Arc<dyn Fn() + Send + Sync>;
+
 /// The subscriber thread's name (Linux keeps 15 bytes of it).
-pub const THREAD_NAME: &str = "redmutex-sub";
+pub(crate) const THREAD_NAME: &str = "redmutex-sub";
 const RECONNECT_MIN: Duration = Duration::from_millis(50);
 const RECONNECT_MAX: Duration = Duration::from_secs(2);
-
-/// Where and how to connect.
-#[derive(Clone, Debug)]
-enum Target {
-    Tcp {
-        host: String,
-        port: u16,
-    },
-    #[cfg(unix)]
-    Unix(std::path::PathBuf),
-}
-
-#[derive(Clone, Debug)]
-pub(crate) struct Endpoint {
-    target: Target,
-    username: Option<String>,
-    password: Option<String>,
-}
-
-impl Endpoint {
-    /// `None` for addresses this connection cannot speak to (TLS): waiters
-    /// then use backoff timing.
-    fn of(client: &redis::Client) -> Option<Endpoint> {
-        let info = client.get_connection_info();
-        let target = match info.addr() {
-            redis::ConnectionAddr::Tcp(host, port) => Target::Tcp {
-                host: host.clone(),
-                port: *port,
-            },
-            #[cfg(unix)]
-            redis::ConnectionAddr::Unix(path) => Target::Unix(path.clone()),
-            _ => return None,
-        };
-        let settings = info.redis_settings();
-        Some(Endpoint {
-            target,
-            username: settings.username().map(str::to_owned),
-            password: settings.password().map(str::to_owned),
-        })
-    }
-}
-
-/// Where the subscriber connects, asked again before every reconnection.
-pub(crate) enum Source {
-    /// Fixed servers, tried in turn: one node, or a cluster's seed nodes
-    /// (a `PUBLISH` on any cluster node reaches subscribers on every node).
-    Fixed(Vec<Endpoint>),
-    /// The primary the sentinels name now, so the subscriber follows a
-    /// failover. Asked with this module's own RESP and timeouts: a stalled
-    /// sentinel must not stall the thread (nor the client's drop).
-    Sentinel {
-        sentinels: Vec<Endpoint>,
-        master: String,
-        username: Option<String>,
-        password: Option<String>,
-    },
-}
-
-impl Source {
-    /// `None` when no server can be spoken to (TLS only).
-    pub(crate) fn servers<'a>(
-        clients: impl IntoIterator<Item = &'a redis::Client>,
-    ) -> Option<Source> {
-        let endpoints: Vec<Endpoint> = clients.into_iter().filter_map(Endpoint::of).collect();
-        (!endpoints.is_empty()).then_some(Source::Fixed(endpoints))
-    }
-
-    /// `None` when no sentinel can be spoken to (TLS only).
-    pub(crate) fn sentinel<'a>(
-        sentinels: impl IntoIterator<Item = &'a redis::Client>,
-        master: &str,
-        primary: &redis::RedisConnectionInfo,
-    ) -> Option<Source> {
-        let sentinels: Vec<Endpoint> = sentinels.into_iter().filter_map(Endpoint::of).collect();
-        (!sentinels.is_empty()).then(|| Source::Sentinel {
-            sentinels,
-            master: master.to_owned(),
-            username: primary.username().map(str::to_owned),
-            password: primary.password().map(str::to_owned),
-        })
-    }
-
-    /// The server for connection attempt number `attempt`.
-    fn resolve(&self, attempt: usize, timeout: Duration) -> io::Result<Endpoint> {
-        match self {
-            Source::Fixed(endpoints) => endpoints
-                .get(attempt % endpoints.len().max(1))
-                .cloned()
-                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no server")),
-            Source::Sentinel {
-                sentinels,
-                master,
-                username,
-                password,
-            } => {
-                let mut last = io::Error::new(io::ErrorKind::NotFound, "no sentinel");
-                for i in 0..sentinels.len() {
-                    let sentinel = &sentinels[(attempt + i) % sentinels.len()];
-                    match ask_sentinel(sentinel, master, timeout) {
-                        Ok((host, port)) => {
-                            return Ok(Endpoint {
-                                target: Target::Tcp { host, port },
-                                username: username.clone(),
-                                password: password.clone(),
-                            });
-                        }
-                        Err(err) => last = err,
-                    }
-                }
-                Err(last)
-            }
-        }
-    }
-}
-
-/// `SENTINEL GET-MASTER-ADDR-BY-NAME master` on one sentinel.
-fn ask_sentinel(sentinel: &Endpoint, master: &str, timeout: Duration) -> io::Result<(String, u16)> {
-    let (mut reader, mut writer) = open(sentinel, timeout)?;
-    resp::write_command(
-        &mut writer,
-        &[b"SENTINEL", b"GET-MASTER-ADDR-BY-NAME", master.as_bytes()],
-    )?;
-    let reply = resp::read_frame(&mut reader)?;
-    writer.shutdown();
-    if let Some(Frame::Array(Some(items))) = &reply
-        && let [host, port] = items.as_slice()
-        && let (Some(host), Some(port)) = (host.as_bytes(), port.as_bytes())
-        && let Ok(port) = String::from_utf8_lossy(port).parse::<u16>()
-    {
-        return Ok((String::from_utf8_lossy(host).into_owned(), port));
-    }
-    Err(io::Error::other(format!(
-        "the sentinel does not name a primary {master:?}: {reply:?}"
-    )))
-}
-
-enum Stream {
-    Tcp(TcpStream),
-    #[cfg(unix)]
-    Unix(UnixStream),
-}
-
-impl Stream {
-    fn connect(target: &Target, timeout: Duration) -> io::Result<Stream> {
-        match target {
-            Target::Tcp { host, port } => {
-                let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
-                for addr in (host.as_str(), *port).to_socket_addrs()? {
-                    match TcpStream::connect_timeout(&addr, timeout) {
-                        Ok(stream) => {
-                            stream.set_nodelay(true)?;
-                            redis::io::tcp::socket2::SockRef::from(&stream)
-                                .set_tcp_keepalive(&crate::backend::keepalive(timeout))?;
-                            return Ok(Stream::Tcp(stream));
-                        }
-                        Err(err) => last = err,
-                    }
-                }
-                Err(last)
-            }
-            #[cfg(unix)]
-            Target::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path)?)),
-        }
-    }
-
-    fn try_clone(&self) -> io::Result<Stream> {
-        Ok(match self {
-            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
-            #[cfg(unix)]
-            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
-        })
-    }
-
-    fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => {
-                s.set_read_timeout(read)?;
-                s.set_write_timeout(write)
-            }
-            #[cfg(unix)]
-            Stream::Unix(s) => {
-                s.set_read_timeout(read)?;
-                s.set_write_timeout(write)
-            }
-        }
-    }
-
-    fn shutdown(&self) {
-        let _ = match self {
-            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
-            #[cfg(unix)]
-            Stream::Unix(s) => s.shutdown(Shutdown::Both),
-        };
-    }
-}
-
-impl Read for Stream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.read(buf),
-            #[cfg(unix)]
-            Stream::Unix(s) => s.read(buf),
-        }
-    }
-}
-
-impl Write for Stream {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Stream::Tcp(s) => s.write(buf),
-            #[cfg(unix)]
-            Stream::Unix(s) => s.write(buf),
-        }
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.flush(),
-            #[cfg(unix)]
-            Stream::Unix(s) => s.flush(),
-        }
-    }
-}
 
 /// One channel's subscription state on the current connection.
 struct Channel {
@@ -276,7 +55,8 @@ struct Channel {
     /// The `sent` count of the SUBSCRIBE that must be acknowledged before
     /// the channel is live; `None` while unsubscribed.
     subscribe_at: Option<u64>,
-    queue: Weak<KeyQueue>,
+    /// The waker of the latest subscription to it.
+    waker: Option<Waker>,
 }
 
 impl Channel {
@@ -315,7 +95,7 @@ impl State {
         let Some(writer) = self.writer.as_mut() else {
             return false;
         };
-        match resp::write_command(writer, args) {
+        match write_command(writer, args) {
             Ok(()) => true,
             Err(err) => {
                 log::warn!("redmutex: subscriber write failed, reconnecting: {err}");
@@ -375,28 +155,45 @@ struct Shared {
 
 /// The client's subscriber: started on first use, stopped when dropped.
 pub(crate) struct Subscriber {
-    shared: Option<Arc<Shared>>,
+    /// Set once, when the client knows where to connect (at build, or by
+    /// `with_notify_client`).
+    shared: OnceLock<Arc<Shared>>,
+    stats: Arc<Stats>,
+    timeout: Duration,
 }
 
 impl Subscriber {
     pub(crate) fn new(source: Option<Source>, stats: Arc<Stats>, timeout: Duration) -> Subscriber {
-        let shared = source.map(|source| {
-            Arc::new(Shared {
-                source,
-                stats,
-                timeout,
-                state: Mutex::new(State::default()),
-                changed: Condvar::new(),
-            })
-        });
-        Subscriber { shared }
+        let subscriber = Subscriber {
+            shared: OnceLock::new(),
+            stats,
+            timeout,
+        };
+        if let Some(source) = source {
+            subscriber.set_source(source);
+        }
+        subscriber
     }
 
-    /// A handle that keeps `channel` subscribed while it lives, waking
-    /// `queue` on each release message. `None` when this client has no
+    /// Tells a subscriber without a server where to connect; `false` (and
+    /// nothing changes) when it has one.
+    pub(crate) fn set_source(&self, source: Source) -> bool {
+        self.shared
+            .set(Arc::new(Shared {
+                source,
+                stats: self.stats.clone(),
+                timeout: self.timeout,
+                state: Mutex::new(State::default()),
+                changed: Condvar::new(),
+            }))
+            .is_ok()
+    }
+
+    /// A handle that keeps `channel` subscribed while it lives, calling
+    /// `waker` on each release message. `None` when this client has no
     /// subscriber (TLS, or a pool given without a `redis::Client`).
-    pub(crate) fn subscribe(&self, channel: &str, queue: &Arc<KeyQueue>) -> Option<Subscription> {
-        let shared = self.shared.as_ref()?;
+    pub(crate) fn subscribe(&self, channel: &str, waker: Waker) -> Option<Subscription> {
+        let shared = self.shared.get()?;
         let mut state = shared.state.lock();
         if state.shutdown {
             return None;
@@ -406,10 +203,10 @@ impl Subscriber {
             sent: 0,
             acked: 0,
             subscribe_at: None,
-            queue: Weak::new(),
+            waker: None,
         });
         entry.refs += 1;
-        entry.queue = Arc::downgrade(queue);
+        entry.waker = Some(waker);
         if entry.subscribe_at.is_none() {
             state.subscribe(channel);
         }
@@ -430,7 +227,7 @@ impl Subscriber {
 
 impl Drop for Subscriber {
     fn drop(&mut self) {
-        let Some(shared) = &self.shared else {
+        let Some(shared) = self.shared.get() else {
             return;
         };
         let thread = {
@@ -552,7 +349,7 @@ fn run(shared: &Shared) {
             Err(err) => log::debug!("redmutex: subscriber cannot connect: {err}"),
         }
         // The connection is gone: waiters fall back to backoff timing.
-        let queues: Vec<Arc<KeyQueue>> = {
+        let wakers: Vec<Waker> = {
             let mut state = shared.state.lock();
             if let Some(writer) = state.writer.take() {
                 writer.shutdown();
@@ -565,63 +362,17 @@ fn run(shared: &Shared) {
             state
                 .channels
                 .values()
-                .filter_map(|c| c.queue.upgrade())
+                .filter_map(|c| c.waker.clone())
                 .collect()
         };
-        for queue in queues {
-            queue.wake();
+        for wake in wakers {
+            wake();
         }
         let mut state = shared.state.lock();
         if !state.shutdown {
             let _ = shared.changed.wait_for(&mut state, pause);
         }
         pause = (pause * 2).min(RECONNECT_MAX);
-    }
-}
-
-/// Connects with timeouts and authenticates; returns the reading and the
-/// writing halves.
-fn open(endpoint: &Endpoint, timeout: Duration) -> io::Result<(BufReader<Stream>, Stream)> {
-    let stream = Stream::connect(&endpoint.target, timeout)?;
-    stream.set_timeouts(Some(timeout), Some(timeout))?;
-    let mut writer = stream.try_clone()?;
-    let mut reader = BufReader::new(stream);
-    if let Some(password) = &endpoint.password {
-        let mut args: Vec<&[u8]> = vec![b"AUTH"];
-        if let Some(user) = &endpoint.username {
-            args.push(user.as_bytes());
-        }
-        args.push(password.as_bytes());
-        resp::write_command(&mut writer, &args)?;
-        expect_ok(&mut reader, "AUTH")?;
-    }
-    Ok((reader, writer))
-}
-
-/// Connects, authenticates and names the connection; returns the reading
-/// and the writing halves. From here on a read waits one timeout, then the
-/// heartbeat speaks.
-fn connect(endpoint: &Endpoint, timeout: Duration) -> io::Result<(BufReader<Stream>, Stream)> {
-    let (mut reader, mut writer) = open(endpoint, timeout)?;
-    resp::write_command(
-        &mut writer,
-        &[b"CLIENT", b"SETNAME", CONNECTION_NAME.as_bytes()],
-    )?;
-    // A name only helps operators; a user whose ACL refuses CLIENT still
-    // gets release messages.
-    if let Err(err) = expect_ok(&mut reader, "CLIENT SETNAME") {
-        log::debug!("redmutex: the subscriber connection stays unnamed: {err}");
-    }
-    Ok((reader, writer))
-}
-
-fn expect_ok(reader: &mut BufReader<Stream>, what: &str) -> io::Result<()> {
-    match resp::read_frame(reader)? {
-        Some(Frame::Simple(_)) => Ok(()),
-        Some(Frame::Error(err)) => Err(io::Error::other(format!("{what}: {err}"))),
-        other => Err(io::Error::other(format!(
-            "{what}: unexpected reply {other:?}"
-        ))),
     }
 }
 
@@ -641,20 +392,13 @@ fn heartbeat(shared: &Shared) -> bool {
 }
 
 /// Reads pushed frames until the connection ends or goes silent.
-fn read_pushes(shared: &Shared, mut reader: BufReader<Stream>) {
+fn read_pushes(shared: &Shared, mut reader: Reader) {
     loop {
-        // Waits for the next frame without consuming anything, so a
-        // timeout here loses nothing.
-        match reader.fill_buf() {
-            Ok([]) => return,
-            Ok(_) => {}
-            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
-            Err(err)
-                if matches!(
-                    err.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
+        let frame = match reader.read() {
+            Ok(frame) => frame,
+            // One timeout without a whole frame; a frame cut by it is kept
+            // by the parser and finished on the next read.
+            Err(err) if err.kind() == io::ErrorKind::TimedOut => {
                 if heartbeat(shared) {
                     continue;
                 }
@@ -665,34 +409,24 @@ fn read_pushes(shared: &Shared, mut reader: BufReader<Stream>) {
                 log::debug!("redmutex: subscriber connection ended: {err}");
                 return;
             }
-        }
-        let frame = match resp::read_frame(&mut reader) {
-            Ok(Some(frame)) => frame,
-            Ok(None) => return,
-            Err(err) => {
-                // A frame cut in the middle for a whole timeout, or garbage.
-                log::debug!("redmutex: subscriber connection ended: {err}");
-                return;
-            }
         };
         let mut state = shared.state.lock();
         state.ping_unanswered = false;
         match frame {
-            Frame::Array(Some(items)) => {
-                let (Some(kind), Some(name)) = (
-                    items.first().and_then(Frame::as_bytes),
-                    items.get(1).and_then(Frame::as_bytes),
-                ) else {
+            Value::Array(items) | Value::Push { data: items, .. } => {
+                let (Some(Value::BulkString(kind)), Some(Value::BulkString(name))) =
+                    (items.first(), items.get(1))
+                else {
                     continue;
                 };
                 let name = String::from_utf8_lossy(name).into_owned();
-                match kind {
+                match kind.as_slice() {
                     b"message" => {
-                        let queue = state.channels.get(&name).and_then(|c| c.queue.upgrade());
+                        let waker = state.channels.get(&name).and_then(|c| c.waker.clone());
                         drop(state);
                         shared.stats.notification();
-                        if let Some(queue) = queue {
-                            queue.wake();
+                        if let Some(wake) = waker {
+                            wake();
                         }
                     }
                     b"subscribe" | b"unsubscribe" => {
@@ -706,11 +440,11 @@ fn read_pushes(shared: &Shared, mut reader: BufReader<Stream>) {
                     _ => {}
                 }
             }
-            Frame::Simple(_) => {
+            Value::SimpleString(_) | Value::Okay => {
                 // +PONG, outside subscribe mode.
                 state.pending.pop_front();
             }
-            Frame::Error(err) => match state.pending.pop_front() {
+            Value::ServerError(err) => match state.pending.pop_front() {
                 Some(Pending::Subscribe(name)) => {
                     log::warn!(
                         "redmutex: the server refuses to subscribe to {name:?} ({err}); \

@@ -9,7 +9,77 @@ use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, Instant};
 
-use crate::options::Backoff;
+/// Exponential backoff with full jitter between attempts to acquire a held
+/// lock.
+///
+/// The n-th wait (counting from 0) is a uniformly random duration in
+/// `[0, min(max, initial * factor^n)]` ("full jitter"), and is never longer
+/// than the time left before the caller's deadline. The vocabulary follows
+/// crossbeam's `Backoff`: a fresh sequence per wait, stepped by each snooze.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    pub(crate) initial: Duration,
+    pub(crate) max: Duration,
+    pub(crate) factor: u32,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            initial: Duration::from_millis(2),
+            max: Duration::from_millis(64),
+            factor: 2,
+        }
+    }
+}
+
+impl Backoff {
+    /// A backoff starting at `initial` and growing by `factor` per attempt up
+    /// to `max`.
+    ///
+    /// A `factor` of 0 is treated as 1 (constant backoff), and a `max` below
+    /// `initial` as `initial`.
+    pub fn new(initial: Duration, max: Duration, factor: u32) -> Self {
+        Backoff {
+            initial,
+            max: max.max(initial),
+            factor: factor.max(1),
+        }
+    }
+
+    /// A constant upper bound: every wait is a random duration in `[0, delay]`.
+    pub fn constant(delay: Duration) -> Self {
+        Backoff::new(delay, delay, 1)
+    }
+
+    /// The first wait's upper bound. Defaults to 2 ms.
+    pub fn initial(&self) -> Duration {
+        self.initial
+    }
+
+    /// The cap on any wait's upper bound. Defaults to 64 ms.
+    pub fn max(&self) -> Duration {
+        self.max
+    }
+
+    /// The growth factor per attempt. Defaults to 2.
+    pub fn factor(&self) -> u32 {
+        self.factor
+    }
+
+    /// The upper bound of the `attempt`-th wait (counting from 0):
+    /// `min(max, initial * factor^attempt)`, computed without overflow.
+    pub(crate) fn ceiling(&self, attempt: u32) -> Duration {
+        let mut ceiling = self.initial;
+        for _ in 0..attempt {
+            if ceiling >= self.max {
+                break;
+            }
+            ceiling = ceiling.saturating_mul(self.factor);
+        }
+        ceiling.min(self.max)
+    }
+}
 
 /// Where the retry loop reads the time and how it sleeps.
 pub(crate) trait Clock {
@@ -131,6 +201,28 @@ pub(crate) fn retry_until<T, E>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ceiling_grows_then_caps() {
+        let b = Backoff::new(Duration::from_millis(2), Duration::from_millis(20), 2);
+        let got: Vec<u128> = (0..6).map(|n| b.ceiling(n).as_millis()).collect();
+        assert_eq!(got, vec![2, 4, 8, 16, 20, 20]);
+    }
+
+    #[test]
+    fn ceiling_never_overflows() {
+        let b = Backoff::new(Duration::from_millis(1), Duration::MAX, u32::MAX);
+        assert_eq!(b.ceiling(u32::MAX), Duration::MAX);
+    }
+
+    #[test]
+    fn degenerate_backoff_is_normalised() {
+        let b = Backoff::new(Duration::from_millis(5), Duration::from_millis(1), 0);
+        assert_eq!(b.max(), Duration::from_millis(5));
+        assert_eq!(b.factor(), 1);
+        assert_eq!(b.ceiling(10), Duration::from_millis(5));
+    }
+
     use std::cell::RefCell;
 
     /// A clock that only moves when slept on or told to.

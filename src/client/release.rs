@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use redis::{ConnectionLike, RedisResult, Value, pipe};
 
-use crate::backoff::{Jitter, ThreadJitter};
+use crate::conn::policy::{Op, Replied, marker_ttl};
+use crate::conn::stats::Stats;
 use crate::error::{Error, NotHeldReason};
-use crate::policy::{Op, Replied, marker_ttl};
-use crate::scripts;
-use crate::stats::Stats;
+use crate::script;
+use crate::wait::backoff::{Jitter, ThreadJitter};
 
 /// How many times the WATCH release starts over when `EXEC` aborts while the
 /// key still holds our token. An abort means someone wrote the key between
@@ -67,7 +67,7 @@ pub(crate) fn release_lua(
     markerless: &Cell<bool>,
 ) -> RedisResult<Outcome> {
     stats.commands(1);
-    let mut script = scripts::RELEASE.key(key);
+    let mut script = script::RELEASE.key(key);
     if let Some(marker) = marker.key {
         script.key(marker);
     }
@@ -221,14 +221,18 @@ fn unwatch(con: &mut dyn ConnectionLike, stats: &Stats) {
 /// `client`'s deployment. Outside a cluster every key has one; on a
 /// cluster only keys whose marker can share their slot (the others are
 /// refused before anything is sent).
-pub(crate) fn marker_of(client: &crate::LockClient, key: &str, id: &str) -> (Option<String>, u64) {
+pub(crate) fn marker_of(
+    client: &crate::client::LockClient,
+    key: &str,
+    id: &str,
+) -> (Option<String>, u64) {
     let millis = u64::try_from(marker_ttl(client.timeout()).as_millis()).unwrap_or(u64::MAX);
     let marker = if !client.markers_allowed() {
         None
-    } else if client.deployment() == crate::Deployment::Cluster {
-        crate::channel::release_marker(key, id)
+    } else if client.deployment() == crate::conn::backend::Deployment::Cluster {
+        crate::script::names::release_marker(key, id)
     } else {
-        Some(crate::channel::marker_anywhere(key, id))
+        Some(crate::script::names::marker_anywhere(key, id))
     };
     (marker, millis)
 }
@@ -238,7 +242,7 @@ pub(crate) fn marker_of(client: &crate::LockClient, key: &str, id: &str) -> (Opt
 /// nothing ran), once more without it; the client then stops asking for
 /// markers.
 pub(crate) fn with_marker<T>(
-    client: &crate::LockClient,
+    client: &crate::client::LockClient,
     marker: Option<&str>,
     markerless: &Cell<bool>,
     mut invoke: impl FnMut(Option<&str>) -> RedisResult<T>,
@@ -279,15 +283,16 @@ pub(crate) fn check_resend<T>(
     }
 }
 
-/// Releases `key` in Redis if it holds `token`, and tells this client's own
-/// queue (see [`Queues::released`](crate::queue::Queues::released)).
+/// Releases `key` in Redis if it holds `token`. `Ok` with how many
+/// subscribers the release message reached (`None`: not known, or an
+/// earlier send released it).
 pub(crate) fn release(
-    client: &crate::LockClient,
+    client: &crate::client::LockClient,
     key: &str,
     token: &str,
-    how: crate::Release,
-) -> Result<(), Error> {
-    let channel = crate::channel::release_channel(key);
+    how: crate::client::options::Release,
+) -> Result<Option<u64>, Error> {
+    let channel = crate::script::names::release_channel(key);
     let (marker_key, millis) = marker_of(client, key, token);
     let marker = Marker {
         key: marker_key.as_deref(),
@@ -297,14 +302,16 @@ pub(crate) fn release(
     let markerless = Cell::new(marker.key.is_none());
     let result = client.run(Op::Release, key, |con, send| {
         let outcome = match how {
-            crate::Release::Lua => with_marker(client, marker.key, &markerless, |key_of_marker| {
-                let marker = Marker {
-                    key: key_of_marker,
-                    ..marker
-                };
-                release_lua(con, stats, key, token, &channel, marker, &markerless)
-            })?,
-            crate::Release::Watch => {
+            crate::client::options::Release::Lua => {
+                with_marker(client, marker.key, &markerless, |key_of_marker| {
+                    let marker = Marker {
+                        key: key_of_marker,
+                        ..marker
+                    };
+                    release_lua(con, stats, key, token, &channel, marker, &markerless)
+                })?
+            }
+            crate::client::options::Release::Watch => {
                 release_watch(con, stats, key, token, &channel, marker, &markerless)?
             }
         };
@@ -313,13 +320,8 @@ pub(crate) fn release(
     let outcome = result.and_then(|(outcome, replied)| {
         check_resend(key, outcome, replied, !markerless.get(), millis)
     });
-    let receivers = match &outcome {
-        Ok(Ok(released)) => released.receivers(),
-        _ => None,
-    };
-    client.queues().released(key, receivers);
     outcome?
-        .map(|_| ())
+        .map(Released::receivers)
         .map_err(|reason| Error::not_held(key, reason))
 }
 

@@ -1,20 +1,38 @@
-//! `DistributedLock`: one key, and the ways to acquire it.
+//! The plain lock: `DistributedLock` (one key, and the ways to acquire it),
+//! its lease, its guard and the thread-local holds.
+//!
+//! Depends on `client`, `wait`, `renew`, `lease` and `script`. Supplies the
+//! acquire loop with one attempt (`SET NX PX GET`, or `lua/acquire.lua` when
+//! the holder's time left or a fencing token is needed) and with handoffs
+//! taken from other threads of the same client.
+//!
+//! Invariants: a token is fresh per acquisition and never reused after a
+//! release; at most one lease per client, thread and key is live in the
+//! holds table; a lease is released exactly once, in Redis or by handing it
+//! to a queued thread, and whatever Redis may still hold after a failure
+//! goes to the client's cleanup.
+
+pub(crate) mod guard;
+pub(crate) mod holds;
+pub(crate) mod lease;
 
 use std::cell::Cell;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 
-use crate::backoff::{SystemClock, ThreadJitter, retry_until};
 use crate::client::LockClient;
+use crate::client::options::{LockOptions, WaitMode, check_min_replicas, ttl_millis};
+use crate::client::release;
+use crate::conn::policy::Op;
 use crate::error::Error;
-use crate::guard::{Lease, LockGuard};
-use crate::options::{LockOptions, WaitMode, check_min_replicas, ttl_millis};
-use crate::policy::Op;
-use crate::queue::{Handoff, HeadPacing, Turn, YIELD, clamp, later};
-use crate::watchdog::OrphanKind;
-use crate::{channel, reentrancy, release, scripts};
+use crate::mutex::guard::LockGuard;
+use crate::mutex::lease::{Handoff, Lease, Local, release_and_tell};
+use crate::renew::watchdog::OrphanKind;
+use crate::script::{self, names};
+use crate::wait::acquire::{Attempt, Contender, Queued, Waiting, Within, acquire, blocking};
 
 /// How long `force_release`'s marker lives: an hour.
 const FORCE_MARKER_MILLIS: u64 = 3_600_000;
@@ -40,6 +58,7 @@ const FORCE_MARKER_MILLIS: u64 = 3_600_000;
 #[derive(Clone, Debug)]
 pub struct DistributedLock {
     client: LockClient,
+    local: Arc<Local>,
     key: String,
     options: LockOptions,
 }
@@ -58,6 +77,7 @@ impl DistributedLock {
     ) -> DistributedLock {
         DistributedLock {
             client: client.clone(),
+            local: client.local::<Local>(),
             key: key.into(),
             options,
         }
@@ -85,15 +105,7 @@ impl DistributedLock {
     /// non-string value; [`Error::Redis`] or [`Error::Pool`] when Redis
     /// cannot be reached or fails (at once, not after the wait).
     pub fn lock(&self) -> Result<LockGuard, Error> {
-        let started = Instant::now();
-        let deadline = started.checked_add(self.options.wait);
-        match self.acquire(deadline)? {
-            Some(guard) => Ok(guard),
-            None => Err(Error::Timeout {
-                key: self.key.clone(),
-                waited: started.elapsed(),
-            }),
-        }
+        blocking(&self.key, self.options.wait, |within| self.acquire(within))
     }
 
     /// One attempt: `Ok(None)` when another owner holds the lock.
@@ -101,8 +113,9 @@ impl DistributedLock {
     /// # Errors
     ///
     /// As [`DistributedLock::lock`], without [`Error::Timeout`].
+    #[must_use = "the guard is the lock: dropping it at once releases the lock"]
     pub fn try_lock(&self) -> Result<Option<LockGuard>, Error> {
-        self.acquire(Some(Instant::now()))
+        self.acquire(Within::Once)
     }
 
     /// Attempts until the lock is had or `wait` has passed: `Ok(None)` when
@@ -111,8 +124,9 @@ impl DistributedLock {
     /// # Errors
     ///
     /// As [`DistributedLock::lock`], without [`Error::Timeout`].
+    #[must_use = "the guard is the lock: dropping it at once releases the lock"]
     pub fn try_lock_for(&self, wait: Duration) -> Result<Option<LockGuard>, Error> {
-        self.acquire(Instant::now().checked_add(wait))
+        self.acquire(Within::For(wait))
     }
 
     /// Attempts until the lock is had or `deadline` has passed (at least
@@ -122,8 +136,9 @@ impl DistributedLock {
     /// # Errors
     ///
     /// As [`DistributedLock::lock`], without [`Error::Timeout`].
+    #[must_use = "the guard is the lock: dropping it at once releases the lock"]
     pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockGuard>, Error> {
-        self.acquire(Some(deadline))
+        self.acquire(Within::Until(deadline))
     }
 
     /// Releases the lock held under `token` (owner-checked), for tools and
@@ -144,7 +159,13 @@ impl DistributedLock {
         }
         self.client.check_release(self.options.release)?;
         self.client.check_key(&self.key)?;
-        release::release(&self.client, &self.key, token, self.options.release)
+        release_and_tell(
+            &self.client,
+            &self.local,
+            &self.key,
+            token,
+            self.options.release,
+        )
     }
 
     /// Deletes the key whatever it holds, for operators breaking a lock
@@ -173,26 +194,24 @@ impl DistributedLock {
         self.client.check_key(&self.key)?;
         let key = self.key.as_str();
         let request = uuid::Uuid::new_v4().to_string();
-        let marker = channel::marker_anywhere(key, &request);
+        let marker = names::marker_anywhere(key, &request);
         // Long-lived (an operator's rare act): on a cluster redis-rs may
         // deliver a copy of the request much later than the first, and the
         // copy must still find the marker rather than delete a new lock.
         let millis = FORCE_MARKER_MILLIS;
         self.client.counters().commands(1);
         let token: Option<String> = self.client.run(Op::ForceRelease, key, |con, _| {
-            scripts::FORCE_RELEASE
+            script::FORCE_RELEASE
                 .key(key)
                 .key(&marker)
                 .arg(millis)
                 .invoke(con)
         })?;
-        self.client.queues().released(key, None);
+        self.local.queues.released(key, None);
         Ok(token)
     }
 
-    /// `deadline == None`: a wait so long that `Instant` cannot express its
-    /// end, taken as no limit.
-    fn acquire(&self, deadline: Option<Instant>) -> Result<Option<LockGuard>, Error> {
+    fn acquire(&self, within: Within) -> Result<Option<LockGuard>, Error> {
         if self.key.is_empty() {
             return Err(Error::InvalidArgument(
                 "the lock key must not be empty".into(),
@@ -202,42 +221,59 @@ impl DistributedLock {
         check_min_replicas(&self.options, self.client.timeout())?;
         self.client.check_release(self.options.release)?;
         self.client.check_key(&self.key)?;
-        if let Some(lease) = reentrancy::current(self.client.id(), &self.key) {
+        // A lease whose time is up is not re-entered: a new one is acquired
+        // (and replaces it in the table).
+        if let Some(lease) = holds::current::<Lease>(self.client.id(), &self.key)
+            && !lease.is_released()
+            && !lease.validity().is_zero()
+        {
             return Ok(Some(LockGuard::new(lease)));
         }
+        let deadline = within.deadline();
         let token = uuid::Uuid::new_v4().to_string();
-        let lease = match self.options.wait_mode {
-            WaitMode::Spin => retry_until(
-                &SystemClock,
-                &mut ThreadJitter,
-                self.options.backoff,
-                deadline,
-                || self.try_once(&token, millis),
-            )?,
-            WaitMode::Notify => self.acquire_queued(&token, millis, deadline)?,
+        let mut contender = Plain {
+            lock: self,
+            token: &token,
+            millis,
         };
+        // A lease handed to this waiter after it gave up, with nobody left
+        // to take it: released like any other (passed on, or unheld and
+        // released in Redis), so no local hold outlives it.
+        let release_orphan = |orphan: Handoff| {
+            drop(Lease::handed_over(
+                self.client.clone(),
+                self.local.clone(),
+                self.key.clone(),
+                &self.options,
+                orphan,
+            ));
+        };
+        let channel = names::release_channel(&self.key);
+        let subscribe = |waker| self.client.subscribe(&channel, waker);
+        let waiting = match self.options.wait_mode {
+            WaitMode::Spin => Waiting::Spin,
+            WaitMode::Notify => Waiting::Queued(Queued {
+                queues: &self.local.queues,
+                key: &self.key,
+                // A handed-over lease has the giver's token: no fencing
+                // token of its own, and no WAIT for replicas of it.
+                takes_handoffs: !self.options.fencing && self.options.min_replicas.is_none(),
+                barge: false,
+                on_orphan: &release_orphan,
+                subscribe: &subscribe,
+            }),
+        };
+        let lease = acquire(&mut contender, deadline, self.options.backoff, waiting)?;
         Ok(lease.map(|lease| {
-            reentrancy::enter(self.client.id(), &self.key, &lease);
+            holds::enter(self.client.id(), &self.key, &lease);
             LockGuard::new(lease)
         }))
-    }
-
-    /// One attempt without the holder's PTTL: the plain SET, or the acquire
-    /// script when a fencing token is needed.
-    fn try_once(&self, token: &str, millis: u64) -> Result<Option<Rc<Lease>>, Error> {
-        if !self.options.fencing {
-            return self.set_nx(token, millis);
-        }
-        Ok(match self.attempt(token, millis)? {
-            Attempt::Acquired(lease) => Some(lease),
-            Attempt::Held(_) => None,
-        })
     }
 
     /// `SET key token NX PX millis GET`: `nil` means we set it; our own
     /// token means an earlier send of this very request set it and its reply
     /// was lost.
-    fn set_nx(&self, token: &str, millis: u64) -> Result<Option<Rc<Lease>>, Error> {
+    fn set_nx(&self, token: &str, millis: u64) -> Result<Attempt<Rc<Lease>>, Error> {
         let key = self.key.as_str();
         let sent = Instant::now();
         self.client.counters().commands(1);
@@ -267,7 +303,11 @@ impl DistributedLock {
         });
         let (acquired, short) = self.settle(result, token, &set)?;
         self.check_replicated(short)?;
-        Ok(acquired.then(|| self.new_lease(token, sent, millis, None)))
+        Ok(if acquired {
+            Attempt::Won(self.new_lease(token, sent, millis, None))
+        } else {
+            Attempt::Held(None)
+        })
     }
 
     /// What a failed acquisition may have left: a key holding our token,
@@ -300,7 +340,7 @@ impl DistributedLock {
     /// again (owner-checked, same connection) and returns how many did.
     fn await_replicas(
         &self,
-        con: &mut crate::Connection,
+        con: &mut crate::conn::backend::Connection,
         token: &str,
         millis: u64,
         resend: bool,
@@ -311,7 +351,7 @@ impl DistributedLock {
         };
         if resend {
             self.client.counters().commands(1);
-            let _extended: i64 = scripts::EXTEND
+            let _extended: i64 = script::EXTEND
                 .key(&self.key)
                 .arg(token)
                 .arg(millis)
@@ -325,7 +365,7 @@ impl DistributedLock {
         let routed = con.on_cluster(|cluster| {
             // WAIT has no key, and redis-rs would ask every primary; it must
             // go to the key's primary, where this connection wrote it.
-            let route = Route::new(channel::slot(&self.key), SlotAddr::Master);
+            let route = Route::with_key(&self.key, SlotAddr::Master);
             cluster.route_command(
                 &wait,
                 RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
@@ -344,7 +384,7 @@ impl DistributedLock {
         if acked >= wanted {
             return Ok(None);
         }
-        let channel = channel::release_channel(&self.key);
+        let channel = names::release_channel(&self.key);
         let (marker, marker_millis) = release::marker_of(&self.client, &self.key, token);
         // The key was written by this very connection a moment ago; whatever
         // the outcome (released, or expired already), nothing stays ours.
@@ -369,11 +409,14 @@ impl DistributedLock {
     /// the `SET` and after the `WAIT` tells whether both ran on one
     /// connection, which `WAIT` needs. `None` elsewhere (no extra round
     /// trip).
-    fn node_connection_id(&self, con: &mut crate::Connection) -> redis::RedisResult<Option<i64>> {
+    fn node_connection_id(
+        &self,
+        con: &mut crate::conn::backend::Connection,
+    ) -> redis::RedisResult<Option<i64>> {
         if self.options.min_replicas.is_none() {
             return Ok(None);
         }
-        let route = Route::new(channel::slot(&self.key), SlotAddr::Master);
+        let route = Route::with_key(&self.key, SlotAddr::Master);
         let id = con.on_cluster(|cluster| {
             cluster.route_command(
                 redis::cmd("CLIENT").arg("ID"),
@@ -400,6 +443,7 @@ impl DistributedLock {
     fn new_lease(&self, token: &str, sent: Instant, millis: u64, fence: Option<u64>) -> Rc<Lease> {
         Rc::new(Lease::acquired(
             self.client.clone(),
+            self.local.clone(),
             self.key.clone(),
             token.to_owned(),
             &self.options,
@@ -410,15 +454,15 @@ impl DistributedLock {
     }
 
     /// `lua/acquire.lua`: the lease, or how long the holder has left.
-    fn attempt(&self, token: &str, millis: u64) -> Result<Attempt, Error> {
+    fn attempt(&self, token: &str, millis: u64) -> Result<Attempt<Rc<Lease>>, Error> {
         let key = self.key.as_str();
         let sent = Instant::now();
         self.client.counters().commands(1);
-        let fence_key = self.options.fencing.then(|| channel::fence_key(key));
+        let fence_key = self.options.fencing.then(|| names::fence_key(key));
         let set = Cell::new(false);
         let result = self.client.run(Op::AcquireScript, key, |con, send| {
             let connection = self.node_connection_id(con)?;
-            let mut script = scripts::ACQUIRE.key(key);
+            let mut script = script::ACQUIRE.key(key);
             if let Some(fence_key) = &fence_key {
                 script.key(fence_key);
             }
@@ -446,108 +490,11 @@ impl DistributedLock {
         self.check_replicated(short)?;
         Ok(if acquired == 1 {
             let fence = self.options.fencing.then_some(fence);
-            Attempt::Acquired(self.new_lease(token, sent, millis, fence))
+            Attempt::Won(self.new_lease(token, sent, millis, fence))
         } else {
             // -1: a key without expiry (not ours); wait for a message.
             Attempt::Held(u64::try_from(pttl).ok().map(Duration::from_millis))
         })
-    }
-
-    /// [`WaitMode::Notify`]: one attempt at once when no thread of this
-    /// client waits for the key; otherwise, or when held, queue up. The head
-    /// of the queue subscribes to the key's release channel before each
-    /// attempt, then sleeps until a release message, a handoff, the holder's
-    /// expiry or a backoff step, whichever comes first.
-    fn acquire_queued(
-        &self,
-        token: &str,
-        millis: u64,
-        deadline: Option<Instant>,
-    ) -> Result<Option<Rc<Lease>>, Error> {
-        let queues = self.client.queues();
-        if !queues.has_waiters(&self.key) && queues.held_until(&self.key).is_none() {
-            // The plain SET: Redis does less for it than for the script, and
-            // an uncontended lock needs no PTTL.
-            if let Some(lease) = self.try_once(token, millis)? {
-                return Ok(Some(lease));
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(None);
-            }
-        }
-        // A lease handed to this waiter after it gave up, with nobody left
-        // to take it: released like any other (passed on, or unheld and
-        // released in Redis), so no local hold outlives it.
-        let release_orphan = |orphan: Handoff| {
-            drop(Lease::handed_over(
-                self.client.clone(),
-                self.key.clone(),
-                &self.options,
-                orphan,
-            ));
-        };
-        // A handed-over lease has the giver's token: no fencing token of its
-        // own, and no WAIT for replicas of it.
-        let takes_handoffs = !self.options.fencing && self.options.min_replicas.is_none();
-        let waiter = queues.enqueue(&self.key, takes_handoffs, &release_orphan);
-        let channel = channel::release_channel(&self.key);
-        let mut pacing = HeadPacing::new(self.options.backoff);
-        loop {
-            match waiter.wait_turn(deadline) {
-                Turn::TimedOut => return Ok(None),
-                Turn::Gift(handoff) => {
-                    if let Some(lease) = self.take_handoff(handoff, millis)? {
-                        return Ok(Some(lease));
-                    }
-                    continue;
-                }
-                Turn::Head => {}
-            }
-            // A thread of this client holds the lock: wait for its handoff or
-            // release rather than ask Redis.
-            let seen = waiter.wakeups();
-            if let Some(held_until) = queues.held_until(&self.key) {
-                let until = clamp(held_until, deadline);
-                if let Some(handoff) = waiter.wait_release(seen, until)
-                    && let Some(lease) = self.take_handoff(handoff, millis)?
-                {
-                    return Ok(Some(lease));
-                }
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    return Ok(None);
-                }
-                continue;
-            }
-            // This client just released and other clients' waiters were
-            // told: let them have this turn.
-            if waiter.take_yield() {
-                let until = clamp(Instant::now() + YIELD, deadline);
-                if let Some(handoff) = waiter.wait_release(seen, until)
-                    && let Some(lease) = self.take_handoff(handoff, millis)?
-                {
-                    return Ok(Some(lease));
-                }
-            }
-            let seen = pacing.before_attempt(
-                &waiter,
-                || self.client.subscriber().subscribe(&channel, waiter.queue()),
-                deadline,
-            );
-            let pttl = match self.attempt(token, millis)? {
-                Attempt::Acquired(lease) => return Ok(Some(lease)),
-                Attempt::Held(pttl) => pttl,
-            };
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                return Ok(None);
-            }
-            let until = clamp(later(now, pacing.pause(pttl)), deadline);
-            if let Some(handoff) = waiter.wait_release(seen, until)
-                && let Some(lease) = self.take_handoff(handoff, millis)?
-            {
-                return Ok(Some(lease));
-            }
-        }
     }
 
     /// Takes a lease another thread of this client handed over: same token,
@@ -557,6 +504,7 @@ impl DistributedLock {
     fn take_handoff(&self, handoff: Handoff, millis: u64) -> Result<Option<Rc<Lease>>, Error> {
         let mut lease = Lease::handed_over(
             self.client.clone(),
+            self.local.clone(),
             self.key.clone(),
             &self.options,
             handoff,
@@ -586,8 +534,27 @@ impl DistributedLock {
     }
 }
 
-enum Attempt {
-    Acquired(Rc<Lease>),
-    /// Held by another owner, with this much lease left (`None`: no expiry).
-    Held(Option<Duration>),
+/// One acquisition of a [`DistributedLock`], seen by the acquire loop.
+struct Plain<'a> {
+    lock: &'a DistributedLock,
+    token: &'a str,
+    millis: u64,
+}
+
+impl Contender for Plain<'_> {
+    type Won = Rc<Lease>;
+    type Gift = Handoff;
+
+    /// Quick: the plain `SET` (Redis does less for it than for the script),
+    /// unless a fencing token is needed.
+    fn attempt(&mut self, quick: bool) -> Result<Attempt<Rc<Lease>>, Error> {
+        if quick && !self.lock.options.fencing {
+            return self.lock.set_nx(self.token, self.millis);
+        }
+        self.lock.attempt(self.token, self.millis)
+    }
+
+    fn accept(&mut self, gift: Handoff) -> Result<Option<Rc<Lease>>, Error> {
+        self.lock.take_handoff(gift, self.millis)
+    }
 }

@@ -1,4 +1,9 @@
-//! The Lua scripts, compiled in from `lua/` and sent with `EVALSHA`.
+//! The Lua scripts, compiled in from `lua/` and sent with `EVALSHA`, and
+//! the names derived from a lock key (`names`: channel, fence counter,
+//! release markers).
+//!
+//! Depends on `conn` only. Invariant: every auxiliary key a script touches
+//! carries the lock key's hash tag, so each script runs in one cluster slot.
 //!
 //! `redis::Script::invoke` tries `EVALSHA` and, when the server answers
 //! `NOSCRIPT` (after `SCRIPT FLUSH` or a restart), loads the script and tries
@@ -9,58 +14,60 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, RedisResult, Script, Value};
 
-use crate::backend::Connection;
-use crate::stats::Stats;
+use crate::conn::backend::Connection;
+use crate::conn::stats::Stats;
+
+pub(crate) mod names;
 
 /// `lua/acquire.lua`: SET NX PX GET (the fence counter bumped first), or
 /// the holder's PTTL. Returns `{1, 0, fence}` acquired or `{0, pttl, 0}`
 /// held.
 pub(crate) static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/acquire.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/acquire.lua")));
 
 /// `lua/release.lua`: owner-checked delete, marker and PUBLISH. Returns
 /// `{1, n}` released, `{2, 0}` released by an earlier run, `{0, 0}` gone,
 /// `{-1, 0}` other owner.
 pub(crate) static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/release.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/release.lua")));
 
 /// `lua/force_release.lua`: delete whatever the key holds, once per request.
 /// Returns the token it held, or nil.
 pub(crate) static FORCE_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/force_release.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/force_release.lua")));
 
 /// `lua/extend.lua`: owner-checked PEXPIRE. Returns 1 extended, 0 gone, -1 other owner.
 pub(crate) static EXTEND: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/extend.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/extend.lua")));
 
 /// `lua/reentrant_acquire.lua`: adds this hold's field. Returns `{count, pttl}`.
 pub(crate) static REENTRANT_ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/reentrant_acquire.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/reentrant_acquire.lua")));
 
 /// `lua/reentrant_release.lua`: removes this hold's field, DEL when none is
 /// left. Returns nil (not the owner), -1 gone, 0 still held, 1 released.
 pub(crate) static REENTRANT_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/reentrant_release.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/reentrant_release.lua")));
 
 /// `lua/reentrant_extend.lua`: owner-checked PEXPIRE. Returns 1, 0 gone, -1 other owner.
 pub(crate) static REENTRANT_EXTEND: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/reentrant_extend.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/reentrant_extend.lua")));
 
 /// `lua/rw_acquire.lua`: read or write acquire. Returns `{acquired, wait_ms}`.
 pub(crate) static RW_ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/rw_acquire.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/rw_acquire.lua")));
 
 /// `lua/rw_release.lua`: remove this holder's field(s). Returns 1, 0 gone,
 /// -1 other writer.
 pub(crate) static RW_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../lua/rw_release.lua")));
+    LazyLock::new(|| Script::new(include_str!("../../lua/rw_release.lua")));
 
 /// Reads the common reply of the owner-checked scripts.
-pub(crate) fn owner_checked(reply: i64) -> Result<(), crate::NotHeldReason> {
+pub(crate) fn owner_checked(reply: i64) -> Result<(), crate::error::NotHeldReason> {
     match reply {
         1 => Ok(()),
-        0 => Err(crate::NotHeldReason::Expired),
-        _ => Err(crate::NotHeldReason::OwnedByOther),
+        0 => Err(crate::error::NotHeldReason::Expired),
+        _ => Err(crate::error::NotHeldReason::OwnedByOther),
     }
 }
 

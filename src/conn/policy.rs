@@ -21,15 +21,15 @@
 //! that may have been applied and whose outcome could not be learned within
 //! the resend window is [`Error::OutcomeUnknown`]; an acquisition in that
 //! state is also handed to the client's cleanup, which releases its token
-//! (owner-checked) once Redis answers again (see [`crate::watchdog`]).
+//! (owner-checked) once Redis answers again (see [`crate::renew::watchdog`]).
 
 use std::time::{Duration, Instant};
 
 use redis::RedisResult;
 
-use crate::backend::{Backend, Connection, reply_lost};
+use crate::conn::backend::{Backend, Connection, reply_lost};
+use crate::conn::stats::Stats;
 use crate::error::Error;
-use crate::stats::Stats;
 
 /// Every operation the crate sends, with its answer to "what if the reply
 /// never comes back but Redis ran it?".
@@ -190,7 +190,7 @@ pub(crate) fn run_within<T>(
     mut send: impl FnMut(&mut Connection, Send) -> RedisResult<T>,
 ) -> Result<T, Error> {
     let window = resend_window(backend.timeout());
-    let cluster = backend.deployment() == crate::Deployment::Cluster;
+    let cluster = backend.deployment() == crate::conn::backend::Deployment::Cluster;
     let started = Instant::now();
     let ends = started.checked_add(budget);
     let mut first: Option<Instant> = None;

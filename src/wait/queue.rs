@@ -1,6 +1,11 @@
 //! Local wait queues: threads of one `LockClient` waiting for the same key
 //! line up in FIFO order, only the head talks to Redis, and a releasing
 //! holder can hand its lease straight to the head.
+//!
+//! Generic over what is handed over (`G`, a gift): the queue moves it from
+//! the releasing thread to the head and never looks inside. It knows nothing
+//! of Redis or of the subscriber either: a subscription is kept as a
+//! [`Feed`], and the subscriber wakes a queue through [`Waiter::waker`].
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -8,50 +13,52 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::backoff::{Snoozer, ThreadJitter};
-use crate::loss::LossState;
-use crate::options::Backoff;
-use crate::subscriber::Subscription;
-use crate::watchdog::WatchEntry;
-
-/// A lease passed from a releasing holder to a waiter of the same client,
-/// without Redis: the key keeps the same token and expiry.
-pub(crate) struct Handoff {
-    pub(crate) token: String,
-    /// When the request that set the current expiry was sent.
-    pub(crate) sent: Instant,
-    pub(crate) ttl: Duration,
-    /// Consecutive handoffs so far, this one included.
-    pub(crate) handoffs: u32,
-    /// When this token was acquired in Redis.
-    pub(crate) acquired_at: Instant,
-    /// The watchdog entry renewing this lease, which goes along with it.
-    pub(crate) watch: Option<Arc<WatchEntry>>,
-    /// The lease's loss signal, which goes along with it.
-    pub(crate) loss: Arc<LossState>,
+/// A subscription to the release messages of a key, kept by its queue
+/// while anyone waits (the subscriber's handle, seen from here).
+pub(crate) trait Feed: Send + Sync {
+    /// Whether release messages are being delivered now.
+    fn is_live(&self) -> bool;
+    /// Waits until live, at most until `until`.
+    fn wait_live(&self, until: Instant) -> bool;
 }
 
-struct Gift {
+/// Wakes a queue's head: what the subscriber calls on a release message or
+/// a lost connection.
+pub(crate) type Waker = Arc<dyn Fn() + Send + Sync>;
+
+struct Gift<G> {
     to: u64,
-    lease: Handoff,
+    lease: G,
 }
 
-#[derive(Default)]
-struct QueueState {
+struct QueueState<G> {
     next_ticket: u64,
     /// FIFO; each waiter sleeps on its own condition variable, so an event
     /// wakes the one thread it concerns, not the whole queue.
     waiters: VecDeque<Slot>,
-    gift: Option<Gift>,
+    gift: Option<Gift<G>>,
     /// Bumped whenever the lock may have become free (a release message, a
     /// release in Redis by this client, a lost subscriber connection).
     wakeups: u64,
     /// Keeps the key's release channel subscribed while anyone waits. In an
     /// `Arc` so it can be asked about without holding the queue's lock.
-    subscription: Option<Arc<Subscription>>,
+    subscription: Option<Arc<dyn Feed>>,
     /// Waiters of other clients were told of this client's last release:
     /// the head lets them try first.
     yield_turn: bool,
+}
+
+impl<G> Default for QueueState<G> {
+    fn default() -> Self {
+        QueueState {
+            next_ticket: 0,
+            waiters: VecDeque::new(),
+            gift: None,
+            wakeups: 0,
+            subscription: None,
+            yield_turn: false,
+        }
+    }
 }
 
 /// How long a head stands back after its own client's release reached
@@ -70,7 +77,7 @@ struct Slot {
     takes_handoffs: bool,
 }
 
-impl QueueState {
+impl<G> QueueState<G> {
     fn head(&self) -> Option<u64> {
         self.waiters.front().map(|slot| slot.ticket)
     }
@@ -83,11 +90,11 @@ impl QueueState {
 }
 
 /// The waiters of one key in one client.
-pub(crate) struct KeyQueue {
-    state: Mutex<QueueState>,
+pub(crate) struct KeyQueue<G> {
+    state: Mutex<QueueState<G>>,
 }
 
-impl KeyQueue {
+impl<G> KeyQueue<G> {
     /// The lock may be free: wake the head.
     pub(crate) fn wake(&self) {
         let mut state = self.state.lock();
@@ -97,26 +104,34 @@ impl KeyQueue {
 }
 
 /// All queues of one client, by key, and which keys its threads hold.
-#[derive(Default)]
-pub(crate) struct Queues {
-    by_key: Mutex<HashMap<String, Arc<KeyQueue>>>,
+pub(crate) struct Queues<G> {
+    by_key: Mutex<HashMap<String, Arc<KeyQueue<G>>>>,
     /// Keys a thread of this client holds, with the local end of the lease:
     /// while it lasts, queued threads wait for a handoff or a release
     /// instead of asking Redis for a lock their own process holds.
     held: Mutex<HashMap<String, (String, Instant)>>,
 }
 
+impl<G> Default for Queues<G> {
+    fn default() -> Self {
+        Queues {
+            by_key: Mutex::default(),
+            held: Mutex::default(),
+        }
+    }
+}
+
 /// What a waiter found when it looked at the queue.
-pub(crate) enum Turn {
+pub(crate) enum Turn<G> {
     /// A releasing holder handed this waiter its lease.
-    Gift(Handoff),
+    Gift(G),
     /// This waiter is at the front: its turn to ask Redis.
     Head,
     /// The deadline passed first.
     TimedOut,
 }
 
-impl Queues {
+impl<G: Send + 'static> Queues<G> {
     /// A thread of this client holds `key` under `token` until `until`
     /// (local clock).
     pub(crate) fn hold(&self, key: &str, token: &str, until: Instant) {
@@ -152,8 +167,8 @@ impl Queues {
         &'a self,
         key: &str,
         takes_handoffs: bool,
-        on_orphan: &'a dyn Fn(Handoff),
-    ) -> Waiter<'a> {
+        on_orphan: &'a dyn Fn(G),
+    ) -> Waiter<'a, G> {
         let mut by_key = self.by_key.lock();
         let queue = by_key
             .entry(key.to_owned())
@@ -188,7 +203,7 @@ impl Queues {
     /// Hands `lease` to the head of `key`'s queue, if anyone waits, the
     /// head takes handoffs and no other gift is pending. Gives the lease
     /// back otherwise.
-    pub(crate) fn offer(&self, key: &str, lease: Handoff) -> Result<(), Handoff> {
+    pub(crate) fn offer(&self, key: &str, lease: G) -> Result<(), G> {
         let queue = match self.by_key.lock().get(key) {
             Some(queue) => queue.clone(),
             None => return Err(lease),
@@ -239,23 +254,29 @@ impl Queues {
 /// A thread's place in a key's queue. Dropping it leaves the queue: a gift
 /// meant for it goes on to the next waiter, or, with nobody left, to
 /// `on_orphan`.
-pub(crate) struct Waiter<'a> {
-    queues: &'a Queues,
+pub(crate) struct Waiter<'a, G: Send + 'static> {
+    queues: &'a Queues<G>,
     key: String,
-    queue: Arc<KeyQueue>,
+    queue: Arc<KeyQueue<G>>,
     ticket: u64,
     wake: Arc<Condvar>,
-    on_orphan: &'a dyn Fn(Handoff),
+    on_orphan: &'a dyn Fn(G),
 }
 
-impl Waiter<'_> {
-    pub(crate) fn queue(&self) -> &Arc<KeyQueue> {
-        &self.queue
+impl<G: Send + 'static> Waiter<'_, G> {
+    /// What wakes this queue's head; it does not keep the queue alive.
+    pub(crate) fn waker(&self) -> Waker {
+        let queue = Arc::downgrade(&self.queue);
+        Arc::new(move || {
+            if let Some(queue) = queue.upgrade() {
+                queue.wake();
+            }
+        })
     }
 
     /// Waits until this waiter is given a lease, reaches the front, or
     /// `deadline` passes (`None`: no deadline).
-    pub(crate) fn wait_turn(&self, deadline: Option<Instant>) -> Turn {
+    pub(crate) fn wait_turn(&self, deadline: Option<Instant>) -> Turn<G> {
         let mut state = self.queue.state.lock();
         loop {
             if let Some(lease) = take_gift(&mut state, self.ticket) {
@@ -291,7 +312,7 @@ impl Waiter<'_> {
 
     /// As the head, after a failed attempt: waits until the lock may be free
     /// (a wake-up since `seen`), a lease is handed over, or `until`.
-    pub(crate) fn wait_release(&self, seen: u64, until: Instant) -> Option<Handoff> {
+    pub(crate) fn wait_release(&self, seen: u64, until: Instant) -> Option<G> {
         let mut state = self.queue.state.lock();
         loop {
             if let Some(lease) = take_gift(&mut state, self.ticket) {
@@ -306,7 +327,10 @@ impl Waiter<'_> {
     /// Gives the queue a subscription to keep while anyone waits, unless it
     /// has one; returns whether it is live. The subscriber is asked without
     /// the queue's lock held (it may be writing to its socket).
-    pub(crate) fn keep_subscribed(&self, subscribe: impl FnOnce() -> Option<Subscription>) -> bool {
+    pub(crate) fn keep_subscribed(
+        &self,
+        subscribe: impl FnOnce() -> Option<Box<dyn Feed>>,
+    ) -> bool {
         let kept = self.queue.state.lock().subscription.clone();
         if let Some(subscription) = kept {
             return subscription.is_live();
@@ -317,7 +341,7 @@ impl Waiter<'_> {
         let live = subscription.is_live();
         let mut state = self.queue.state.lock();
         if state.subscription.is_none() {
-            state.subscription = Some(Arc::new(subscription));
+            state.subscription = Some(Arc::from(subscription));
         }
         live
     }
@@ -328,7 +352,7 @@ impl Waiter<'_> {
         kept.is_some_and(|subscription| subscription.wait_live(until))
     }
 
-    fn leave_inner(&mut self) -> Option<Handoff> {
+    fn leave_inner(&mut self) -> Option<G> {
         let mut by_key = self.queues.by_key.lock();
         let mut state = self.queue.state.lock();
         let was_head = state.head() == Some(self.ticket);
@@ -379,7 +403,7 @@ impl Waiter<'_> {
     }
 }
 
-impl Drop for Waiter<'_> {
+impl<G: Send + 'static> Drop for Waiter<'_, G> {
     fn drop(&mut self) {
         if let Some(orphan) = self.leave_inner() {
             (self.on_orphan)(orphan);
@@ -387,75 +411,7 @@ impl Drop for Waiter<'_> {
     }
 }
 
-/// How long a head waits for its first subscription to be confirmed before
-/// it falls back to backoff timing for this round.
-const SUBSCRIBE_WAIT: Duration = Duration::from_millis(200);
-
-/// `now + wait`, or a day from now when that cannot be expressed (a
-/// caller's `Duration::MAX`): the sleeps that use it are bounded by a
-/// deadline or looked at again.
-pub(crate) fn later(now: Instant, wait: Duration) -> Instant {
-    now.checked_add(wait)
-        .unwrap_or_else(|| now + Duration::from_secs(24 * 3600))
-}
-
-/// `until`, or `deadline` if that comes first.
-pub(crate) fn clamp(until: Instant, deadline: Option<Instant>) -> Instant {
-    deadline.map_or(until, |d| d.min(until))
-}
-
-/// The pace of a queue head in notify mode: subscribed before every
-/// attempt, then asleep until a wake-up, at most a backoff step or the
-/// holder's time left; with no live subscription, a jittered backoff step as
-/// in spin mode.
-pub(crate) struct HeadPacing {
-    backoff: Backoff,
-    step: u32,
-    snoozer: Snoozer,
-    live: bool,
-}
-
-impl HeadPacing {
-    pub(crate) fn new(backoff: Backoff) -> HeadPacing {
-        HeadPacing {
-            backoff,
-            step: 0,
-            snoozer: Snoozer::new(backoff),
-            live: false,
-        }
-    }
-
-    /// Makes sure the release channel is subscribed before the attempt, so a
-    /// release right after a failed attempt is announced; returns the
-    /// wake-up count to wait on afterwards.
-    pub(crate) fn before_attempt(
-        &mut self,
-        waiter: &Waiter<'_>,
-        subscribe: impl FnOnce() -> Option<Subscription>,
-        deadline: Option<Instant>,
-    ) -> u64 {
-        self.live = waiter.keep_subscribed(subscribe)
-            || waiter.wait_subscribed(clamp(later(Instant::now(), SUBSCRIBE_WAIT), deadline));
-        waiter.wakeups()
-    }
-
-    /// How long to sleep after a failed attempt; `left` is the holder's
-    /// time left, when known.
-    pub(crate) fn pause(&mut self, left: Option<Duration>) -> Duration {
-        if !self.live {
-            return self.snoozer.snooze(&mut ThreadJitter);
-        }
-        // A message wakes the head; this is only the safety net for an
-        // expiry (no message) or a lost message.
-        let ceiling = self.backoff.ceiling(self.step);
-        self.step = self.step.saturating_add(1);
-        left.map_or(ceiling, |left| {
-            ceiling.min(left.saturating_add(Duration::from_millis(1)))
-        })
-    }
-}
-
-fn take_gift(state: &mut QueueState, ticket: u64) -> Option<Handoff> {
+fn take_gift<G>(state: &mut QueueState<G>, ticket: u64) -> Option<G> {
     if state.gift.as_ref().is_some_and(|g| g.to == ticket) {
         state.gift.take().map(|g| g.lease)
     } else {
@@ -468,15 +424,14 @@ mod tests {
     use super::*;
     use std::cell::RefCell;
 
+    /// The queue never looks inside a gift: a token will do.
+    struct Handoff {
+        token: String,
+    }
+
     fn lease(token: &str) -> Handoff {
         Handoff {
             token: token.into(),
-            sent: Instant::now(),
-            ttl: Duration::from_secs(1),
-            handoffs: 1,
-            acquired_at: Instant::now(),
-            watch: None,
-            loss: Arc::default(),
         }
     }
 
@@ -486,7 +441,7 @@ mod tests {
 
     #[test]
     fn only_the_first_in_line_is_head() {
-        let queues = Queues::default();
+        let queues = Queues::<Handoff>::default();
         let ignore = |_: Handoff| {};
         assert!(!queues.has_waiters("k"));
         let first = queues.enqueue("k", true, &ignore);
@@ -502,7 +457,7 @@ mod tests {
 
     #[test]
     fn a_handoff_goes_to_the_head_and_on_when_it_leaves() {
-        let queues = Queues::default();
+        let queues = Queues::<Handoff>::default();
         let ignore = |_: Handoff| {};
         assert!(queues.offer("k", lease("t")).is_err(), "nobody waits");
         let first = queues.enqueue("k", true, &ignore);
@@ -521,7 +476,7 @@ mod tests {
 
     #[test]
     fn an_untaken_gift_never_passes_to_a_waiter_that_refuses_handoffs() {
-        let queues = Queues::default();
+        let queues = Queues::<Handoff>::default();
         let orphans = RefCell::new(Vec::new());
         let collect = |h: Handoff| orphans.borrow_mut().push(h.token);
         let plain = queues.enqueue("k", true, &collect);
@@ -541,7 +496,7 @@ mod tests {
 
     #[test]
     fn an_untaken_handoff_is_returned_for_release() {
-        let queues = Queues::default();
+        let queues = Queues::<Handoff>::default();
         let orphans = RefCell::new(Vec::new());
         let collect = |h: Handoff| orphans.borrow_mut().push(h.token);
         let only = queues.enqueue("k", true, &collect);
@@ -553,7 +508,7 @@ mod tests {
 
     #[test]
     fn a_release_that_reached_others_makes_the_head_yield() {
-        let queues = Queues::default();
+        let queues = Queues::<Handoff>::default();
         let ignore = |_: Handoff| {};
         let head = queues.enqueue("k", true, &ignore);
         let seen = head.wakeups();
@@ -571,7 +526,7 @@ mod tests {
 
     #[test]
     fn local_holds_expire_by_the_clock() {
-        let queues = Queues::default();
+        let queues = Queues::<Handoff>::default();
         queues.hold("k", "t", Instant::now() + Duration::from_secs(5));
         assert!(queues.held_until("k").is_some());
         queues.hold("k", "t", Instant::now() - Duration::from_millis(1));

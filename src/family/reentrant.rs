@@ -2,28 +2,42 @@
 //! the owner (seed 001, as Redisson does it).
 
 use std::cell::Cell;
+use std::convert::Infallible;
 use std::marker::PhantomData;
 use std::rc::Rc;
 use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::backoff::{SystemClock, ThreadJitter, retry_until};
 use crate::client::LockClient;
+use crate::client::options::{LockOptions, ttl_millis};
+use crate::client::release;
+use crate::conn::policy::Op;
 use crate::error::{Error, NotHeldReason};
-use crate::guard::remaining;
-use crate::options::{LockOptions, ttl_millis};
-use crate::policy::Op;
-use crate::watchdog::OrphanKind;
-use crate::{release, scripts};
+use crate::lease::remaining;
+use crate::renew::watchdog::OrphanKind;
+use crate::script;
+use crate::wait::acquire::{Attempt, Contender, Waiting, Within, acquire, blocking};
 
 /// This process's part of every owner id: one UUID per process, so any
 /// `LockClient` of a thread re-enters what the thread holds.
 static PROCESS_ID: LazyLock<String> = LazyLock::new(|| uuid::Uuid::new_v4().to_string());
 
-/// The owner id of the calling thread: `<process uuid>:<thread id>`.
+/// Numbers threads in the order they first use a reentrant lock; never
+/// reused within the process (a `ThreadId` has no stable numeric form).
+static NEXT_THREAD: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static THREAD_NUMBER: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The owner id of the calling thread: `<process uuid>:<thread number>`.
 fn current_owner() -> String {
-    let thread = format!("{:?}", std::thread::current().id());
-    let thread = thread.trim_start_matches("ThreadId(").trim_end_matches(')');
+    // In a thread-local destructor the number may be gone: a fresh one
+    // still names no other live thread.
+    let thread = THREAD_NUMBER
+        .try_with(|n| *n)
+        .unwrap_or_else(|_| NEXT_THREAD.fetch_add(1, Ordering::Relaxed));
     format!("{}:{thread}", *PROCESS_ID)
 }
 
@@ -63,6 +77,7 @@ pub struct ReentrantLock {
 }
 
 /// What a [`ReentrantGuard::unlock`] did in Redis.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Unlocked {
     /// The count dropped but other holds of this owner remain.
@@ -104,12 +119,7 @@ impl ReentrantLock {
     /// empty key or a bad ttl; [`Error::WrongType`] when the key is not a
     /// hash (a plain lock's key, say); [`Error::Redis`] or [`Error::Pool`].
     pub fn lock(&self) -> Result<ReentrantGuard, Error> {
-        let started = Instant::now();
-        self.acquire(started.checked_add(self.options.wait))?
-            .ok_or_else(|| Error::Timeout {
-                key: self.key.clone(),
-                waited: started.elapsed(),
-            })
+        blocking(&self.key, self.options.wait, |within| self.acquire(within))
     }
 
     /// One attempt: `Ok(None)` when another owner holds it.
@@ -117,8 +127,9 @@ impl ReentrantLock {
     /// # Errors
     ///
     /// As [`ReentrantLock::lock`], without [`Error::Timeout`].
+    #[must_use = "the guard is the hold: dropping it at once releases it"]
     pub fn try_lock(&self) -> Result<Option<ReentrantGuard>, Error> {
-        self.acquire(Some(Instant::now()))
+        self.acquire(Within::Once)
     }
 
     /// Attempts until acquired or `wait` has passed.
@@ -126,8 +137,9 @@ impl ReentrantLock {
     /// # Errors
     ///
     /// As [`ReentrantLock::lock`], without [`Error::Timeout`].
+    #[must_use = "the guard is the hold: dropping it at once releases it"]
     pub fn try_lock_for(&self, wait: Duration) -> Result<Option<ReentrantGuard>, Error> {
-        self.acquire(Instant::now().checked_add(wait))
+        self.acquire(Within::For(wait))
     }
 
     /// Attempts until acquired or `deadline` has passed.
@@ -135,11 +147,12 @@ impl ReentrantLock {
     /// # Errors
     ///
     /// As [`ReentrantLock::lock`], without [`Error::Timeout`].
+    #[must_use = "the guard is the hold: dropping it at once releases it"]
     pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<ReentrantGuard>, Error> {
-        self.acquire(Some(deadline))
+        self.acquire(Within::Until(deadline))
     }
 
-    fn acquire(&self, deadline: Option<Instant>) -> Result<Option<ReentrantGuard>, Error> {
+    fn acquire(&self, within: Within) -> Result<Option<ReentrantGuard>, Error> {
         if self.key.is_empty() {
             return Err(Error::InvalidArgument(
                 "the lock key must not be empty".into(),
@@ -148,49 +161,84 @@ impl ReentrantLock {
         let millis = ttl_millis(self.options.ttl)?;
         self.client.check_key(&self.key)?;
         let owner = current_owner();
-        let key = self.key.as_str();
-        retry_until(
-            &SystemClock,
-            &mut ThreadJitter,
+        let mut contender = Hold {
+            lock: self,
+            owner: &owner,
+            millis,
+        };
+        // Holds live in Redis, not in a local queue: waiters poll.
+        acquire(
+            &mut contender,
+            within.deadline(),
             self.options.backoff,
-            deadline,
-            || {
-                let hold = uuid::Uuid::new_v4().to_string();
-                let sent = Instant::now();
-                self.client.counters().commands(1);
-                let acquired = self.client.run(Op::ReentrantAcquire, key, |con, _| {
-                    scripts::REENTRANT_ACQUIRE
-                        .key(key)
-                        .arg(&owner)
-                        .arg(millis)
-                        .arg(&hold)
-                        .invoke::<(u32, i64)>(con)
-                });
-                let (count, _pttl) = acquired.inspect_err(|err| {
-                    if err.is_outcome_unknown() {
-                        // The hold may have been added: take it out again.
-                        self.client.orphan(
-                            key,
-                            OrphanKind::Reentrant {
-                                owner: owner.clone(),
-                                hold: hold.clone(),
-                            },
-                        );
-                    }
-                })?;
-                Ok((count > 0).then(|| ReentrantGuard {
-                    client: self.client.clone(),
-                    key: self.key.clone(),
-                    owner: owner.clone(),
-                    hold,
-                    hold_count: count,
-                    sent,
-                    ttl: Duration::from_millis(millis),
-                    released: false,
-                    _thread_bound: PhantomData,
-                }))
-            },
+            Waiting::Spin,
         )
+    }
+}
+
+/// One acquisition of a [`ReentrantLock`], seen by the acquire loop.
+struct Hold<'a> {
+    lock: &'a ReentrantLock,
+    owner: &'a str,
+    millis: u64,
+}
+
+impl Contender for Hold<'_> {
+    type Won = ReentrantGuard;
+    type Gift = Infallible;
+
+    fn attempt(&mut self, _quick: bool) -> Result<Attempt<ReentrantGuard>, Error> {
+        let (client, key, owner, millis) = (
+            &self.lock.client,
+            self.lock.key.as_str(),
+            self.owner,
+            self.millis,
+        );
+        // A fresh hold id per attempt: a resend of this request recognises
+        // its own field, never another hold's.
+        let hold = uuid::Uuid::new_v4().to_string();
+        let sent = Instant::now();
+        client.counters().commands(1);
+        let acquired = client.run(Op::ReentrantAcquire, key, |con, _| {
+            script::REENTRANT_ACQUIRE
+                .key(key)
+                .arg(owner)
+                .arg(millis)
+                .arg(&hold)
+                .invoke::<(u32, i64)>(con)
+        });
+        let (count, pttl) = acquired.inspect_err(|err| {
+            if err.is_outcome_unknown() {
+                // The hold may have been added: take it out again.
+                client.orphan(
+                    key,
+                    OrphanKind::Reentrant {
+                        owner: owner.to_owned(),
+                        hold: hold.clone(),
+                    },
+                );
+            }
+        })?;
+        if count == 0 {
+            return Ok(Attempt::Held(
+                u64::try_from(pttl).ok().map(Duration::from_millis),
+            ));
+        }
+        Ok(Attempt::Won(ReentrantGuard {
+            client: client.clone(),
+            key: key.to_owned(),
+            owner: owner.to_owned(),
+            hold,
+            hold_count: count,
+            sent,
+            ttl: Duration::from_millis(millis),
+            released: false,
+            _thread_bound: PhantomData,
+        }))
+    }
+
+    fn accept(&mut self, gift: Infallible) -> Result<Option<ReentrantGuard>, Error> {
+        match gift {}
     }
 }
 
@@ -275,13 +323,13 @@ impl ReentrantGuard {
         let sent = Instant::now();
         self.client.counters().commands(1);
         let reply: i64 = self.client.run(Op::ReentrantExtend, key, |con, _| {
-            scripts::REENTRANT_EXTEND
+            script::REENTRANT_EXTEND
                 .key(key)
                 .arg(&self.owner)
                 .arg(millis)
                 .invoke(con)
         })?;
-        scripts::owner_checked(reply).map_err(|reason| Error::not_held(key, reason))?;
+        script::owner_checked(reply).map_err(|reason| Error::not_held(key, reason))?;
         self.sent = sent;
         self.ttl = Duration::from_millis(millis);
         Ok(())
@@ -313,7 +361,7 @@ impl ReentrantGuard {
             .run(Op::ReentrantRelease, key, |con, send| {
                 let reply: Option<i64> =
                     release::with_marker(&self.client, marker.as_deref(), &markerless, |marker| {
-                        let mut script = scripts::REENTRANT_RELEASE.key(key);
+                        let mut script = script::REENTRANT_RELEASE.key(key);
                         if let Some(marker) = marker {
                             script.key(marker);
                         }

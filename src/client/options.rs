@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use crate::error::Error;
+pub use crate::wait::backoff::Backoff;
 
 /// The shortest lease Redis can express (`PX` takes whole milliseconds).
 pub(crate) const MIN_TTL: Duration = Duration::from_millis(1);
@@ -12,6 +13,7 @@ pub(crate) const MAX_TTL: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 
 /// How a lock is released in Redis. Both are owner-checked: neither ever
 /// deletes a key that holds another owner's token.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Release {
     /// `EVALSHA` of `lua/release.lua`: compare and delete in one round trip.
@@ -28,6 +30,7 @@ pub enum Release {
 }
 
 /// How a waiter learns that a held lock may be free.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum WaitMode {
     /// Poll Redis with [`Backoff`] between attempts. Every waiting thread
@@ -47,78 +50,6 @@ pub enum WaitMode {
     ///   [`WaitMode::Spin`].
     #[default]
     Notify,
-}
-
-/// Exponential backoff with full jitter between attempts to acquire a held
-/// lock.
-///
-/// The n-th wait (counting from 0) is a uniformly random duration in
-/// `[0, min(max, initial * factor^n)]` ("full jitter"), and is never longer
-/// than the time left before the caller's deadline. The vocabulary follows
-/// crossbeam's `Backoff`: a fresh sequence per wait, stepped by each snooze.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backoff {
-    pub(crate) initial: Duration,
-    pub(crate) max: Duration,
-    pub(crate) factor: u32,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            initial: Duration::from_millis(2),
-            max: Duration::from_millis(64),
-            factor: 2,
-        }
-    }
-}
-
-impl Backoff {
-    /// A backoff starting at `initial` and growing by `factor` per attempt up
-    /// to `max`.
-    ///
-    /// A `factor` of 0 is treated as 1 (constant backoff), and a `max` below
-    /// `initial` as `initial`.
-    pub fn new(initial: Duration, max: Duration, factor: u32) -> Self {
-        Backoff {
-            initial,
-            max: max.max(initial),
-            factor: factor.max(1),
-        }
-    }
-
-    /// A constant upper bound: every wait is a random duration in `[0, delay]`.
-    pub fn constant(delay: Duration) -> Self {
-        Backoff::new(delay, delay, 1)
-    }
-
-    /// The first wait's upper bound. Defaults to 2 ms.
-    pub fn initial(&self) -> Duration {
-        self.initial
-    }
-
-    /// The cap on any wait's upper bound. Defaults to 64 ms.
-    pub fn max(&self) -> Duration {
-        self.max
-    }
-
-    /// The growth factor per attempt. Defaults to 2.
-    pub fn factor(&self) -> u32 {
-        self.factor
-    }
-
-    /// The upper bound of the `attempt`-th wait (counting from 0):
-    /// `min(max, initial * factor^attempt)`, computed without overflow.
-    pub(crate) fn ceiling(&self, attempt: u32) -> Duration {
-        let mut ceiling = self.initial;
-        for _ in 0..attempt {
-            if ceiling >= self.max {
-                break;
-            }
-            ceiling = ceiling.saturating_mul(self.factor);
-        }
-        ceiling.min(self.max)
-    }
 }
 
 /// Settings for a [`DistributedLock`](crate::DistributedLock).
@@ -154,10 +85,29 @@ pub struct LockOptions {
 /// before it must be released in Redis, so other processes get their turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HandoffBudget {
-    /// Consecutive handoffs at most.
-    pub max_handoffs: u32,
-    /// Time since the lease was acquired in Redis at most.
-    pub max_time: Duration,
+    pub(crate) max_handoffs: u32,
+    pub(crate) max_time: Duration,
+}
+
+impl HandoffBudget {
+    /// At most `max_handoffs` consecutive handoffs, and at most `max_time`
+    /// since the lease was acquired in Redis.
+    pub fn new(max_handoffs: u32, max_time: Duration) -> HandoffBudget {
+        HandoffBudget {
+            max_handoffs,
+            max_time,
+        }
+    }
+
+    /// Consecutive handoffs at most. Defaults to 32.
+    pub fn max_handoffs(&self) -> u32 {
+        self.max_handoffs
+    }
+
+    /// Time since the lease was acquired in Redis at most. Defaults to 10 ms.
+    pub fn max_time(&self) -> Duration {
+        self.max_time
+    }
 }
 
 impl Default for HandoffBudget {
@@ -399,27 +349,6 @@ pub(crate) fn ttl_millis(ttl: Duration) -> Result<u64, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ceiling_grows_then_caps() {
-        let b = Backoff::new(Duration::from_millis(2), Duration::from_millis(20), 2);
-        let got: Vec<u128> = (0..6).map(|n| b.ceiling(n).as_millis()).collect();
-        assert_eq!(got, vec![2, 4, 8, 16, 20, 20]);
-    }
-
-    #[test]
-    fn ceiling_never_overflows() {
-        let b = Backoff::new(Duration::from_millis(1), Duration::MAX, u32::MAX);
-        assert_eq!(b.ceiling(u32::MAX), Duration::MAX);
-    }
-
-    #[test]
-    fn degenerate_backoff_is_normalised() {
-        let b = Backoff::new(Duration::from_millis(5), Duration::from_millis(1), 0);
-        assert_eq!(b.max(), Duration::from_millis(5));
-        assert_eq!(b.factor(), 1);
-        assert_eq!(b.ceiling(10), Duration::from_millis(5));
-    }
 
     #[test]
     fn min_replicas_timeouts_are_checked() {

@@ -9,15 +9,17 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::backoff::{SystemClock, ThreadJitter, retry_until};
+use std::convert::Infallible;
+
 use crate::client::LockClient;
+use crate::client::options::{LockOptions, Release, ttl_millis};
+use crate::client::release;
+use crate::conn::policy::Op;
 use crate::error::{Error, NotHeldReason};
-use crate::guard::drift;
-use crate::options::{LockOptions, Release, ttl_millis};
-use crate::policy::Op;
-use crate::queue::later;
-use crate::watchdog::OrphanKind;
-use crate::{release, scripts};
+use crate::lease::{drift, later};
+use crate::renew::watchdog::OrphanKind;
+use crate::script;
+use crate::wait::acquire::{Attempt, Contender, Waiting, Within, acquire};
 
 /// A lock held on a majority of N independent Redis masters (RedLock).
 ///
@@ -75,7 +77,7 @@ impl Nodes {
     fn start(clients: Vec<LockClient>) -> Nodes {
         let cluster = clients
             .iter()
-            .any(|c| c.deployment() == crate::Deployment::Cluster);
+            .any(|c| c.deployment() == crate::conn::backend::Deployment::Cluster);
         let workers = clients
             .into_iter()
             .map(|client| {
@@ -224,22 +226,18 @@ impl RedLock {
     /// for an empty key or a bad ttl.
     pub fn lock(&self) -> Result<RedLockGuard, Error> {
         let started = Instant::now();
-        let mut last = None;
-        let guard = retry_until(
-            &SystemClock,
-            &mut ThreadJitter,
+        let mut rounds = Rounds {
+            lock: self,
+            last: None,
+        };
+        let guard = acquire(
+            &mut rounds,
+            Within::For(self.options.wait).deadline(),
             self.options.backoff,
-            started.checked_add(self.options.wait),
-            || match self.attempt()? {
-                Ok(guard) => Ok(Some(guard)),
-                Err(failure) => {
-                    last = Some(failure);
-                    Ok::<_, Error>(None)
-                }
-            },
+            Waiting::Spin,
         )?;
         guard.ok_or_else(|| {
-            last.unwrap_or_else(|| Error::Timeout {
+            rounds.last.unwrap_or_else(|| Error::Timeout {
                 key: self.key.clone(),
                 waited: started.elapsed(),
             })
@@ -251,8 +249,9 @@ impl RedLock {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for an empty key or a bad ttl.
+    #[must_use = "the guard is the lock: dropping it at once releases the lock"]
     pub fn try_lock(&self) -> Result<Option<RedLockGuard>, Error> {
-        Ok(self.attempt()?.ok())
+        self.try_within(Within::Once)
     }
 
     /// Attempts until acquired or `wait` has passed.
@@ -260,8 +259,9 @@ impl RedLock {
     /// # Errors
     ///
     /// As [`RedLock::try_lock`].
+    #[must_use = "the guard is the lock: dropping it at once releases the lock"]
     pub fn try_lock_for(&self, wait: Duration) -> Result<Option<RedLockGuard>, Error> {
-        self.try_lock_until_opt(Instant::now().checked_add(wait))
+        self.try_within(Within::For(wait))
     }
 
     /// Attempts until acquired or `deadline` has passed.
@@ -269,17 +269,21 @@ impl RedLock {
     /// # Errors
     ///
     /// As [`RedLock::try_lock`].
+    #[must_use = "the guard is the lock: dropping it at once releases the lock"]
     pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<RedLockGuard>, Error> {
-        self.try_lock_until_opt(Some(deadline))
+        self.try_within(Within::Until(deadline))
     }
 
-    fn try_lock_until_opt(&self, deadline: Option<Instant>) -> Result<Option<RedLockGuard>, Error> {
-        retry_until(
-            &SystemClock,
-            &mut ThreadJitter,
+    fn try_within(&self, within: Within) -> Result<Option<RedLockGuard>, Error> {
+        let mut rounds = Rounds {
+            lock: self,
+            last: None,
+        };
+        acquire(
+            &mut rounds,
+            within.deadline(),
             self.options.backoff,
-            deadline,
-            || Ok(self.attempt()?.ok()),
+            Waiting::Spin,
         )
     }
 
@@ -373,6 +377,32 @@ impl RedLock {
     }
 }
 
+/// RedLock rounds, seen by the acquire loop; keeps the last failed round
+/// to report it.
+struct Rounds<'a> {
+    lock: &'a RedLock,
+    last: Option<Error>,
+}
+
+impl Contender for Rounds<'_> {
+    type Won = RedLockGuard;
+    type Gift = Infallible;
+
+    fn attempt(&mut self, _quick: bool) -> Result<Attempt<RedLockGuard>, Error> {
+        Ok(match self.lock.attempt()? {
+            Ok(guard) => Attempt::Won(guard),
+            Err(failure) => {
+                self.last = Some(failure);
+                Attempt::Held(None)
+            }
+        })
+    }
+
+    fn accept(&mut self, gift: Infallible) -> Result<Option<RedLockGuard>, Error> {
+        match gift {}
+    }
+}
+
 /// A RedLock held on a majority of nodes. Dropping it releases it on every
 /// node (best effort); [`RedLockGuard::unlock`] reports.
 #[must_use = "the lock is released as soon as the guard is dropped"]
@@ -411,7 +441,7 @@ impl RedLockGuard {
     ///
     /// # Errors
     ///
-    /// [`Error::Quorum`] when fewer than a majority extended: the lock must
+    /// [`Error::QuorumLost`] when fewer than a majority extended: the lock must
     /// be considered lost; [`Error::InvalidArgument`] for a bad ttl.
     pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         let millis = ttl_millis(ttl)?;
@@ -421,13 +451,9 @@ impl RedLockGuard {
         let results = settle(self.nodes.all(NODE_OP_WAIT, move |client| {
             client.counters().commands(1);
             let reply: i64 = client.run(Op::Extend, &key, |con, _| {
-                scripts::EXTEND
-                    .key(&key)
-                    .arg(&token)
-                    .arg(millis)
-                    .invoke(con)
+                script::EXTEND.key(&key).arg(&token).arg(millis).invoke(con)
             })?;
-            scripts::owner_checked(reply).map_err(|reason| Error::not_held(&key, reason))
+            script::owner_checked(reply).map_err(|reason| Error::not_held(&key, reason))
         }));
         let elapsed = started.elapsed();
         let extended = results.iter().filter(|r| r.is_ok()).count();
@@ -438,9 +464,9 @@ impl RedLockGuard {
                 self.ttl = ttl;
                 Ok(())
             }
-            _ => Err(Error::Quorum {
+            _ => Err(Error::QuorumLost {
                 key: self.key.clone(),
-                granted: extended,
+                extended,
                 needed: quorum,
                 failed: failures(&results),
             }),
@@ -452,7 +478,7 @@ impl RedLockGuard {
     /// # Errors
     ///
     /// [`Error::NotHeld`] when no node still held our token (the lease had
-    /// run out everywhere); [`Error::Quorum`] when some nodes could not be
+    /// run out everywhere); [`Error::NodesUnreachable`] when some nodes could not be
     /// reached (their keys expire by the ttl).
     pub fn unlock(mut self) -> Result<(), Error> {
         self.release()
@@ -462,17 +488,19 @@ impl RedLockGuard {
         self.released = true;
         let (key, token) = (self.key.clone(), self.token.clone());
         let results = settle(self.nodes.all(NODE_OP_WAIT, move |client| {
-            release::release(client, &key, &token, Release::Lua).inspect_err(|err| {
-                if err.may_leave_a_lease() {
-                    // Released on that node as soon as it answers.
-                    client.orphan(
-                        &key,
-                        OrphanKind::Plain {
-                            token: token.clone(),
-                        },
-                    );
-                }
-            })
+            release::release(client, &key, &token, Release::Lua)
+                .map(|_| ())
+                .inspect_err(|err| {
+                    if err.may_leave_a_lease() {
+                        // Released on that node as soon as it answers.
+                        client.orphan(
+                            &key,
+                            OrphanKind::Plain {
+                                token: token.clone(),
+                            },
+                        );
+                    }
+                })
         }));
         let released = results.iter().filter(|r| r.is_ok()).count();
         let unreachable = results
@@ -480,10 +508,10 @@ impl RedLockGuard {
             .filter(|r| matches!(r, Err(e) if e.is_connection()))
             .count();
         if unreachable > 0 {
-            return Err(Error::Quorum {
+            return Err(Error::NodesUnreachable {
                 key: self.key.clone(),
-                granted: released,
-                needed: self.nodes.len(),
+                released,
+                nodes: self.nodes.len(),
                 failed: failures(&results),
             });
         }

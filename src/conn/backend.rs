@@ -64,7 +64,7 @@ pub(crate) const POOL_THREAD_NAME: &str = "redmutex-pool-{}";
 /// Whether the request may have reached Redis while its reply never came
 /// back: the connection went away, timed out or was interrupted. Such a
 /// connection is never used again, and the operation is resent or reported
-/// as of unknown outcome (see [`crate::policy`]).
+/// as of unknown outcome (see [`crate::conn::policy`]).
 pub(crate) fn reply_lost(err: &RedisError) -> bool {
     err.is_io_error()
         || err.is_connection_dropped()

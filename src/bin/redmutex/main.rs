@@ -1,0 +1,306 @@
+//! `redmutex`: flock(1) for a fleet of machines.
+//!
+//! Exit codes (also in `--help` and the README):
+//!
+//! | code | meaning |
+//! |---|---|
+//! | the command's | `run`: the command ran; its exit code (128+N if killed by signal N) |
+//! | 0 | `status`, `release`: done |
+//! | 1 | the lock is held elsewhere (`run` did not start the command; `release --token`: not that token's) |
+//! | 2 | bad usage: unknown option, missing `--` or command, zero ttl |
+//! | 69 | Redis unreachable or failing (`EX_UNAVAILABLE`) |
+//! | 75 | `run`: the lock was lost, or could not be renewed, while the command ran; it was terminated (`EX_TEMPFAIL`) |
+//! | 128+N | `run`: signal N arrived while waiting for the lock; the command was not run |
+//! | 126 | `run`: the command cannot be executed |
+//! | 127 | `run`: the command was not found |
+
+use std::ffi::OsString;
+use std::io::{IsTerminal, Write};
+use std::process::{Command, ExitCode, ExitStatus};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+mod release;
+mod run;
+mod status;
+
+use clap::{Args, Parser, Subcommand};
+use redmutex::{DistributedLock, Error, LockClient, LockOptions, WaitMode};
+
+const EXIT_CONFLICT: u8 = 1;
+const EXIT_USAGE: u8 = 2;
+const EXIT_UNAVAILABLE: u8 = 69;
+const EXIT_LOST: u8 = 75;
+const EXIT_CANNOT_EXECUTE: u8 = 126;
+const EXIT_NOT_FOUND: u8 = 127;
+
+const AFTER_HELP: &str = "\
+Exit codes:
+  run      the command's own (128+N if killed by signal N)
+  0        status/release: done
+  1        the lock is held elsewhere: the command was not run (see --conflict-exit-code)
+  2        bad usage
+  69       Redis unreachable or failing
+  75       the lock was lost, or could not be renewed, while the command ran; the
+           command was terminated before the lease ran out
+  128+N    signal N arrived while waiting for the lock: the command was not run
+  126      the command cannot be executed
+  127      the command was not found
+
+Examples:
+  redmutex run --no-wait nightly-report -- ./report.sh
+  redmutex run --wait 5m --ttl 30s deploy:web -- ansible-playbook site.yml
+  redmutex status nightly-report --json
+  redmutex --cluster --url redis://10.0.0.1:7000,redis://10.0.0.2:7000 run job -- ./job.sh
+  redmutex --sentinel mymaster --url redis://10.0.0.1:26379,redis://10.0.0.2:26379 status job
+  redmutex release nightly-report --token 1f0c…";
+
+#[derive(Parser)]
+#[command(
+    name = "redmutex",
+    version,
+    about = "flock(1) for a fleet: run a command only while holding a Redis lock",
+    after_help = AFTER_HELP
+)]
+struct Cli {
+    /// Redis server URL; with --cluster or --sentinel, a comma-separated
+    /// list of cluster nodes or of sentinels.
+    #[arg(
+        long,
+        env = "REDMUTEX_URL",
+        default_value = "redis://127.0.0.1:6379",
+        global = true
+    )]
+    url: String,
+    /// The URLs are nodes of a Redis Cluster.
+    #[arg(
+        long,
+        env = "REDMUTEX_CLUSTER",
+        global = true,
+        conflicts_with = "sentinel"
+    )]
+    cluster: bool,
+    /// The URLs are sentinels; lock on the primary they name MASTER.
+    #[arg(long, env = "REDMUTEX_SENTINEL", global = true, value_name = "MASTER")]
+    sentinel: Option<String>,
+    /// Say nothing but errors.
+    #[arg(long, short, global = true, conflicts_with = "verbose")]
+    quiet: bool,
+    /// Say what is happening.
+    #[arg(long, short, global = true)]
+    verbose: bool,
+    #[command(subcommand)]
+    command: Sub,
+}
+
+#[derive(Subcommand)]
+enum Sub {
+    /// Acquire KEY, run CMD while holding it (lease kept alive), release it.
+    Run(RunArgs),
+    /// Show whether KEY is held, by whom and for how long.
+    Status(StatusArgs),
+    /// Release KEY: owner-checked with --token, or unconditionally with --force.
+    Release(ReleaseArgs),
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Wait at most this long for the lock (e.g. 30s, 5m).
+    #[arg(long, value_parser = parse_duration, default_value = "10s", conflicts_with = "no_wait")]
+    wait: Duration,
+    /// Do not wait: exit at once if the lock is held.
+    #[arg(long)]
+    no_wait: bool,
+    /// The lease; renewed every third of it while CMD runs.
+    #[arg(long, value_parser = parse_ttl, default_value = "30s")]
+    ttl: Duration,
+    /// Issue a fencing token and pass it to CMD in REDMUTEX_FENCING_TOKEN.
+    #[arg(long)]
+    fencing: bool,
+    /// Exit code when the lock cannot be had in time.
+    #[arg(long, default_value_t = EXIT_CONFLICT)]
+    conflict_exit_code: u8,
+    /// How much of the lease is left when CMD gets SIGTERM because
+    /// renewals fail (at most a third of the ttl); it gets SIGKILL with a
+    /// quarter of that left, so it is gone before the lease runs out and
+    /// another holder can take the lock. A lease found lost ends CMD the
+    /// same way at once.
+    #[arg(long, value_parser = parse_duration, default_value = "10s")]
+    kill_after: Duration,
+    /// The lock key.
+    key: String,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<OsString>,
+}
+
+#[derive(Args)]
+struct StatusArgs {
+    /// The lock key.
+    key: String,
+    /// Print JSON: {"key", "held", "token", "ttl_ms", "fencing_counter"}.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct ReleaseArgs {
+    /// The lock key.
+    key: String,
+    /// Release only if the key holds this token.
+    #[arg(long, required_unless_present = "force", conflicts_with = "force")]
+    token: Option<String>,
+    /// Delete the key whatever holds it, and print what was deleted.
+    #[arg(long)]
+    force: bool,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|e| format!("{e} (try 30s, 5m, 1h)"))
+}
+
+fn parse_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = parse_duration(text)?;
+    if ttl < Duration::from_millis(1) {
+        return Err("the ttl must be at least 1ms".into());
+    }
+    Ok(ttl)
+}
+
+/// A one-line failure with its exit code.
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+fn fail(code: u8, message: impl Into<String>) -> Failure {
+    Failure {
+        code,
+        message: message.into(),
+    }
+}
+
+fn redis_failure(err: Error) -> Failure {
+    match err {
+        Error::InvalidArgument(msg) => fail(EXIT_USAGE, msg),
+        other => fail(EXIT_UNAVAILABLE, other.to_string()),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let code = if err.use_stderr() { EXIT_USAGE } else { 0 };
+            let _ = err.print();
+            return ExitCode::from(code);
+        }
+    };
+    let outcome = match &cli.command {
+        Sub::Run(args) => run::run(&cli, args),
+        Sub::Status(args) => status::status(&cli, args),
+        Sub::Release(args) => release::release(&cli, args),
+    };
+    match outcome {
+        Ok(code) => ExitCode::from(code),
+        Err(failure) => {
+            eprintln!("redmutex: {}", failure.message);
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+fn client(cli: &Cli) -> Result<LockClient, Failure> {
+    let urls = || cli.url.split(',').map(str::trim).filter(|u| !u.is_empty());
+    let client = if cli.cluster {
+        LockClient::open_cluster(urls())
+    } else if let Some(master) = &cli.sentinel {
+        LockClient::open_sentinel(urls(), master)
+    } else {
+        LockClient::open(&cli.url)
+    };
+    client.map_err(redis_failure)
+}
+
+fn connection(client: &LockClient) -> Result<redmutex::Connection, Failure> {
+    client.connection().map_err(redis_failure)
+}
+
+fn say(cli: &Cli, message: std::fmt::Arguments<'_>) {
+    if !cli.quiet {
+        eprintln!("redmutex: {message}");
+    }
+}
+
+fn verbose(cli: &Cli, message: std::fmt::Arguments<'_>) {
+    if cli.verbose {
+        eprintln!("redmutex: {message}");
+    }
+}
+
+/// Who holds `key` and for how long, on a connection of `client`'s pool.
+/// (Two commands, not a pipeline: a cluster connection cannot pipeline.)
+fn holder(client: &LockClient, key: &str) -> Result<Option<(String, i64)>, Failure> {
+    let mut con = connection(client)?;
+    let token: Option<String> = redis::cmd("GET")
+        .arg(key)
+        .query(&mut con)
+        .map_err(|e| match e.code() {
+            Some("WRONGTYPE") => fail(
+                EXIT_UNAVAILABLE,
+                format!("{key:?} holds a non-string value: it is not a redmutex lock"),
+            ),
+            _ => redis_failure(Error::Redis(e)),
+        })?;
+    let Some(token) = token else {
+        return Ok(None);
+    };
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(key)
+        .query(&mut con)
+        .map_err(|e| redis_failure(Error::Redis(e)))?;
+    // -2: released between the two commands.
+    Ok((pttl != -2).then_some((token, pttl)))
+}
+
+fn short(token: &str) -> &str {
+    token.get(..8).unwrap_or(token)
+}
+
+fn ttl_text(pttl: i64) -> String {
+    if pttl < 0 {
+        "no expiry".into()
+    } else {
+        format!("{:.1}s left", pttl as f64 / 1000.0)
+    }
+}
+
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The URL (or comma-separated URLs) without passwords, for messages.
+fn redact(urls: &str) -> String {
+    let one = |url: &str| match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://…@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_owned(),
+    };
+    urls.split(',').map(one).collect::<Vec<_>>().join(",")
+}

@@ -1,0 +1,443 @@
+//! Every way to make a [`LockClient`]: [`LockClientBuilder`] for any
+//! deployment with every setting, the short forms (`open*`), and the
+//! wrappers of pools built by the caller (`new*`).
+
+use std::time::Duration;
+
+use redis::cluster::ClusterClient;
+use redis::sentinel::LockedSentinelClient;
+
+use crate::client::options::LockOptions;
+use crate::client::{
+    CLUSTER_RETRIES, DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT, LockClient, check_timeout, parse_url,
+    parse_urls,
+};
+use crate::conn::backend::{Backend, SentinelTarget, Target, tcp_settings};
+use crate::error::Error;
+use crate::notify::transport::Source;
+
+impl LockClient {
+    /// A builder for any deployment, with every setting: the long form of
+    /// [`LockClient::open`], [`LockClient::open_cluster`] and
+    /// [`LockClient::open_sentinel`].
+    pub fn builder() -> LockClientBuilder {
+        LockClientBuilder::default()
+    }
+
+    /// Builds a client with its own connection pool for the server at `url`
+    /// (`redis://[user:password@]host:port[/db]`).
+    ///
+    /// The pool opens connections lazily and keeps at most
+    /// [`DEFAULT_POOL_SIZE`]. [`DEFAULT_TIMEOUT`] bounds everything that
+    /// touches the network: connecting (the TCP connect and the handshake),
+    /// waiting for a pooled connection, and every read and write; so no lock
+    /// call can hang on a dead or stalled server, and the pool is usable
+    /// again within one timeout after the server heals. A connection whose
+    /// reply was lost is closed, never reused (a late reply cannot reach the
+    /// next user), and when one connection finds the server gone the pool's
+    /// older idle connections are discarded too, without a round trip. No
+    /// `PING` is sent per checkout. The server is not contacted here; an
+    /// unreachable one makes the first lock operation fail with
+    /// [`Error::Pool`] within the timeout.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when the URL does not parse.
+    pub fn open(url: &str) -> Result<LockClient, Error> {
+        LockClient::open_with_timeout(url, DEFAULT_TIMEOUT)
+    }
+
+    /// Like [`LockClient::open`], with `timeout` instead of
+    /// [`DEFAULT_TIMEOUT`] for getting a connection and for every read and
+    /// write.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when the URL does not parse or `timeout`
+    /// is zero or above [`MAX_TIMEOUT`](crate::MAX_TIMEOUT).
+    pub fn open_with_timeout(url: &str, timeout: Duration) -> Result<LockClient, Error> {
+        LockClient::builder().url(url).timeout(timeout).build()
+    }
+
+    /// Builds a client for a Redis Cluster, given the addresses of some of
+    /// its nodes (`redis://host:port`, any of them; the others are found
+    /// through `CLUSTER SLOTS`).
+    ///
+    /// Everything the crate sends touches one hash slot: a lock key's
+    /// fencing counter and release channel carry the key's hash tag (see
+    /// [`fence_key`](crate::fence_key)), scripts are routed by their first
+    /// key, `MOVED` and `ASK` redirections are followed, and a script the
+    /// node lost (`NOSCRIPT` after a failover, a resharding or a
+    /// `SCRIPT FLUSH`) is loaded on every primary and run again.
+    ///
+    /// What differs from a single node:
+    ///
+    /// * [`Release::Watch`](crate::client::options::Release::Watch) is refused with
+    ///   [`Error::InvalidArgument`]: a `WATCH` lives on one connection to one
+    ///   node, and a redirection between `WATCH` and `EXEC` would run the
+    ///   `DEL` on a node where nothing is watched, unchecked.
+    /// * Release messages go out with classic `PUBLISH`, which the cluster
+    ///   bus carries to every node; the subscriber connection stays on one
+    ///   node (the first seed it reaches), so notify waiting works as on one
+    ///   server, at the price of that broadcast on each release.
+    /// * With [`LockOptions::fencing`](crate::LockOptions::fencing), a key
+    ///   that contains `}` without a valid `{tag}` is refused: no counter key
+    ///   can share its slot.
+    ///
+    /// Pool and timeouts as in [`LockClient::open`]; each pooled connection
+    /// keeps one connection per node it has talked to. Cluster-level retries
+    /// (`TRYAGAIN`, `CLUSTERDOWN` during a failover) are few and short, so a
+    /// call fails within a few timeouts instead of riding out a long outage.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when there is no URL, one does not parse,
+    /// or `timeout` is zero.
+    pub fn open_cluster<S: AsRef<str>>(
+        urls: impl IntoIterator<Item = S>,
+    ) -> Result<LockClient, Error> {
+        LockClient::open_cluster_with_timeout(urls, DEFAULT_TIMEOUT)
+    }
+
+    /// Like [`LockClient::open_cluster`], with `timeout` instead of
+    /// [`DEFAULT_TIMEOUT`].
+    ///
+    /// # Errors
+    ///
+    /// As [`LockClient::open_cluster`].
+    pub fn open_cluster_with_timeout<S: AsRef<str>>(
+        urls: impl IntoIterator<Item = S>,
+        timeout: Duration,
+    ) -> Result<LockClient, Error> {
+        LockClient::builder().cluster(urls).timeout(timeout).build()
+    }
+
+    /// Builds a client for the primary that Redis Sentinel names
+    /// `master_name`, given the addresses of some sentinels
+    /// (`redis://host:port`).
+    ///
+    /// Every new connection asks the sentinels for the current primary and
+    /// checks its `ROLE`, so after a failover the client reaches the
+    /// promoted replica: connections to the old primary break (Sentinel
+    /// disconnects the clients of a demoted primary), the failed call is
+    /// retried on a fresh connection, and the subscriber connection asks the
+    /// sentinels again too.
+    ///
+    /// **The failover hazard.** Replication is asynchronous: a lock written
+    /// to the old primary just before it died may never reach the replica
+    /// that is promoted, and then a second owner gets the same lock. Set
+    /// [`LockOptions::min_replicas`](crate::LockOptions::min_replicas) so an
+    /// acquisition only counts once a replica has the key, and use
+    /// [`fencing`](crate::LockOptions::fencing) tokens where a double owner
+    /// would do damage.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when there is no sentinel URL or one does
+    /// not parse.
+    pub fn open_sentinel<S: AsRef<str>>(
+        sentinels: impl IntoIterator<Item = S>,
+        master_name: &str,
+    ) -> Result<LockClient, Error> {
+        LockClient::open_sentinel_with(
+            sentinels,
+            master_name,
+            redis::RedisConnectionInfo::default(),
+            DEFAULT_TIMEOUT,
+        )
+    }
+
+    /// Like [`LockClient::open_sentinel`], with how to log in to the primary
+    /// (its username, password, database, protocol) and `timeout` instead of
+    /// [`DEFAULT_TIMEOUT`]. The sentinels' own credentials go in their URLs.
+    /// For TLS to the primary, build a pool over [`LockedSentinelClient`]
+    /// and use [`LockClient::new_sentinel`].
+    ///
+    /// # Errors
+    ///
+    /// As [`LockClient::open_sentinel`]; also when `timeout` is zero.
+    pub fn open_sentinel_with<S: AsRef<str>>(
+        sentinels: impl IntoIterator<Item = S>,
+        master_name: &str,
+        primary: redis::RedisConnectionInfo,
+        timeout: Duration,
+    ) -> Result<LockClient, Error> {
+        LockClient::builder()
+            .sentinel(sentinels, master_name)
+            .sentinel_primary(primary)
+            .timeout(timeout)
+            .build()
+    }
+
+    /// Wraps a pool you built, with default [`LockOptions`].
+    ///
+    /// Mind three pool settings: r2d2's default `test_on_check_out(true)`
+    /// sends a `PING` per checkout, nearly halving lock throughput; redis
+    /// connections have no read timeout unless you set one (see r2d2's
+    /// `connection_customizer`), so a stalled server would hang the caller;
+    /// and redis-rs opens pooled connections without a connect or
+    /// handshake timeout, so a server that accepts and never answers blocks
+    /// r2d2's threads. Prefer [`LockClient::open_with_timeout`], whose pool
+    /// has none of these problems. The resend window and release markers
+    /// (see the crate docs' failure model) assume [`DEFAULT_TIMEOUT`] for a
+    /// pool given here.
+    ///
+    /// A pool does not tell where its server is, so a client made here has
+    /// no subscriber connection: waiters in [`WaitMode::Notify`](crate::WaitMode::Notify)
+    /// still queue locally and take handoffs, but wait for remote releases
+    /// with backoff timing. [`LockClient::with_notify_client`] adds one.
+    pub fn new(pool: r2d2::Pool<redis::Client>) -> LockClient {
+        LockClient::build(Backend::single(pool, DEFAULT_TIMEOUT), None, None)
+    }
+
+    /// Wraps a Redis Cluster pool you built; see [`LockClient::open_cluster`]
+    /// for what differs on a cluster, and [`LockClient::new`] for the pool
+    /// settings to mind. Without [`LockClient::with_notify_client`] (any one
+    /// node will do), remote releases are waited for with backoff timing.
+    pub fn new_cluster(pool: r2d2::Pool<ClusterClient>) -> LockClient {
+        LockClient::build(Backend::cluster(pool, DEFAULT_TIMEOUT), None, None)
+    }
+
+    /// Wraps a pool over [`LockedSentinelClient`] you built; see
+    /// [`LockClient::open_sentinel`] for the failover behaviour and hazard,
+    /// and [`LockClient::new`] for the pool settings to mind. Remote
+    /// releases are waited for with backoff timing (the subscriber
+    /// connection of [`LockClient::open_sentinel`] needs the sentinels'
+    /// addresses, which the pool does not tell).
+    pub fn new_sentinel(pool: r2d2::Pool<LockedSentinelClient>) -> LockClient {
+        LockClient::build(Backend::sentinel(pool, DEFAULT_TIMEOUT), None, None)
+    }
+}
+
+/// Where the client's Redis is.
+#[derive(Clone, Debug)]
+enum Servers {
+    None,
+    Single(String),
+    Cluster(Vec<String>),
+    Sentinel {
+        sentinels: Vec<String>,
+        master: String,
+    },
+}
+
+/// Builds a [`LockClient`]: the deployment (one server, Redis Cluster or
+/// Redis Sentinel), the timeouts, the pool size, notify waiting and the
+/// options new locks start from. Made by [`LockClient::builder`]; nothing
+/// is sent to Redis until the first lock operation.
+///
+/// ```no_run
+/// # fn main() -> Result<(), redmutex::Error> {
+/// use std::time::Duration;
+/// let client = redmutex::LockClient::builder()
+///     .sentinel(["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"], "locks")
+///     .timeout(Duration::from_millis(500))
+///     .pool_size(8)
+///     .build()?;
+/// # Ok(())
+/// # }
+/// ```
+#[must_use = "a builder does nothing until build() is called"]
+#[derive(Clone, Debug)]
+pub struct LockClientBuilder {
+    servers: Servers,
+    primary: redis::RedisConnectionInfo,
+    timeout: Duration,
+    pool_size: u32,
+    notify: bool,
+    defaults: LockOptions,
+}
+
+impl Default for LockClientBuilder {
+    fn default() -> Self {
+        LockClientBuilder {
+            servers: Servers::None,
+            primary: redis::RedisConnectionInfo::default(),
+            timeout: DEFAULT_TIMEOUT,
+            pool_size: DEFAULT_POOL_SIZE,
+            notify: true,
+            defaults: LockOptions::default(),
+        }
+    }
+}
+
+impl LockClientBuilder {
+    /// One Redis server at `url` (`redis://[user:password@]host:port[/db]`,
+    /// or `redis+unix:///path`). See [`LockClient::open`].
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.servers = Servers::Single(url.into());
+        self
+    }
+
+    /// A Redis Cluster, given some of its nodes (`redis://host:port`; the
+    /// others are found through `CLUSTER SLOTS`). See
+    /// [`LockClient::open_cluster`] for what differs on a cluster.
+    pub fn cluster<S: AsRef<str>>(mut self, urls: impl IntoIterator<Item = S>) -> Self {
+        self.servers = Servers::Cluster(urls.into_iter().map(|u| u.as_ref().to_owned()).collect());
+        self
+    }
+
+    /// The primary that Redis Sentinel names `master`, given some sentinels
+    /// (`redis://host:port`, with their own credentials in the URL). See
+    /// [`LockClient::open_sentinel`] for the failover behaviour and hazard.
+    pub fn sentinel<S: AsRef<str>>(
+        mut self,
+        sentinels: impl IntoIterator<Item = S>,
+        master: impl Into<String>,
+    ) -> Self {
+        self.servers = Servers::Sentinel {
+            sentinels: sentinels
+                .into_iter()
+                .map(|u| u.as_ref().to_owned())
+                .collect(),
+            master: master.into(),
+        };
+        self
+    }
+
+    /// How to log in to the primary a sentinel names (username, password,
+    /// database, protocol). Defaults to no login and database 0. Ignored
+    /// for the other deployments, whose URLs carry it.
+    pub fn sentinel_primary(mut self, primary: redis::RedisConnectionInfo) -> Self {
+        self.primary = primary;
+        self
+    }
+
+    /// Bounds connecting (TCP connect and handshake), waiting for a pooled
+    /// connection and every read and write. Defaults to
+    /// [`DEFAULT_TIMEOUT`] (2 s); between 1 ms and [`MAX_TIMEOUT`](crate::MAX_TIMEOUT).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The most connections the pool keeps. Defaults to
+    /// [`DEFAULT_POOL_SIZE`] (16); at least 1.
+    pub fn pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// Whether the client keeps a subscriber connection for
+    /// [`WaitMode::Notify`](crate::WaitMode::Notify) (waiters are woken by
+    /// release messages). Defaults to `true`; without it, waiters still
+    /// queue locally and take handoffs, but wait for other processes'
+    /// releases with backoff timing, and the client starts no subscriber
+    /// thread.
+    pub fn notify(mut self, enabled: bool) -> Self {
+        self.notify = enabled;
+        self
+    }
+
+    /// The options [`DistributedLock::new`](crate::DistributedLock::new)
+    /// and the other lock types' `new` give their locks. Defaults to
+    /// [`LockOptions::default`].
+    pub fn defaults(mut self, options: LockOptions) -> Self {
+        self.defaults = options;
+        self
+    }
+
+    /// Makes the client. Nothing is sent to Redis.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when no deployment was given, a URL does
+    /// not parse, the list of servers is empty, the Sentinel primary's name
+    /// is empty, the timeout is out of range or the pool size is 0.
+    pub fn build(self) -> Result<LockClient, Error> {
+        check_timeout(self.timeout)?;
+        if self.pool_size == 0 {
+            return Err(Error::InvalidArgument(
+                "the pool size must be at least 1".into(),
+            ));
+        }
+        let (timeout, size) = (self.timeout, self.pool_size);
+        let notify = |source: Option<Source>| source.filter(|_| self.notify);
+        let client = match &self.servers {
+            Servers::None => {
+                return Err(Error::InvalidArgument(
+                    "no deployment given: call url, cluster or sentinel on the builder".into(),
+                ));
+            }
+            Servers::Single(url) => {
+                let client = parse_url(url)?;
+                let info = client
+                    .get_connection_info()
+                    .clone()
+                    .set_tcp_settings(tcp_settings(timeout));
+                let backend = Backend::own(Target::Single(info), timeout, size);
+                LockClient::build(backend, notify(Source::servers([&client])), Some(client))
+            }
+            Servers::Cluster(urls) => {
+                let seeds = parse_urls(urls)?;
+                let cluster = ClusterClient::builder(
+                    seeds
+                        .iter()
+                        .map(redis::Client::get_connection_info)
+                        .cloned(),
+                )
+                .connection_timeout(timeout)
+                .response_timeout(timeout)
+                .tcp_settings(tcp_settings(timeout))
+                // redis-rs waits at least 1.28 s per retry by default, up
+                // to 16 times: a lock call must fail sooner than that.
+                .retries(CLUSTER_RETRIES)
+                .min_retry_wait(10)
+                .max_retry_wait(500)
+                .build()
+                .map_err(|e| Error::InvalidArgument(format!("cannot use the cluster URLs: {e}")))?;
+                let backend = Backend::own(Target::Cluster(cluster), timeout, size);
+                LockClient::build(backend, notify(Source::servers(&seeds)), None)
+            }
+            Servers::Sentinel { sentinels, master } => {
+                let seeds = parse_urls(sentinels)?;
+                if master.is_empty() {
+                    return Err(Error::InvalidArgument(
+                        "the name of the primary must not be empty".into(),
+                    ));
+                }
+                let infos: Vec<redis::ConnectionInfo> = seeds
+                    .iter()
+                    .map(|client| {
+                        client
+                            .get_connection_info()
+                            .clone()
+                            .set_tcp_settings(tcp_settings(timeout))
+                    })
+                    .collect();
+                let target = SentinelTarget::new(infos, master.clone(), self.primary.clone());
+                let backend = Backend::own(Target::Sentinel(target), timeout, size);
+                LockClient::build(
+                    backend,
+                    notify(Source::sentinel(&seeds, master, &self.primary)),
+                    None,
+                )
+            }
+        };
+        Ok(client.with_defaults(self.defaults))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_settings_are_refused_before_anything_is_sent() {
+        let single = || LockClient::builder().url("redis://127.0.0.1:1/");
+        assert!(LockClient::builder().build().is_err(), "no deployment");
+        assert!(single().timeout(Duration::ZERO).build().is_err());
+        assert!(single().timeout(Duration::MAX).build().is_err());
+        assert!(single().pool_size(0).build().is_err());
+        assert!(LockClient::builder().url("nonsense").build().is_err());
+        let none: [&str; 0] = [];
+        assert!(LockClient::builder().cluster(none).build().is_err());
+        assert!(
+            LockClient::builder()
+                .sentinel(["redis://127.0.0.1:1"], "")
+                .build()
+                .is_err()
+        );
+        assert!(single().pool_size(1).notify(false).build().is_ok());
+    }
+}

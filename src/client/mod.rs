@@ -1,0 +1,397 @@
+//! `LockClient`: the shared handle every lock of a program goes through,
+//! how to build one for each deployment, the lock options, and the release
+//! and marker machinery every lock type shares.
+//!
+//! Depends on `conn`, `notify`, `renew`, `wait` and `script`; knows no lock
+//! type. A lock type keeps its per-client state (its wait queues, say) in
+//! [`LockClient::local`], so adding a lock type never touches this module.
+//!
+//! Invariants: clones share one identity (pool, subscriber, watchdog,
+//! reentrancy); building a client sends nothing; every deployment gets the
+//! same bounded connect, handshake and I/O timeouts.
+
+pub(crate) mod builder;
+pub(crate) mod options;
+pub(crate) mod release;
+
+use std::any::Any;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::client::options::LockOptions;
+use crate::conn::backend::{Backend, Connection, Deployment};
+use crate::conn::policy::{self, Op, Send};
+use crate::conn::stats::{LockStats, Stats};
+use crate::error::Error;
+use crate::notify::subscriber::{Subscriber, Subscription};
+use crate::notify::transport::Source;
+use crate::renew::watchdog::{Orphan, OrphanKind, Watchdog};
+use crate::wait::queue::{Feed, Waker};
+
+/// Connect, read and write timeout of the pools built by [`LockClient::open`].
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The longest connection timeout accepted.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// Connections kept by the pools built by [`LockClient::open`] at most.
+pub const DEFAULT_POOL_SIZE: u32 = 16;
+
+/// How often a cluster connection retries a command the cluster could not
+/// serve yet (`TRYAGAIN`, `CLUSTERDOWN`); the waits between grow from 10 ms.
+pub(crate) const CLUSTER_RETRIES: u32 = 5;
+
+static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A cheap, clonable handle on a Redis connection pool and default
+/// [`LockOptions`].
+///
+/// Clones share the pool and count as the same client for reentrancy: a
+/// thread that holds a key through one clone re-enters it through another.
+/// Two clients made by separate calls to [`LockClient::open`] or
+/// [`LockClient::new`] are strangers to each other, like two processes.
+///
+/// ```no_run
+/// # fn main() -> Result<(), redmutex::Error> {
+/// let client = redmutex::LockClient::open("redis://127.0.0.1:6379/")?;
+/// let lock = redmutex::DistributedLock::new(&client, "jobs:nightly-report");
+/// let guard = lock.lock()?;
+/// // ... the critical section ...
+/// guard.unlock()?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct LockClient {
+    inner: Arc<Inner>,
+    defaults: Arc<LockOptions>,
+}
+
+/// What clones of a client share.
+struct Inner {
+    /// Tells this client's holds apart from other clients' in the
+    /// thread-local reentrancy table.
+    id: u64,
+    backend: Backend,
+    stats: Arc<Stats>,
+    /// Each lock type's per-client state ([`LockClient::local`]).
+    locals: Mutex<Vec<Arc<dyn Any + std::marker::Send + Sync>>>,
+    /// Dropped after `locals` (field order), whose queues hold its
+    /// subscriptions.
+    subscriber: Subscriber,
+    watchdog: Watchdog,
+    /// The server of a single-node client of [`LockClient::open`], and the
+    /// plain pool [`LockClient::pool`] builds for it when asked.
+    single: Option<redis::Client>,
+    compat_pool: OnceLock<r2d2::Pool<redis::Client>>,
+    /// The server refused a release marker (an ACL without the
+    /// `{KEY}:released:*` keys): releases go without one from then on.
+    markers_refused: AtomicBool,
+}
+
+impl Inner {
+    fn new(backend: Backend, notify: Option<Source>, single: Option<redis::Client>) -> Inner {
+        let stats = Arc::new(Stats::default());
+        let watchdog = Watchdog::new(backend.clone(), stats.clone());
+        Inner {
+            watchdog,
+            id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
+            subscriber: Subscriber::new(notify, stats.clone(), backend.timeout()),
+            backend,
+            locals: Mutex::new(Vec::new()),
+            stats,
+            single,
+            compat_pool: OnceLock::new(),
+            markers_refused: AtomicBool::new(false),
+        }
+    }
+}
+
+/// Gives every connection of [`LockClient::pool`]'s pool read and write
+/// timeouts, so a stalled server turns into an error instead of a hung
+/// caller.
+#[derive(Debug)]
+struct IoTimeouts(Duration);
+
+impl r2d2::CustomizeConnection<redis::Connection, redis::RedisError> for IoTimeouts {
+    fn on_acquire(&self, conn: &mut redis::Connection) -> Result<(), redis::RedisError> {
+        conn.set_read_timeout(Some(self.0))?;
+        conn.set_write_timeout(Some(self.0))
+    }
+}
+
+impl LockClient {
+    pub(crate) fn build(
+        backend: Backend,
+        notify: Option<Source>,
+        single: Option<redis::Client>,
+    ) -> LockClient {
+        LockClient {
+            inner: Arc::new(Inner::new(backend, notify, single)),
+            defaults: Arc::new(LockOptions::default()),
+        }
+    }
+
+    /// Gives a client made by [`LockClient::new`] or
+    /// [`LockClient::new_cluster`] the server address for its dedicated
+    /// subscriber connection (normally the `redis::Client` the pool was
+    /// built from; for a cluster, any node). The client keeps its identity:
+    /// clones made before share the subscriber too. On a client that
+    /// already has a subscriber connection (or has been told to, by an
+    /// earlier call), it changes nothing.
+    pub fn with_notify_client(self, client: &redis::Client) -> LockClient {
+        match Source::servers([client]) {
+            Some(source) => {
+                if !self.inner.subscriber.set_source(source) {
+                    log::debug!(
+                        "redmutex: with_notify_client on a client that already has a \
+                         subscriber connection: kept as it is"
+                    );
+                }
+            }
+            None => log::debug!("redmutex: no subscriber connection can speak to {client:?}"),
+        }
+        self
+    }
+
+    /// Sets the options that [`DistributedLock::new`](crate::DistributedLock::new)
+    /// gives its locks. Defaults to [`LockOptions::default`]. The result is
+    /// the same client (shared pool, queues and reentrancy), with other
+    /// defaults.
+    pub fn with_defaults(self, options: LockOptions) -> LockClient {
+        LockClient {
+            inner: self.inner,
+            defaults: Arc::new(options),
+        }
+    }
+
+    /// The options new locks of this client start from.
+    pub fn defaults(&self) -> &LockOptions {
+        &self.defaults
+    }
+
+    /// What this client (all its clones) has done so far: commands sent,
+    /// locks acquired in Redis, in-process handoffs, release messages.
+    pub fn stats(&self) -> LockStats {
+        self.inner.stats.snapshot()
+    }
+
+    /// Which kind of deployment this client talks to.
+    pub fn deployment(&self) -> Deployment {
+        self.inner.backend.deployment()
+    }
+
+    /// A plain connection pool to the server of a single-node client: the
+    /// pool given to [`LockClient::new`], or, for a client of
+    /// [`LockClient::open`], a pool built on first call with the same size
+    /// and I/O timeouts.
+    ///
+    /// The locks do not use that second pool: theirs also bounds the
+    /// handshake of new connections and never reuses a connection whose
+    /// reply was lost, which a `Pool<redis::Client>` cannot. Prefer
+    /// [`LockClient::connection`] for commands of your own.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] on a cluster or sentinel client, which has
+    /// no such pool: use [`LockClient::connection`] (any deployment).
+    pub fn pool(&self) -> Result<&r2d2::Pool<redis::Client>, Error> {
+        if let Some(pool) = self.inner.backend.user_pool() {
+            return Ok(pool);
+        }
+        match &self.inner.single {
+            Some(client) => Ok(self.inner.compat_pool.get_or_init(|| {
+                let timeout = self.inner.backend.timeout();
+                r2d2::Pool::builder()
+                    .max_size(DEFAULT_POOL_SIZE)
+                    .min_idle(Some(0))
+                    .test_on_check_out(false)
+                    .connection_timeout(timeout)
+                    .connection_customizer(Box::new(IoTimeouts(timeout)))
+                    .build_unchecked(client.clone())
+            })),
+            None => Err(Error::InvalidArgument(format!(
+                "LockClient::pool() is for single-node clients; this is a {:?} client \
+                 (use LockClient::connection())",
+                self.deployment()
+            ))),
+        }
+    }
+
+    /// A connection from this client's pool, for commands of your own next
+    /// to the locks, whatever the deployment.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Pool`] when no connection can be had within the pool's
+    /// connection timeout.
+    pub fn connection(&self) -> Result<Connection, Error> {
+        Ok(self.inner.backend.get(self.inner.backend.connect_wait())?)
+    }
+
+    /// The I/O timeout of this client's connections ([`DEFAULT_TIMEOUT`]
+    /// assumed for a pool given to [`LockClient::new`]).
+    pub fn timeout(&self) -> Duration {
+        self.inner.backend.timeout()
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.inner.id
+    }
+
+    pub(crate) fn counters(&self) -> &Stats {
+        &self.inner.stats
+    }
+
+    /// This client's instance of a lock type's per-client state, made on
+    /// first use and shared by all clones.
+    pub(crate) fn local<T: Any + std::marker::Send + Sync + Default>(&self) -> Arc<T> {
+        let mut locals = self.inner.locals.lock();
+        for local in locals.iter() {
+            if let Ok(found) = local.clone().downcast::<T>() {
+                return found;
+            }
+        }
+        let made = Arc::new(T::default());
+        locals.push(made.clone());
+        made
+    }
+
+    /// Keeps `channel` subscribed while the returned feed lives, calling
+    /// `waker` on each release message. `None` when this client has no
+    /// subscriber connection.
+    pub(crate) fn subscribe(&self, channel: &str, waker: Waker) -> Option<Box<dyn Feed>> {
+        let subscription = self.inner.subscriber.subscribe(channel, waker)?;
+        Some(Box::new(subscription))
+    }
+
+    pub(crate) fn watchdog(&self) -> &Watchdog {
+        &self.inner.watchdog
+    }
+
+    /// Refuses what cannot work safely on this deployment, before anything
+    /// is sent: the WATCH release on a cluster.
+    pub(crate) fn check_release(&self, how: crate::client::options::Release) -> Result<(), Error> {
+        if how == crate::client::options::Release::Watch && self.deployment() == Deployment::Cluster
+        {
+            return Err(Error::InvalidArgument(
+                "Release::Watch is not available on Redis Cluster: WATCH lives on one \
+                 connection to one node, and a MOVED/ASK redirection between WATCH and EXEC \
+                 would run the DEL on a node where nothing is watched; use Release::Lua"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Refuses, on Redis Cluster, a key whose auxiliary keys (fencing
+    /// counter, release markers) could not share its hash slot: one with a
+    /// `}` and no valid `{tag}`. Without markers a release sent twice (and
+    /// redis-rs resends on a cluster by itself) could not tell the truth.
+    pub(crate) fn check_key(&self, key: &str) -> Result<(), Error> {
+        check_cluster_key(self.deployment() == Deployment::Cluster, key)
+    }
+
+    /// Runs one operation on a pooled connection, resent or reported
+    /// according to the idempotency table in `policy.rs`.
+    pub(crate) fn run<T>(
+        &self,
+        op: Op,
+        key: &str,
+        send: impl FnMut(&mut Connection, Send) -> redis::RedisResult<T>,
+    ) -> Result<T, Error> {
+        policy::run(&self.inner.backend, &self.inner.stats, op, key, send)
+    }
+
+    /// Whether releases may leave markers (the server has not refused one).
+    pub(crate) fn markers_allowed(&self) -> bool {
+        !self.inner.markers_refused.load(Ordering::Relaxed)
+    }
+
+    /// The server refused a marker key (`NOPERM`): from now on releases
+    /// go without, and a release sent again after a lost reply says its
+    /// outcome is unknown where a marker would have told.
+    pub(crate) fn refuse_markers(&self) {
+        if !self.inner.markers_refused.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "redmutex: the server refuses the release markers ({{KEY}}:released:*; \
+                 see the README's ACL rules); releasing without them"
+            );
+        }
+    }
+
+    /// Hands a lease nobody owns to the cleanup: an acquisition failed
+    /// after its request may have set the key.
+    pub(crate) fn orphan(&self, key: &str, kind: OrphanKind) {
+        // Long enough for a request held on its way (by a proxy, say) to
+        // arrive, and beyond any resend of it.
+        let window = policy::marker_ttl(self.timeout());
+        log::debug!("redmutex: releasing what a failed acquisition of {key:?} may have left");
+        self.inner.watchdog.clean_up(Orphan::new(key, kind, window));
+    }
+}
+
+impl std::fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockClient")
+            .field("id", &self.inner.id)
+            .field("deployment", &self.deployment())
+            .field("pool", &self.inner.backend.state())
+            .field("defaults", &self.defaults)
+            .finish()
+    }
+}
+
+impl Feed for Subscription {
+    fn is_live(&self) -> bool {
+        Subscription::is_live(self)
+    }
+
+    fn wait_live(&self, until: Instant) -> bool {
+        Subscription::wait_live(self, until)
+    }
+}
+
+/// [`LockClient::check_key`] for a key used on a cluster (`cluster`), or
+/// on RedLock nodes one of which is a cluster.
+pub(crate) fn check_cluster_key(cluster: bool, key: &str) -> Result<(), Error> {
+    if cluster && !crate::script::names::same_slot_fence(key) {
+        return Err(Error::InvalidArgument(format!(
+            "cannot lock {key:?} on Redis Cluster: a key with '}}' and no valid {{tag}} \
+             cannot have its fencing counter and release markers in its hash slot; \
+             give it a tag, e.g. \"{{name}}:lock\""
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_timeout(timeout: Duration) -> Result<(), Error> {
+    if timeout < Duration::from_millis(1) || timeout > MAX_TIMEOUT {
+        return Err(Error::InvalidArgument(format!(
+            "the connection timeout must be between 1 ms and {MAX_TIMEOUT:?}, got {timeout:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// The URL may carry a password: the message does not repeat it.
+pub(crate) fn parse_url(url: &str) -> Result<redis::Client, Error> {
+    redis::Client::open(url)
+        .map_err(|e| Error::InvalidArgument(format!("cannot parse the Redis URL: {e}")))
+}
+
+pub(crate) fn parse_urls<S: AsRef<str>>(
+    urls: impl IntoIterator<Item = S>,
+) -> Result<Vec<redis::Client>, Error> {
+    let clients = urls
+        .into_iter()
+        .map(|url| parse_url(url.as_ref()))
+        .collect::<Result<Vec<_>, _>>()?;
+    if clients.is_empty() {
+        return Err(Error::InvalidArgument("no server URL given".into()));
+    }
+    Ok(clients)
+}

@@ -1,0 +1,16 @@
+//! Talking to Redis: the pool and its connections for every deployment,
+//! the resend policy that makes a lost reply safe, the command counters, and
+//! the bounded background-thread helper.
+//!
+//! Below the watchdog, the subscriber and the client, which all need it; it
+//! knows nothing of locks beyond the [`policy::Op`] table of what each
+//! request may do when sent twice.
+//!
+//! Invariants: no call waits longer than its connect, handshake and I/O
+//! timeouts; a connection whose reply was lost is never reused; an
+//! operation is resent only as its `Op` allows.
+
+pub(crate) mod backend;
+pub(crate) mod policy;
+pub(crate) mod stats;
+pub(crate) mod worker;

@@ -1,0 +1,173 @@
+//! `LockGuard`: the public face of a plain lock's lease.
+
+use std::fmt;
+use std::rc::Rc;
+use std::time::Duration;
+
+use crate::client::options::Release;
+use crate::conn::policy::Op;
+use crate::error::Error;
+use crate::lease::loss::LossSignal;
+use crate::mutex::lease::Lease;
+
+/// Proof that this thread holds a lock. Dropping it releases the lock
+/// (best effort, errors logged); [`LockGuard::unlock`] releases and reports.
+///
+/// The guard owns what release needs (no lifetime ties it to the
+/// [`DistributedLock`](crate::DistributedLock)). Guards of a reentrant hold
+/// share one lease in Redis, released when the last of them goes, whatever
+/// the order they are dropped in.
+///
+/// A guard is `!Send`: the reentrancy count lives in the acquiring thread.
+///
+/// ```compile_fail
+/// fn assert_send<T: Send>() {}
+/// assert_send::<redmutex::LockGuard>();
+/// ```
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct LockGuard {
+    lease: Rc<Lease>,
+    hold_count: u32,
+}
+
+impl LockGuard {
+    pub(crate) fn new(lease: Rc<Lease>) -> LockGuard {
+        let hold_count = u32::try_from(Rc::strong_count(&lease)).unwrap_or(u32::MAX);
+        LockGuard { lease, hold_count }
+    }
+
+    /// The lock key.
+    pub fn key(&self) -> &str {
+        &self.lease.key
+    }
+
+    /// The random token (a UUID v4) this acquisition wrote into the key;
+    /// shared by the guards of a reentrant hold.
+    pub fn token(&self) -> &str {
+        &self.lease.token
+    }
+
+    /// This guard's depth in a reentrant hold: 1 for the guard that acquired
+    /// in Redis, 2 for the first nested guard, and so on.
+    pub fn hold_count(&self) -> u32 {
+        self.hold_count
+    }
+
+    /// The lease left by the local monotonic clock, minus a drift allowance
+    /// (1 % of the ttl + 2 ms). Measured from when the acquiring (or last
+    /// extending) request was sent, so it is never more than Redis allows.
+    /// Zero once the lease has run out. This is an estimate without a round
+    /// trip; [`LockGuard::is_held`] asks Redis.
+    pub fn validity(&self) -> Duration {
+        self.lease.validity()
+    }
+
+    /// The fencing token of this acquisition (strictly increasing for the
+    /// key), when the lock was taken with
+    /// [`LockOptions::fencing`](crate::LockOptions::fencing); `None`
+    /// otherwise. Pass it to the protected resource with every write, and
+    /// have the resource reject a write whose token is lower than the
+    /// highest it has seen.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.lease.fence
+    }
+
+    /// Whether the lease was found lost: by the watchdog (key gone or taken,
+    /// Redis unreachable until the lease ran out, hold cap reached) or by an
+    /// [`LockGuard::extend`] that found it not held.
+    pub fn is_lost(&self) -> bool {
+        self.lease.is_lost()
+    }
+
+    /// A signal, usable from any thread and after the guard is gone, that
+    /// fires when the lease is found lost.
+    pub fn loss_signal(&self) -> LossSignal {
+        LossSignal {
+            state: self.lease.loss.clone(),
+        }
+    }
+
+    /// Asks Redis whether the key still holds this guard's token.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`] or [`Error::Pool`] when Redis cannot be asked;
+    /// [`Error::WrongType`] when the key now holds a non-string value.
+    pub fn is_held(&self) -> Result<bool, Error> {
+        let key = self.key();
+        self.lease.client.counters().commands(1);
+        let current: Option<Vec<u8>> = self.lease.client.run(Op::Read, key, |con, _| {
+            redis::cmd("GET").arg(key).query(con)
+        })?;
+        Ok(current.is_some_and(|v| v == self.token().as_bytes()))
+    }
+
+    /// Sets the lease to expire `ttl` from now, if the key still holds our
+    /// token (`lua/extend.lua`: an owner-checked `PEXPIRE`). An expired lock
+    /// is never re-created. Applies to the whole reentrant hold.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a ttl under 1 ms or over ten years
+    /// (nothing is sent); [`Error::NotHeld`] with
+    /// [`NotHeldReason::Expired`](crate::NotHeldReason::Expired) when the key is gone or
+    /// [`NotHeldReason::OwnedByOther`](crate::NotHeldReason::OwnedByOther) when another owner holds it (nothing
+    /// changes in Redis); [`Error::Redis`], [`Error::Pool`] or
+    /// [`Error::WrongType`] when Redis fails.
+    pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        self.lease.extend(ttl)
+    }
+
+    /// Releases the lock with the lock's configured [`Release`] and reports
+    /// the outcome. A nested guard (other guards of the same hold still
+    /// alive on this thread) only gives up its share: `Ok(())`, nothing
+    /// sent; the last guard releases in Redis.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] when the lease had already run out
+    /// ([`NotHeldReason::Expired`](crate::NotHeldReason::Expired)) or another owner holds the key
+    /// ([`NotHeldReason::OwnedByOther`](crate::NotHeldReason::OwnedByOther)); nothing is deleted then.
+    /// After Redis said the lease is gone or another's
+    /// ([`LossReason::Expired`](crate::LossReason::Expired), [`LossReason::OwnedByOther`](crate::LossReason::OwnedByOther)) nothing is
+    /// sent and that is reported; after a loss by the local clock
+    /// ([`LossReason::Unreachable`](crate::LossReason::Unreachable), [`LossReason::MaxHold`](crate::LossReason::MaxHold)) the
+    /// owner-checked release is still sent (Redis may still hold the key)
+    /// and its answer reported.
+    /// [`Error::OutcomeUnknown`], [`Error::Redis`] or [`Error::Pool`] when
+    /// Redis fails; the key is then released in the background once Redis
+    /// answers (or expires after its ttl).
+    pub fn unlock(self) -> Result<(), Error> {
+        let how = self.lease.release;
+        self.unlock_with(how)
+    }
+
+    /// Like [`LockGuard::unlock`], with the given release method.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockGuard::unlock`]; also [`Error::InvalidArgument`] for
+    /// [`Release::Watch`] on a Redis Cluster client, refused before anything
+    /// is sent (the guard is then dropped, which releases with the lock's
+    /// own method, [`Release::Lua`] on a cluster).
+    pub fn unlock_with(self, release: Release) -> Result<(), Error> {
+        if Rc::strong_count(&self.lease) > 1 {
+            return Ok(());
+        }
+        // Refused before anything changes; the guard's drop then releases
+        // with the lock's own method.
+        self.lease.client.check_release(release)?;
+        self.lease.release_now(release)
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("key", &self.key())
+            .field("token", &self.token())
+            .field("hold_count", &self.hold_count)
+            .field("validity", &self.validity())
+            .finish()
+    }
+}

@@ -1,0 +1,376 @@
+//! The plain lock's lease: one acquisition in Redis, shared by the guards
+//! of a reentrant hold, released (or handed to a queued thread of the same
+//! client) when the last of them goes.
+
+use std::cell::Cell;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::client::LockClient;
+use crate::client::options::{HandoffBudget, LockOptions, Release, WaitMode, ttl_millis};
+use crate::client::release;
+use crate::conn::policy::Op;
+use crate::error::Error;
+use crate::lease::loss::{LossReason, LossState};
+use crate::lease::remaining;
+use crate::mutex::holds;
+use crate::renew::watchdog::{OrphanKind, WatchEntry};
+use crate::script;
+use crate::wait::queue::Queues;
+
+/// A lease passed from a releasing holder to a waiter of the same client,
+/// without Redis: the key keeps the same token and expiry.
+pub(crate) struct Handoff {
+    pub(crate) token: String,
+    /// When the request that set the current expiry was sent.
+    pub(crate) sent: Instant,
+    pub(crate) ttl: Duration,
+    /// Consecutive handoffs so far, this one included.
+    pub(crate) handoffs: u32,
+    /// When this token was acquired in Redis.
+    pub(crate) acquired_at: Instant,
+    /// The watchdog entry renewing this lease, which goes along with it.
+    pub(crate) watch: Option<Arc<WatchEntry>>,
+    /// The lease's loss signal, which goes along with it.
+    pub(crate) loss: Arc<LossState>,
+}
+
+/// The plain lock's state in one client ([`LockClient::local`]): its wait
+/// queues and which keys its threads hold.
+#[derive(Default)]
+pub(crate) struct Local {
+    pub(crate) queues: Queues<Handoff>,
+}
+
+impl std::fmt::Debug for Local {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Local").finish_non_exhaustive()
+    }
+}
+
+/// Releases `key` in Redis if it holds `token`, and tells this client's
+/// queue of the key (see [`Queues::released`]).
+pub(crate) fn release_and_tell(
+    client: &LockClient,
+    local: &Local,
+    key: &str,
+    token: &str,
+    how: Release,
+) -> Result<(), Error> {
+    let released = release::release(client, key, token, how);
+    let receivers = released.as_ref().ok().copied().flatten();
+    local.queues.released(key, receivers);
+    released.map(|_| ())
+}
+
+/// When a releasing holder may pass its lease to a queued thread instead of
+/// releasing it in Redis.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HandoffPolicy {
+    /// Queued waiters of this client watch this lease ([`WaitMode::Notify`]).
+    pub(crate) queued: bool,
+    pub(crate) enabled: bool,
+    pub(crate) budget: HandoffBudget,
+}
+
+impl HandoffPolicy {
+    pub(crate) fn of(options: &LockOptions) -> HandoffPolicy {
+        HandoffPolicy {
+            queued: options.wait_mode == WaitMode::Notify,
+            enabled: options.wait_mode == WaitMode::Notify
+                && options.local_handoff
+                && !options.fencing
+                && options.handoff_budget.max_handoffs > 0,
+            budget: options.handoff_budget,
+        }
+    }
+}
+
+/// One acquisition in Redis: a key holding our token until it expires. The
+/// guards of a reentrant hold share it through an `Rc`; when the last one
+/// goes, it is released (or handed to a queued thread of the same client).
+pub(crate) struct Lease {
+    pub(crate) client: LockClient,
+    local: Arc<Local>,
+    pub(crate) key: String,
+    pub(crate) token: String,
+    pub(crate) release: Release,
+    handoff: HandoffPolicy,
+    /// Handoffs this token has been through so far.
+    handoffs: u32,
+    /// When this token was acquired in Redis.
+    acquired_at: Instant,
+    /// When the request that set the current expiry was sent.
+    sent: Cell<Instant>,
+    /// The ttl that request asked for.
+    ttl: Cell<Duration>,
+    released: Cell<bool>,
+    /// The fencing token of this acquisition, when fencing is on.
+    pub(crate) fence: Option<u64>,
+    /// The watchdog's entry, when it renews this lease (it then owns the
+    /// lease's timing).
+    watch: Option<Arc<WatchEntry>>,
+    pub(crate) loss: Arc<LossState>,
+}
+
+impl Lease {
+    /// A lease just acquired in Redis by a request sent at `sent`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn acquired(
+        client: LockClient,
+        local: Arc<Local>,
+        key: String,
+        token: String,
+        options: &LockOptions,
+        sent: Instant,
+        ttl: Duration,
+        fence: Option<u64>,
+    ) -> Lease {
+        client.counters().acquired();
+        let handoff = HandoffPolicy::of(options);
+        if handoff.queued {
+            local.queues.hold(&key, &token, sent + ttl);
+        }
+        let watch = options.watchdog.then(|| {
+            let cap = options.max_hold.and_then(|cap| sent.checked_add(cap));
+            client.watchdog().watch(&key, &token, sent, ttl, cap)
+        });
+        let loss = watch
+            .as_ref()
+            .map_or_else(Arc::default, |entry| entry.loss.clone());
+        Lease {
+            client,
+            local,
+            key,
+            token,
+            release: options.release,
+            handoff,
+            handoffs: 0,
+            acquired_at: sent,
+            sent: Cell::new(sent),
+            ttl: Cell::new(ttl),
+            released: Cell::new(false),
+            fence,
+            watch,
+            loss,
+        }
+    }
+
+    /// A lease handed over by another thread of the same client.
+    pub(crate) fn handed_over(
+        client: LockClient,
+        local: Arc<Local>,
+        key: String,
+        options: &LockOptions,
+        handoff: Handoff,
+    ) -> Lease {
+        Lease {
+            client,
+            local,
+            key,
+            token: handoff.token,
+            release: options.release,
+            handoff: HandoffPolicy::of(options),
+            handoffs: handoff.handoffs,
+            acquired_at: handoff.acquired_at,
+            sent: Cell::new(handoff.sent),
+            ttl: Cell::new(handoff.ttl),
+            released: Cell::new(false),
+            fence: None,
+            watch: handoff.watch,
+            loss: handoff.loss,
+        }
+    }
+
+    /// Applies a receiver's options to a lease handed over to it: its
+    /// watchdog setting (renewals start or stop; a cap counts from now) and
+    /// its release method. The giver's options no longer apply.
+    pub(crate) fn adopt(&mut self, options: &LockOptions) {
+        let now = Instant::now();
+        let cap = options.max_hold.and_then(|cap| now.checked_add(cap));
+        match (&self.watch, options.watchdog) {
+            (None, true) => {
+                let entry = self.client.watchdog().watch(
+                    &self.key,
+                    &self.token,
+                    self.sent.get(),
+                    self.ttl.get(),
+                    cap,
+                );
+                self.loss = entry.loss.clone();
+                self.watch = Some(entry);
+            }
+            (Some(entry), false) => {
+                let (sent, ttl) = entry.lease();
+                self.client.watchdog().unwatch(entry);
+                self.sent.set(sent);
+                self.ttl.set(ttl);
+                // Unwatched from here on: no local expiry in the signal,
+                // but a loss already found stays found.
+                let loss = Arc::new(LossState::default());
+                if let Some(reason) = entry.loss.reason() {
+                    loss.lose(reason);
+                }
+                self.loss = loss;
+                self.watch = None;
+            }
+            (Some(entry), true) => entry.set_cap(cap),
+            (None, false) => {}
+        }
+        self.release = options.release;
+    }
+
+    /// The request time and ttl that set the current expiry.
+    fn timing(&self) -> (Instant, Duration) {
+        match &self.watch {
+            Some(entry) => entry.lease(),
+            None => (self.sent.get(), self.ttl.get()),
+        }
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.loss.reason().is_some()
+    }
+
+    pub(crate) fn is_released(&self) -> bool {
+        self.released.get()
+    }
+
+    /// Marks the lease done without touching Redis (it was lost).
+    pub(crate) fn abandon(&self) {
+        if !self.released.replace(true) {
+            holds::leave(self.client.id(), &self.key, self);
+            if let Some(entry) = &self.watch {
+                self.client.watchdog().unwatch(entry);
+            }
+            if self.handoff.queued {
+                self.local.queues.unhold(&self.key, &self.token);
+                self.local.queues.released(&self.key, None);
+            }
+        }
+    }
+
+    pub(crate) fn validity(&self) -> Duration {
+        if self.released.get() || self.is_lost() {
+            return Duration::ZERO;
+        }
+        let (sent, ttl) = self.timing();
+        remaining(sent, ttl, Instant::now())
+    }
+
+    /// Owner-checked PEXPIRE to `ttl` from now.
+    pub(crate) fn extend(&self, ttl: Duration) -> Result<(), Error> {
+        let millis = ttl_millis(ttl)?;
+        let ttl = Duration::from_millis(millis);
+        let (key, token) = (self.key.as_str(), self.token.as_str());
+        let generation = self.watch.as_ref().map(|entry| entry.generation());
+        let sent = Instant::now();
+        self.client.counters().commands(1);
+        let reply: i64 = self.client.run(Op::Extend, key, |con, _| {
+            script::EXTEND.key(key).arg(token).arg(millis).invoke(con)
+        })?;
+        match script::owner_checked(reply) {
+            Ok(()) => {
+                // The watchdog's entry owns the timing of a watched lease.
+                match &self.watch {
+                    Some(entry) => entry.renewed(sent, ttl, generation.unwrap_or_default()),
+                    None => {
+                        self.sent.set(sent);
+                        self.ttl.set(ttl);
+                    }
+                }
+                if self.handoff.queued {
+                    self.local.queues.hold(key, token, sent + ttl);
+                }
+                Ok(())
+            }
+            Err(reason) => {
+                self.loss.lose(reason.into());
+                Err(Error::not_held(key, reason))
+            }
+        }
+    }
+
+    /// Whether this release may pass the lease on instead (the budget counts
+    /// the handoff about to happen). Called once `released` is set, so it
+    /// reads the lease's time itself.
+    fn may_hand_off(&self) -> bool {
+        self.handoff.enabled
+            && self.handoffs < self.handoff.budget.max_handoffs
+            && self.acquired_at.elapsed() < self.handoff.budget.max_time
+            && !self.is_lost()
+            && {
+                let (sent, ttl) = self.timing();
+                !remaining(sent, ttl, Instant::now()).is_zero()
+            }
+    }
+
+    /// Releases, once: hands the lease to a queued thread of this client when
+    /// allowed, else releases in Redis. Whatever the outcome the lease is
+    /// done: a release that fails on the network is handed to the client's
+    /// cleanup, which releases the key (owner-checked) once Redis answers.
+    pub(crate) fn release_now(&self, how: Release) -> Result<(), Error> {
+        if self.released.replace(true) {
+            return Ok(());
+        }
+        holds::leave(self.client.id(), &self.key, self);
+        if self.may_hand_off() {
+            let (sent, ttl) = self.timing();
+            let handoff = Handoff {
+                token: self.token.clone(),
+                sent,
+                ttl,
+                handoffs: self.handoffs + 1,
+                acquired_at: self.acquired_at,
+                watch: self.watch.clone(),
+                loss: self.loss.clone(),
+            };
+            if self.local.queues.offer(&self.key, handoff).is_ok() {
+                self.client.counters().handoff();
+                return Ok(());
+            }
+        }
+        // No renewal starts from here on; one in flight is ignored.
+        if let Some(entry) = &self.watch {
+            self.client.watchdog().unwatch(entry);
+        }
+        // Unheld before the release, so a queued head woken by the release
+        // message asks Redis instead of waiting for a handoff.
+        if self.handoff.queued {
+            self.local.queues.unhold(&self.key, &self.token);
+        }
+        // Redis said the key is gone or another's: nothing to release. (A
+        // loss by the local clock, renewals failing or the hold cap, is
+        // released all the same: Redis may still hold our token, and the
+        // answer is Redis's.)
+        if let Some(reason @ (LossReason::Expired | LossReason::OwnedByOther)) = self.loss.reason()
+        {
+            self.local.queues.released(&self.key, None);
+            return Err(Error::not_held(&self.key, reason.not_held_reason()));
+        }
+        release_and_tell(&self.client, &self.local, &self.key, &self.token, how).inspect_err(
+            |err| {
+                if err.may_leave_a_lease() {
+                    self.client.orphan(
+                        &self.key,
+                        OrphanKind::Plain {
+                            token: self.token.clone(),
+                        },
+                    );
+                }
+            },
+        )
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if self.released.get() {
+            return;
+        }
+        match self.release_now(self.release) {
+            Ok(()) => {}
+            Err(err) => log::warn!("redmutex: releasing {:?} on drop: {err}", self.key),
+        }
+    }
+}

@@ -1,0 +1,403 @@
+//! The subscriber's transport: where to connect (fixed servers, or the
+//! primary the sentinels name now), a blocking socket split in a reading and
+//! a writing half, and RESP through redis-rs's own parser and command
+//! packing.
+//!
+//! Why a socket of our own rather than a `redis::Connection`: the
+//! subscriber thread blocks reading pushed messages while waiters write
+//! `SUBSCRIBE` and `UNSUBSCRIBE` on the other half, so a subscription is
+//! confirmed before the waiter's next attempt without polling, and a
+//! `redis::Connection` cannot be read and written from two threads at
+//! once. Every step is bounded by the client's timeout: connect, `AUTH`,
+//! the sentinel lookup, each write; reads wait one timeout, then the
+//! subscriber's heartbeat speaks.
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpStream, ToSocketAddrs};
+#[cfg(unix)]
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use redis::{Parser, Value};
+
+use crate::conn::backend::keepalive;
+
+/// The name the subscriber connection gives itself (`CLIENT SETNAME`).
+pub(crate) const CONNECTION_NAME: &str = "redmutex-subscriber";
+
+/// Where and how to connect.
+#[derive(Clone, Debug)]
+pub(crate) enum Target {
+    Tcp {
+        host: String,
+        port: u16,
+    },
+    #[cfg(unix)]
+    Unix(std::path::PathBuf),
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Endpoint {
+    target: Target,
+    username: Option<String>,
+    password: Option<String>,
+}
+
+impl Endpoint {
+    /// `None` for addresses this connection cannot speak to (TLS): waiters
+    /// then use backoff timing.
+    fn of(client: &redis::Client) -> Option<Endpoint> {
+        let info = client.get_connection_info();
+        let target = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) => Target::Tcp {
+                host: host.clone(),
+                port: *port,
+            },
+            #[cfg(unix)]
+            redis::ConnectionAddr::Unix(path) => Target::Unix(path.clone()),
+            _ => return None,
+        };
+        let settings = info.redis_settings();
+        Some(Endpoint {
+            target,
+            username: settings.username().map(str::to_owned),
+            password: settings.password().map(str::to_owned),
+        })
+    }
+}
+
+/// Where the subscriber connects, asked again before every reconnection.
+pub(crate) enum Source {
+    /// Fixed servers, tried in turn: one node, or a cluster's seed nodes
+    /// (a `PUBLISH` on any cluster node reaches subscribers on every node).
+    Fixed(Vec<Endpoint>),
+    /// The primary the sentinels name now, so the subscriber follows a
+    /// failover. Asked with this module's own RESP and timeouts: a stalled
+    /// sentinel must not stall the thread (nor the client's drop).
+    Sentinel {
+        sentinels: Vec<Endpoint>,
+        master: String,
+        username: Option<String>,
+        password: Option<String>,
+    },
+}
+
+impl Source {
+    /// `None` when no server can be spoken to (TLS only).
+    pub(crate) fn servers<'a>(
+        clients: impl IntoIterator<Item = &'a redis::Client>,
+    ) -> Option<Source> {
+        let endpoints: Vec<Endpoint> = clients.into_iter().filter_map(Endpoint::of).collect();
+        (!endpoints.is_empty()).then_some(Source::Fixed(endpoints))
+    }
+
+    /// `None` when no sentinel can be spoken to (TLS only).
+    pub(crate) fn sentinel<'a>(
+        sentinels: impl IntoIterator<Item = &'a redis::Client>,
+        master: &str,
+        primary: &redis::RedisConnectionInfo,
+    ) -> Option<Source> {
+        let sentinels: Vec<Endpoint> = sentinels.into_iter().filter_map(Endpoint::of).collect();
+        (!sentinels.is_empty()).then(|| Source::Sentinel {
+            sentinels,
+            master: master.to_owned(),
+            username: primary.username().map(str::to_owned),
+            password: primary.password().map(str::to_owned),
+        })
+    }
+
+    /// The server for connection attempt number `attempt`.
+    pub(crate) fn resolve(&self, attempt: usize, timeout: Duration) -> io::Result<Endpoint> {
+        match self {
+            Source::Fixed(endpoints) => endpoints
+                .get(attempt % endpoints.len().max(1))
+                .cloned()
+                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no server")),
+            Source::Sentinel {
+                sentinels,
+                master,
+                username,
+                password,
+            } => {
+                let mut last = io::Error::new(io::ErrorKind::NotFound, "no sentinel");
+                for i in 0..sentinels.len() {
+                    let sentinel = &sentinels[(attempt + i) % sentinels.len()];
+                    match ask_sentinel(sentinel, master, timeout) {
+                        Ok((host, port)) => {
+                            return Ok(Endpoint {
+                                target: Target::Tcp { host, port },
+                                username: username.clone(),
+                                password: password.clone(),
+                            });
+                        }
+                        Err(err) => last = err,
+                    }
+                }
+                Err(last)
+            }
+        }
+    }
+}
+
+/// `SENTINEL GET-MASTER-ADDR-BY-NAME master` on one sentinel.
+fn ask_sentinel(sentinel: &Endpoint, master: &str, timeout: Duration) -> io::Result<(String, u16)> {
+    let (mut reader, mut writer) = open(sentinel, timeout)?;
+    write_command(
+        &mut writer,
+        &[b"SENTINEL", b"GET-MASTER-ADDR-BY-NAME", master.as_bytes()],
+    )?;
+    let reply = reader.read()?;
+    writer.shutdown();
+    if let Value::Array(items) = &reply
+        && let [Value::BulkString(host), port] = items.as_slice()
+        && let Ok(port) = redis::from_redis_value::<u16>(port.clone())
+    {
+        return Ok((String::from_utf8_lossy(host).into_owned(), port));
+    }
+    Err(io::Error::other(format!(
+        "the sentinel does not name a primary {master:?}: {reply:?}"
+    )))
+}
+
+pub(crate) enum Stream {
+    Tcp(TcpStream),
+    #[cfg(unix)]
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn connect(target: &Target, timeout: Duration) -> io::Result<Stream> {
+        match target {
+            Target::Tcp { host, port } => {
+                let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
+                for addr in (host.as_str(), *port).to_socket_addrs()? {
+                    match TcpStream::connect_timeout(&addr, timeout) {
+                        Ok(stream) => {
+                            stream.set_nodelay(true)?;
+                            redis::io::tcp::socket2::SockRef::from(&stream)
+                                .set_tcp_keepalive(&keepalive(timeout))?;
+                            return Ok(Stream::Tcp(stream));
+                        }
+                        Err(err) => last = err,
+                    }
+                }
+                Err(last)
+            }
+            #[cfg(unix)]
+            Target::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path)?)),
+        }
+    }
+
+    fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+            #[cfg(unix)]
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+        })
+    }
+
+    fn set_timeouts(&self, read: Option<Duration>, write: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => {
+                s.set_read_timeout(read)?;
+                s.set_write_timeout(write)
+            }
+            #[cfg(unix)]
+            Stream::Unix(s) => {
+                s.set_read_timeout(read)?;
+                s.set_write_timeout(write)
+            }
+        }
+    }
+
+    pub(crate) fn shutdown(&self) {
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.flush(),
+            #[cfg(unix)]
+            Stream::Unix(s) => s.flush(),
+        }
+    }
+}
+
+/// Writes one command, packed by redis-rs.
+pub(crate) fn write_command(out: &mut impl Write, args: &[&[u8]]) -> io::Result<()> {
+    let args: Vec<Vec<u8>> = args.iter().map(|arg| arg.to_vec()).collect();
+    out.write_all(&redis::pack_command(&args))?;
+    out.flush()
+}
+
+/// The reading half: the socket and redis-rs's incremental parser, which
+/// keeps a frame cut by a read timeout and goes on with it on the next
+/// read, so a timeout loses nothing.
+pub(crate) struct Reader {
+    stream: Restarting,
+    parser: Parser,
+}
+
+/// Retries reads interrupted by a signal (`EINTR`): a socket with a read
+/// timeout reports them even under `SA_RESTART`, and they are not a
+/// failure of the link.
+struct Restarting(Stream);
+
+impl Read for Restarting {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            match self.0.read(buf) {
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                other => return other,
+            }
+        }
+    }
+}
+
+impl Reader {
+    fn new(stream: Stream) -> Reader {
+        Reader {
+            stream: Restarting(stream),
+            parser: Parser::new(),
+        }
+    }
+
+    /// The next reply or pushed message. An error of kind `TimedOut` or
+    /// `WouldBlock` means one timeout passed without a whole frame (nothing
+    /// is lost); any other error ends the connection. A server error reply
+    /// is `Ok(Value::ServerError(_))`.
+    pub(crate) fn read(&mut self) -> io::Result<Value> {
+        self.parser.parse_value(&mut self.stream).map_err(|err| {
+            if err.is_timeout() {
+                io::Error::new(io::ErrorKind::TimedOut, err)
+            } else {
+                io::Error::other(err)
+            }
+        })
+    }
+}
+
+/// Connects with timeouts and authenticates; returns the reading and the
+/// writing halves.
+fn open(endpoint: &Endpoint, timeout: Duration) -> io::Result<(Reader, Stream)> {
+    let stream = Stream::connect(&endpoint.target, timeout)?;
+    stream.set_timeouts(Some(timeout), Some(timeout))?;
+    let mut writer = stream.try_clone()?;
+    let mut reader = Reader::new(stream);
+    if let Some(password) = &endpoint.password {
+        let mut args: Vec<&[u8]> = vec![b"AUTH"];
+        if let Some(user) = &endpoint.username {
+            args.push(user.as_bytes());
+        }
+        args.push(password.as_bytes());
+        write_command(&mut writer, &args)?;
+        expect_ok(&mut reader, "AUTH")?;
+    }
+    Ok((reader, writer))
+}
+
+/// Connects, authenticates and names the connection; returns the reading
+/// and the writing halves. From here on a read waits one timeout, then the
+/// heartbeat speaks.
+pub(crate) fn connect(endpoint: &Endpoint, timeout: Duration) -> io::Result<(Reader, Stream)> {
+    let (mut reader, mut writer) = open(endpoint, timeout)?;
+    write_command(
+        &mut writer,
+        &[b"CLIENT", b"SETNAME", CONNECTION_NAME.as_bytes()],
+    )?;
+    // A name only helps operators; a user whose ACL refuses CLIENT still
+    // gets release messages.
+    if let Err(err) = expect_ok(&mut reader, "CLIENT SETNAME") {
+        log::debug!("redmutex: the subscriber connection stays unnamed: {err}");
+    }
+    Ok((reader, writer))
+}
+
+fn expect_ok(reader: &mut Reader, what: &str) -> io::Result<()> {
+    match reader.read()? {
+        Value::Okay | Value::SimpleString(_) => Ok(()),
+        Value::ServerError(err) => Err(io::Error::other(format!("{what}: {err}"))),
+        other => Err(io::Error::other(format!(
+            "{what}: unexpected reply {other:?}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+
+    /// Hands out the bytes in the given chunks, with a timeout between
+    /// chunks, as a socket with a read timeout does.
+    struct Chunks(VecDeque<Option<&'static [u8]>>);
+
+    impl Read for Chunks {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            match self.0.pop_front() {
+                Some(Some(chunk)) => {
+                    buf[..chunk.len()].copy_from_slice(chunk);
+                    Ok(chunk.len())
+                }
+                Some(None) => Err(io::Error::new(io::ErrorKind::WouldBlock, "timeout")),
+                None => Ok(0),
+            }
+        }
+    }
+
+    #[test]
+    fn a_frame_cut_by_a_timeout_is_finished_on_the_next_read() {
+        let mut parser = Parser::new();
+        let mut input = Chunks(VecDeque::from([
+            Some(&b"*3\r\n$7\r\nmessage\r\n$2\r"[..]),
+            None,
+            Some(&b"\nch\r\n$1\r\n1\r\n+PONG\r\n"[..]),
+        ]));
+        let first = parser.parse_value(&mut input);
+        assert!(
+            first.is_err_and(|err| err.is_timeout()),
+            "the cut is a timeout"
+        );
+        let message = parser.parse_value(&mut input).ok();
+        assert_eq!(
+            message,
+            Some(Value::Array(vec![
+                Value::BulkString(b"message".to_vec()),
+                Value::BulkString(b"ch".to_vec()),
+                Value::BulkString(b"1".to_vec()),
+            ]))
+        );
+        let pong = parser.parse_value(&mut input).ok();
+        assert_eq!(pong, Some(Value::SimpleString("PONG".into())));
+    }
+
+    #[test]
+    fn commands_are_packed_as_resp_arrays() {
+        let mut out = Vec::new();
+        assert!(write_command(&mut out, &[b"SUBSCRIBE", b"ch"]).is_ok());
+        assert_eq!(out, b"*2\r\n$9\r\nSUBSCRIBE\r\n$2\r\nch\r\n");
+    }
+}
