@@ -114,10 +114,11 @@ pub enum Error {
         /// What went wrong, per failed node.
         failed: Vec<String>,
     },
-    /// [`RedLockGuard::unlock`](crate::RedLockGuard::unlock) could not reach
-    /// some nodes: the lock is free once a majority released it, and the
-    /// keys left on the others expire by the ttl (or are released in the
-    /// background as soon as those nodes answer).
+    /// [`RedLockGuard::unlock`](crate::RedLockGuard::unlock) could not
+    /// release on some nodes (unreachable, or the node refused): the lock is
+    /// free once a majority released it, and the keys left on the others
+    /// expire by the ttl (unreachable nodes are released in the background
+    /// as soon as they answer). `failed` says what each node met.
     #[error("RedLock on {key:?}: released on {released} of {nodes} nodes; {}", failed.join("; "))]
     NodesUnreachable {
         /// The lock key.

@@ -478,7 +478,7 @@ impl RedLockGuard {
     /// # Errors
     ///
     /// [`Error::NotHeld`] when no node still held our token (the lease had
-    /// run out everywhere); [`Error::NodesUnreachable`] when some nodes could not be
+    /// run out everywhere); [`Error::NodesUnreachable`] when some nodes could not be reached or refused
     /// reached (their keys expire by the ttl).
     pub fn unlock(mut self) -> Result<(), Error> {
         self.release()
@@ -503,9 +503,12 @@ impl RedLockGuard {
                 })
         }));
         let released = results.iter().filter(|r| r.is_ok()).count();
+        // Every failure but "not held" leaves a node's key in place: the
+        // network (released in the background once the node answers) or a
+        // refusal (an ACL, a demoted node) that the caller must hear of.
         let unreachable = results
             .iter()
-            .filter(|r| matches!(r, Err(e) if e.is_connection()))
+            .filter(|r| matches!(r, Err(e) if !e.is_not_held()))
             .count();
         if unreachable > 0 {
             return Err(Error::NodesUnreachable {
