@@ -478,8 +478,8 @@ impl RedLockGuard {
     /// # Errors
     ///
     /// [`Error::NotHeld`] when no node still held our token (the lease had
-    /// run out everywhere); [`Error::NodesUnreachable`] when some nodes could not be reached or refused
-    /// reached (their keys expire by the ttl).
+    /// run out everywhere); [`Error::NodesUnreachable`] when some nodes
+    /// could not be reached or refused (their keys expire by the ttl).
     pub fn unlock(mut self) -> Result<(), Error> {
         self.release()
     }
