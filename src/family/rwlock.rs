@@ -226,8 +226,12 @@ impl RwLock {
             },
         };
         let queue_key = format!("{}\u{0}rw", self.key);
-        let channel = names::release_channel(&self.key);
-        let subscribe = |waker| self.client.subscribe(&channel, waker);
+        // Named only when a head subscribes: the uncontended path allocates
+        // no channel name.
+        let subscribe = |waker| {
+            self.client
+                .subscribe(&names::release_channel(&self.key), waker)
+        };
         let nothing = |never: Infallible| match never {};
         let waiting = match self.options.wait_mode {
             WaitMode::Spin => Waiting::Spin,

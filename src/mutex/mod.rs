@@ -248,8 +248,12 @@ impl DistributedLock {
                 orphan,
             ));
         };
-        let channel = names::release_channel(&self.key);
-        let subscribe = |waker| self.client.subscribe(&channel, waker);
+        // Named only when a head subscribes: the uncontended path allocates
+        // no channel name.
+        let subscribe = |waker| {
+            self.client
+                .subscribe(&names::release_channel(&self.key), waker)
+        };
         let waiting = match self.options.wait_mode {
             WaitMode::Spin => Waiting::Spin,
             WaitMode::Notify => Waiting::Queued(Queued {
