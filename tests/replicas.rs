@@ -113,3 +113,36 @@ fn failover_to_a_replica_without_the_key_hands_the_lock_out_twice() {
     let left: bool = primary.conn().exists("job2").expect("EXISTS");
     assert!(!left);
 }
+
+/// A `WAIT` timeout just below the client's I/O timeout, on a slow link:
+/// the server holds the WAIT for its whole timeout, and the reply crosses
+/// the link after that. The read must wait for the server's wait *and* the
+/// link, or a lock that was simply not replicated is reported as "outcome
+/// unknown" (CI saw exactly that from a 1.95 s WAIT under a 2 s timeout on
+/// a loaded machine).
+#[test]
+fn a_wait_close_to_the_io_timeout_is_not_a_lost_reply() {
+    let server = RedisServer::start();
+    let proxy = support::FaultProxy::to(&server);
+    let client = LockClient::builder()
+        .url(proxy.url())
+        .timeout(Duration::from_millis(400))
+        .build()
+        .expect("client through the proxy");
+    let lock = DistributedLock::with_options(
+        &client,
+        "slow-wait",
+        LockOptions::default().min_replicas(1, Duration::from_millis(350)),
+    );
+    // Every reply arrives 100 ms late: 350 ms of WAIT plus 100 ms is past
+    // the 400 ms timeout.
+    proxy.set_latency(Duration::ZERO, Duration::from_millis(100));
+    let result = lock.try_lock();
+    proxy.set_latency(Duration::ZERO, Duration::ZERO);
+    match result {
+        Err(Error::NotReplicated { acked, wanted, .. }) => assert_eq!((acked, wanted), (0, 1)),
+        other => panic!("expected NotReplicated, got {other:?}"),
+    }
+    let left: bool = server.conn().exists("slow-wait").expect("EXISTS");
+    assert!(!left, "a lock that did not replicate is released again");
+}

@@ -445,7 +445,7 @@ impl Backend {
         };
         Ok(Connection {
             pooled,
-            timeout: self.timeout,
+            limit: self.timeout,
         })
     }
 
@@ -470,7 +470,9 @@ impl Backend {
 /// any node.
 pub struct Connection {
     pooled: Pooled,
-    timeout: Duration,
+    /// The read and write timeout in force now: the client's, or less inside
+    /// [`Connection::within`], or more inside [`Connection::patient`].
+    limit: Duration,
 }
 
 enum Pooled {
@@ -533,18 +535,44 @@ impl Connection {
         op: impl FnOnce(&mut Connection) -> RedisResult<T>,
     ) -> RedisResult<T> {
         // A zero timeout means "none" to the socket layer: 1 ms at least.
-        let limit = limit.clamp(Duration::from_millis(1), self.timeout);
-        let cut = limit < self.timeout;
-        if cut && let Pooled::Own(link) = &self.pooled {
+        let limit = limit.clamp(Duration::from_millis(1), self.limit);
+        self.timed(limit, op)
+    }
+
+    /// Runs `op`, a command the server itself holds for up to `held` before
+    /// it answers (`WAIT`), with the timeouts in force raised by `held`,
+    /// then puts them back: the I/O timeout bounds a silent link, not the
+    /// wait the caller asked the server for. Without this, a `WAIT` close to
+    /// the timeout loses its reply on a loaded machine, and the caller gets
+    /// "outcome unknown" for a lock that was simply not replicated.
+    pub(crate) fn patient<T>(
+        &mut self,
+        held: Duration,
+        op: impl FnOnce(&mut Connection) -> RedisResult<T>,
+    ) -> RedisResult<T> {
+        let limit = self.limit.saturating_add(held);
+        self.timed(limit, op)
+    }
+
+    /// Runs `op` with the timeouts set to `limit`, then back to what they
+    /// were. A connection whose timeouts cannot be put back is not reused.
+    fn timed<T>(
+        &mut self,
+        limit: Duration,
+        op: impl FnOnce(&mut Connection) -> RedisResult<T>,
+    ) -> RedisResult<T> {
+        let before = self.limit;
+        let change = limit != before;
+        if change && let Pooled::Own(link) = &self.pooled {
             link.set_timeouts(Some(limit))?;
+            self.limit = limit;
         }
         let result = op(self);
-        if cut
-            && let Pooled::Own(link) = &mut self.pooled
-            && !link.broken
-            && link.set_timeouts(Some(self.timeout)).is_err()
-        {
-            link.broken = true;
+        if change && let Pooled::Own(link) = &mut self.pooled {
+            self.limit = before;
+            if !link.broken && link.set_timeouts(Some(before)).is_err() {
+                link.broken = true;
+            }
         }
         result
     }

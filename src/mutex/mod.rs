@@ -366,19 +366,23 @@ impl DistributedLock {
         // Checked below the I/O timeout before anything was sent.
         wait.arg(wanted)
             .arg(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
-        let routed = con.on_cluster(|cluster| {
-            // WAIT has no key, and redis-rs would ask every primary; it must
-            // go to the key's primary, where this connection wrote it.
-            let route = Route::with_key(&self.key, SlotAddr::Master);
-            cluster.route_command(
-                &wait,
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-            )
-        });
-        let mut acked: u32 = match routed {
-            Some(reply) => redis::from_redis_value(reply?)?,
-            None => wait.query(con)?,
-        };
+        // The server holds WAIT up to `timeout` before it answers: the read
+        // must wait that long on top of the I/O timeout.
+        let mut acked: u32 = con.patient(timeout, |con| {
+            let routed = con.on_cluster(|cluster| {
+                // WAIT has no key, and redis-rs would ask every primary; it
+                // must go to the key's primary, where this connection wrote it.
+                let route = Route::with_key(&self.key, SlotAddr::Master);
+                cluster.route_command(
+                    &wait,
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                )
+            });
+            match routed {
+                Some(reply) => Ok(redis::from_redis_value(reply?)?),
+                None => wait.query(con),
+            }
+        })?;
         if connection.is_some() && self.node_connection_id(con)? != connection {
             // redis-rs reconnected to the node in between and sent the
             // command again itself: this WAIT counted another connection's
