@@ -98,7 +98,10 @@
 //! The constructor picks the deployment; the lock types stay the same
 //! ([`LockClient::deployment`] tells which). [`LockClient::builder`] covers
 //! every deployment with every setting (timeout, pool size, notify on or
-//! off, default options); the `open*` constructors are its short forms:
+//! off, default options, and a [key prefix](LockClientBuilder::key_prefix)
+//! that every key and channel of every lock type starts with, for ACL
+//! users confined to `~prefix*`); the `open*` constructors are its short
+//! forms:
 //!
 //! * [`LockClient::open`]: one server.
 //! * [`LockClient::open_sentinel`]: the primary Redis Sentinel names, found

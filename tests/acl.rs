@@ -7,13 +7,21 @@ mod support;
 use std::time::{Duration, Instant};
 
 use redmutex::{
-    Backoff, DistributedLock, LockClient, LockOptions, ReentrantLock, Release, RwLock, Unlocked,
+    Backoff, DistributedLock, LockClient, LockOptions, RedLock, ReentrantLock, Release, RwLock,
+    Unlocked,
 };
 use support::{RedisServer, exists, wait_until};
 
 /// The README's rule for a user whose locks are named `locks:*`, word for
 /// word (checked against README.md below).
 const RULE: &str = "on >secret resetkeys ~locks:* ~{locks:* resetchannels &redmutex:released:* \
+    -@all +set +get +getdel +pttl +evalsha +script|load +wait +watch +unwatch +multi +exec \
+    +subscribe +unsubscribe +ping +client|setname +role \
+    +del +exists +pexpire +pexpireat +psetex +publish +incr +time +hget +hset +hdel +hlen +hgetall";
+
+/// The README's rule for a client whose key prefix is `teamA:`: one key
+/// pattern and one channel pattern cover everything the crate touches.
+const PREFIX_RULE: &str = "on >secret resetkeys ~teamA:* resetchannels &teamA:* \
     -@all +set +get +getdel +pttl +evalsha +script|load +wait +watch +unwatch +multi +exec \
     +subscribe +unsubscribe +ping +client|setname +role \
     +del +exists +pexpire +pexpireat +psetex +publish +incr +time +hget +hset +hdel +hlen +hgetall";
@@ -32,16 +40,28 @@ fn client_as(server: &RedisServer, user: &str) -> LockClient {
     LockClient::open(&url).expect("client")
 }
 
+/// The entries of `ACL LOG`: every command, key or channel the server
+/// refused, including those the crate tolerates quietly (a marker or a
+/// `PUBLISH` refused inside `redis.pcall`, a refused `SUBSCRIBE`).
+fn acl_denials(server: &RedisServer) -> Vec<redis::Value> {
+    redis::cmd("ACL")
+        .arg("LOG")
+        .query(&mut server.conn())
+        .expect("ACL LOG")
+}
+
 #[test]
 fn the_readme_gives_this_rule() {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
         .expect("README.md");
     let flat = readme.split_whitespace().collect::<Vec<_>>().join(" ");
-    let rule = RULE.split_whitespace().collect::<Vec<_>>().join(" ");
-    assert!(
-        flat.contains(&rule),
-        "README.md must give the rule:\n{rule}"
-    );
+    for rule in [RULE, PREFIX_RULE] {
+        let rule = rule.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            flat.contains(&rule),
+            "README.md must give the rule:\n{rule}"
+        );
+    }
 }
 
 #[test]
@@ -234,4 +254,133 @@ fn a_release_whose_marker_cannot_be_read_does_not_claim_not_held() {
         Ok(()) => panic!("no marker could say so"),
         Err(err) => assert!(err.is_outcome_unknown(), "told {err}"),
     }
+}
+
+/// Issue 14's namespace: with `key_prefix("teamA:")`, a user confined to
+/// `~teamA:*` and `&teamA:*` runs every lock type, fencing, the watchdog,
+/// notify waiting, force release and RedLock, and the server refuses
+/// nothing (its `ACL LOG` stays empty: a marker or a `PUBLISH` refused
+/// inside `redis.pcall` would otherwise pass unnoticed), and every key left
+/// behind starts with the prefix.
+#[test]
+fn a_key_prefix_confines_every_lock_type_to_one_acl_pattern() {
+    let server = RedisServer::start();
+    set_user(&server, "team", PREFIX_RULE);
+    let _: () = redis::cmd("ACL")
+        .arg("LOG")
+        .arg("RESET")
+        .query(&mut server.conn())
+        .expect("ACL LOG RESET");
+    let url = format!("redis://team:secret@127.0.0.1:{}/", server.port());
+    let open = || {
+        LockClient::builder()
+            .url(&url)
+            .key_prefix("teamA:")
+            .build()
+            .expect("client")
+    };
+    let client = open();
+    assert_eq!(client.key("plain"), "teamA:plain");
+    let options = LockOptions::default().wait(Duration::from_secs(5));
+    for release in [Release::Lua, Release::Watch] {
+        let lock =
+            DistributedLock::with_options(&client, "plain", options.clone().release(release));
+        assert_eq!(lock.key(), "teamA:plain");
+        let mut guard = lock.lock().expect("lock");
+        assert!(exists(&server, "teamA:plain"));
+        guard.extend(Duration::from_secs(10)).expect("extend");
+        assert!(guard.is_held().expect("is_held"));
+        let marker = format!("teamA:{{teamA:plain}}:released:{}", guard.token());
+        guard.unlock().expect("unlock");
+        assert!(exists(&server, &marker), "{release:?}: no marker {marker}");
+    }
+    let fenced = DistributedLock::with_options(&client, "fenced", options.clone().fencing(true));
+    let guard = fenced.lock().expect("fenced lock");
+    assert_eq!(guard.fencing_token(), Some(1));
+    assert!(exists(&server, &client.fence_key(fenced.key())));
+    assert_eq!(client.fence_key(fenced.key()), "teamA:{teamA:fenced}:fence");
+    guard.unlock().expect("unlock");
+
+    let watched = DistributedLock::with_options(
+        &client,
+        "watched",
+        options
+            .clone()
+            .ttl(Duration::from_millis(300))
+            .watchdog(true),
+    );
+    let guard = watched.lock().expect("watched lock");
+    let renewals = client.stats().renewals;
+    assert!(wait_until(Duration::from_secs(5), || client
+        .stats()
+        .renewals
+        > renewals + 2));
+    assert!(!guard.is_lost());
+    guard.unlock().expect("unlock");
+
+    let reentrant = ReentrantLock::new(&client, "reentrant");
+    let outer = reentrant.lock().expect("reentrant");
+    assert!(exists(&server, "teamA:reentrant"));
+    let inner = reentrant.lock().expect("re-enter");
+    assert_eq!(inner.unlock().expect("inner"), Unlocked::StillHeld);
+    assert_eq!(outer.unlock().expect("outer"), Unlocked::Released);
+
+    let rw = RwLock::new(&client, "rw");
+    let reader = rw.read().expect("read");
+    assert!(exists(&server, "teamA:rw"));
+    reader.unlock().expect("unlock");
+    let writer = rw.write().expect("write");
+    writer.unlock().expect("unlock");
+
+    // Notify waiting on the prefixed channel, across two clients.
+    let holder = open();
+    let waited = support::release_wakes_waiter(&holder, &client, "notify", |channel| {
+        assert!(channel.starts_with("teamA:"), "{channel}");
+        support::numsub(&server, channel) == 1
+    });
+    assert!(
+        waited < Duration::from_secs(4),
+        "woken, not polled: {waited:?}"
+    );
+
+    let forced = DistributedLock::new(&client, "forced");
+    let guard = forced.lock().expect("lock");
+    let token = guard.token().to_owned();
+    assert_eq!(forced.force_release().expect("force"), Some(token));
+    drop(guard);
+
+    let redlock = RedLock::new(vec![client.clone(), open(), open()], "red").expect("nodes");
+    assert_eq!(redlock.key(), "teamA:red");
+    let guard = redlock.lock().expect("redlock");
+    assert!(exists(&server, "teamA:red"));
+    guard.unlock().expect("unlock");
+
+    let denials = acl_denials(&server);
+    assert!(denials.is_empty(), "the server refused: {denials:?}");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query(&mut server.conn())
+        .expect("KEYS (a test server)");
+    assert!(!keys.is_empty(), "markers and the fence counter remain");
+    for key in keys {
+        assert!(key.starts_with("teamA:"), "{key} is outside the namespace");
+    }
+}
+
+/// RedLock nodes must agree on the key: one prefix for all of them.
+#[test]
+fn redlock_nodes_with_different_prefixes_are_refused() {
+    let server = RedisServer::start();
+    let with = |prefix: &str| {
+        LockClient::builder()
+            .url(server.url())
+            .key_prefix(prefix)
+            .build()
+            .expect("client")
+    };
+    let result = RedLock::new(vec![with("a:"), with("b:")], "k");
+    assert!(
+        matches!(result, Err(redmutex::Error::InvalidArgument(_))),
+        "{result:?}"
+    );
 }

@@ -247,6 +247,63 @@ fn status_json_parses_and_release_is_owner_checked() {
     assert_eq!(held(&server, "st"), None);
 }
 
+/// `--key-prefix` (or `REDMUTEX_KEY_PREFIX`) names every key: `run` takes
+/// `PREFIX KEY`, `status` and `release` look there, and the unprefixed key
+/// is another lock.
+#[test]
+fn the_key_prefix_names_every_key_the_cli_touches() {
+    let server = RedisServer::start();
+    let _: () = redis::cmd("SET")
+        .arg("teamA:job")
+        .arg("tok-9")
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut server.conn())
+        .expect("SET");
+    let busy = redmutex(&server)
+        .args([
+            "--key-prefix",
+            "teamA:",
+            "run",
+            "--no-wait",
+            "job",
+            "--",
+            "true",
+        ])
+        .status()
+        .expect("run");
+    assert_eq!(busy.code(), Some(1), "teamA:job is held");
+    let other = redmutex(&server)
+        .args(["run", "--no-wait", "job", "--", "true"])
+        .status()
+        .expect("run");
+    assert!(other.success(), "job without the prefix is another lock");
+    let out = redmutex(&server)
+        .env("REDMUTEX_KEY_PREFIX", "teamA:")
+        .args(["status", "--json", "job"])
+        .output()
+        .expect("status");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json["token"], "tok-9");
+    let released = redmutex(&server)
+        .env("REDMUTEX_KEY_PREFIX", "teamA:")
+        .args(["release", "job", "--token", "tok-9"])
+        .status()
+        .expect("release");
+    assert!(released.success());
+    assert_eq!(held(&server, "teamA:job"), None);
+    let refused = redmutex(&server)
+        .args(["--key-prefix", "{x}", "status", "job"])
+        .output()
+        .expect("status");
+    assert_eq!(
+        refused.status.code(),
+        Some(2),
+        "a bad prefix is a usage error"
+    );
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("prefix"));
+}
+
 #[test]
 fn bad_input_gets_one_line_and_a_documented_code() {
     let server = RedisServer::start();

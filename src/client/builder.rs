@@ -15,6 +15,7 @@ use crate::client::{
 use crate::conn::backend::{Backend, SentinelTarget, Target, tcp_settings};
 use crate::error::Error;
 use crate::notify::transport::Source;
+use crate::script::names::Namespace;
 
 impl LockClient {
     /// A builder for any deployment, with every setting: the long form of
@@ -187,7 +188,12 @@ impl LockClient {
     /// still queue locally and take handoffs, but wait for remote releases
     /// with backoff timing. [`LockClient::with_notify_client`] adds one.
     pub fn new(pool: r2d2::Pool<redis::Client>) -> LockClient {
-        LockClient::build(Backend::single(pool, DEFAULT_TIMEOUT), None, None)
+        LockClient::build(
+            Backend::single(pool, DEFAULT_TIMEOUT),
+            None,
+            None,
+            Namespace::default(),
+        )
     }
 
     /// Wraps a Redis Cluster pool you built; see [`LockClient::open_cluster`]
@@ -195,7 +201,12 @@ impl LockClient {
     /// settings to mind. Without [`LockClient::with_notify_client`] (any one
     /// node will do), remote releases are waited for with backoff timing.
     pub fn new_cluster(pool: r2d2::Pool<ClusterClient>) -> LockClient {
-        LockClient::build(Backend::cluster(pool, DEFAULT_TIMEOUT), None, None)
+        LockClient::build(
+            Backend::cluster(pool, DEFAULT_TIMEOUT),
+            None,
+            None,
+            Namespace::default(),
+        )
     }
 
     /// Wraps a pool over [`LockedSentinelClient`] you built; see
@@ -205,7 +216,12 @@ impl LockClient {
     /// connection of [`LockClient::open_sentinel`] needs the sentinels'
     /// addresses, which the pool does not tell).
     pub fn new_sentinel(pool: r2d2::Pool<LockedSentinelClient>) -> LockClient {
-        LockClient::build(Backend::sentinel(pool, DEFAULT_TIMEOUT), None, None)
+        LockClient::build(
+            Backend::sentinel(pool, DEFAULT_TIMEOUT),
+            None,
+            None,
+            Namespace::default(),
+        )
     }
 }
 
@@ -246,6 +262,7 @@ pub struct LockClientBuilder {
     pool_size: u32,
     notify: bool,
     defaults: LockOptions,
+    key_prefix: String,
 }
 
 impl Default for LockClientBuilder {
@@ -257,6 +274,7 @@ impl Default for LockClientBuilder {
             pool_size: DEFAULT_POOL_SIZE,
             notify: true,
             defaults: LockOptions::default(),
+            key_prefix: String::new(),
         }
     }
 }
@@ -337,15 +355,30 @@ impl LockClientBuilder {
         self
     }
 
+    /// A prefix for every key and pub/sub channel the client's locks touch:
+    /// the lock named `K` is the key `PREFIX K`, and its fencing counter,
+    /// release markers and release channel all start with `PREFIX` too, so
+    /// an ACL user limited to `~PREFIX*` and `&PREFIX*` can use every lock
+    /// type (see the README's ACL rules). Defaults to none (`""`). It may
+    /// not contain `{` or `}`, which would move keys to another cluster
+    /// slot. [`DistributedLock::key`](crate::DistributedLock::key) and the
+    /// guards' `key()` give the key with its prefix, as it is in Redis.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
     /// Makes the client. Nothing is sent to Redis.
     ///
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] when no deployment was given, a URL does
     /// not parse, the list of servers is empty, the Sentinel primary's name
-    /// is empty, the timeout is out of range or the pool size is 0.
+    /// is empty, the timeout is out of range, the pool size is 0 or the key
+    /// prefix holds a brace.
     pub fn build(self) -> Result<LockClient, Error> {
         check_timeout(self.timeout)?;
+        let names = Namespace::new(&self.key_prefix).map_err(Error::InvalidArgument)?;
         if self.pool_size == 0 {
             return Err(Error::InvalidArgument(
                 "the pool size must be at least 1".into(),
@@ -366,7 +399,12 @@ impl LockClientBuilder {
                     .clone()
                     .set_tcp_settings(tcp_settings(timeout));
                 let backend = Backend::own(Target::Single(info), timeout, size);
-                LockClient::build(backend, notify(Source::servers([&client])), Some(client))
+                LockClient::build(
+                    backend,
+                    notify(Source::servers([&client])),
+                    Some(client),
+                    names,
+                )
             }
             Servers::Cluster(urls) => {
                 let seeds = parse_urls(urls)?;
@@ -387,7 +425,7 @@ impl LockClientBuilder {
                 .build()
                 .map_err(|e| Error::InvalidArgument(format!("cannot use the cluster URLs: {e}")))?;
                 let backend = Backend::own(Target::Cluster(cluster), timeout, size);
-                LockClient::build(backend, notify(Source::servers(&seeds)), None)
+                LockClient::build(backend, notify(Source::servers(&seeds)), None, names)
             }
             Servers::Sentinel { sentinels, master } => {
                 let seeds = parse_urls(sentinels)?;
@@ -411,6 +449,7 @@ impl LockClientBuilder {
                     backend,
                     notify(Source::sentinel(&seeds, master, &self.primary)),
                     None,
+                    names,
                 )
             }
         };
@@ -438,6 +477,9 @@ mod tests {
                 .build()
                 .is_err()
         );
+        assert!(single().key_prefix("{team}:").build().is_err());
         assert!(single().pool_size(1).notify(false).build().is_ok());
+        let client = single().key_prefix("team:").build().expect("a prefix");
+        assert_eq!(client.key_prefix(), "team:");
     }
 }

@@ -29,6 +29,7 @@ use crate::error::Error;
 use crate::notify::subscriber::{Subscriber, Subscription};
 use crate::notify::transport::Source;
 use crate::renew::watchdog::{Orphan, OrphanKind, Watchdog};
+use crate::script::names::Namespace;
 use crate::wait::queue::{Feed, Waker};
 
 /// Connect, read and write timeout of the pools built by [`LockClient::open`].
@@ -90,10 +91,17 @@ struct Inner {
     /// The server refused a release marker (an ACL without the
     /// `{KEY}:released:*` keys): releases go without one from then on.
     markers_refused: AtomicBool,
+    /// The key prefix, part of the client's identity like the pool.
+    names: Namespace,
 }
 
 impl Inner {
-    fn new(backend: Backend, notify: Option<Source>, single: Option<redis::Client>) -> Inner {
+    fn new(
+        backend: Backend,
+        notify: Option<Source>,
+        single: Option<redis::Client>,
+        names: Namespace,
+    ) -> Inner {
         let stats = Arc::new(Stats::default());
         let watchdog = Watchdog::new(backend.clone(), stats.clone());
         Inner {
@@ -106,6 +114,7 @@ impl Inner {
             single,
             compat_pool: OnceLock::new(),
             markers_refused: AtomicBool::new(false),
+            names,
         }
     }
 }
@@ -128,9 +137,10 @@ impl LockClient {
         backend: Backend,
         notify: Option<Source>,
         single: Option<redis::Client>,
+        names: Namespace,
     ) -> LockClient {
         LockClient {
-            inner: Arc::new(Inner::new(backend, notify, single)),
+            inner: Arc::new(Inner::new(backend, notify, single, names)),
             defaults: Arc::new(LockOptions::default()),
         }
     }
@@ -238,6 +248,39 @@ impl LockClient {
         self.inner.backend.timeout()
     }
 
+    /// The prefix of every key and channel this client's locks touch
+    /// ([`LockClientBuilder::key_prefix`](crate::LockClientBuilder::key_prefix));
+    /// empty when none was set.
+    pub fn key_prefix(&self) -> &str {
+        self.inner.names.prefix()
+    }
+
+    /// The key in Redis of the lock named `name`: the key prefix followed
+    /// by `name`. What [`DistributedLock::key`](crate::DistributedLock::key)
+    /// returns for a lock made with `name`.
+    pub fn key(&self, name: &str) -> String {
+        self.inner.names.key(name)
+    }
+
+    /// The fencing counter of `key`, a key in Redis as
+    /// [`LockClient::key`] gives it: [`fence_key`](crate::fence_key), with
+    /// the key prefix in front when there is one.
+    pub fn fence_key(&self, key: &str) -> String {
+        self.inner.names.fence_key(key)
+    }
+
+    /// The pub/sub channel the releases of `key` (a key in Redis, as
+    /// [`LockClient::key`] gives it) are published on:
+    /// [`release_channel`](crate::release_channel), with the key prefix in
+    /// front when there is one.
+    pub fn release_channel(&self, key: &str) -> String {
+        self.inner.names.release_channel(key)
+    }
+
+    pub(crate) fn names(&self) -> &Namespace {
+        &self.inner.names
+    }
+
     pub(crate) fn id(&self) -> u64 {
         self.inner.id
     }
@@ -330,7 +373,10 @@ impl LockClient {
         // arrive, and beyond any resend of it.
         let window = policy::marker_ttl(self.timeout());
         log::debug!("redmutex: releasing what a failed acquisition of {key:?} may have left");
-        self.inner.watchdog.clean_up(Orphan::new(key, kind, window));
+        let channel = self.inner.names.release_channel(key);
+        self.inner
+            .watchdog
+            .clean_up(Orphan::new(key, channel, kind, window));
     }
 }
 
@@ -339,6 +385,7 @@ impl std::fmt::Debug for LockClient {
         f.debug_struct("LockClient")
             .field("id", &self.inner.id)
             .field("deployment", &self.deployment())
+            .field("key_prefix", &self.key_prefix())
             .field("pool", &self.inner.backend.state())
             .field("defaults", &self.defaults)
             .finish()

@@ -230,9 +230,9 @@ pub(crate) fn marker_of(
     let marker = if !client.markers_allowed() {
         None
     } else if client.deployment() == crate::conn::backend::Deployment::Cluster {
-        crate::script::names::release_marker(key, id)
+        client.names().release_marker(key, id)
     } else {
-        Some(crate::script::names::marker_anywhere(key, id))
+        Some(client.names().marker_anywhere(key, id))
     };
     (marker, millis)
 }
@@ -292,7 +292,7 @@ pub(crate) fn release(
     token: &str,
     how: crate::client::options::Release,
 ) -> Result<Option<u64>, Error> {
-    let channel = crate::script::names::release_channel(key);
+    let channel = client.names().release_channel(key);
     let (marker_key, millis) = marker_of(client, key, token);
     let marker = Marker {
         key: marker_key.as_deref(),

@@ -181,7 +181,8 @@ impl RedLock {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] without any node.
+    /// [`Error::InvalidArgument`] without any node, or when the nodes'
+    /// clients have different key prefixes.
     pub fn with_options(
         nodes: Vec<LockClient>,
         key: impl Into<String>,
@@ -192,9 +193,18 @@ impl RedLock {
                 "RedLock needs at least one node".into(),
             ));
         }
+        // One key on every node: the prefix must be one too.
+        let prefix = nodes[0].key_prefix();
+        if let Some(other) = nodes.iter().find(|node| node.key_prefix() != prefix) {
+            return Err(Error::InvalidArgument(format!(
+                "RedLock nodes must share one key prefix: {prefix:?} and {:?}",
+                other.key_prefix()
+            )));
+        }
+        let key = nodes[0].names().own_key(key.into());
         Ok(RedLock {
             nodes: Arc::new(Nodes::start(nodes)),
-            key: key.into(),
+            key,
             options,
             node_timeout: None,
         })
@@ -207,7 +217,8 @@ impl RedLock {
         self
     }
 
-    /// The lock key (the same on every node).
+    /// The lock key as it is in Redis (the same on every node), the nodes'
+    /// key prefix included.
     pub fn key(&self) -> &str {
         &self.key
     }

@@ -101,12 +101,13 @@ impl ReentrantLock {
     ) -> ReentrantLock {
         ReentrantLock {
             client: client.clone(),
-            key: key.into(),
+            key: client.names().own_key(key.into()),
             options,
         }
     }
 
-    /// The lock key.
+    /// The lock key (a hash) as it is in Redis, the client's key prefix
+    /// included.
     pub fn key(&self) -> &str {
         &self.key
     }

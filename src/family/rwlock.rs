@@ -12,7 +12,7 @@ use crate::conn::policy::Op;
 use crate::error::{Error, NotHeldReason};
 use crate::lease::remaining;
 use crate::renew::watchdog::OrphanKind;
-use crate::script::{self, names};
+use crate::script;
 use crate::wait::acquire::{Attempt, Contender, Queued, Waiting, Within, acquire, blocking};
 use crate::wait::queue::Queues;
 
@@ -100,7 +100,7 @@ impl RwLock {
         RwLock {
             client: client.clone(),
             local: client.local::<Local>(),
-            key: key.into(),
+            key: client.names().own_key(key.into()),
             options,
             prefer_readers: false,
         }
@@ -114,7 +114,8 @@ impl RwLock {
         self
     }
 
-    /// The lock key (a hash).
+    /// The lock key (a hash) as it is in Redis, the client's key prefix
+    /// included.
     pub fn key(&self) -> &str {
         &self.key
     }
@@ -230,7 +231,7 @@ impl RwLock {
         // no channel name.
         let subscribe = |waker| {
             self.client
-                .subscribe(&names::release_channel(&self.key), waker)
+                .subscribe(&self.client.release_channel(&self.key), waker)
         };
         let nothing = |never: Infallible| match never {};
         let waiting = match self.options.wait_mode {
@@ -324,7 +325,7 @@ impl Contender for Grant<'_> {
 /// 1 released, 0 gone, -1 another writer holds the write lock. A release
 /// sent again after a lost reply answers from its marker.
 fn release_field(client: &LockClient, key: &str, token: &str, code: &str) -> Result<i64, Error> {
-    let channel = names::release_channel(key);
+    let channel = client.release_channel(key);
     let (marker, millis) = release::marker_of(client, key, token);
     client.counters().commands(1);
     let markerless = std::cell::Cell::new(marker.is_none());

@@ -31,7 +31,7 @@ use crate::error::Error;
 use crate::mutex::guard::LockGuard;
 use crate::mutex::lease::{Handoff, Lease, Local, release_and_tell};
 use crate::renew::watchdog::OrphanKind;
-use crate::script::{self, names};
+use crate::script;
 use crate::wait::acquire::{Attempt, Contender, Queued, Waiting, Within, acquire, blocking};
 
 /// How long `force_release`'s marker lives: an hour.
@@ -78,12 +78,14 @@ impl DistributedLock {
         DistributedLock {
             client: client.clone(),
             local: client.local::<Local>(),
-            key: key.into(),
+            key: client.names().own_key(key.into()),
             options,
         }
     }
 
-    /// The lock key.
+    /// The lock key as it is in Redis: the client's
+    /// [key prefix](crate::LockClientBuilder::key_prefix), if any, followed
+    /// by the name given to [`DistributedLock::new`].
     pub fn key(&self) -> &str {
         &self.key
     }
@@ -194,7 +196,7 @@ impl DistributedLock {
         self.client.check_key(&self.key)?;
         let key = self.key.as_str();
         let request = uuid::Uuid::new_v4().to_string();
-        let marker = names::marker_anywhere(key, &request);
+        let marker = self.client.names().marker_anywhere(key, &request);
         // Long-lived (an operator's rare act): on a cluster redis-rs may
         // deliver a copy of the request much later than the first, and the
         // copy must still find the marker rather than delete a new lock.
@@ -252,7 +254,7 @@ impl DistributedLock {
         // no channel name.
         let subscribe = |waker| {
             self.client
-                .subscribe(&names::release_channel(&self.key), waker)
+                .subscribe(&self.client.release_channel(&self.key), waker)
         };
         let waiting = match self.options.wait_mode {
             WaitMode::Spin => Waiting::Spin,
@@ -392,7 +394,7 @@ impl DistributedLock {
         if acked >= wanted {
             return Ok(None);
         }
-        let channel = names::release_channel(&self.key);
+        let channel = self.client.release_channel(&self.key);
         let (marker, marker_millis) = release::marker_of(&self.client, &self.key, token);
         // The key was written by this very connection a moment ago; whatever
         // the outcome (released, or expired already), nothing stays ours.
@@ -466,7 +468,7 @@ impl DistributedLock {
         let key = self.key.as_str();
         let sent = Instant::now();
         self.client.counters().commands(1);
-        let fence_key = self.options.fencing.then(|| names::fence_key(key));
+        let fence_key = self.options.fencing.then(|| self.client.fence_key(key));
         let set = Cell::new(false);
         let result = self.client.run(Op::AcquireScript, key, |con, send| {
             let connection = self.node_connection_id(con)?;

@@ -112,6 +112,8 @@ impl WatchEntry {
 /// again and again until no request of it can arrive any more.
 pub(crate) struct Orphan {
     key: String,
+    /// The key's release channel, named by the client (its prefix).
+    channel: String,
     kind: OrphanKind,
     /// Cleanups go on until then: a request delayed on its way (by a proxy
     /// holding it, say) can still set the key until it arrives.
@@ -132,11 +134,13 @@ pub(crate) enum OrphanKind {
 }
 
 impl Orphan {
-    /// An orphan of `key`, watched for `window` from now.
-    pub(crate) fn new(key: &str, kind: OrphanKind, window: Duration) -> Orphan {
+    /// An orphan of `key` (whose releases are announced on `channel`),
+    /// watched for `window` from now.
+    pub(crate) fn new(key: &str, channel: String, kind: OrphanKind, window: Duration) -> Orphan {
         let now = Instant::now();
         Orphan {
             key: key.to_owned(),
+            channel,
             kind,
             until: now.checked_add(window).unwrap_or(now),
             next: now,
@@ -491,7 +495,7 @@ fn clean_orphans(shared: &Shared, mut orphans: Vec<Orphan>, budget: Duration) ->
 /// The owner-checked release of what an orphan's request may have left,
 /// without a marker (nobody awaits its answer).
 fn cleanup_call(orphan: &Orphan) -> redis::Cmd {
-    let channel = crate::script::names::release_channel(&orphan.key);
+    let channel = &orphan.channel;
     let mut cmd = redis::cmd("EVALSHA");
     match &orphan.kind {
         OrphanKind::Plain { token } => {
@@ -499,7 +503,7 @@ fn cleanup_call(orphan: &Orphan) -> redis::Cmd {
                 .arg(1)
                 .arg(&orphan.key)
                 .arg(token)
-                .arg(&channel)
+                .arg(channel)
                 .arg(1);
         }
         OrphanKind::Reentrant { owner, hold } => {
@@ -516,7 +520,7 @@ fn cleanup_call(orphan: &Orphan) -> redis::Cmd {
                 .arg(&orphan.key)
                 .arg(token)
                 .arg("x")
-                .arg(&channel)
+                .arg(channel)
                 .arg(1);
         }
     }

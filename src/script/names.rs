@@ -1,5 +1,6 @@
 //! Names derived from a lock key: the pub/sub channel its releases are
-//! announced on, and its fencing counter.
+//! announced on, its fencing counter and its release markers; and the
+//! client's namespace, a prefix every one of them starts with.
 //!
 //! The channel carries the key's Redis Cluster hash tag, so that it maps to
 //! the key's slot (what sharded pub/sub needs): the key's own `{tag}` when it
@@ -18,6 +19,9 @@ pub(crate) fn hash_tag(key: &str) -> Option<&str> {
 /// `redmutex:released:{KEY}`, or `redmutex:released:{TAG}:KEY` when the key
 /// has a `{TAG}` hash tag (so the channel maps to the key's cluster slot).
 ///
+/// For a client with a key prefix, use
+/// [`LockClient::release_channel`](crate::LockClient::release_channel).
+///
 /// ```
 /// assert_eq!(redmutex::release_channel("jobs:nightly"), "redmutex:released:{jobs:nightly}");
 /// ```
@@ -33,6 +37,9 @@ pub fn release_channel(key: &str) -> String {
 
 /// The key of `key`'s fencing counter, in the same hash slot: `{KEY}:fence`,
 /// or `{TAG}:fence:KEY` when the key has a `{TAG}` hash tag.
+///
+/// For a client with a key prefix, use
+/// [`LockClient::fence_key`](crate::LockClient::fence_key).
 ///
 /// ```
 /// assert_eq!(redmutex::fence_key("jobs:nightly"), "{jobs:nightly}:fence");
@@ -67,6 +74,87 @@ pub(crate) fn marker_anywhere(key: &str, id: &str) -> String {
 /// Whether [`fence_key`] of `key` hashes to `key`'s cluster slot.
 pub(crate) fn same_slot_fence(key: &str) -> bool {
     hash_tag(key).is_some() || !key.contains('}')
+}
+
+/// A client's key prefix, and every name the crate derives with it.
+///
+/// Invariant: with a prefix `P`, the lock named `K` is the key `P K`, and
+/// each auxiliary name is `P` followed by the name derived from `P K` as
+/// without a prefix. So every key and channel starts with `P` (one ACL
+/// pattern `~P*` / `&P*` covers them), and each auxiliary name keeps the
+/// hash tag of `P K`, its cluster slot: `P` holds no brace, so the first
+/// `{` of an auxiliary name is the derived name's own. Without a prefix,
+/// names are exactly those of [`release_channel`], [`fence_key`] and
+/// [`release_marker`], so fencing counters of existing deployments carry
+/// on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Namespace {
+    prefix: String,
+}
+
+impl Namespace {
+    /// A namespace, or why `prefix` cannot be one.
+    pub(crate) fn new(prefix: &str) -> Result<Namespace, String> {
+        if prefix.contains(['{', '}']) {
+            return Err(format!(
+                "the key prefix may not contain '{{' or '}}' (it would change which cluster \
+                 slot the keys and their auxiliary keys map to), got {prefix:?}"
+            ));
+        }
+        Ok(Namespace {
+            prefix: prefix.to_owned(),
+        })
+    }
+
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// [`Namespace::key`], reusing `name`'s allocation without a prefix.
+    pub(crate) fn own_key(&self, name: String) -> String {
+        if self.prefix.is_empty() {
+            return name;
+        }
+        self.key(&name)
+    }
+
+    /// The key in Redis of the lock named `name`.
+    pub(crate) fn key(&self, name: &str) -> String {
+        let mut key = String::with_capacity(self.prefix.len() + name.len());
+        key.push_str(&self.prefix);
+        key.push_str(name);
+        key
+    }
+
+    /// [`release_channel`] of `key` (a key of this namespace), prefixed.
+    pub(crate) fn release_channel(&self, key: &str) -> String {
+        self.prefixed(release_channel(key))
+    }
+
+    /// [`fence_key`] of `key`, prefixed.
+    pub(crate) fn fence_key(&self, key: &str) -> String {
+        self.prefixed(fence_key(key))
+    }
+
+    /// [`release_marker`] of `key` and `id`, prefixed.
+    pub(crate) fn release_marker(&self, key: &str, id: &str) -> Option<String> {
+        release_marker(key, id).map(|name| self.prefixed(name))
+    }
+
+    /// [`marker_anywhere`] of `key` and `id`, prefixed.
+    pub(crate) fn marker_anywhere(&self, key: &str, id: &str) -> String {
+        self.prefixed(marker_anywhere(key, id))
+    }
+
+    fn prefixed(&self, name: String) -> String {
+        if self.prefix.is_empty() {
+            return name;
+        }
+        let mut prefixed = String::with_capacity(self.prefix.len() + name.len());
+        prefixed.push_str(&self.prefix);
+        prefixed.push_str(&name);
+        prefixed
+    }
 }
 
 #[cfg(test)]
@@ -150,5 +238,48 @@ mod tests {
         assert_eq!(fence_key("user:{42}:lock"), "{42}:fence:user:{42}:lock");
         assert_eq!(hash_tag(&fence_key("user:{42}:lock")), Some("42"));
         assert_ne!(fence_key("a"), fence_key("b"));
+    }
+
+    #[test]
+    fn a_namespace_prefixes_every_name_and_keeps_the_slot() {
+        let none = Namespace::default();
+        assert_eq!(none.key("job"), "job");
+        assert_eq!(none.fence_key("job"), fence_key("job"));
+        assert_eq!(none.release_channel("job"), release_channel("job"));
+        assert_eq!(none.release_marker("job", "t"), release_marker("job", "t"));
+
+        let team = Namespace::new("teamA:").expect("a valid prefix");
+        let key = team.key("job");
+        assert_eq!(key, "teamA:job");
+        assert_eq!(team.fence_key(&key), "teamA:{teamA:job}:fence");
+        assert_eq!(
+            team.release_channel(&key),
+            "teamA:redmutex:released:{teamA:job}"
+        );
+        for name in ["job", "user:{42}:lock", "{x}y", "a{b}}", "odd}key"] {
+            let key = team.key(name);
+            let names = [
+                team.fence_key(&key),
+                team.release_channel(&key),
+                team.marker_anywhere(&key, "t"),
+            ];
+            for derived in names {
+                assert!(derived.starts_with("teamA:"), "{derived}");
+                if same_slot_fence(&key) {
+                    assert_eq!(slot(&derived), slot(&key), "{derived} vs {key}");
+                }
+            }
+            if let Some(marker) = team.release_marker(&key, "t") {
+                assert_eq!(slot(&marker), slot(&key), "{marker}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_prefix_with_a_brace_is_refused() {
+        for prefix in ["{team}:", "a}", "x{"] {
+            assert!(Namespace::new(prefix).is_err(), "{prefix}");
+        }
+        assert!(Namespace::new("").is_ok());
     }
 }

@@ -507,7 +507,7 @@ pub fn release_wakes_waiter(
             waited
         }
     });
-    let channel = redmutex::release_channel(key);
+    let channel = waiter.release_channel(&waiter.key(key));
     let ready = wait_until(Duration::from_secs(10), || subscribed(&channel));
     assert!(ready, "the waiter subscribed to {channel}");
     guard.unlock().expect("unlock");

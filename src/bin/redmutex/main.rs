@@ -84,6 +84,17 @@ struct Cli {
     /// The URLs are sentinels; lock on the primary they name MASTER.
     #[arg(long, env = "REDMUTEX_SENTINEL", global = true, value_name = "MASTER")]
     sentinel: Option<String>,
+    /// A prefix for every key and channel (as the library's
+    /// `LockClientBuilder::key_prefix`): KEY names the lock PREFIX+KEY.
+    #[arg(
+        long,
+        env = "REDMUTEX_KEY_PREFIX",
+        global = true,
+        default_value = "",
+        hide_default_value = true,
+        value_name = "PREFIX"
+    )]
+    key_prefix: String,
     /// Say nothing but errors.
     #[arg(long, short, global = true, conflicts_with = "verbose")]
     quiet: bool,
@@ -213,14 +224,17 @@ fn main() -> ExitCode {
 
 fn client(cli: &Cli) -> Result<LockClient, Failure> {
     let urls = || cli.url.split(',').map(str::trim).filter(|u| !u.is_empty());
-    let client = if cli.cluster {
-        LockClient::open_cluster(urls())
+    let builder = if cli.cluster {
+        LockClient::builder().cluster(urls())
     } else if let Some(master) = &cli.sentinel {
-        LockClient::open_sentinel(urls(), master)
+        LockClient::builder().sentinel(urls(), master)
     } else {
-        LockClient::open(&cli.url)
+        LockClient::builder().url(&cli.url)
     };
-    client.map_err(redis_failure)
+    builder
+        .key_prefix(&cli.key_prefix)
+        .build()
+        .map_err(redis_failure)
 }
 
 fn connection(client: &LockClient) -> Result<redmutex::Connection, Failure> {
@@ -239,9 +253,12 @@ fn verbose(cli: &Cli, message: std::fmt::Arguments<'_>) {
     }
 }
 
-/// Who holds `key` and for how long, on a connection of `client`'s pool.
-/// (Two commands, not a pipeline: a cluster connection cannot pipeline.)
-fn holder(client: &LockClient, key: &str) -> Result<Option<(String, i64)>, Failure> {
+/// Who holds the lock named `name` and for how long, on a connection of
+/// `client`'s pool. (Two commands, not a pipeline: a cluster connection
+/// cannot pipeline.)
+fn holder(client: &LockClient, name: &str) -> Result<Option<(String, i64)>, Failure> {
+    let key = client.key(name);
+    let key = key.as_str();
     let mut con = connection(client)?;
     let token: Option<String> = redis::cmd("GET")
         .arg(key)

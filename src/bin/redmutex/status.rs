@@ -6,7 +6,7 @@ use super::*;
 pub(super) fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
     let client = client(cli)?;
     let held = holder(&client, &args.key)?;
-    let fence_key = redmutex::fence_key(&args.key);
+    let fence_key = client.fence_key(&client.key(&args.key));
     let counter: Option<u64> = {
         let mut con = connection(&client)?;
         redis::cmd("GET")
