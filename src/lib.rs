@@ -219,7 +219,7 @@ mod script;
 mod wait;
 
 pub use client::builder::LockClientBuilder;
-pub use client::options::{Backoff, HandoffBudget, LockOptions, Release, WaitMode};
+pub use client::options::{Backoff, HandoffBudget, LeaseOptions, LockOptions, Release, WaitMode};
 pub use client::{DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT, LockClient, MAX_TIMEOUT};
 pub use conn::backend::{Connection, Deployment};
 pub use conn::stats::LockStats;

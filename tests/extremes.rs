@@ -11,8 +11,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use redmutex::{
-    Backoff, DistributedLock, Error, LockClient, LockOptions, RedLock, ReentrantLock, Release,
-    RwLock, WaitMode,
+    Backoff, DistributedLock, Error, LeaseOptions, LockClient, LockOptions, RedLock, ReentrantLock,
+    Release, RwLock, WaitMode,
 };
 use support::RedisServer;
 
@@ -96,6 +96,21 @@ fn extremes() -> impl Strategy<Value = Extremes> {
 }
 
 impl Extremes {
+    fn lease(&self) -> LeaseOptions {
+        LeaseOptions::default()
+            .ttl(self.ttl)
+            .wait(self.wait)
+            .backoff(Backoff::new(self.initial, self.max, self.factor))
+    }
+
+    fn wait_mode(&self) -> WaitMode {
+        if self.spin {
+            WaitMode::Spin
+        } else {
+            WaitMode::Notify
+        }
+    }
+
     fn options(&self) -> LockOptions {
         let mut options = LockOptions::default()
             .ttl(self.ttl)
@@ -193,7 +208,7 @@ fn exercise(server: &RedisServer, client: &LockClient, case: u64, x: &Extremes) 
         .query(&mut server.conn())
         .expect("DEL");
 
-    let rw = RwLock::with_options(client, format!("rw{case}"), x.options());
+    let rw = RwLock::with_options(client, format!("rw{case}"), x.lease()).wait_mode(x.wait_mode());
     if let Some(Some(reader)) = clear("try_read", rw.try_read()) {
         let writer = clear("try_write_for", rw.try_write_for(SHORT)).flatten();
         assert!(
@@ -202,11 +217,11 @@ fn exercise(server: &RedisServer, client: &LockClient, case: u64, x: &Extremes) 
         );
         drop(reader);
     }
-    let reentrant = ReentrantLock::with_options(client, format!("re{case}"), x.options());
+    let reentrant = ReentrantLock::with_options(client, format!("re{case}"), x.lease());
     if let Some(Some(guard)) = clear("reentrant", reentrant.try_lock_for(SHORT)) {
         drop(guard);
     }
-    let redlock = RedLock::with_options(vec![client.clone()], format!("rl{case}"), x.options())
+    let redlock = RedLock::with_options(vec![client.clone()], format!("rl{case}"), x.lease())
         .expect("one node")
         .node_timeout(x.node_timeout);
     if let Some(Some(guard)) = clear("redlock", redlock.try_lock()) {

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use redis::Commands;
 use redmutex::{
-    DistributedLock, LockClient, LockOptions, RedLock, ReentrantLock, Release, RwLock, Unlocked,
-    WaitMode,
+    DistributedLock, LeaseOptions, LockClient, LockOptions, RedLock, ReentrantLock, Release,
+    RwLock, Unlocked, WaitMode,
 };
 use support::{FaultProxy, RedisServer, exists, get, sha, wait_until};
 
@@ -50,7 +50,7 @@ fn reentrant_release_applies_once_after_a_lost_reply() {
     let server = server();
     let proxy = FaultProxy::to(&server);
     let client = client(&proxy);
-    let lock = ReentrantLock::with_options(&client, "acct", options());
+    let lock = ReentrantLock::with_options(&client, "acct", LeaseOptions::from(&options()));
     let outer = lock.lock().expect("outer");
     let inner = lock.lock().expect("inner");
     proxy.lose_reply(&sha(REENTRANT_RELEASE), 1);
@@ -82,7 +82,7 @@ fn reentrant_acquire_counts_once_after_a_lost_reply() {
     let server = server();
     let proxy = FaultProxy::to(&server);
     let client = client(&proxy);
-    let lock = ReentrantLock::with_options(&client, "acct", options());
+    let lock = ReentrantLock::with_options(&client, "acct", LeaseOptions::from(&options()));
     proxy.lose_reply(&sha(REENTRANT_ACQUIRE), 1);
     let guard = lock.lock().expect("lock");
     assert_eq!(proxy.lost_replies(), 1);
@@ -101,7 +101,7 @@ fn rwlock_write_grant_is_recognised_after_a_lost_reply() {
     let server = server();
     let proxy = FaultProxy::to(&server);
     let client = client(&proxy);
-    let lock = RwLock::with_options(&client, "catalog", options());
+    let lock = RwLock::with_options(&client, "catalog", LeaseOptions::from(&options()));
     proxy.lose_reply(&sha(RW_ACQUIRE), 1);
     let started = Instant::now();
     let writer = lock.write().expect("write");
@@ -325,9 +325,13 @@ fn redlock_survives_lost_replies_on_a_node() {
         servers[1].lock_client(),
         servers[2].lock_client(),
     ];
-    let lock = RedLock::with_options(nodes, "rl", options().ttl(Duration::from_secs(10)))
-        .expect("redlock")
-        .node_timeout(Duration::from_secs(2));
+    let lock = RedLock::with_options(
+        nodes,
+        "rl",
+        LeaseOptions::from(&options()).ttl(Duration::from_secs(10)),
+    )
+    .expect("redlock")
+    .node_timeout(Duration::from_secs(2));
     proxy.lose_reply("NX", 1);
     let guard = lock.lock().expect("lock");
     assert_eq!(proxy.lost_replies(), 1);

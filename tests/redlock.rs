@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::Commands;
-use redmutex::{Error, LockClient, LockOptions, RedLock};
+use redmutex::{Error, LeaseOptions, LockClient, RedLock};
 use support::{RedisServer, wait_until};
 
 fn clients(nodes: &[RedisServer]) -> Vec<LockClient> {
@@ -73,7 +73,7 @@ fn errors_say_how_many_granted_and_which_failed() {
     let lock = RedLock::with_options(
         clients(&nodes),
         "who",
-        LockOptions::default().wait(Duration::from_millis(100)),
+        LeaseOptions::default().wait(Duration::from_millis(100)),
     )
     .expect("redlock");
     match lock.lock() {
@@ -100,7 +100,7 @@ fn errors_say_how_many_granted_and_which_failed() {
 fn stopped_nodes_time_out_and_keep_nothing() {
     let nodes = RedisServer::start_many(3);
     let ttl = Duration::from_secs(2);
-    let lock = RedLock::with_options(clients(&nodes), "stop", LockOptions::default().ttl(ttl))
+    let lock = RedLock::with_options(clients(&nodes), "stop", LeaseOptions::default().ttl(ttl))
         .expect("redlock")
         .node_timeout(Duration::from_millis(100));
     nodes[2].signal("STOP");
@@ -141,7 +141,7 @@ fn stall(node: &RedisServer, secs: f64) -> std::thread::JoinHandle<()> {
 fn validity_shrinks_with_node_latency_and_a_reply_slower_than_the_ttl_never_yields_a_guard() {
     let nodes = RedisServer::start_many(3);
     let ttl = Duration::from_secs(2);
-    let lock = RedLock::with_options(clients(&nodes), "slow", LockOptions::default().ttl(ttl))
+    let lock = RedLock::with_options(clients(&nodes), "slow", LeaseOptions::default().ttl(ttl))
         .expect("redlock")
         .node_timeout(Duration::from_secs(1));
     let fast = lock.try_lock().expect("try").expect("acquired");
@@ -171,7 +171,7 @@ fn validity_shrinks_with_node_latency_and_a_reply_slower_than_the_ttl_never_yiel
     let short = RedLock::with_options(
         clients(&nodes),
         "slower",
-        LockOptions::default().ttl(Duration::from_millis(300)),
+        LeaseOptions::default().ttl(Duration::from_millis(300)),
     )
     .expect("redlock")
     .node_timeout(Duration::from_secs(2));
@@ -193,12 +193,12 @@ fn validity_shrinks_with_node_latency_and_a_reply_slower_than_the_ttl_never_yiel
 fn mutual_exclusion_across_two_redlock_clients_while_a_node_restarts() {
     let mut nodes = RedisServer::start_many(3);
     let resource = RedisServer::start();
-    let options = LockOptions::default()
+    let options = LeaseOptions::default()
         .ttl(Duration::from_secs(5))
         .wait(Duration::from_secs(30));
     let locks: Vec<RedLock> = (0..2)
         .map(|_| {
-            RedLock::with_options(clients(&nodes), "mx", options.clone())
+            RedLock::with_options(clients(&nodes), "mx", options)
                 .expect("redlock")
                 .node_timeout(Duration::from_millis(250))
         })

@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use redis::Commands;
-use redmutex::{DistributedLock, Error, LockOptions, NotHeldReason, ReentrantLock, Unlocked};
+use redmutex::{DistributedLock, Error, LeaseOptions, NotHeldReason, ReentrantLock, Unlocked};
 use support::{RedisServer, wait_until};
 
 /// The release script as the articles run it by hand, for a foreign owner.
@@ -34,7 +34,7 @@ fn the_articles_session_count_three_foreign_release_three_releases() {
     let lock = ReentrantLock::with_options(
         &client,
         "lock-key-1",
-        LockOptions::default().ttl(Duration::from_secs(300)),
+        LeaseOptions::default().ttl(Duration::from_secs(300)),
     );
     // Releasing a lock nobody holds: the key is gone.
     assert_eq!(release_as(&mut con, "lock-key-1", "thread-1"), Some(-1));
@@ -104,7 +104,7 @@ fn reentry_refreshes_the_lease_and_expiry_is_reported() {
     let lock = ReentrantLock::with_options(
         &client,
         "lease",
-        LockOptions::default().ttl(Duration::from_millis(400)),
+        LeaseOptions::default().ttl(Duration::from_millis(400)),
     );
     let outer = lock.lock().expect("lock");
     std::thread::sleep(Duration::from_millis(200));
@@ -131,7 +131,7 @@ fn extend_is_owner_checked_and_wrong_types_are_named() {
     let mut guard = ReentrantLock::with_options(
         &client,
         "ext",
-        LockOptions::default().ttl(Duration::from_secs(1)),
+        LeaseOptions::default().ttl(Duration::from_secs(1)),
     )
     .lock()
     .expect("lock");

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::Commands;
-use redmutex::{Error, LockOptions, NotHeldReason, RwLock};
+use redmutex::{Error, LeaseOptions, NotHeldReason, RwLock};
 use support::{RedisServer, wait_until};
 
 fn fields(server: &RedisServer, key: &str) -> Vec<String> {
@@ -54,12 +54,12 @@ fn a_crashed_reader_expires_alone() {
     let short = RwLock::with_options(
         &client,
         "crash",
-        LockOptions::default().ttl(Duration::from_millis(300)),
+        LeaseOptions::default().ttl(Duration::from_millis(300)),
     );
     let long = RwLock::with_options(
         &client,
         "crash",
-        LockOptions::default().ttl(Duration::from_secs(30)),
+        LeaseOptions::default().ttl(Duration::from_secs(30)),
     );
     let crashed = short.read().expect("read");
     let crashed_field = format!("r:{}", crashed.token());
@@ -120,7 +120,7 @@ fn a_writer_is_not_starved_by_overlapping_readers() {
             let lock = RwLock::with_options(
                 &client,
                 "busy",
-                LockOptions::default().wait(Duration::from_secs(20)),
+                LeaseOptions::default().wait(Duration::from_secs(20)),
             );
             let (stop, reading) = (stop.clone(), reading.clone());
             std::thread::spawn(move || {
@@ -142,7 +142,7 @@ fn a_writer_is_not_starved_by_overlapping_readers() {
     let writer = RwLock::with_options(
         &client,
         "busy",
-        LockOptions::default().wait(Duration::from_secs(10)),
+        LeaseOptions::default().wait(Duration::from_secs(10)),
     );
     let started = Instant::now();
     let guard = writer
@@ -169,7 +169,7 @@ fn an_expired_writer_reports_it_and_a_plain_key_is_refused() {
     let lock = RwLock::with_options(
         &client,
         "w",
-        LockOptions::default().ttl(Duration::from_millis(100)),
+        LeaseOptions::default().ttl(Duration::from_millis(100)),
     );
     let guard = lock.write().expect("write");
     assert!(wait_until(Duration::from_secs(3), || {
@@ -219,7 +219,7 @@ fn a_waiting_writer_wakes_on_the_readers_release_message() {
     let slow = RwLock::with_options(
         &writers,
         "wake",
-        LockOptions::default()
+        LeaseOptions::default()
             .backoff(redmutex::Backoff::constant(Duration::from_secs(10)))
             .wait(Duration::from_secs(30)),
     );

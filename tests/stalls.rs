@@ -396,9 +396,10 @@ fn a_redlock_release_that_misses_a_node_is_finished_later() {
         servers[1].lock_client(),
         servers[2].lock_client(),
     ];
-    let lock = redmutex::RedLock::with_options(nodes, "rl", options())
-        .expect("redlock")
-        .node_timeout(Duration::from_secs(1));
+    let lock =
+        redmutex::RedLock::with_options(nodes, "rl", redmutex::LeaseOptions::from(&options()))
+            .expect("redlock")
+            .node_timeout(Duration::from_secs(1));
     let guard = lock.lock().expect("lock");
     proxy.blackhole(true);
     assert!(guard.unlock().is_err(), "one node did not answer");

@@ -52,6 +52,77 @@ pub enum WaitMode {
     Notify,
 }
 
+/// The settings every lock type shares: the lease, the wait and the
+/// spacing of attempts. What [`ReentrantLock`](crate::ReentrantLock),
+/// [`RwLock`](crate::RwLock) and [`RedLock`](crate::RedLock) take; a
+/// [`DistributedLock`](crate::DistributedLock) takes [`LockOptions`], which
+/// adds what only it offers (release method, notify waiting, handoff,
+/// watchdog, fencing, replica acknowledgement).
+///
+/// ```
+/// use std::time::Duration;
+/// use redmutex::LeaseOptions;
+///
+/// let options = LeaseOptions::default()
+///     .ttl(Duration::from_secs(10))
+///     .wait(Duration::from_secs(2));
+/// # let _ = options;
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseOptions {
+    pub(crate) ttl: Duration,
+    pub(crate) wait: Duration,
+    pub(crate) backoff: Backoff,
+}
+
+impl Default for LeaseOptions {
+    fn default() -> Self {
+        LeaseOptions {
+            ttl: Duration::from_secs(30),
+            wait: Duration::from_secs(10),
+            backoff: Backoff::default(),
+        }
+    }
+}
+
+impl LeaseOptions {
+    /// The lease: how long Redis keeps the lock if its holder never releases
+    /// it (a crash, a partition, a pause). Whole milliseconds; between 1 ms
+    /// and ten years, checked when a lock is taken. Defaults to 30 s.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long the blocking acquire (`lock`, `read`, `write`) waits for a
+    /// held lock before it gives up with [`Error::Timeout`]. Defaults to
+    /// 10 s.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// How waiting attempts are spaced. Defaults to [`Backoff::default`]:
+    /// 2 ms doubling up to 64 ms, with full jitter.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+}
+
+/// The shared part of a [`LockOptions`]: its ttl, wait and backoff. The
+/// options only a [`DistributedLock`](crate::DistributedLock) has are left
+/// behind, on purpose and in plain sight.
+impl From<&LockOptions> for LeaseOptions {
+    fn from(options: &LockOptions) -> LeaseOptions {
+        LeaseOptions {
+            ttl: options.ttl,
+            wait: options.wait,
+            backoff: options.backoff,
+        }
+    }
+}
+
 /// Settings for a [`DistributedLock`](crate::DistributedLock).
 ///
 /// Built with consuming setters:
@@ -64,8 +135,12 @@ pub enum WaitMode {
 ///     .ttl(Duration::from_secs(10))
 ///     .wait(Duration::from_secs(2))
 ///     .release(Release::Watch);
-/// assert_eq!(options.get_ttl(), Duration::from_secs(10));
+/// # let _ = options;
 /// ```
+///
+/// The lock made with them reads them back
+/// ([`DistributedLock::ttl`](crate::DistributedLock::ttl) and the other
+/// getters).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LockOptions {
     pub(crate) ttl: Duration,
@@ -258,56 +333,87 @@ impl LockOptions {
     }
 
     /// The replica acknowledgement set by [`LockOptions::min_replicas`].
+    #[deprecated(
+        note = "read it from the lock: `DistributedLock::min_replicas()` (getters without `get_`)"
+    )]
     pub fn get_min_replicas(&self) -> Option<(u32, Duration)> {
         self.min_replicas
     }
 
     /// Whether the watchdog renews the lease ([`LockOptions::watchdog`]).
+    #[deprecated(
+        note = "read it from the lock: `DistributedLock::watchdog()` (getters without `get_`)"
+    )]
     pub fn get_watchdog(&self) -> bool {
         self.watchdog
     }
 
     /// The cap on hold time set by [`LockOptions::max_hold`].
+    #[deprecated(
+        note = "read it from the lock: `DistributedLock::max_hold()` (getters without `get_`)"
+    )]
     pub fn get_max_hold(&self) -> Option<Duration> {
         self.max_hold
     }
 
     /// Whether acquisitions issue fencing tokens ([`LockOptions::fencing`]).
+    #[deprecated(
+        note = "read it from the lock: `DistributedLock::fencing()` (getters without `get_`)"
+    )]
     pub fn get_fencing(&self) -> bool {
         self.fencing
     }
 
     /// The wait mode set by [`LockOptions::wait_mode`].
+    #[deprecated(
+        note = "read it from the lock: `DistributedLock::wait_mode()` (getters without `get_`)"
+    )]
     pub fn get_wait_mode(&self) -> WaitMode {
         self.wait_mode
     }
 
     /// Whether in-process handoff is on ([`LockOptions::local_handoff`]).
+    #[deprecated(
+        note = "read it from the lock: `DistributedLock::local_handoff()` (getters without `get_`)"
+    )]
     pub fn get_local_handoff(&self) -> bool {
         self.local_handoff
     }
 
     /// The budget set by [`LockOptions::handoff_budget`].
+    #[deprecated(
+        note = "read it from the lock: `DistributedLock::handoff_budget()` (getters without `get_`)"
+    )]
     pub fn get_handoff_budget(&self) -> HandoffBudget {
         self.handoff_budget
     }
 
     /// The lease length set by [`LockOptions::ttl`].
+    #[deprecated(note = "read it from the lock: `DistributedLock::ttl()` (getters without `get_`)")]
     pub fn get_ttl(&self) -> Duration {
         self.ttl
     }
 
     /// The wait set by [`LockOptions::wait`].
+    #[deprecated(
+        note = "read it from the lock: `DistributedLock::wait()` (getters without `get_`)"
+    )]
     pub fn get_wait(&self) -> Duration {
         self.wait
     }
 
     /// The backoff set by [`LockOptions::backoff`].
+    #[deprecated(
+        note = "read it from the lock: `DistributedLock::backoff()` (getters without `get_`)"
+    )]
     pub fn get_backoff(&self) -> Backoff {
         self.backoff
     }
 
     /// The release method set by [`LockOptions::release`].
+    #[deprecated(
+        note = "read it from the lock: `DistributedLock::release_mode()` (getters without `get_`)"
+    )]
     pub fn get_release(&self) -> Release {
         self.release
     }

@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 use std::convert::Infallible;
 
 use crate::client::LockClient;
-use crate::client::options::{LockOptions, Release, ttl_millis};
+use crate::client::options::{Backoff, LeaseOptions, Release, ttl_millis};
 use crate::client::release;
 use crate::conn::policy::Op;
 use crate::error::{Error, NotHeldReason};
@@ -58,7 +58,7 @@ use crate::wait::acquire::{Attempt, Contender, Waiting, Within, acquire};
 pub struct RedLock {
     nodes: Arc<Nodes>,
     key: String,
-    options: LockOptions,
+    options: LeaseOptions,
     node_timeout: Option<Duration>,
 }
 
@@ -174,10 +174,10 @@ impl RedLock {
     ///
     /// [`Error::InvalidArgument`] without any node.
     pub fn new(nodes: Vec<LockClient>, key: impl Into<String>) -> Result<RedLock, Error> {
-        RedLock::with_options(nodes, key, LockOptions::default())
+        RedLock::with_options(nodes, key, LeaseOptions::default())
     }
 
-    /// A RedLock with the given options (`ttl`, `wait`, `backoff` apply).
+    /// A RedLock with the given options.
     ///
     /// # Errors
     ///
@@ -186,7 +186,7 @@ impl RedLock {
     pub fn with_options(
         nodes: Vec<LockClient>,
         key: impl Into<String>,
-        options: LockOptions,
+        options: LeaseOptions,
     ) -> Result<RedLock, Error> {
         if nodes.is_empty() {
             return Err(Error::InvalidArgument(
@@ -221,6 +221,21 @@ impl RedLock {
     /// key prefix included.
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// The lease length ([`LeaseOptions::ttl`]).
+    pub fn ttl(&self) -> Duration {
+        self.options.ttl
+    }
+
+    /// How long the blocking acquire waits ([`LeaseOptions::wait`]).
+    pub fn wait(&self) -> Duration {
+        self.options.wait
+    }
+
+    /// How waiting attempts are spaced ([`LeaseOptions::backoff`]).
+    pub fn backoff(&self) -> Backoff {
+        self.options.backoff
     }
 
     /// How many nodes must grant: N/2 + 1.

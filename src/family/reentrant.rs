@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
-use crate::client::options::{LockOptions, ttl_millis};
+use crate::client::options::{Backoff, LeaseOptions, ttl_millis};
 use crate::client::release;
 use crate::conn::policy::Op;
 use crate::error::{Error, NotHeldReason};
@@ -73,7 +73,7 @@ fn current_owner() -> String {
 pub struct ReentrantLock {
     client: LockClient,
     key: String,
-    options: LockOptions,
+    options: LeaseOptions,
 }
 
 /// What a [`ReentrantGuard::unlock`] did in Redis.
@@ -87,17 +87,17 @@ pub enum Unlocked {
 }
 
 impl ReentrantLock {
-    /// A reentrant lock on `key` with the client's default options.
+    /// A reentrant lock on `key` with the ttl, wait and backoff of the
+    /// client's default options.
     pub fn new(client: &LockClient, key: impl Into<String>) -> ReentrantLock {
-        ReentrantLock::with_options(client, key, client.defaults().clone())
+        ReentrantLock::with_options(client, key, LeaseOptions::from(client.defaults()))
     }
 
-    /// A reentrant lock on `key`. Of the options, `ttl`, `wait` and
-    /// `backoff` apply.
+    /// A reentrant lock on `key` with the given options.
     pub fn with_options(
         client: &LockClient,
         key: impl Into<String>,
-        options: LockOptions,
+        options: LeaseOptions,
     ) -> ReentrantLock {
         ReentrantLock {
             client: client.clone(),
@@ -110,6 +110,21 @@ impl ReentrantLock {
     /// included.
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// The lease length ([`LeaseOptions::ttl`]).
+    pub fn ttl(&self) -> Duration {
+        self.options.ttl
+    }
+
+    /// How long the blocking acquire waits ([`LeaseOptions::wait`]).
+    pub fn wait(&self) -> Duration {
+        self.options.wait
+    }
+
+    /// How waiting attempts are spaced ([`LeaseOptions::backoff`]).
+    pub fn backoff(&self) -> Backoff {
+        self.options.backoff
     }
 
     /// Acquires, waiting up to the options' `wait`.

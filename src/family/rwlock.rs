@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
-use crate::client::options::{LockOptions, MAX_TTL, WaitMode, ttl_millis};
+use crate::client::options::{Backoff, LeaseOptions, MAX_TTL, WaitMode, ttl_millis};
 use crate::client::release;
 use crate::conn::policy::Op;
 use crate::error::{Error, NotHeldReason};
@@ -65,7 +65,8 @@ pub struct RwLock {
     client: LockClient,
     local: Arc<Local>,
     key: String,
-    options: LockOptions,
+    options: LeaseOptions,
+    wait_mode: WaitMode,
     prefer_readers: bool,
 }
 
@@ -85,25 +86,60 @@ impl Mode {
 }
 
 impl RwLock {
-    /// A read-write lock on `key` with the client's default options.
+    /// A read-write lock on `key` with the ttl, wait, backoff and wait mode
+    /// of the client's default options.
     pub fn new(client: &LockClient, key: impl Into<String>) -> RwLock {
-        RwLock::with_options(client, key, client.defaults().clone())
+        let defaults = client.defaults();
+        RwLock::with_options(client, key, LeaseOptions::from(defaults))
+            .wait_mode(defaults.wait_mode)
     }
 
-    /// A read-write lock on `key`. Of the options, `ttl`, `wait`, `backoff`
-    /// and `wait_mode` apply.
+    /// A read-write lock on `key` with the given options, waiting in
+    /// [`WaitMode::Notify`] (see [`RwLock::wait_mode`]).
     pub fn with_options(
         client: &LockClient,
         key: impl Into<String>,
-        options: LockOptions,
+        options: LeaseOptions,
     ) -> RwLock {
         RwLock {
             client: client.clone(),
             local: client.local::<Local>(),
             key: client.names().own_key(key.into()),
             options,
+            wait_mode: WaitMode::Notify,
             prefer_readers: false,
         }
+    }
+
+    /// How waiters learn the lock may be free: [`WaitMode::Notify`] queues
+    /// them locally and wakes the head on release messages (readers and
+    /// writers of one client wait in one queue per key);
+    /// [`WaitMode::Spin`] has each poll with backoff. Defaults to
+    /// [`WaitMode::Notify`].
+    pub fn wait_mode(mut self, mode: WaitMode) -> RwLock {
+        self.wait_mode = mode;
+        self
+    }
+
+    /// The lease length ([`LeaseOptions::ttl`]).
+    pub fn ttl(&self) -> Duration {
+        self.options.ttl
+    }
+
+    /// How long the blocking acquire waits ([`LeaseOptions::wait`]).
+    pub fn wait(&self) -> Duration {
+        self.options.wait
+    }
+
+    /// How waiting attempts are spaced ([`LeaseOptions::backoff`]).
+    pub fn backoff(&self) -> Backoff {
+        self.options.backoff
+    }
+
+    /// Whether new readers get in while writers wait
+    /// ([`RwLock::prefer_readers`]).
+    pub fn prefers_readers(&self) -> bool {
+        self.prefer_readers
     }
 
     /// Lets new readers in even while writers wait (writers may then wait
@@ -234,7 +270,7 @@ impl RwLock {
                 .subscribe(&self.client.release_channel(&self.key), waker)
         };
         let nothing = |never: Infallible| match never {};
-        let waiting = match self.options.wait_mode {
+        let waiting = match self.wait_mode {
             WaitMode::Spin => Waiting::Spin,
             WaitMode::Notify => Waiting::Queued(Queued {
                 queues: &self.local.queues,

@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 
 use crate::client::LockClient;
-use crate::client::options::{LockOptions, WaitMode, check_min_replicas, ttl_millis};
+use crate::client::options::{
+    Backoff, HandoffBudget, LockOptions, Release, WaitMode, check_min_replicas, ttl_millis,
+};
 use crate::client::release;
 use crate::conn::policy::Op;
 use crate::error::Error;
@@ -93,6 +95,63 @@ impl DistributedLock {
     /// The options this lock acquires with.
     pub fn options(&self) -> &LockOptions {
         &self.options
+    }
+
+    /// The lease length ([`LockOptions::ttl`]).
+    pub fn ttl(&self) -> Duration {
+        self.options.ttl
+    }
+
+    /// How long [`DistributedLock::lock`] waits ([`LockOptions::wait`]).
+    pub fn wait(&self) -> Duration {
+        self.options.wait
+    }
+
+    /// How waiting attempts are spaced ([`LockOptions::backoff`]).
+    pub fn backoff(&self) -> Backoff {
+        self.options.backoff
+    }
+
+    /// How guards release the lock in Redis ([`LockOptions::release`]).
+    pub fn release_mode(&self) -> Release {
+        self.options.release
+    }
+
+    /// How waiters learn the lock may be free ([`LockOptions::wait_mode`]).
+    pub fn wait_mode(&self) -> WaitMode {
+        self.options.wait_mode
+    }
+
+    /// Whether leases pass between threads of the client
+    /// ([`LockOptions::local_handoff`]).
+    pub fn local_handoff(&self) -> bool {
+        self.options.local_handoff
+    }
+
+    /// The bound on in-process handoffs ([`LockOptions::handoff_budget`]).
+    pub fn handoff_budget(&self) -> HandoffBudget {
+        self.options.handoff_budget
+    }
+
+    /// Whether the watchdog renews the lease ([`LockOptions::watchdog`]).
+    pub fn watchdog(&self) -> bool {
+        self.options.watchdog
+    }
+
+    /// The cap on renewed hold time ([`LockOptions::max_hold`]).
+    pub fn max_hold(&self) -> Option<Duration> {
+        self.options.max_hold
+    }
+
+    /// Whether acquisitions issue fencing tokens ([`LockOptions::fencing`]).
+    pub fn fencing(&self) -> bool {
+        self.options.fencing
+    }
+
+    /// The replica acknowledgement, `(n, timeout)`
+    /// ([`LockOptions::min_replicas`]).
+    pub fn min_replicas(&self) -> Option<(u32, Duration)> {
+        self.options.min_replicas
     }
 
     /// Acquires the lock, waiting up to the options' `wait` while another
