@@ -17,14 +17,14 @@ use support::{RedisServer, exists, wait_until};
 const RULE: &str = "on >secret resetkeys ~locks:* ~{locks:* resetchannels &redmutex:released:* \
     -@all +set +get +getdel +pttl +evalsha +script|load +wait +watch +unwatch +multi +exec \
     +subscribe +unsubscribe +ping +client|setname +role \
-    +del +exists +pexpire +pexpireat +psetex +publish +incr +time +hget +hset +hdel +hlen +hgetall";
+    +del +exists +pexpire +pexpireat +psetex +publish +incr +decr +time +hget +hset +hdel +hlen +hgetall";
 
 /// The README's rule for a client whose key prefix is `teamA:`: one key
 /// pattern and one channel pattern cover everything the crate touches.
 const PREFIX_RULE: &str = "on >secret resetkeys ~teamA:* resetchannels &teamA:* \
     -@all +set +get +getdel +pttl +evalsha +script|load +wait +watch +unwatch +multi +exec \
     +subscribe +unsubscribe +ping +client|setname +role \
-    +del +exists +pexpire +pexpireat +psetex +publish +incr +time +hget +hset +hdel +hlen +hgetall";
+    +del +exists +pexpire +pexpireat +psetex +publish +incr +decr +time +hget +hset +hdel +hlen +hgetall";
 
 fn set_user(server: &RedisServer, name: &str, rule: &str) {
     let mut cmd = redis::cmd("ACL");
@@ -281,6 +281,11 @@ fn a_key_prefix_confines_every_lock_type_to_one_acl_pattern() {
     };
     let client = open();
     assert_eq!(client.key("plain"), "teamA:plain");
+    // An empty name is refused as without a prefix, not the bare prefix.
+    assert!(matches!(
+        DistributedLock::new(&client, "").try_lock(),
+        Err(redmutex::Error::InvalidArgument(_))
+    ));
     let options = LockOptions::default().wait(Duration::from_secs(5));
     for release in [Release::Lua, Release::Watch] {
         let lock =

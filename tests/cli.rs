@@ -278,6 +278,14 @@ fn the_key_prefix_names_every_key_the_cli_touches() {
         .status()
         .expect("run");
     assert!(other.success(), "job without the prefix is another lock");
+    // The command's own `redmutex` calls name keys as its parent does.
+    let inherited = redmutex(&server)
+        .args(["--key-prefix", "teamA:", "run", "job2", "--", "sh", "-c"])
+        .arg(r#"test "$REDMUTEX_KEY_PREFIX" = teamA: && "$BIN" status --json job2 | grep -q "$REDMUTEX_TOKEN""#)
+        .env("BIN", assert_cmd::cargo::cargo_bin("redmutex"))
+        .status()
+        .expect("run");
+    assert!(inherited.success(), "the child sees the prefix and its key");
     let out = redmutex(&server)
         .env("REDMUTEX_KEY_PREFIX", "teamA:")
         .args(["status", "--json", "job"])

@@ -348,8 +348,10 @@ impl LockClientBuilder {
     }
 
     /// The options [`DistributedLock::new`](crate::DistributedLock::new)
-    /// and the other lock types' `new` give their locks. Defaults to
-    /// [`LockOptions::default`].
+    /// gives its locks ([`ReentrantLock::new`](crate::ReentrantLock::new)
+    /// and [`RwLock::new`](crate::RwLock::new) take their ttl, wait and
+    /// backoff, and the RwLock its wait mode; a RedLock spans clients and
+    /// takes its own). Defaults to [`LockOptions::default`].
     pub fn defaults(mut self, options: LockOptions) -> Self {
         self.defaults = options;
         self

@@ -445,6 +445,7 @@ impl Backend {
         };
         Ok(Connection {
             pooled,
+            timeout: self.timeout,
             limit: self.timeout,
         })
     }
@@ -470,6 +471,8 @@ impl Backend {
 /// any node.
 pub struct Connection {
     pooled: Pooled,
+    /// The client's I/O timeout.
+    timeout: Duration,
     /// The read and write timeout in force now: the client's, or less inside
     /// [`Connection::within`], or more inside [`Connection::patient`].
     limit: Duration,
@@ -544,18 +547,25 @@ impl Connection {
     /// then puts them back: the I/O timeout bounds a silent link, not the
     /// wait the caller asked the server for. Without this, a `WAIT` close to
     /// the timeout loses its reply on a loaded machine, and the caller gets
-    /// "outcome unknown" for a lock that was simply not replicated.
+    /// "outcome unknown" for a lock that was simply not replicated. The
+    /// base is the client's timeout even inside [`Connection::within`]: a
+    /// resend near the end of its window must still hear the server out.
+    /// Only on connections of this crate's pools; a pool given to
+    /// [`LockClient::new`](crate::LockClient::new) keeps its own timeouts.
     pub(crate) fn patient<T>(
         &mut self,
         held: Duration,
         op: impl FnOnce(&mut Connection) -> RedisResult<T>,
     ) -> RedisResult<T> {
-        let limit = self.limit.saturating_add(held);
+        let limit = self.limit.max(self.timeout).saturating_add(held);
         self.timed(limit, op)
     }
 
     /// Runs `op` with the timeouts set to `limit`, then back to what they
-    /// were. A connection whose timeouts cannot be put back is not reused.
+    /// were. A connection whose timeouts cannot be set (either way) is not
+    /// reused: a half-applied change (read set, write not; redis-rs's
+    /// cluster connection keeps the new value for its next nodes) must not
+    /// go back to the pool.
     fn timed<T>(
         &mut self,
         limit: Duration,
@@ -563,8 +573,11 @@ impl Connection {
     ) -> RedisResult<T> {
         let before = self.limit;
         let change = limit != before;
-        if change && let Pooled::Own(link) = &self.pooled {
-            link.set_timeouts(Some(limit))?;
+        if change && let Pooled::Own(link) = &mut self.pooled {
+            if let Err(err) = link.set_timeouts(Some(limit)) {
+                link.broken = true;
+                return Err(err);
+            }
             self.limit = limit;
         }
         let result = op(self);

@@ -111,8 +111,10 @@ impl Namespace {
     }
 
     /// [`Namespace::key`], reusing `name`'s allocation without a prefix.
+    /// An empty name stays empty, so the lock types refuse it as they do
+    /// without a prefix (rather than lock the bare prefix).
     pub(crate) fn own_key(&self, name: String) -> String {
-        if self.prefix.is_empty() {
+        if self.prefix.is_empty() || name.is_empty() {
             return name;
         }
         self.key(&name)
@@ -251,6 +253,11 @@ mod tests {
         let team = Namespace::new("teamA:").expect("a valid prefix");
         let key = team.key("job");
         assert_eq!(key, "teamA:job");
+        assert_eq!(
+            team.own_key(String::new()),
+            "",
+            "refused like without a prefix"
+        );
         assert_eq!(team.fence_key(&key), "teamA:{teamA:job}:fence");
         assert_eq!(
             team.release_channel(&key),

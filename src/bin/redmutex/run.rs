@@ -326,6 +326,9 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
     command
         .args(rest)
         .env("REDMUTEX_KEY", &args.key)
+        // A `redmutex` the command runs (a release by token, a nested run)
+        // names keys as this one does.
+        .env("REDMUTEX_KEY_PREFIX", &cli.key_prefix)
         .env("REDMUTEX_TOKEN", guard.token());
     if let Some(fence) = guard.fencing_token() {
         command.env("REDMUTEX_FENCING_TOKEN", fence.to_string());
