@@ -88,6 +88,10 @@
 //!   client of the thread.
 //! * [`RwLock`]: many readers or one writer in one hash, each reader its own
 //!   field and server-side deadline, writer preference.
+//! * [`Semaphore`]: at most N [`Permit`]s at once, each a lease with its own
+//!   server-clock deadline in one hash, the limit stored with them; a
+//!   resent acquire finds its own permit, a duplicate release adds no
+//!   capacity.
 //! * [`LockOptions::min_replicas`]: `WAIT` for replicas after acquiring, so a
 //!   failover is less likely to forget a granted lock.
 //! * [`RedLock`]: one lock over N independent masters, granted by a majority
@@ -227,6 +231,7 @@ pub use error::{Error, NotHeldReason};
 pub use family::redlock::{RedLock, RedLockGuard};
 pub use family::reentrant::{ReentrantGuard, ReentrantLock, Unlocked};
 pub use family::rwlock::{RwGuard, RwLock};
+pub use family::semaphore::{Permit, Semaphore};
 pub use lease::loss::{LossReason, LossSignal};
 pub use mutex::DistributedLock;
 pub use mutex::guard::LockGuard;

@@ -360,6 +360,14 @@ fn a_key_prefix_confines_every_lock_type_to_one_acl_pattern() {
     assert!(exists(&server, "teamA:red"));
     guard.unlock().expect("unlock");
 
+    let mut semaphore = redmutex::Semaphore::new(&client, "sem", 2);
+    let mut permit = semaphore.acquire().expect("permit");
+    assert!(exists(&server, "teamA:sem"));
+    permit.extend(Duration::from_secs(10)).expect("extend");
+    assert!(permit.is_held().expect("is_held"));
+    assert_eq!(semaphore.set_permits(3).expect("set_permits"), Some(2));
+    permit.release().expect("release");
+
     let denials = acl_denials(&server);
     assert!(denials.is_empty(), "the server refused: {denials:?}");
     let keys: Vec<String> = redis::cmd("KEYS")

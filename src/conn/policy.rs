@@ -71,6 +71,17 @@ pub(crate) enum Op {
     /// `lua/rw_release.lua`. *Made safe*: it removes only this holder's
     /// field, and leaves a marker when it did.
     RwRelease,
+    /// `lua/sem_acquire.lua`. *Made safe*: the permit id is chosen before
+    /// the first send; a resend that finds its own permit answers
+    /// "acquired" and takes no second one.
+    SemAcquire,
+    /// `lua/sem_release.lua`. *Made safe*: it removes only this permit's
+    /// field (a second removal frees nothing) and leaves a marker.
+    SemRelease,
+    /// `lua/sem_extend.lua`: *safe* (never re-creates a permit).
+    SemExtend,
+    /// `lua/sem_set_limit.lua`: *safe* (sets the same limit again).
+    SemSetLimit,
     /// The cleanup of a lease nobody owns (an acquisition that failed after
     /// its request may have run): owner-checked releases. *Safe*.
     Cleanup,
@@ -93,12 +104,17 @@ impl Op {
     /// How the operation is named in errors.
     pub(crate) fn name(self) -> &'static str {
         match self {
-            Op::Acquire | Op::AcquireScript | Op::ReentrantAcquire | Op::RwAcquire => "acquire",
-            Op::Release | Op::ReentrantRelease | Op::RwRelease => "release",
-            Op::Extend | Op::ReentrantExtend => "extend",
+            Op::Acquire
+            | Op::AcquireScript
+            | Op::ReentrantAcquire
+            | Op::RwAcquire
+            | Op::SemAcquire => "acquire",
+            Op::Release | Op::ReentrantRelease | Op::RwRelease | Op::SemRelease => "release",
+            Op::Extend | Op::ReentrantExtend | Op::SemExtend => "extend",
             Op::Renew => "renew",
             Op::Read => "read",
             Op::Cleanup => "cleanup",
+            Op::SemSetLimit => "set the limit",
             Op::ForceRelease => "force release",
         }
     }

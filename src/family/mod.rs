@@ -14,3 +14,4 @@
 pub(crate) mod redlock;
 pub(crate) mod reentrant;
 pub(crate) mod rwlock;
+pub(crate) mod semaphore;

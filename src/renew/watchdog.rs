@@ -131,6 +131,8 @@ pub(crate) enum OrphanKind {
     Reentrant { owner: String, hold: String },
     /// A read-write lock token: a reader, the writer, or a waiting writer.
     Rw { token: String },
+    /// A semaphore permit's id.
+    Permit { id: String },
 }
 
 impl Orphan {
@@ -512,6 +514,14 @@ fn cleanup_call(orphan: &Orphan) -> redis::Cmd {
                 .arg(&orphan.key)
                 .arg(owner)
                 .arg(hold)
+                .arg(1);
+        }
+        OrphanKind::Permit { id } => {
+            cmd.arg(script::SEM_RELEASE.get_hash())
+                .arg(1)
+                .arg(&orphan.key)
+                .arg(id)
+                .arg(channel)
                 .arg(1);
         }
         OrphanKind::Rw { token } => {

@@ -62,6 +62,25 @@ pub(crate) static RW_ACQUIRE: LazyLock<Script> =
 pub(crate) static RW_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/rw_release.lua")));
 
+/// `lua/sem_acquire.lua`: take a permit. Returns `{acquired, wait_ms}`;
+/// `LIMIT <n>` when live permits exist under another limit.
+pub(crate) static SEM_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/sem_acquire.lua")));
+
+/// `lua/sem_release.lua`: give this permit back. Returns 1, 2 (an earlier
+/// run did), 0 gone, -2 gone and the marker unreadable.
+pub(crate) static SEM_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/sem_release.lua")));
+
+/// `lua/sem_extend.lua`: renew a permit still present. Returns 1 or 0.
+pub(crate) static SEM_EXTEND: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/sem_extend.lua")));
+
+/// `lua/sem_set_limit.lua`: change a semaphore's limit. Returns the
+/// previous one (0: no state).
+pub(crate) static SEM_SET_LIMIT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/sem_set_limit.lua")));
+
 /// Reads the common reply of the owner-checked scripts.
 pub(crate) fn owner_checked(reply: i64) -> Result<(), crate::error::NotHeldReason> {
     match reply {

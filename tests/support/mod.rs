@@ -401,7 +401,11 @@ pub fn sha(lua: &str) -> String {
 }
 
 /// Every script of the crate, by file name.
-pub const SCRIPTS: [(&str, &str); 9] = [
+pub const SCRIPTS: [(&str, &str); 13] = [
+    ("sem_set_limit", include_str!("../../lua/sem_set_limit.lua")),
+    ("sem_acquire", include_str!("../../lua/sem_acquire.lua")),
+    ("sem_release", include_str!("../../lua/sem_release.lua")),
+    ("sem_extend", include_str!("../../lua/sem_extend.lua")),
     ("force_release", include_str!("../../lua/force_release.lua")),
     ("acquire", include_str!("../../lua/acquire.lua")),
     ("release", include_str!("../../lua/release.lua")),

@@ -1,0 +1,61 @@
+-- Semaphore acquire: at most `limit` permits at once, each with its own
+-- deadline by the server's clock (TIME), all in one hash (one cluster slot):
+--   limit      the number of permits (stored with the semaphore)
+--   p:<id>     one permit's deadline, in milliseconds of server time
+-- Permits past their deadline are dropped first, so a crashed holder's
+-- permit comes back by itself after its lease. The key expires with the
+-- latest deadline, so nothing outlives the last holder.
+--
+-- KEYS[1]  the semaphore hash
+-- ARGV[1]  this permit's id, chosen by the client before sending (a UUID)
+-- ARGV[2]  the limit this caller opened the semaphore with (>= 1)
+-- ARGV[3]  the lease in milliseconds (>= 1)
+--
+-- Returns {acquired, wait}:
+--   {1, 0}     acquired (or already held by this id, see below)
+--   {0, ms}    refused: `limit` live permits; ms until the earliest deadline
+-- Errors with `LIMIT <stored>` when live permits exist under another limit
+-- (nothing changes), and WRONGTYPE when the key is not a hash.
+--
+-- Safe to run twice: a run that finds `p:<id>` within its deadline answers
+-- {1, 0} and changes nothing: an earlier run granted it and its reply was
+-- lost. A second permit is never taken for one id.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local mine = 'p:' .. ARGV[1]
+if tonumber(redis.call('HGET', KEYS[1], mine) or '0') > now then
+  return {1, 0}
+end
+local limit = tonumber(ARGV[2])
+local fields = redis.call('HGETALL', KEYS[1])
+local held, soonest, latest, stored = 0, nil, now, nil
+for i = 1, #fields, 2 do
+  local name, value = fields[i], fields[i + 1]
+  if name == 'limit' then
+    stored = tonumber(value)
+  else
+    local deadline = tonumber(value)
+    if deadline == nil or deadline <= now then
+      redis.call('HDEL', KEYS[1], name)
+    else
+      held = held + 1
+      if soonest == nil or deadline < soonest then soonest = deadline end
+      if deadline > latest then latest = deadline end
+    end
+  end
+end
+-- The limit binds while permits are out; with none, the caller's is taken.
+if held > 0 and stored ~= nil and stored ~= limit then
+  return redis.error_reply('LIMIT ' .. tostring(stored))
+end
+if held > 0 and stored ~= nil then
+  limit = stored
+end
+if held >= limit then
+  return {0, soonest - now}
+end
+local deadline = now + tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], mine, deadline, 'limit', limit)
+if deadline > latest then latest = deadline end
+redis.call('PEXPIREAT', KEYS[1], latest)
+return {1, 0}

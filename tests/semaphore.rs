@@ -1,0 +1,211 @@
+//! `Semaphore` (issue 13): at most N permits, the server's clock, the limit
+//! stored with it, exactly once under lost replies.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use redis::Commands;
+use redmutex::{Error, LeaseOptions, LockClient, Semaphore};
+use support::{FaultProxy, RedisServer, exists, sha, wait_until};
+
+const SEM_ACQUIRE: &str = include_str!("../lua/sem_acquire.lua");
+const SEM_RELEASE: &str = include_str!("../lua/sem_release.lua");
+
+fn options() -> LeaseOptions {
+    LeaseOptions::default()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(5))
+}
+
+#[test]
+fn at_most_n_permits_and_a_release_lets_the_next_in() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let sem = Semaphore::with_options(&client, "exports", 3, options());
+    let permits: Vec<_> = (0..3)
+        .map(|_| sem.try_acquire().expect("try").expect("a permit"))
+        .collect();
+    assert!(
+        sem.try_acquire().expect("try").is_none(),
+        "a fourth is refused"
+    );
+    let len: usize = server.conn().hlen("exports").expect("HLEN");
+    assert_eq!(len, 4, "three permits and the limit");
+    let mut permits = permits.into_iter();
+    let first = permits.next().expect("one");
+    assert!(first.is_held().expect("is_held"));
+    first.release().expect("release");
+    let fourth = sem.try_acquire().expect("try").expect("a permit again");
+    drop(fourth);
+    drop(permits);
+    assert!(
+        !exists(&server, "exports"),
+        "nothing outlives the last holder"
+    );
+}
+
+#[test]
+fn a_waiter_is_woken_by_a_release_in_another_client() {
+    let server = RedisServer::start();
+    let holder = server.lock_client();
+    let waiter = server.lock_client();
+    let one = Semaphore::with_options(&holder, "one", 1, options());
+    let permit = one.acquire().expect("acquire");
+    let waiting = std::thread::spawn({
+        let sem = Semaphore::with_options(
+            &waiter,
+            "one",
+            1,
+            options().backoff(redmutex::Backoff::constant(Duration::from_secs(10))),
+        );
+        move || {
+            let started = Instant::now();
+            let permit = sem.acquire().expect("after the release");
+            (started.elapsed(), permit.release())
+        }
+    });
+    let channel = waiter.release_channel("one");
+    assert!(wait_until(Duration::from_secs(5), || support::numsub(
+        &server, &channel
+    ) == 1));
+    permit.release().expect("release");
+    let (waited, released) = waiting.join().expect("waiter");
+    released.expect("release");
+    assert!(
+        waited < Duration::from_secs(5),
+        "woken, not polled: {waited:?}"
+    );
+}
+
+#[test]
+fn a_different_limit_is_a_clear_error_and_changes_nothing() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let three = Semaphore::with_options(&client, "gpu", 3, options());
+    let permit = three.acquire().expect("acquire");
+    let five = Semaphore::with_options(&client, "gpu", 5, options());
+    match five.try_acquire() {
+        Err(Error::InvalidArgument(message)) => assert!(message.contains('3'), "{message}"),
+        other => panic!("expected a limit error, got {other:?}"),
+    }
+    let len: usize = server.conn().hlen("gpu").expect("HLEN");
+    assert_eq!(len, 2, "nothing changed");
+    // The explicit way: set_permits, for everyone.
+    let mut five = five;
+    assert_eq!(five.set_permits(5).expect("set"), Some(3));
+    assert!(matches!(
+        three.try_acquire(),
+        Err(Error::InvalidArgument(_))
+    ));
+    let second = five
+        .try_acquire()
+        .expect("try")
+        .expect("under the new limit");
+    drop(second);
+    assert_eq!(five.set_permits(3).expect("set back"), Some(5));
+    permit.release().expect("release");
+    // With no permit out, the new limit is taken.
+    let five = Semaphore::with_options(&client, "gpu", 5, options());
+    let permit = five.try_acquire().expect("try").expect("five now");
+    let limit: String = server.conn().hget("gpu", "limit").expect("HGET");
+    assert_eq!(limit, "5");
+    drop(permit);
+}
+
+#[test]
+fn bad_input_is_refused_before_anything_is_sent() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    for sem in [
+        Semaphore::new(&client, "z", 0),
+        Semaphore::new(&client, "", 2),
+        Semaphore::with_options(&client, "z", 2, options().ttl(Duration::ZERO)),
+        Semaphore::with_options(&client, "z", 2, options().ttl(Duration::MAX)),
+    ] {
+        assert!(
+            matches!(sem.try_acquire(), Err(Error::InvalidArgument(_))),
+            "{sem:?}"
+        );
+    }
+    assert!(!exists(&server, "z"));
+    let _: () = server.conn().set("str", "x").expect("SET");
+    let wrong = Semaphore::new(&client, "str", 2);
+    assert!(matches!(wrong.try_acquire(), Err(Error::WrongType { .. })));
+}
+
+/// A resent acquire recognises its own permit: with N = 1, a lost reply
+/// followed by the resend must not be refused by (or add to) itself.
+#[test]
+fn a_resent_acquire_takes_one_permit_not_two() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::to(&server);
+    let client = LockClient::open(&proxy.url()).expect("client");
+    let sem = Semaphore::with_options(&client, "once", 2, options());
+    proxy.lose_reply(&sha(SEM_ACQUIRE), 1);
+    let permit = sem
+        .try_acquire()
+        .expect("try")
+        .expect("acquired on the resend");
+    assert_eq!(proxy.lost_replies(), 1);
+    let len: usize = server.conn().hlen("once").expect("HLEN");
+    assert_eq!(len, 2, "one permit (and the limit), not two");
+    // A lost reply on the release: Ok, and the capacity is back exactly once.
+    proxy.lose_reply(&sha(SEM_RELEASE), 1);
+    permit.release().expect("release after a lost reply is Ok");
+    assert_eq!(proxy.lost_replies(), 2);
+    assert!(!exists(&server, "once"));
+}
+
+/// A duplicate release never adds capacity: releasing an id twice (the
+/// second a late copy) leaves the other holders' count as it was.
+#[test]
+fn a_duplicate_release_adds_no_capacity() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let sem = Semaphore::with_options(&client, "dup", 2, options());
+    let a = sem.try_acquire().expect("try").expect("a");
+    let b = sem.try_acquire().expect("try").expect("b");
+    let a_id = a.id().to_owned();
+    a.release().expect("release");
+    let c = sem.try_acquire().expect("try").expect("c takes a's place");
+    // A late copy of a's release arrives.
+    let again: i64 = redis::Script::new(SEM_RELEASE)
+        .key("dup")
+        .arg(&a_id)
+        .arg("ch")
+        .arg(1000)
+        .invoke(&mut server.conn())
+        .expect("release again");
+    assert_eq!(again, 0, "nothing of a's is left");
+    assert!(sem.try_acquire().expect("try").is_none(), "still full");
+    drop((b, c));
+}
+
+/// A holder that never releases (a crash) gives its permit back after its
+/// lease, by the server's clock.
+#[test]
+fn an_abandoned_permit_comes_back_after_its_lease() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let short = Semaphore::with_options(
+        &client,
+        "crash",
+        1,
+        options().ttl(Duration::from_millis(300)),
+    );
+    let permit = short.try_acquire().expect("try").expect("permit");
+    std::mem::forget(permit);
+    assert!(short.try_acquire().expect("try").is_none());
+    let started = Instant::now();
+    let next = short
+        .try_acquire_for(Duration::from_secs(5))
+        .expect("try")
+        .expect("back after the lease");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let mut next = next;
+    next.extend(Duration::from_secs(10))
+        .expect("extend a live permit");
+    assert!(next.validity() > Duration::from_secs(5));
+    next.release().expect("release");
+}
