@@ -365,7 +365,7 @@ fn a_key_prefix_confines_every_lock_type_to_one_acl_pattern() {
     assert!(exists(&server, "teamA:sem"));
     permit.extend(Duration::from_secs(10)).expect("extend");
     assert!(permit.is_held().expect("is_held"));
-    assert_eq!(semaphore.set_permits(3).expect("set_permits"), Some(2));
+    semaphore.set_permits(3).expect("set_permits");
     permit.release().expect("release");
 
     let denials = acl_denials(&server);

@@ -93,7 +93,7 @@ fn a_different_limit_is_a_clear_error_and_changes_nothing() {
     assert_eq!(len, 2, "nothing changed");
     // The explicit way: set_permits, for everyone.
     let mut five = five;
-    assert_eq!(five.set_permits(5).expect("set"), Some(3));
+    five.set_permits(5).expect("set");
     assert!(matches!(
         three.try_acquire(),
         Err(Error::InvalidArgument(_))
@@ -103,7 +103,7 @@ fn a_different_limit_is_a_clear_error_and_changes_nothing() {
         .expect("try")
         .expect("under the new limit");
     drop(second);
-    assert_eq!(five.set_permits(3).expect("set back"), Some(5));
+    five.set_permits(3).expect("set back");
     permit.release().expect("release");
     // With no permit out, the new limit is taken.
     let five = Semaphore::with_options(&client, "gpu", 5, options());
@@ -208,4 +208,34 @@ fn an_abandoned_permit_comes_back_after_its_lease() {
         .expect("extend a live permit");
     assert!(next.validity() > Duration::from_secs(5));
     next.release().expect("release");
+}
+
+/// The other commands a permit sends, each with its reply lost once: a
+/// renewal (safe: sets the deadline again, never re-creates), a limit change
+/// (sets the same limit again) and the holder check (a read).
+#[test]
+fn extend_set_permits_and_is_held_survive_a_lost_reply() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::to(&server);
+    let client = LockClient::open(&proxy.url()).expect("client");
+    let mut sem = Semaphore::with_options(&client, "lost", 2, options());
+    let mut permit = sem.try_acquire().expect("try").expect("permit");
+    // Loaded first, so the lost reply is the script's own, after it ran.
+    permit.extend(Duration::from_secs(20)).expect("extend");
+    sem.set_permits(2).expect("set");
+    proxy.lose_reply(&sha(include_str!("../lua/sem_extend.lua")), 1);
+    permit
+        .extend(Duration::from_secs(20))
+        .expect("extend after a lost reply");
+    assert_eq!(proxy.lost_replies(), 1);
+    proxy.lose_reply(&sha(include_str!("../lua/sem_set_limit.lua")), 1);
+    sem.set_permits(4).expect("set after a lost reply");
+    assert_eq!(proxy.lost_replies(), 2);
+    let limit: String = server.conn().hget("lost", "limit").expect("HGET");
+    assert_eq!(limit, "4");
+    proxy.lose_reply("HGET", 1);
+    assert!(permit.is_held().expect("is_held after a lost reply"));
+    assert_eq!(proxy.lost_replies(), 3);
+    permit.release().expect("release");
+    assert!(!exists(&server, "lost"));
 }

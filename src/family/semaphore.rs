@@ -115,15 +115,16 @@ impl Semaphore {
     /// for everyone: the explicit way to change it while permits are out,
     /// which opening the key with another number refuses. Permits already
     /// out stay out; a smaller limit admits nobody new until enough are
-    /// released. Returns the previous limit, `None` when no permit was out
-    /// (the next acquire sets its own limit then).
+    /// released. With no permit out there is nothing to change: the next
+    /// acquire sets its own limit. (It does not report the previous limit:
+    /// after a lost reply, the resend would report its own.)
     ///
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for 0 permits or an empty key;
     /// [`Error::WrongType`]; [`Error::Redis`], [`Error::Pool`] or
     /// [`Error::OutcomeUnknown`].
-    pub fn set_permits(&mut self, permits: u32) -> Result<Option<u32>, Error> {
+    pub fn set_permits(&mut self, permits: u32) -> Result<(), Error> {
         if permits == 0 || self.key.is_empty() {
             return Err(Error::InvalidArgument(
                 "a semaphore needs a key and at least 1 permit".into(),
@@ -131,14 +132,14 @@ impl Semaphore {
         }
         self.client.check_key(&self.key)?;
         self.client.counters().commands(1);
-        let previous: u32 = self.client.run(Op::SemSetLimit, &self.key, |con, _| {
+        let _previous: u32 = self.client.run(Op::SemSetLimit, &self.key, |con, _| {
             script::SEM_SET_LIMIT
                 .key(&self.key)
                 .arg(permits)
                 .invoke(con)
         })?;
         self.permits = permits;
-        Ok((previous > 0).then_some(previous))
+        Ok(())
     }
 
     /// Takes a permit, waiting up to the options' `wait`.
