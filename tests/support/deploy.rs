@@ -52,16 +52,11 @@ impl RedisCluster {
         let count = masters * (1 + replicas_per_master);
         let nodes: Vec<RedisServer> = (0..count)
             .map(|_| {
-                let bus = free_port().to_string();
-                RedisServer::start_with(&[
-                    "--cluster-enabled",
-                    "yes",
+                RedisServer::start_cluster_node(&[
                     "--cluster-config-file",
                     "nodes.conf",
                     "--cluster-node-timeout",
                     "1000",
-                    "--cluster-port",
-                    &bus,
                 ])
             })
             .collect();

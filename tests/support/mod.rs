@@ -53,6 +53,18 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("local address").port()
 }
 
+/// A free port that is not `taken` (two picks in a row can coincide).
+fn free_port_other_than(taken: u16) -> u16 {
+    let mut port = free_port();
+    for _ in 0..START_TRIES {
+        if port != taken {
+            break;
+        }
+        port = free_port();
+    }
+    port
+}
+
 /// A private redis-server on 127.0.0.1.
 pub struct RedisServer {
     port: u16,
@@ -75,11 +87,40 @@ impl RedisServer {
         RedisServer::start_in(temp_dir(), None, extra)
     }
 
+    /// Starts a cluster-enabled node. Its bus port is picked afresh on
+    /// every try, like the data port: another process can take either
+    /// between the pick and the bind, and keeping one that was taken made
+    /// every retry fail the same way.
+    pub fn start_cluster_node(extra: &[&str]) -> RedisServer {
+        let fixed: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        RedisServer::start_tries(temp_dir(), None, |port| {
+            let bus = free_port_other_than(port);
+            let mut args: Vec<String> = ["--cluster-enabled", "yes", "--cluster-port"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            args.push(bus.to_string());
+            args.extend(fixed.iter().cloned());
+            args
+        })
+    }
+
     fn start_in(dir: tempfile::TempDir, config: Option<PathBuf>, extra: &[&str]) -> RedisServer {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        RedisServer::start_tries(dir, config, |_| extra.clone())
+    }
+
+    /// Tries up to [`START_TRIES`] free ports; `extra_for(port)` gives the
+    /// extra arguments for one try (ports they name must be fresh too).
+    fn start_tries(
+        dir: tempfile::TempDir,
+        config: Option<PathBuf>,
+        mut extra_for: impl FnMut(u16) -> Vec<String>,
+    ) -> RedisServer {
         let mut last_log = String::new();
         for _ in 0..START_TRIES {
             let port = free_port();
+            let extra = extra_for(port);
             match spawn(port, dir.path(), config.as_deref(), &extra) {
                 Ok(child) => {
                     return RedisServer {
