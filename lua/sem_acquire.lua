@@ -2,29 +2,35 @@
 -- deadline by the server's clock (TIME), all in one hash (one cluster slot):
 --   limit      the number of permits (stored with the semaphore)
 --   p:<id>     one permit's deadline, in milliseconds of server time
+--   f:<id>     (fenced permits) the permit's fencing token
 -- Permits past their deadline are dropped first, so a crashed holder's
 -- permit comes back by itself after its lease. The key expires with the
 -- latest deadline, so nothing outlives the last holder.
 --
 -- KEYS[1]  the semaphore hash
+-- KEYS[2]  (optional) the fencing counter, in the key's hash slot: each
+--          permit granted gets the counter after INCR
 -- ARGV[1]  this permit's id, chosen by the client before sending (a UUID)
 -- ARGV[2]  the limit this caller opened the semaphore with (>= 1)
 -- ARGV[3]  the lease in milliseconds (>= 1)
 --
--- Returns {acquired, wait}:
---   {1, 0}     acquired (or already held by this id, see below)
---   {0, ms}    refused: `limit` live permits; ms until the earliest deadline
--- Errors with `LIMIT <stored>` when live permits exist under another limit
--- (nothing changes), and WRONGTYPE when the key is not a hash.
+-- Returns {acquired, wait, fence}:
+--   {1, 0, f}  acquired (or already held by this id, see below); f is the
+--              permit's fencing token (0 without KEYS[2])
+--   {0, ms, 0} refused: `limit` live permits; ms until the earliest deadline
+-- Errors (nothing changes): `LIMIT <stored>` when live permits exist under
+-- another limit; WRONGTYPE when the key is not a hash; `FENCE ...` when
+-- the counter cannot be incremented (bumped, and a negative one put back,
+-- before the permit is written).
 --
 -- Safe to run twice: a run that finds `p:<id>` within its deadline answers
--- {1, 0} and changes nothing: an earlier run granted it and its reply was
--- lost. A second permit is never taken for one id.
+-- {1, 0, its stored token} and changes nothing: an earlier run granted it
+-- and its reply was lost. A second permit is never taken for one id.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local mine = 'p:' .. ARGV[1]
 if tonumber(redis.call('HGET', KEYS[1], mine) or '0') > now then
-  return {1, 0}
+  return {1, 0, tonumber(redis.call('HGET', KEYS[1], 'f:' .. ARGV[1]) or '0')}
 end
 local limit = tonumber(ARGV[2])
 local fields = redis.call('HGETALL', KEYS[1])
@@ -33,10 +39,12 @@ for i = 1, #fields, 2 do
   local name, value = fields[i], fields[i + 1]
   if name == 'limit' then
     stored = tonumber(value)
+  elseif string.sub(name, 1, 2) == 'f:' then
+    -- A fencing token: goes with its permit (below), counts for nothing.
   else
     local deadline = tonumber(value)
     if deadline == nil or deadline <= now then
-      redis.call('HDEL', KEYS[1], name)
+      redis.call('HDEL', KEYS[1], name, 'f:' .. string.sub(name, 3))
     else
       held = held + 1
       if soonest == nil or deadline < soonest then soonest = deadline end
@@ -52,10 +60,23 @@ if held > 0 and stored ~= nil then
   limit = stored
 end
 if held >= limit then
-  return {0, soonest - now}
+  return {0, soonest - now, 0}
+end
+local fence = 0
+if KEYS[2] then
+  fence = redis.pcall('INCR', KEYS[2])
+  if type(fence) ~= 'number' then
+    return redis.error_reply('FENCE ' .. (fence.err or 'the counter cannot be incremented'))
+  end
+  if fence < 1 then
+    -- A negative counter: tokens must be positive and increasing. Undone.
+    redis.call('DECR', KEYS[2])
+    return redis.error_reply('FENCE the counter is negative')
+  end
+  redis.call('HSET', KEYS[1], 'f:' .. ARGV[1], fence)
 end
 local deadline = now + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], mine, deadline, 'limit', limit)
 if deadline > latest then latest = deadline end
 redis.call('PEXPIREAT', KEYS[1], latest)
-return {1, 0}
+return {1, 0, fence}

@@ -25,8 +25,9 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local mine = 'p:' .. ARGV[1]
 local deadline = tonumber(redis.call('HGET', KEYS[1], mine) or '0')
+local fence = 'f:' .. ARGV[1]
 if deadline > now then
-  redis.call('HDEL', KEYS[1], mine)
+  redis.call('HDEL', KEYS[1], mine, fence)
   if redis.call('HLEN', KEYS[1]) <= 1 then
     -- Only the limit is left (or nothing): no permit outlives this one.
     redis.call('DEL', KEYS[1])
@@ -39,7 +40,7 @@ if deadline > now then
 end
 if deadline > 0 then
   -- Past its deadline: purged here, as any acquire would.
-  redis.call('HDEL', KEYS[1], mine)
+  redis.call('HDEL', KEYS[1], mine, fence)
 end
 if KEYS[2] then
   local marker = redis.pcall('EXISTS', KEYS[2])

@@ -223,7 +223,9 @@ mod script;
 mod wait;
 
 pub use client::builder::LockClientBuilder;
-pub use client::options::{Backoff, HandoffBudget, LeaseOptions, LockOptions, Release, WaitMode};
+pub use client::options::{
+    Backoff, HandoffBudget, LeaseOptions, LockOptions, Release, SemaphoreOptions, WaitMode,
+};
 pub use client::{DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT, LockClient, MAX_TIMEOUT};
 pub use conn::backend::{Connection, Deployment};
 pub use conn::stats::LockStats;
@@ -231,7 +233,7 @@ pub use error::{Error, NotHeldReason};
 pub use family::redlock::{RedLock, RedLockGuard};
 pub use family::reentrant::{ReentrantGuard, ReentrantLock, Unlocked};
 pub use family::rwlock::{RwGuard, RwLock};
-pub use family::semaphore::{Permit, Semaphore};
+pub use family::semaphore::{Permit, PermitHolder, Semaphore, SemaphoreStatus};
 pub use lease::loss::{LossReason, LossSignal};
 pub use mutex::DistributedLock;
 pub use mutex::guard::LockGuard;

@@ -691,3 +691,134 @@ fn which(name: &str) -> Result<std::path::PathBuf, ()> {
         })
         .ok_or(())
 }
+
+/// `run --limit N`: at most N commands at once under one key (the rest
+/// wait, or with `--no-wait` exit 1 saying the semaphore is full);
+/// `status` shows the limit and each permit (`--json` too); `release
+/// --token ID` gives back one permit, owner-checked; a different limit or 0
+/// is bad usage.
+#[test]
+fn run_with_a_limit_admits_n_at_once_and_status_and_release_know_permits() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gate = dir.path().join("gate");
+    // Each command writes its permit id and waits for the gate file.
+    let script = |name: &str| {
+        format!(
+            "echo $REDMUTEX_TOKEN > {dir}/{name}; \
+             i=0; while [ ! -e {gate} ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i+1)); done",
+            dir = dir.path().display(),
+            gate = gate.display()
+        )
+    };
+    let mut runs: Vec<std::process::Child> = ["a", "b"]
+        .iter()
+        .map(|name| {
+            redmutex(&server)
+                .args(["run", "--limit", "2", "exports", "--", "sh", "-c"])
+                .arg(script(name))
+                .spawn()
+                .expect("run")
+        })
+        .collect();
+    let ids = || -> Vec<String> {
+        ["a", "b"]
+            .iter()
+            .filter_map(|n| std::fs::read_to_string(dir.path().join(n)).ok())
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .collect()
+    };
+    assert!(wait_until(Duration::from_secs(10), || ids().len() == 2));
+
+    let third = redmutex(&server)
+        .args(["run", "--no-wait", "--limit", "2", "exports", "--", "true"])
+        .output()
+        .expect("third");
+    assert_eq!(third.status.code(), Some(1), "full: not run");
+    let stderr = String::from_utf8_lossy(&third.stderr);
+    assert!(stderr.contains("2 of 2 permits"), "{stderr}");
+
+    let other_limit = redmutex(&server)
+        .args(["run", "--no-wait", "--limit", "5", "exports", "--", "true"])
+        .output()
+        .expect("other limit");
+    assert_eq!(other_limit.status.code(), Some(2), "a different limit");
+    assert!(String::from_utf8_lossy(&other_limit.stderr).contains("limit of 2"));
+    let zero = redmutex(&server)
+        .args(["run", "--limit", "0", "exports", "--", "true"])
+        .output()
+        .expect("zero");
+    assert_eq!(zero.status.code(), Some(2));
+
+    let out = redmutex(&server)
+        .args(["status", "exports", "--json"])
+        .output()
+        .expect("status");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(json["kind"], "semaphore");
+    assert_eq!(json["limit"], 2);
+    assert_eq!(json["in_use"], 2);
+    assert_eq!(json["available"], 0);
+    let mut listed: Vec<String> = json["permits"]
+        .as_array()
+        .expect("permits")
+        .iter()
+        .map(|p| {
+            assert!(p["ttl_ms"].as_u64().expect("ttl") > 20_000);
+            p["id"].as_str().expect("id").to_owned()
+        })
+        .collect();
+    let mut expected = ids();
+    listed.sort();
+    expected.sort();
+    assert_eq!(listed, expected, "REDMUTEX_TOKEN is the permit id");
+    let text = redmutex(&server)
+        .args(["status", "exports"])
+        .output()
+        .expect("status");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("2 of 2 permits out"), "{text}");
+
+    // Releasing one permit by id: the next run gets in while both commands
+    // still run (the released one's command does not know).
+    let wrong = redmutex(&server)
+        .args(["release", "exports", "--token", "not-an-id"])
+        .status()
+        .expect("release");
+    assert_eq!(wrong.code(), Some(1), "no such permit");
+    let forced = redmutex(&server)
+        .args(["release", "exports", "--force"])
+        .output()
+        .expect("force");
+    assert_eq!(forced.status.code(), Some(2), "--force refuses a semaphore");
+    let released = redmutex(&server)
+        .args(["release", "exports", "--token", &expected[0]])
+        .status()
+        .expect("release");
+    assert!(released.success());
+    // Said twice: reported released again (its marker says so), and no
+    // capacity added: exactly one permit is free.
+    let again = redmutex(&server)
+        .args(["release", "exports", "--token", &expected[0]])
+        .status()
+        .expect("release again");
+    assert!(again.success(), "idempotent");
+    let client = server.lock_client();
+    let sem = redmutex::Semaphore::new(&client, "exports", 2);
+    let fourth = sem.try_acquire().expect("try").expect("the freed permit");
+    assert!(sem.try_acquire().expect("try").is_none(), "only one was freed");
+    drop(fourth);
+
+    std::fs::write(&gate, "").expect("open the gate");
+    for run in &mut runs {
+        let status = wait_exit(run, Duration::from_secs(20));
+        assert!(
+            status.code() == Some(0) || status.code() == Some(75),
+            "{status:?}"
+        );
+    }
+    let left: bool = server.conn().exists("exports").expect("EXISTS");
+    assert!(!left, "nothing outlives the last permit");
+}

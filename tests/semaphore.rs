@@ -6,7 +6,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use redis::Commands;
-use redmutex::{Error, LeaseOptions, LockClient, Semaphore};
+use redmutex::{Error, LeaseOptions, LockClient, Semaphore, SemaphoreOptions};
 use support::{FaultProxy, RedisServer, exists, sha, wait_until};
 
 const SEM_ACQUIRE: &str = include_str!("../lua/sem_acquire.lua");
@@ -238,4 +238,151 @@ fn extend_set_permits_and_is_held_survive_a_lost_reply() {
     assert_eq!(proxy.lost_replies(), 3);
     permit.release().expect("release");
     assert!(!exists(&server, "lost"));
+}
+
+/// The watchdog keeps a permit alive past its ttl, renewing it only while
+/// it is present; a permit taken out of the hash is reported lost, and
+/// released without a command (Redis already said it is gone).
+#[test]
+fn the_watchdog_renews_permits_and_reports_a_lost_one() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let sem = Semaphore::with_options(
+        &client,
+        "dog",
+        2,
+        SemaphoreOptions::from(options().ttl(Duration::from_millis(600))).watchdog(true),
+    );
+    assert!(sem.watchdog());
+    let kept = sem.try_acquire().expect("try").expect("kept");
+    let lost = sem.try_acquire().expect("try").expect("lost");
+    let signal = lost.loss_signal();
+    // The renewal script is reloaded after the server lost it.
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.conn())
+        .expect("SCRIPT FLUSH");
+    // Well past the ttl: both still there (renewed at ttl/3).
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(kept.is_held().expect("is_held"), "renewed past its ttl");
+    assert!(!kept.is_lost() && !lost.is_lost());
+    // Taken out behind the holder's back: the next renewal finds it gone
+    // and does not put it back.
+    let _: i64 = server
+        .conn()
+        .hdel("dog", format!("p:{}", lost.id()))
+        .expect("HDEL");
+    assert_eq!(
+        signal.wait_timeout(Duration::from_secs(5)),
+        Some(redmutex::LossReason::Expired)
+    );
+    assert!(lost.is_lost());
+    assert_eq!(lost.validity(), Duration::ZERO);
+    let field: Option<String> = server
+        .conn()
+        .hget("dog", format!("p:{}", lost.id()))
+        .expect("HGET");
+    assert_eq!(field, None, "a renewal never re-creates a permit");
+    assert!(lost.release().expect_err("gone").is_not_held());
+    assert!(kept.validity() > Duration::ZERO);
+    kept.release().expect("release");
+    assert!(!exists(&server, "dog"));
+}
+
+/// Fencing tokens: strictly increasing across permits and clients, the
+/// same token for a resent acquire (lost reply), and a counter that cannot
+/// be incremented refuses the permit and leaves nothing behind.
+#[test]
+fn permits_carry_increasing_fencing_tokens_even_across_a_lost_reply() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::to(&server);
+    let client = LockClient::open(&proxy.url()).expect("client");
+    let fenced = SemaphoreOptions::from(options()).fencing(true);
+    let sem = Semaphore::with_options(&client, "fenced", 3, fenced);
+    let other = Semaphore::with_options(&server.lock_client(), "fenced", 3, fenced);
+    let a = sem.try_acquire().expect("try").expect("a");
+    let b = other.try_acquire().expect("try").expect("b");
+    let (ta, tb) = (
+        a.fencing_token().expect("a's"),
+        b.fencing_token().expect("b's"),
+    );
+    assert!(tb > ta, "{tb} after {ta}");
+    proxy.lose_reply(&sha(SEM_ACQUIRE), 1);
+    let c = sem.try_acquire().expect("try").expect("c, on the resend");
+    assert_eq!(proxy.lost_replies(), 1);
+    let tc = c.fencing_token().expect("c's");
+    assert_eq!(tc, tb + 1, "the resend found its own token, no second INCR");
+    let counter: u64 = server.conn().get("{fenced}:fence").expect("GET");
+    assert_eq!(counter, tc);
+    drop((a, b, c));
+    assert!(
+        !exists(&server, "fenced"),
+        "tokens leave with their permits"
+    );
+    assert!(exists(&server, "{fenced}:fence"), "the counter stays");
+    // A counter that is not a number: a clear error, no permit.
+    let _: () = server
+        .conn()
+        .set("{fenced}:fence", "not a number")
+        .expect("SET");
+    let err = sem.try_acquire().expect_err("unusable counter");
+    assert!(matches!(err, Error::FenceCounter { .. }), "{err:?}");
+    assert!(!exists(&server, "fenced"), "nothing granted");
+    // Unfenced permits have no token.
+    let plain = Semaphore::with_options(&client, "plain", 1, options());
+    assert_eq!(
+        plain
+            .try_acquire()
+            .expect("try")
+            .expect("p")
+            .fencing_token(),
+        None
+    );
+}
+
+/// `min_replicas`: with a replica the permit is granted after `WAIT`;
+/// without one it is given back and the caller told, and nothing is left.
+#[test]
+fn min_replicas_gives_an_unreplicated_permit_back() {
+    let primary = RedisServer::start();
+    let client = primary.lock_client();
+    let wanting = SemaphoreOptions::from(options()).min_replicas(1, Duration::from_millis(200));
+    let sem = Semaphore::with_options(&client, "replicated", 2, wanting);
+    let err = sem.try_acquire().expect_err("no replica");
+    assert!(
+        matches!(
+            err,
+            Error::NotReplicated {
+                acked: 0,
+                wanted: 1,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(!exists(&primary, "replicated"), "given back");
+    let replica = RedisServer::start_replica_of(&primary);
+    let permit = sem.try_acquire().expect("try").expect("replicated");
+    assert!(wait_until(Duration::from_secs(5), || {
+        replica
+            .try_query::<Option<String>>(
+                redis::cmd("HGET")
+                    .arg("replicated")
+                    .arg(format!("p:{}", permit.id())),
+            )
+            .flatten()
+            .is_some()
+    }));
+    // A timeout the client cannot hear out: refused before anything is sent.
+    let absurd = Semaphore::with_options(
+        &client,
+        "replicated",
+        2,
+        SemaphoreOptions::from(options()).min_replicas(1, Duration::from_secs(3600)),
+    );
+    assert!(matches!(
+        absurd.try_acquire(),
+        Err(Error::InvalidArgument(_))
+    ));
+    permit.release().expect("release");
 }

@@ -13,6 +13,7 @@
 pub(crate) mod builder;
 pub(crate) mod options;
 pub(crate) mod release;
+pub(crate) mod replicas;
 
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

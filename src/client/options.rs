@@ -123,6 +123,147 @@ impl From<&LockOptions> for LeaseOptions {
     }
 }
 
+/// Settings for a [`Semaphore`](crate::Semaphore): the shared lease
+/// settings, and what a permit offers as a plain lock does (notify
+/// waiting, the watchdog, fencing, replica acknowledgement). Nothing a
+/// permit would ignore: there is no release method or handoff, since every
+/// permit is a lease of its own in Redis.
+///
+/// ```
+/// use std::time::Duration;
+/// use redmutex::SemaphoreOptions;
+///
+/// let options = SemaphoreOptions::default()
+///     .ttl(Duration::from_secs(10))
+///     .watchdog(true)
+///     .fencing(true);
+/// # let _ = options;
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SemaphoreOptions {
+    pub(crate) ttl: Duration,
+    pub(crate) wait: Duration,
+    pub(crate) backoff: Backoff,
+    pub(crate) wait_mode: WaitMode,
+    pub(crate) watchdog: bool,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) fencing: bool,
+    pub(crate) min_replicas: Option<(u32, Duration)>,
+}
+
+impl Default for SemaphoreOptions {
+    fn default() -> Self {
+        SemaphoreOptions::from(LeaseOptions::default())
+    }
+}
+
+impl SemaphoreOptions {
+    /// Each permit's lease: how long Redis keeps it if its holder never
+    /// gives it back. Whole milliseconds, between 1 ms and ten years,
+    /// checked when a permit is taken. Defaults to 30 s.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long [`Semaphore::acquire`](crate::Semaphore::acquire) waits
+    /// for a permit before it gives up with [`Error::Timeout`]. Defaults
+    /// to 10 s.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// How waiting attempts are spaced. Defaults to [`Backoff::default`].
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// How waiters learn a permit may be free. Defaults to
+    /// [`WaitMode::Notify`].
+    pub fn wait_mode(mut self, mode: WaitMode) -> Self {
+        self.wait_mode = mode;
+        self
+    }
+
+    /// Keeps each permit alive while it is held: the client's watchdog
+    /// renews it every ttl/3 (only while it is still present: an expired
+    /// permit is never re-created), pipelined with the client's other
+    /// renewals, and marks it lost ([`Permit::is_lost`](crate::Permit::is_lost),
+    /// [`Permit::loss_signal`](crate::Permit::loss_signal)) when a renewal
+    /// finds it gone or its lease runs out by the local clock first.
+    /// Defaults to `false`.
+    pub fn watchdog(mut self, enabled: bool) -> Self {
+        self.watchdog = enabled;
+        self
+    }
+
+    /// With the watchdog, stops renewing a permit once it has been held
+    /// this long; it then runs out and is marked lost. Defaults to `None`.
+    pub fn max_hold(mut self, cap: Option<Duration>) -> Self {
+        self.max_hold = cap;
+        self
+    }
+
+    /// Gives every permit a fencing token
+    /// ([`Permit::fencing_token`](crate::Permit::fencing_token)) from one
+    /// counter in the semaphore's hash slot (`{KEY}:fence`), incremented in
+    /// the acquire script: strictly increasing across all permits of the
+    /// key, every client and process (while the counter survives).
+    /// Defaults to `false`.
+    pub fn fencing(mut self, enabled: bool) -> Self {
+        self.fencing = enabled;
+        self
+    }
+
+    /// After each permit is granted, waits (`WAIT n timeout`, on the
+    /// connection that wrote it) until `n` replicas have it; when fewer
+    /// acknowledge in time, gives it back and fails with
+    /// [`Error::NotReplicated`]. `n == 0` turns it off; `timeout` must be
+    /// at least 1 ms and shorter than the client's I/O timeout. As for
+    /// [`LockOptions::min_replicas`], it narrows the failover hazard and
+    /// does not close it. Defaults to `None`.
+    pub fn min_replicas(mut self, n: u32, timeout: Duration) -> Self {
+        self.min_replicas = (n > 0).then_some((n, timeout));
+        self
+    }
+}
+
+/// The shared settings, with everything a permit adds off.
+impl From<LeaseOptions> for SemaphoreOptions {
+    fn from(lease: LeaseOptions) -> SemaphoreOptions {
+        SemaphoreOptions {
+            ttl: lease.ttl,
+            wait: lease.wait,
+            backoff: lease.backoff,
+            wait_mode: WaitMode::Notify,
+            watchdog: false,
+            max_hold: None,
+            fencing: false,
+            min_replicas: None,
+        }
+    }
+}
+
+/// Everything of a [`LockOptions`] a permit offers too (all but the release
+/// method and the handoff settings): a client's defaults apply to its
+/// semaphores as to its locks.
+impl From<&LockOptions> for SemaphoreOptions {
+    fn from(options: &LockOptions) -> SemaphoreOptions {
+        SemaphoreOptions {
+            ttl: options.ttl,
+            wait: options.wait,
+            backoff: options.backoff,
+            wait_mode: options.wait_mode,
+            watchdog: options.watchdog,
+            max_hold: options.max_hold,
+            fencing: options.fencing,
+            min_replicas: options.min_replicas,
+        }
+    }
+}
+
 /// Settings for a [`DistributedLock`](crate::DistributedLock).
 ///
 /// Built with consuming setters:
@@ -423,8 +564,11 @@ impl LockOptions {
 /// n 0` would block for ever) and shorter than the connection's I/O
 /// timeout (a longer `WAIT` would time out the read and leave the key set
 /// with nobody told).
-pub(crate) fn check_min_replicas(options: &LockOptions, io_timeout: Duration) -> Result<(), Error> {
-    let Some((_, timeout)) = options.min_replicas else {
+pub(crate) fn check_min_replicas(
+    min_replicas: Option<(u32, Duration)>,
+    io_timeout: Duration,
+) -> Result<(), Error> {
+    let Some((_, timeout)) = min_replicas else {
         return Ok(());
     };
     if timeout < MIN_TTL || timeout >= io_timeout {
@@ -459,19 +603,25 @@ mod tests {
     #[test]
     fn min_replicas_timeouts_are_checked() {
         let io = Duration::from_secs(2);
-        let with = |t| LockOptions::default().min_replicas(1, t);
-        assert!(check_min_replicas(&LockOptions::default(), io).is_ok());
-        assert!(check_min_replicas(&with(Duration::from_millis(500)), io).is_ok());
+        let with = |t| LockOptions::default().min_replicas(1, t).min_replicas;
+        assert!(check_min_replicas(None, io).is_ok());
+        assert!(check_min_replicas(with(Duration::from_millis(500)), io).is_ok());
         for bad in [
             Duration::ZERO,
             Duration::from_micros(999),
             io,
             Duration::MAX,
         ] {
-            assert!(check_min_replicas(&with(bad), io).is_err(), "{bad:?}");
+            assert!(check_min_replicas(with(bad), io).is_err(), "{bad:?}");
         }
         assert!(
-            check_min_replicas(&LockOptions::default().min_replicas(0, Duration::ZERO), io).is_ok(),
+            check_min_replicas(
+                LockOptions::default()
+                    .min_replicas(0, Duration::ZERO)
+                    .min_replicas,
+                io
+            )
+            .is_ok(),
             "n = 0 turns it off"
         );
     }

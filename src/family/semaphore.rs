@@ -5,20 +5,23 @@
 //! with its deadline. See `lua/sem_*.lua` for the scripts and why each is
 //! safe to send twice.
 
+use std::cell::Cell;
+use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
-use crate::client::options::{Backoff, LeaseOptions, WaitMode, ttl_millis};
-use crate::client::release;
+use crate::client::options::{Backoff, SemaphoreOptions, WaitMode, check_min_replicas, ttl_millis};
+use crate::client::{release, replicas};
+use crate::conn::backend::Connection;
 use crate::conn::policy::Op;
 use crate::error::{Error, NotHeldReason};
+use crate::lease::loss::{LossReason, LossSignal, LossState};
 use crate::lease::remaining;
-use crate::renew::watchdog::OrphanKind;
+use crate::renew::watchdog::{OrphanKind, Renewal, WatchEntry};
 use crate::script;
 use crate::wait::acquire::{Attempt, Contender, Queued, Waiting, Within, acquire, blocking};
 use crate::wait::queue::Queues;
-use std::convert::Infallible;
-use std::sync::Arc;
 
 /// The semaphore's state in one client: its wait queues. Nothing is handed
 /// over between threads: each permit is its own lease in Redis.
@@ -51,39 +54,64 @@ pub struct Semaphore {
     local: Arc<Local>,
     key: String,
     permits: u32,
-    options: LeaseOptions,
-    wait_mode: WaitMode,
+    options: SemaphoreOptions,
 }
 
 impl Semaphore {
-    /// A semaphore of `permits` on `key`, with the ttl, wait and backoff of
-    /// the client's default options.
+    /// A semaphore of `permits` on `key`, with what applies to permits of
+    /// the client's default options (all but the release method and the
+    /// handoff settings).
     pub fn new(client: &LockClient, key: impl Into<String>, permits: u32) -> Semaphore {
-        Semaphore::with_options(client, key, permits, LeaseOptions::from(client.defaults()))
+        Semaphore::with_options(
+            client,
+            key,
+            permits,
+            SemaphoreOptions::from(client.defaults()),
+        )
     }
 
-    /// A semaphore of `permits` on `key` with the given options.
+    /// A semaphore of `permits` on `key` with the given options
+    /// ([`SemaphoreOptions`], or the shared [`LeaseOptions`](crate::LeaseOptions)).
     pub fn with_options(
         client: &LockClient,
         key: impl Into<String>,
         permits: u32,
-        options: LeaseOptions,
+        options: impl Into<SemaphoreOptions>,
     ) -> Semaphore {
         Semaphore {
             client: client.clone(),
             local: client.local::<Local>(),
             key: client.names().own_key(key.into()),
             permits,
-            options,
-            wait_mode: WaitMode::Notify,
+            options: options.into(),
         }
     }
 
-    /// How waiters learn a permit may be free. Defaults to
-    /// [`WaitMode::Notify`].
-    pub fn wait_mode(mut self, mode: WaitMode) -> Semaphore {
-        self.wait_mode = mode;
-        self
+    /// How waiters learn a permit may be free.
+    pub fn wait_mode(&self) -> WaitMode {
+        self.options.wait_mode
+    }
+
+    /// Whether the watchdog renews permits ([`SemaphoreOptions::watchdog`]).
+    pub fn watchdog(&self) -> bool {
+        self.options.watchdog
+    }
+
+    /// The cap on how long a watched permit is renewed
+    /// ([`SemaphoreOptions::max_hold`]).
+    pub fn max_hold(&self) -> Option<Duration> {
+        self.options.max_hold
+    }
+
+    /// Whether permits carry fencing tokens ([`SemaphoreOptions::fencing`]).
+    pub fn fencing(&self) -> bool {
+        self.options.fencing
+    }
+
+    /// The replica acknowledgement asked of each permit
+    /// ([`SemaphoreOptions::min_replicas`]).
+    pub fn min_replicas(&self) -> Option<(u32, Duration)> {
+        self.options.min_replicas
     }
 
     /// The key as it is in Redis, the client's key prefix included.
@@ -142,6 +170,51 @@ impl Semaphore {
         Ok(())
     }
 
+    /// What Redis holds for this semaphore now, by the server's clock: the
+    /// stored limit and every permit within its deadline (its id, time
+    /// left and fencing token). One read, in one step; changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when the key is a hash that is not a
+    /// semaphore (a reentrant or read-write lock); [`Error::WrongType`];
+    /// [`Error::Redis`] or [`Error::Pool`].
+    pub fn status(&self) -> Result<SemaphoreStatus, Error> {
+        if self.key.is_empty() {
+            return Err(Error::InvalidArgument(
+                "the semaphore key must not be empty".into(),
+            ));
+        }
+        self.client.check_key(&self.key)?;
+        self.client.counters().commands(1);
+        let reply: (i64, Vec<(String, u64, u64)>) =
+            self.client.run(Op::Read, &self.key, |con, _| {
+                script::SEM_STATUS.key(&self.key).invoke(con)
+            })?;
+        SemaphoreStatus::parse(&self.key, reply)
+    }
+
+    /// Gives back the permit `id` (a [`Permit::id`], handed to another
+    /// process, say): owner-checked like [`Permit::release`], so it removes
+    /// that permit only and never adds capacity. The limit this handle was
+    /// opened with plays no part.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] when the permit is gone (released or expired);
+    /// [`Error::InvalidArgument`] for an empty key or id;
+    /// [`Error::WrongType`]; [`Error::Redis`], [`Error::Pool`] or
+    /// [`Error::OutcomeUnknown`].
+    pub fn release_permit(&self, id: &str) -> Result<(), Error> {
+        if self.key.is_empty() || id.is_empty() {
+            return Err(Error::InvalidArgument(
+                "releasing a permit needs the semaphore key and the permit id".into(),
+            ));
+        }
+        self.client.check_key(&self.key)?;
+        release_id(&self.client, &self.key, id)
+    }
+
     /// Takes a permit, waiting up to the options' `wait`.
     ///
     /// # Errors
@@ -196,6 +269,7 @@ impl Semaphore {
             ));
         }
         let millis = ttl_millis(self.options.ttl)?;
+        check_min_replicas(self.options.min_replicas, self.client.timeout())?;
         self.client.check_key(&self.key)?;
         let deadline = within.deadline();
         let id = uuid::Uuid::new_v4().to_string();
@@ -210,7 +284,7 @@ impl Semaphore {
                 .subscribe(&self.client.release_channel(&self.key), waker)
         };
         let nothing = |never: Infallible| match never {};
-        let waiting = match self.wait_mode {
+        let waiting = match self.options.wait_mode {
             WaitMode::Spin => Waiting::Spin,
             WaitMode::Notify => Waiting::Queued(Queued {
                 queues: &self.local.queues,
@@ -235,24 +309,79 @@ struct Take<'a> {
     millis: u64,
 }
 
+impl Take<'_> {
+    /// With [`SemaphoreOptions::min_replicas`]: `WAIT` on the connection
+    /// that wrote the permit (on a resend an earlier connection wrote it,
+    /// so this one renews it first: a write for `WAIT` to count). When
+    /// fewer replicas acknowledged in time, gives the permit back on the
+    /// same connection and returns how many did.
+    fn await_replicas(
+        &self,
+        con: &mut Connection,
+        resend: bool,
+        connection: Option<i64>,
+    ) -> redis::RedisResult<Option<u32>> {
+        let semaphore = self.semaphore;
+        let Some(wanted) = semaphore.options.min_replicas else {
+            return Ok(None);
+        };
+        let (client, key, id) = (&semaphore.client, semaphore.key.as_str(), self.id);
+        if resend {
+            client.counters().commands(1);
+            let _renewed: i64 = script::SEM_EXTEND
+                .key(key)
+                .arg(id)
+                .arg(self.millis)
+                .invoke(con)?;
+        }
+        let acked = replicas::acknowledged(con, client.counters(), key, wanted, connection)?;
+        if acked >= wanted.0 {
+            return Ok(None);
+        }
+        client.counters().commands(1);
+        let _released: i64 = script::SEM_RELEASE
+            .key(key)
+            .arg(id)
+            .arg(client.release_channel(key))
+            .arg(1)
+            .invoke(con)?;
+        Ok(Some(acked))
+    }
+}
+
 impl Contender for Take<'_> {
     type Won = Permit;
     type Gift = Infallible;
 
     fn attempt(&mut self, _quick: bool) -> Result<Attempt<Permit>, Error> {
         let semaphore = self.semaphore;
+        let options = &semaphore.options;
         let (client, key, id) = (&semaphore.client, semaphore.key.as_str(), self.id);
+        let fence_key = options.fencing.then(|| client.fence_key(key));
+        // Set once Redis granted the permit in this attempt: whatever fails
+        // after that (the WAIT, say) leaves a permit to take out again.
+        let granted = Cell::new(false);
         let sent = Instant::now();
         client.counters().commands(1);
-        let reply = client.run(Op::SemAcquire, key, |con, _| {
-            script::SEM_ACQUIRE
-                .key(key)
+        let reply = client.run(Op::SemAcquire, key, |con, send| {
+            let connection =
+                replicas::node_connection_id(con, key, options.min_replicas.is_some())?;
+            let mut script = script::SEM_ACQUIRE.key(key);
+            if let Some(fence_key) = &fence_key {
+                script.key(fence_key);
+            }
+            let reply: (i64, i64, u64) = script
                 .arg(id)
                 .arg(semaphore.permits)
                 .arg(self.millis)
-                .invoke::<(i64, i64)>(con)
+                .invoke(con)?;
+            if reply.0 != 1 {
+                return Ok((reply, None));
+            }
+            granted.set(true);
+            Ok((reply, self.await_replicas(con, send.resend, connection)?))
         });
-        let (acquired, wait_ms) = match reply {
+        let ((acquired, wait_ms, fence), short) = match reply {
             Ok(reply) => reply,
             Err(Error::Redis(err)) if err.code() == Some("LIMIT") => {
                 return Err(Error::InvalidArgument(format!(
@@ -262,27 +391,40 @@ impl Contender for Take<'_> {
                     semaphore.permits
                 )));
             }
+            Err(Error::Redis(err)) if err.code() == Some("FENCE") => {
+                return Err(Error::FenceCounter {
+                    key: key.to_owned(),
+                    counter: fence_key.unwrap_or_default(),
+                    detail: err.detail().unwrap_or("unusable").to_owned(),
+                });
+            }
             Err(err) => {
-                if err.is_outcome_unknown() {
+                if granted.get() || err.is_outcome_unknown() {
                     // The permit may have been written: take it out again.
                     client.orphan(key, OrphanKind::Permit { id: id.to_owned() });
                 }
                 return Err(err);
             }
         };
+        if let (Some(acked), Some((wanted, _))) = (short, options.min_replicas) {
+            return Err(Error::NotReplicated {
+                key: key.to_owned(),
+                acked,
+                wanted,
+            });
+        }
         if acquired != 1 {
             return Ok(Attempt::Held(
                 u64::try_from(wait_ms).ok().map(Duration::from_millis),
             ));
         }
-        Ok(Attempt::Won(Permit {
-            client: client.clone(),
-            key: key.to_owned(),
-            id: id.to_owned(),
+        Ok(Attempt::Won(Permit::granted(
+            semaphore,
+            id,
             sent,
-            ttl: Duration::from_millis(self.millis),
-            released: false,
-        }))
+            Duration::from_millis(self.millis),
+            options.fencing.then_some(fence),
+        )))
     }
 
     fn accept(&mut self, gift: Infallible) -> Result<Option<Permit>, Error> {
@@ -293,33 +435,112 @@ impl Contender for Take<'_> {
 /// One permit of a [`Semaphore`]. Dropping it releases it (best effort);
 /// [`Permit::release`] reports the outcome.
 #[must_use = "the permit is released as soon as it is dropped"]
-#[derive(Debug)]
 pub struct Permit {
     client: LockClient,
     key: String,
     id: String,
+    /// When the request that set the current deadline was sent, and its
+    /// ttl (the watchdog's entry owns them for a watched permit).
     sent: Instant,
     ttl: Duration,
+    fence: Option<u64>,
+    watch: Option<Arc<WatchEntry>>,
+    loss: Arc<LossState>,
     released: bool,
 }
 
+impl std::fmt::Debug for Permit {
+    // Without the client's internals: what a log line needs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Permit")
+            .field("key", &self.key)
+            .field("id", &self.id)
+            .field("fence", &self.fence)
+            .field("watched", &self.watch.is_some())
+            .field("lost", &self.is_lost())
+            .field("released", &self.released)
+            .finish()
+    }
+}
+
 impl Permit {
+    /// A permit just granted by a request sent at `sent`.
+    fn granted(
+        semaphore: &Semaphore,
+        id: &str,
+        sent: Instant,
+        ttl: Duration,
+        fence: Option<u64>,
+    ) -> Permit {
+        let client = &semaphore.client;
+        client.counters().acquired();
+        let options = &semaphore.options;
+        let watch = options.watchdog.then(|| {
+            let cap = options.max_hold.and_then(|cap| sent.checked_add(cap));
+            client
+                .watchdog()
+                .watch(Renewal::Permit, &semaphore.key, id, sent, ttl, cap)
+        });
+        let loss = watch
+            .as_ref()
+            .map_or_else(Arc::default, |entry| entry.loss.clone());
+        Permit {
+            client: client.clone(),
+            key: semaphore.key.clone(),
+            id: id.to_owned(),
+            sent,
+            ttl,
+            fence,
+            watch,
+            loss,
+            released: false,
+        }
+    }
+
     /// The semaphore's key.
     pub fn key(&self) -> &str {
         &self.key
     }
 
-    /// This permit's id (its field in the hash).
+    /// This permit's id (its field in the hash; what `redmutex release
+    /// KEY --token ID` takes).
     pub fn id(&self) -> &str {
         &self.id
     }
 
-    /// The lease left by the local clock, minus the drift allowance.
+    /// The fencing token of this permit, when the semaphore was opened with
+    /// [`SemaphoreOptions::fencing`]: strictly increasing across all
+    /// permits of the key. `None` otherwise.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fence
+    }
+
+    /// Whether the permit was found lost: by the watchdog (gone from the
+    /// hash, Redis unreachable until the lease ran out, hold cap reached)
+    /// or by a [`Permit::extend`] that found it gone.
+    pub fn is_lost(&self) -> bool {
+        self.loss.reason().is_some()
+    }
+
+    /// A signal, usable from any thread and after the permit is gone, that
+    /// fires when the permit is found lost.
+    pub fn loss_signal(&self) -> LossSignal {
+        LossSignal {
+            state: self.loss.clone(),
+        }
+    }
+
+    /// The lease left by the local clock, minus the drift allowance; zero
+    /// once released or lost.
     pub fn validity(&self) -> Duration {
-        if self.released {
+        if self.released || self.is_lost() {
             return Duration::ZERO;
         }
-        remaining(self.sent, self.ttl, Instant::now())
+        let (sent, ttl) = match &self.watch {
+            Some(entry) => entry.lease(),
+            None => (self.sent, self.ttl),
+        };
+        remaining(sent, ttl, Instant::now())
     }
 
     /// Renews this permit for `ttl` from now, only if it is still present
@@ -332,6 +553,8 @@ impl Permit {
     /// [`Error::OutcomeUnknown`].
     pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         let millis = ttl_millis(ttl)?;
+        let ttl = Duration::from_millis(millis);
+        let generation = self.watch.as_ref().map(|entry| entry.generation());
         let sent = Instant::now();
         self.client.counters().commands(1);
         let renewed: i64 = self.client.run(Op::SemExtend, &self.key, |con, _| {
@@ -342,10 +565,17 @@ impl Permit {
                 .invoke(con)
         })?;
         if renewed != 1 {
+            self.loss.lose(LossReason::Expired);
             return Err(Error::not_held(&self.key, NotHeldReason::Expired));
         }
-        self.sent = sent;
-        self.ttl = ttl;
+        // The watchdog's entry owns the timing of a watched permit.
+        match &self.watch {
+            Some(entry) => entry.renewed(sent, ttl, generation.unwrap_or_default()),
+            None => {
+                self.sent = sent;
+                self.ttl = ttl;
+            }
+        }
         Ok(())
     }
 
@@ -385,43 +615,18 @@ impl Permit {
 
     fn give_back(&mut self) -> Result<(), Error> {
         self.released = true;
-        let (client, key, id) = (&self.client, self.key.as_str(), self.id.as_str());
-        let channel = client.release_channel(key);
-        let (marker, millis) = release::marker_of(client, key, id);
-        client.counters().commands(1);
-        let markerless = std::cell::Cell::new(marker.is_none());
-        let result = client.run(Op::SemRelease, key, |con, send| {
-            let reply: i64 =
-                release::with_marker(client, marker.as_deref(), &markerless, |marker| {
-                    let mut script = script::SEM_RELEASE.key(key);
-                    if let Some(marker) = marker {
-                        script.key(marker);
-                    }
-                    script.arg(id).arg(&channel).arg(millis).invoke(con)
-                })?;
-            Ok((reply, send.replied()))
-        });
-        let (reply, replied) = result.inspect_err(|err| {
-            if err.may_leave_a_lease() {
-                client.orphan(key, OrphanKind::Permit { id: id.to_owned() });
-            }
-        })?;
-        match reply {
-            1 | 2 => Ok(()),
-            other => {
-                let reason = release::not_held(other, &markerless);
-                // "Not held", answered to a resend, proves nothing without a
-                // marker: an earlier copy may have released it.
-                release::check_resend(
-                    key,
-                    Err::<(), _>(reason),
-                    replied,
-                    !markerless.get(),
-                    millis,
-                )?
-                .map_err(|reason| Error::not_held(key, reason))
-            }
+        // No renewal starts from here on; one in flight is ignored.
+        if let Some(entry) = &self.watch {
+            self.client.watchdog().unwatch(entry);
         }
+        // Redis said the permit is gone: nothing to give back. (A loss by
+        // the local clock is released all the same: Redis may still have
+        // it, and the answer is Redis's.)
+        if let Some(reason @ (LossReason::Expired | LossReason::OwnedByOther)) = self.loss.reason()
+        {
+            return Err(Error::not_held(&self.key, reason.not_held_reason()));
+        }
+        release_id(&self.client, &self.key, &self.id)
     }
 }
 
@@ -435,5 +640,132 @@ impl Drop for Permit {
                 self.key
             );
         }
+    }
+}
+
+/// The owner-checked release of permit `id` (`lua/sem_release.lua`, with
+/// a marker so a resend after a lost reply can tell "released by my first
+/// copy" from "gone"). A failure that may leave the permit in Redis hands
+/// it to the client's cleanup.
+fn release_id(client: &LockClient, key: &str, id: &str) -> Result<(), Error> {
+    let channel = client.release_channel(key);
+    let (marker, millis) = release::marker_of(client, key, id);
+    client.counters().commands(1);
+    let markerless = std::cell::Cell::new(marker.is_none());
+    let result = client.run(Op::SemRelease, key, |con, send| {
+        let reply: i64 = release::with_marker(client, marker.as_deref(), &markerless, |marker| {
+            let mut script = script::SEM_RELEASE.key(key);
+            if let Some(marker) = marker {
+                script.key(marker);
+            }
+            script.arg(id).arg(&channel).arg(millis).invoke(con)
+        })?;
+        Ok((reply, send.replied()))
+    });
+    let (reply, replied) = result.inspect_err(|err| {
+        if err.may_leave_a_lease() {
+            client.orphan(key, OrphanKind::Permit { id: id.to_owned() });
+        }
+    })?;
+    match reply {
+        1 | 2 => Ok(()),
+        other => {
+            let reason = release::not_held(other, &markerless);
+            // "Not held", answered to a resend, proves nothing without a
+            // marker: an earlier copy may have released it.
+            release::check_resend(
+                key,
+                Err::<(), _>(reason),
+                replied,
+                !markerless.get(),
+                millis,
+            )?
+            .map_err(|reason| Error::not_held(key, reason))
+        }
+    }
+}
+
+/// A semaphore as Redis holds it now ([`Semaphore::status`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SemaphoreStatus {
+    limit: Option<u32>,
+    holders: Vec<PermitHolder>,
+}
+
+/// One live permit, as [`Semaphore::status`] saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PermitHolder {
+    id: String,
+    remaining: Duration,
+    fencing_token: Option<u64>,
+}
+
+impl SemaphoreStatus {
+    /// The stored limit; `None` when nothing is stored (no permit out: the
+    /// next acquire sets its own).
+    pub fn limit(&self) -> Option<u32> {
+        self.limit
+    }
+
+    /// The permits within their deadline, soonest to expire first.
+    pub fn holders(&self) -> &[PermitHolder] {
+        &self.holders
+    }
+
+    /// How many permits are out.
+    pub fn in_use(&self) -> usize {
+        self.holders.len()
+    }
+
+    /// How many more could be taken now under the stored limit (0 when a
+    /// smaller limit was set while more were out); `None` without a stored
+    /// limit.
+    pub fn available(&self) -> Option<u32> {
+        let used = u32::try_from(self.holders.len()).unwrap_or(u32::MAX);
+        self.limit.map(|limit| limit.saturating_sub(used))
+    }
+
+    /// From `lua/sem_status.lua`'s reply (a limit of -1: a hash that is
+    /// not a semaphore).
+    fn parse(
+        key: &str,
+        (limit, live): (i64, Vec<(String, u64, u64)>),
+    ) -> Result<SemaphoreStatus, Error> {
+        let limit = match limit {
+            0 => None,
+            n => Some(u32::try_from(n).map_err(|_| {
+                Error::InvalidArgument(format!(
+                    "{key:?} is a hash that is not a redmutex semaphore (a reentrant or \
+                     read-write lock?)"
+                ))
+            })?),
+        };
+        let mut holders: Vec<PermitHolder> = live
+            .into_iter()
+            .map(|(id, ms, fence)| PermitHolder {
+                id,
+                remaining: Duration::from_millis(ms),
+                fencing_token: (fence > 0).then_some(fence),
+            })
+            .collect();
+        holders.sort_by_key(|h| h.remaining);
+        Ok(SemaphoreStatus { limit, holders })
+    }
+}
+
+impl PermitHolder {
+    /// The permit's id ([`Permit::id`]).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Its time left by the server's clock when it was read.
+    pub fn remaining(&self) -> Duration {
+        self.remaining
+    }
+
+    /// Its fencing token, when it has one.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fencing_token
     }
 }

@@ -14,7 +14,7 @@ use crate::error::Error;
 use crate::lease::loss::{LossReason, LossState};
 use crate::lease::remaining;
 use crate::mutex::holds;
-use crate::renew::watchdog::{OrphanKind, WatchEntry};
+use crate::renew::watchdog::{OrphanKind, Renewal, WatchEntry};
 use crate::script;
 use crate::wait::queue::Queues;
 
@@ -133,7 +133,9 @@ impl Lease {
         }
         let watch = options.watchdog.then(|| {
             let cap = options.max_hold.and_then(|cap| sent.checked_add(cap));
-            client.watchdog().watch(&key, &token, sent, ttl, cap)
+            client
+                .watchdog()
+                .watch(Renewal::Plain, &key, &token, sent, ttl, cap)
         });
         let loss = watch
             .as_ref()
@@ -191,6 +193,7 @@ impl Lease {
         match (&self.watch, options.watchdog) {
             (None, true) => {
                 let entry = self.client.watchdog().watch(
+                    Renewal::Plain,
                     &self.key,
                     &self.token,
                     self.sent.get(),

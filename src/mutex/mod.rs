@@ -21,13 +21,11 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-
 use crate::client::LockClient;
 use crate::client::options::{
     Backoff, HandoffBudget, LockOptions, Release, WaitMode, check_min_replicas, ttl_millis,
 };
-use crate::client::release;
+use crate::client::{release, replicas};
 use crate::conn::policy::Op;
 use crate::error::Error;
 use crate::mutex::guard::LockGuard;
@@ -279,7 +277,7 @@ impl DistributedLock {
             ));
         }
         let millis = ttl_millis(self.options.ttl)?;
-        check_min_replicas(&self.options, self.client.timeout())?;
+        check_min_replicas(self.options.min_replicas, self.client.timeout())?;
         self.client.check_release(self.options.release)?;
         self.client.check_key(&self.key)?;
         // A lease whose time is up is not re-entered: a new one is acquired
@@ -422,34 +420,13 @@ impl DistributedLock {
                 .arg(millis)
                 .invoke(con)?;
         }
-        self.client.counters().commands(1);
-        let mut wait = redis::cmd("WAIT");
-        // Checked below the I/O timeout before anything was sent.
-        wait.arg(wanted)
-            .arg(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
-        // The server holds WAIT up to `timeout` before it answers: the read
-        // must wait that long on top of the I/O timeout.
-        let mut acked: u32 = con.patient(timeout, |con| {
-            let routed = con.on_cluster(|cluster| {
-                // WAIT has no key, and redis-rs would ask every primary; it
-                // must go to the key's primary, where this connection wrote it.
-                let route = Route::with_key(&self.key, SlotAddr::Master);
-                cluster.route_command(
-                    &wait,
-                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-                )
-            });
-            match routed {
-                Some(reply) => Ok(redis::from_redis_value(reply?)?),
-                None => wait.query(con),
-            }
-        })?;
-        if connection.is_some() && self.node_connection_id(con)? != connection {
-            // redis-rs reconnected to the node in between and sent the
-            // command again itself: this WAIT counted another connection's
-            // writes (none). Not trusted.
-            acked = 0;
-        }
+        let acked = replicas::acknowledged(
+            con,
+            self.client.counters(),
+            &self.key,
+            (wanted, timeout),
+            connection,
+        )?;
         if acked >= wanted {
             return Ok(None);
         }
@@ -473,29 +450,12 @@ impl DistributedLock {
     }
 
     /// On Redis Cluster with [`LockOptions::min_replicas`]: the id of the
-    /// connection to the key's primary (`CLIENT ID`). redis-rs reconnects
-    /// and resends by itself after an I/O error; comparing the id before
-    /// the `SET` and after the `WAIT` tells whether both ran on one
-    /// connection, which `WAIT` needs. `None` elsewhere (no extra round
-    /// trip).
+    /// connection to the key's primary, to compare after the `WAIT`.
     fn node_connection_id(
         &self,
         con: &mut crate::conn::backend::Connection,
     ) -> redis::RedisResult<Option<i64>> {
-        if self.options.min_replicas.is_none() {
-            return Ok(None);
-        }
-        let route = Route::with_key(&self.key, SlotAddr::Master);
-        let id = con.on_cluster(|cluster| {
-            cluster.route_command(
-                redis::cmd("CLIENT").arg("ID"),
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
-            )
-        });
-        match id {
-            Some(value) => Ok(Some(redis::from_redis_value(value?)?)),
-            None => Ok(None),
-        }
+        replicas::node_connection_id(con, &self.key, self.options.min_replicas.is_some())
     }
 
     fn check_replicated(&self, short: Option<u32>) -> Result<(), Error> {

@@ -37,10 +37,21 @@ const IDLE: Duration = Duration::from_secs(1);
 const ORPHAN_FIRST_STEP: Duration = Duration::from_millis(50);
 const ORPHAN_MAX_STEP: Duration = Duration::from_secs(1);
 
+/// What a watched lease is in Redis, and so which script renews it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    /// A string key holding the token (`lua/extend.lua`).
+    Plain,
+    /// A semaphore permit: a field of the semaphore's hash named by the
+    /// permit's id (`lua/sem_extend.lua`).
+    Permit,
+}
+
 /// One watched lease.
 pub(crate) struct WatchEntry {
     key: String,
     token: String,
+    renewal: Renewal,
     pub(crate) loss: Arc<LossState>,
     state: Mutex<EntryState>,
 }
@@ -190,9 +201,12 @@ impl Watchdog {
         }
     }
 
-    /// Starts renewing a lease acquired by a request sent at `sent`.
+    /// Starts renewing a lease acquired by a request sent at `sent`; `token`
+    /// is a permit's id for [`Renewal::Permit`].
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn watch(
         &self,
+        renewal: Renewal,
         key: &str,
         token: &str,
         sent: Instant,
@@ -204,6 +218,7 @@ impl Watchdog {
         let entry = Arc::new(WatchEntry {
             key: key.to_owned(),
             token: token.to_owned(),
+            renewal,
             loss,
             state: Mutex::new(EntryState {
                 stopped: false,
@@ -412,8 +427,8 @@ fn renew_due(shared: &Shared, entries: &[Arc<WatchEntry>]) -> Instant {
     next
 }
 
-/// One pipeline of owner-checked PEXPIREs (`lua/extend.lua` by EVALSHA),
-/// within `budget`, resent on a fresh connection after a lost reply. On a
+/// One pipeline of owner-checked renewals (`lua/extend.lua`, or
+/// `lua/sem_extend.lua` for a permit, by EVALSHA), within `budget`, resent on a fresh connection after a lost reply. On a
 /// cluster, redis-rs splits the pipeline by node: one round trip per node
 /// that holds a due lease.
 fn renew(
@@ -424,8 +439,14 @@ fn renew(
     let calls: Vec<redis::Cmd> = due
         .iter()
         .map(|d| {
+            let script = match d.entry.renewal {
+                Renewal::Plain => &script::EXTEND,
+                // Answers 1 or 0 like extend.lua: a permit cannot be
+                // another owner's.
+                Renewal::Permit => &script::SEM_EXTEND,
+            };
             let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(script::EXTEND.get_hash())
+            cmd.arg(script.get_hash())
                 .arg(1)
                 .arg(&d.entry.key)
                 .arg(&d.entry.token)
@@ -441,7 +462,14 @@ fn renew(
         Op::Renew,
         key,
         budget,
-        |con, _| script::pipelined(con, &calls, &[&script::EXTEND], &shared.stats),
+        |con, _| {
+            script::pipelined(
+                con,
+                &calls,
+                &[&script::EXTEND, &script::SEM_EXTEND],
+                &shared.stats,
+            )
+        },
     )
 }
 
@@ -450,10 +478,12 @@ fn clean_orphans(shared: &Shared, mut orphans: Vec<Orphan>, budget: Duration) ->
     let calls: Vec<redis::Cmd> = orphans.iter().map(cleanup_call).collect();
     let key = orphans.first().map_or("", |o| o.key.as_str());
     shared.stats.commands(calls.len() as u64);
-    let scripts: [&redis::Script; 3] = [
+    // Every script a cleanup may send: reloaded after a SCRIPT FLUSH.
+    let scripts: [&redis::Script; 4] = [
         &script::RELEASE,
         &script::REENTRANT_RELEASE,
         &script::RW_RELEASE,
+        &script::SEM_RELEASE,
     ];
     let result = policy::run_within(
         &shared.backend,

@@ -62,8 +62,9 @@ pub(crate) static RW_ACQUIRE: LazyLock<Script> =
 pub(crate) static RW_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/rw_release.lua")));
 
-/// `lua/sem_acquire.lua`: take a permit. Returns `{acquired, wait_ms}`;
-/// `LIMIT <n>` when live permits exist under another limit.
+/// `lua/sem_acquire.lua`: take a permit. Returns `{acquired, wait_ms,
+/// fence}`; `LIMIT <n>` when live permits exist under another limit,
+/// `FENCE ...` when the fencing counter cannot be incremented.
 pub(crate) static SEM_ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/sem_acquire.lua")));
 
@@ -75,6 +76,11 @@ pub(crate) static SEM_RELEASE: LazyLock<Script> =
 /// `lua/sem_extend.lua`: renew a permit still present. Returns 1 or 0.
 pub(crate) static SEM_EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/sem_extend.lua")));
+
+/// `lua/sem_status.lua`: the limit and the live permits. Returns `{limit,
+/// id, ms, fence, ...}` (limit 0: no state; -1: not a semaphore).
+pub(crate) static SEM_STATUS: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/sem_status.lua")));
 
 /// `lua/sem_set_limit.lua`: change a semaphore's limit. Returns the
 /// previous one (0: no state).

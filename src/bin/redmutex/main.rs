@@ -26,7 +26,9 @@ mod run;
 mod status;
 
 use clap::{Args, Parser, Subcommand};
-use redmutex::{DistributedLock, Error, LockClient, LockOptions, WaitMode};
+use redmutex::{
+    DistributedLock, Error, LockClient, LockOptions, Semaphore, SemaphoreOptions, WaitMode,
+};
 
 const EXIT_CONFLICT: u8 = 1;
 const EXIT_USAGE: u8 = 2;
@@ -51,6 +53,7 @@ Exit codes:
 Examples:
   redmutex run --no-wait nightly-report -- ./report.sh
   redmutex run --wait 5m --ttl 30s deploy:web -- ansible-playbook site.yml
+  redmutex run --limit 3 db-exports -- ./export.sh
   redmutex status nightly-report --json
   redmutex --cluster --url redis://10.0.0.1:7000,redis://10.0.0.2:7000 run job -- ./job.sh
   redmutex --sentinel mymaster --url redis://10.0.0.1:26379,redis://10.0.0.2:26379 status job
@@ -109,9 +112,11 @@ struct Cli {
 enum Sub {
     /// Acquire KEY, run CMD while holding it (lease kept alive), release it.
     Run(RunArgs),
-    /// Show whether KEY is held, by whom and for how long.
+    /// Show whether KEY is held, by whom and for how long (a semaphore:
+    /// its limit, and each permit's holder and time left).
     Status(StatusArgs),
-    /// Release KEY: owner-checked with --token, or unconditionally with --force.
+    /// Release KEY (or one permit of a semaphore): owner-checked with
+    /// --token, or unconditionally with --force.
     Release(ReleaseArgs),
 }
 
@@ -129,6 +134,11 @@ struct RunArgs {
     /// Issue a fencing token and pass it to CMD in REDMUTEX_FENCING_TOKEN.
     #[arg(long)]
     fencing: bool,
+    /// Semaphore mode: hold one of N permits of KEY, so at most N commands
+    /// run at once under KEY (each permit a lease of its own; REDMUTEX_TOKEN
+    /// is the permit's id). Every run on KEY must give the same N.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    limit: Option<u32>,
     /// Exit code when the lock cannot be had in time.
     #[arg(long, default_value_t = EXIT_CONFLICT)]
     conflict_exit_code: u8,
@@ -150,7 +160,10 @@ struct RunArgs {
 struct StatusArgs {
     /// The lock key.
     key: String,
-    /// Print JSON: {"key", "held", "token", "ttl_ms", "fencing_counter"}.
+    /// Print JSON: {"key", "kind": "lock", "held", "token", "ttl_ms",
+    /// "fencing_counter"}, or for a semaphore {"key", "kind": "semaphore",
+    /// "limit", "in_use", "available", "permits": [{"id", "ttl_ms",
+    /// "fencing_token"}], "fencing_counter"}.
     #[arg(long)]
     json: bool,
 }
@@ -159,7 +172,8 @@ struct StatusArgs {
 struct ReleaseArgs {
     /// The lock key.
     key: String,
-    /// Release only if the key holds this token.
+    /// Release only if the key holds this token (for a semaphore: give
+    /// back the permit with this id).
     #[arg(long, required_unless_present = "force", conflicts_with = "force")]
     token: Option<String>,
     /// Delete the key whatever holds it, and print what was deleted.
@@ -320,4 +334,68 @@ fn redact(urls: &str) -> String {
         _ => url.to_owned(),
     };
     urls.split(',').map(one).collect::<Vec<_>>().join(",")
+}
+
+/// What KEY is in Redis, as `status` and `release` need to know.
+enum Kind {
+    /// Nothing there.
+    Free,
+    /// A string: a plain lock.
+    Lock,
+    /// A hash with a limit: a semaphore.
+    Semaphore,
+    /// Something else (a reentrant or read-write lock, another program's
+    /// key): named by its Redis type.
+    Other(String),
+}
+
+fn kind(client: &LockClient, name: &str) -> Result<Kind, Failure> {
+    let key = client.key(name);
+    let mut con = connection(client)?;
+    let kind: String = redis::cmd("TYPE")
+        .arg(&key)
+        .query(&mut con)
+        .map_err(|e| redis_failure(Error::Redis(e)))?;
+    Ok(match kind.as_str() {
+        "none" => Kind::Free,
+        "string" => Kind::Lock,
+        "hash" => {
+            let limit: bool = redis::cmd("HEXISTS")
+                .arg(&key)
+                .arg("limit")
+                .query(&mut con)
+                .map_err(|e| redis_failure(Error::Redis(e)))?;
+            if limit {
+                Kind::Semaphore
+            } else {
+                Kind::Other("hash (a reentrant or read-write lock?)".into())
+            }
+        }
+        other => Kind::Other(other.to_owned()),
+    })
+}
+
+/// Who holds KEY, in a few words for a waiting or refused `run`: the lock's
+/// holder, or with `limit` how many permits are out. `None` when free.
+fn describe(
+    client: &LockClient,
+    name: &str,
+    limit: Option<u32>,
+) -> Result<Option<String>, Failure> {
+    if limit.is_none() {
+        return Ok(holder(client, name)?
+            .map(|(token, pttl)| format!("held by {}… ({})", short(&token), ttl_text(pttl))));
+    }
+    let status = Semaphore::new(client, name, 1)
+        .status()
+        .map_err(redis_failure)?;
+    let Some(first) = status.holders().first() else {
+        return Ok(None);
+    };
+    Ok(Some(format!(
+        "full: {} of {} permits out (one frees in {:.1}s at the latest)",
+        status.in_use(),
+        status.limit().unwrap_or_default(),
+        first.remaining().as_secs_f64()
+    )))
 }

@@ -1,4 +1,5 @@
-//! `redmutex release`: owner-checked with `--token`, or forced.
+//! `redmutex release`: owner-checked with `--token` (a lock's token or a
+//! permit's id), or forced.
 
 #[allow(unused_imports)]
 use super::*;
@@ -6,6 +7,16 @@ use super::*;
 pub(super) fn release(cli: &Cli, args: &ReleaseArgs) -> Result<u8, Failure> {
     let client = client(cli)?;
     if args.force {
+        if let Kind::Semaphore = kind(&client, &args.key)? {
+            return Err(fail(
+                EXIT_USAGE,
+                format!(
+                    "{:?} is a semaphore: --force deletes a lock only; give back one permit \
+                     with --token ID (`redmutex status {}` lists the ids)",
+                    args.key, args.key
+                ),
+            ));
+        }
         // Safe to send twice (it records what it deleted); an outcome that
         // cannot be learned is reported as unknown (exit 69).
         let deleted = DistributedLock::new(&client, args.key.clone())
@@ -18,7 +29,14 @@ pub(super) fn release(cli: &Cli, args: &ReleaseArgs) -> Result<u8, Failure> {
         return Ok(0);
     }
     let token = args.token.as_deref().unwrap_or_default();
-    match DistributedLock::new(&client, args.key.clone()).release_token(token) {
+    // A semaphore's permit is given back by its id; everything else goes
+    // to the lock's owner-checked release, which says "not held" for a key
+    // that is gone or another's.
+    let released = match kind(&client, &args.key)? {
+        Kind::Semaphore => Semaphore::new(&client, args.key.clone(), 1).release_permit(token),
+        _ => DistributedLock::new(&client, args.key.clone()).release_token(token),
+    };
+    match released {
         Ok(()) => {
             say(cli, format_args!("released {:?}", args.key));
             Ok(0)

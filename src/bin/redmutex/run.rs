@@ -11,7 +11,7 @@ struct Spinner {
 }
 
 impl Spinner {
-    fn start(cli: &Cli, client: &LockClient, key: &str) -> Spinner {
+    fn start(cli: &Cli, client: &LockClient, key: &str, limit: Option<u32>) -> Spinner {
         let stop = Arc::new(AtomicBool::new(false));
         let thread = (!cli.quiet && std::io::stderr().is_terminal()).then(|| {
             let (stop, client, key) = (stop.clone(), client.clone(), key.to_owned());
@@ -23,10 +23,8 @@ impl Spinner {
                 let mut held = String::from("…");
                 while !stop.load(Ordering::Relaxed) {
                     if last_poll.is_none_or(|t| t.elapsed() > Duration::from_millis(500)) {
-                        held = match holder(&client, &key) {
-                            Ok(Some((token, pttl))) => {
-                                format!("held by {}… ({})", short(&token), ttl_text(pttl))
-                            }
+                        held = match describe(&client, &key, limit) {
+                            Ok(Some(who)) => who,
                             Ok(None) => "free, taking it".into(),
                             Err(_) => "Redis not answering".into(),
                         };
@@ -215,15 +213,81 @@ fn exit_code_of(status: ExitStatus) -> u8 {
 /// arrives while waiting is acted on within it.
 const WAIT_SLICE: Duration = Duration::from_millis(250);
 
-/// Takes the lock, waiting in slices so a signal ends the wait.
-/// `Err(signal)` when one arrived; nothing is held then.
+/// What `run` takes: the lock, or with `--limit` a permit of a semaphore.
+enum Target {
+    Lock(DistributedLock),
+    Permit(Semaphore),
+}
+
+/// What `run` holds while the command runs.
+enum Held {
+    Lock(redmutex::LockGuard),
+    Permit(redmutex::Permit),
+}
+
+impl Target {
+    fn try_once(&self) -> Result<Option<Held>, Error> {
+        Ok(match self {
+            Target::Lock(lock) => lock.try_lock()?.map(Held::Lock),
+            Target::Permit(semaphore) => semaphore.try_acquire()?.map(Held::Permit),
+        })
+    }
+
+    fn try_for(&self, wait: Duration) -> Result<Option<Held>, Error> {
+        Ok(match self {
+            Target::Lock(lock) => lock.try_lock_for(wait)?.map(Held::Lock),
+            Target::Permit(semaphore) => semaphore.try_acquire_for(wait)?.map(Held::Permit),
+        })
+    }
+}
+
+impl Held {
+    /// The lock's token, or the permit's id: what `release --token` takes.
+    fn token(&self) -> &str {
+        match self {
+            Held::Lock(guard) => guard.token(),
+            Held::Permit(permit) => permit.id(),
+        }
+    }
+
+    fn fencing_token(&self) -> Option<u64> {
+        match self {
+            Held::Lock(guard) => guard.fencing_token(),
+            Held::Permit(permit) => permit.fencing_token(),
+        }
+    }
+
+    fn loss_signal(&self) -> redmutex::LossSignal {
+        match self {
+            Held::Lock(guard) => guard.loss_signal(),
+            Held::Permit(permit) => permit.loss_signal(),
+        }
+    }
+
+    fn validity(&self) -> Duration {
+        match self {
+            Held::Lock(guard) => guard.validity(),
+            Held::Permit(permit) => permit.validity(),
+        }
+    }
+
+    fn unlock(self) -> Result<(), Error> {
+        match self {
+            Held::Lock(guard) => guard.unlock(),
+            Held::Permit(permit) => permit.release(),
+        }
+    }
+}
+
+/// Takes the lock (or a permit), waiting in slices so a signal ends the
+/// wait. `Err(signal)` when one arrived; nothing is held then.
 fn acquire(
-    lock: &DistributedLock,
+    target: &Target,
     args: &RunArgs,
     forwarded: &Forwarded,
-) -> Result<Result<Option<redmutex::LockGuard>, Error>, i32> {
+) -> Result<Result<Option<Held>, Error>, i32> {
     if args.no_wait {
-        let acquired = lock.try_lock();
+        let acquired = target.try_once();
         return match forwarded.take() {
             // A guard taken meanwhile is released when dropped here.
             Some(signal) => Err(signal),
@@ -238,7 +302,7 @@ fn acquire(
                 .min(WAIT_SLICE),
             None => WAIT_SLICE,
         };
-        let acquired = lock.try_lock_for(slice);
+        let acquired = target.try_for(slice);
         if let Some(signal) = forwarded.take() {
             return Err(signal);
         }
@@ -280,14 +344,30 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
             format_args!("--kill-after is at most a third of the ttl: {kill_after:?}"),
         );
     }
-    let lock = DistributedLock::with_options(&client, args.key.clone(), options);
+    let target = match args.limit {
+        Some(limit) => Target::Permit(Semaphore::with_options(
+            &client,
+            args.key.clone(),
+            limit,
+            SemaphoreOptions::from(&options),
+        )),
+        None => Target::Lock(DistributedLock::with_options(
+            &client,
+            args.key.clone(),
+            options,
+        )),
+    };
+    let what = match args.limit {
+        Some(limit) => format!("a permit of {:?} (limit {limit})", args.key),
+        None => format!("{:?}", args.key),
+    };
     verbose(
         cli,
-        format_args!("acquiring {:?} at {}", args.key, redact(&cli.url)),
+        format_args!("acquiring {what} at {}", redact(&cli.url)),
     );
     let acquired = {
-        let _spinner = (!args.no_wait).then(|| Spinner::start(cli, &client, &args.key));
-        acquire(&lock, args, &forwarded)
+        let _spinner = (!args.no_wait).then(|| Spinner::start(cli, &client, &args.key, args.limit));
+        acquire(&target, args, &forwarded)
     };
     let acquired = match acquired {
         Ok(acquired) => acquired.map_err(redis_failure)?,
@@ -303,8 +383,8 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
         }
     };
     let Some(guard) = acquired else {
-        let who = match holder(&client, &args.key) {
-            Ok(Some((token, pttl))) => format!("held by {}… ({})", short(&token), ttl_text(pttl)),
+        let who = match describe(&client, &args.key, args.limit) {
+            Ok(Some(who)) => who,
             _ => "held".into(),
         };
         say(
@@ -315,7 +395,7 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
     };
     verbose(
         cli,
-        format_args!("acquired {:?} with token {}", args.key, guard.token()),
+        format_args!("acquired {what} with token {}", guard.token()),
     );
 
     let (program, rest) = args
@@ -396,14 +476,12 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
             }
             match &ending {
                 Ending::Running => {}
-                Ending::Lost(reason) => eprintln!(
-                    "redmutex: lost the lock {:?} ({reason}); terminating the command",
-                    args.key
-                ),
+                Ending::Lost(reason) => {
+                    eprintln!("redmutex: lost {what} ({reason}); terminating the command")
+                }
                 Ending::LowValidity(left) => eprintln!(
-                    "redmutex: cannot renew the lock {:?} and {left:?} of it is left; \
-                     terminating the command before it runs out",
-                    args.key
+                    "redmutex: cannot renew {what} and {left:?} of it is left; \
+                     terminating the command before it runs out"
                 ),
             }
             if !matches!(ending, Ending::Running) {
@@ -439,8 +517,8 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
         return Ok(EXIT_LOST);
     }
     match guard.unlock() {
-        Ok(()) => verbose(cli, format_args!("released {:?}", args.key)),
-        Err(err) => say(cli, format_args!("releasing {:?}: {err}", args.key)),
+        Ok(()) => verbose(cli, format_args!("released {what}")),
+        Err(err) => say(cli, format_args!("releasing {what}: {err}")),
     }
     Ok(exit_code_of(status))
 }

@@ -1,29 +1,52 @@
-//! `redmutex status`: who holds a lock, and for how long.
+//! `redmutex status`: who holds a lock, and for how long; for a semaphore,
+//! its limit and every permit's holder and time left.
 
 #[allow(unused_imports)]
 use super::*;
 
 pub(super) fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
     let client = client(cli)?;
-    let held = holder(&client, &args.key)?;
     let fence_key = client.fence_key(&client.key(&args.key));
-    let counter: Option<u64> = {
+    let counter = || -> Result<Option<u64>, Failure> {
         let mut con = connection(&client)?;
         redis::cmd("GET")
             .arg(&fence_key)
             .query(&mut con)
-            .map_err(|e| redis_failure(Error::Redis(e)))?
+            .map_err(|e| redis_failure(Error::Redis(e)))
     };
+    let counter_json = |counter: Option<u64>| counter.map_or("null".into(), |c| c.to_string());
+    match kind(&client, &args.key)? {
+        Kind::Semaphore => {
+            let status = Semaphore::new(&client, args.key.clone(), 1)
+                .status()
+                .map_err(redis_failure)?;
+            let counter = counter()?;
+            semaphore(args, &status, counter, counter_json);
+            return Ok(0);
+        }
+        Kind::Other(what) => {
+            return Err(fail(
+                EXIT_UNAVAILABLE,
+                format!(
+                    "{:?} holds a {what}: not a redmutex lock or semaphore",
+                    client.key(&args.key)
+                ),
+            ));
+        }
+        Kind::Free | Kind::Lock => {}
+    }
+    let held = holder(&client, &args.key)?;
+    let counter = counter()?;
     if args.json {
         let (token, ttl) = match &held {
             Some((token, pttl)) => (json_string(token), pttl.to_string()),
             None => ("null".into(), "null".into()),
         };
         println!(
-            "{{\"key\":{},\"held\":{},\"token\":{token},\"ttl_ms\":{ttl},\"fencing_counter\":{}}}",
+            "{{\"key\":{},\"kind\":\"lock\",\"held\":{},\"token\":{token},\"ttl_ms\":{ttl},\"fencing_counter\":{}}}",
             json_string(&args.key),
             held.is_some(),
-            counter.map_or("null".into(), |c| c.to_string()),
+            counter_json(counter),
         );
     } else {
         match &held {
@@ -35,4 +58,54 @@ pub(super) fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
         }
     }
     Ok(0)
+}
+
+fn semaphore(
+    args: &StatusArgs,
+    status: &redmutex::SemaphoreStatus,
+    counter: Option<u64>,
+    counter_json: impl Fn(Option<u64>) -> String,
+) {
+    let limit = status.limit().unwrap_or_default();
+    let available = status.available().unwrap_or_default();
+    if args.json {
+        let permits: Vec<String> = status
+            .holders()
+            .iter()
+            .map(|h| {
+                format!(
+                    "{{\"id\":{},\"ttl_ms\":{},\"fencing_token\":{}}}",
+                    json_string(h.id()),
+                    h.remaining().as_millis(),
+                    h.fencing_token().map_or("null".into(), |t| t.to_string())
+                )
+            })
+            .collect();
+        println!(
+            "{{\"key\":{},\"kind\":\"semaphore\",\"limit\":{limit},\"in_use\":{},\"available\":{available},\"permits\":[{}],\"fencing_counter\":{}}}",
+            json_string(&args.key),
+            status.in_use(),
+            permits.join(","),
+            counter_json(counter),
+        );
+        return;
+    }
+    println!(
+        "{}: semaphore, {} of {limit} permits out, {available} available",
+        args.key,
+        status.in_use()
+    );
+    for holder in status.holders() {
+        let fence = holder
+            .fencing_token()
+            .map_or(String::new(), |t| format!(", fencing token {t}"));
+        println!(
+            "  {} ({:.1}s left{fence})",
+            holder.id(),
+            holder.remaining().as_secs_f64()
+        );
+    }
+    if let Some(counter) = counter {
+        println!("fencing counter: {counter}");
+    }
 }
