@@ -1,8 +1,11 @@
 //! The chaos run of `tests/chaos.rs`, for as long as asked:
 //!
 //! ```sh
-//! cargo run --release --example chaos -- --secs 300 [--processes 4] [--threads 4] [--seed N]
+//! cargo run --release --example chaos -- --secs 300 [--processes 4] [--threads 4] [--seed N] [--limit N]
 //! ```
+//!
+//! With `--limit N` the workers take permits of a semaphore of N instead
+//! (the check: never more than N holders claiming validity at once).
 //!
 //! Worker processes (this program run again) × threads take one fenced lock
 //! (ttl 500 ms) through a fault-injecting proxy in front of a private
@@ -40,8 +43,11 @@ struct Args {
     /// Seed of the controller's choices (default: the process id).
     #[arg(long)]
     seed: Option<u64>,
-    /// Internal: run as a worker: LOCK_URL RESOURCE_URL THREADS SECS.
-    #[arg(long, hide = true, num_args = 4)]
+    /// Take permits of a semaphore of N instead of the lock.
+    #[arg(long, default_value_t = 0)]
+    limit: u32,
+    /// Internal: run as a worker: LOCK_URL RESOURCE_URL THREADS SECS LIMIT.
+    #[arg(long, hide = true, num_args = 5)]
     worker: Option<Vec<String>>,
 }
 
@@ -50,10 +56,12 @@ fn main() -> ExitCode {
     if let Some(worker) = &args.worker {
         let threads = worker[2].parse().unwrap_or(4);
         let secs = worker[3].parse().unwrap_or(10.0);
-        chaos::worker(&worker[0], &worker[1], threads, secs);
+        let limit = worker[4].parse().unwrap_or(0);
+        chaos::worker(&worker[0], &worker[1], threads, secs, limit);
         return ExitCode::SUCCESS;
     }
     let config = chaos::Config {
+        limit: args.limit,
         processes: args.processes.max(1),
         threads: args.threads.max(1),
         secs: args.secs,
@@ -64,11 +72,15 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     };
     let started = Instant::now();
-    let report = chaos::run(&config, &|lock, resource, threads, secs| {
+    let report = chaos::run(&config, &|lock, resource, threads, secs, limit| {
         let mut command = Command::new(&exe);
-        command
-            .arg("--worker")
-            .args([lock, resource, &threads.to_string(), &secs.to_string()]);
+        command.arg("--worker").args([
+            lock,
+            resource,
+            &threads.to_string(),
+            &secs.to_string(),
+            &limit.to_string(),
+        ]);
         command
     });
     println!("{}", chaos::render(&config, &report, started.elapsed()));

@@ -755,7 +755,11 @@ fn run_with_a_limit_admits_n_at_once_and_status_and_release_know_permits() {
         .args(["status", "exports", "--json"])
         .output()
         .expect("status");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(json["kind"], "semaphore");
     assert_eq!(json["limit"], 2);
@@ -808,7 +812,10 @@ fn run_with_a_limit_admits_n_at_once_and_status_and_release_know_permits() {
     let client = server.lock_client();
     let sem = redmutex::Semaphore::new(&client, "exports", 2);
     let fourth = sem.try_acquire().expect("try").expect("the freed permit");
-    assert!(sem.try_acquire().expect("try").is_none(), "only one was freed");
+    assert!(
+        sem.try_acquire().expect("try").is_none(),
+        "only one was freed"
+    );
     drop(fourth);
 
     std::fs::write(&gate, "").expect("open the gate");

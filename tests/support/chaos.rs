@@ -3,14 +3,16 @@
 //! fault-injecting proxy and do a read-modify-write on a protected
 //! resource that refuses stale fencing tokens, while a controller stops,
 //! continues and kills workers, kills their connections, stalls Redis,
-//! flushes its scripts and injects proxy faults.
+//! flushes its scripts and injects proxy faults. With a limit N, they take
+//! permits of one semaphore instead (fenced, half of them watched) and
+//! hold them for a moment.
 //!
 //! What it checks afterwards: no update was lost past fencing (the
-//! resource's counter equals its accepted writes), no two holds overlapped
-//! while both holders still reported `validity() > 0`, every worker that
-//! was never killed kept making progress, and nothing of the crate is left
-//! (lock key, subscriptions, connections; each worker checks its threads
-//! before it exits).
+//! resource's counter equals its accepted writes), never more than one
+//! (or N) holds at once while their holders still reported
+//! `validity() > 0`, every worker that was never killed kept making
+//! progress, and nothing of the crate is left (lock key, subscriptions,
+//! connections; each worker checks its threads before it exits).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -19,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use redmutex::{DistributedLock, Error, LockClient, LockOptions};
+use redmutex::{DistributedLock, Error, LockClient, LockOptions, Semaphore, SemaphoreOptions};
 
 use super::{Dice, FaultProxy, RedisServer, wait_until};
 
@@ -76,13 +78,43 @@ fn kind(err: &Error) -> &'static str {
     }
 }
 
-/// One worker process: `threads` threads loop for `secs`, each printing a
-/// line per hold (`H thread start end`: from acquisition to the last
+/// What a worker thread holds.
+enum Hold {
+    Lock(redmutex::LockGuard),
+    Permit(redmutex::Permit),
+}
+
+impl Hold {
+    fn validity(&self) -> Duration {
+        match self {
+            Hold::Lock(guard) => guard.validity(),
+            Hold::Permit(permit) => permit.validity(),
+        }
+    }
+
+    fn fencing_token(&self) -> Option<u64> {
+        match self {
+            Hold::Lock(guard) => guard.fencing_token(),
+            Hold::Permit(permit) => permit.fencing_token(),
+        }
+    }
+
+    fn unlock(self) -> Result<(), Error> {
+        match self {
+            Hold::Lock(guard) => guard.unlock(),
+            Hold::Permit(permit) => permit.release(),
+        }
+    }
+}
+
+/// One worker process: `threads` threads loop for `secs` (taking permits
+/// of a semaphore of `limit` when it is not 0), each printing a line per
+/// hold (`H thread start end`: from acquisition to the last
 /// moment it saw `validity() > 0`), then a summary per thread
 /// (`S thread acquisitions`), errors (`E kind count`), the longest wait
 /// (`W nanos`) and whether the crate's threads were gone after the client
 /// was dropped (`T ok` or `T left ...`).
-pub fn worker(lock_url: &str, resource_url: &str, threads: usize, secs: f64) {
+pub fn worker(lock_url: &str, resource_url: &str, threads: usize, secs: f64, limit: u32) {
     let client = LockClient::open(lock_url).expect("lock client");
     let resource = redis::Client::open(resource_url).expect("resource");
     let read = redis::Script::new(RESOURCE_READ);
@@ -98,7 +130,16 @@ pub fn worker(lock_url: &str, resource_url: &str, threads: usize, secs: f64) {
                 .wait(Duration::from_secs(5))
                 .fencing(true)
                 .watchdog(t % 2 == 1);
+            let semaphore = (limit > 0).then(|| {
+                Semaphore::with_options(&client, KEY, limit, SemaphoreOptions::from(&options))
+            });
             let lock = DistributedLock::with_options(&client, KEY, options);
+            let take = move || -> Result<Hold, Error> {
+                match &semaphore {
+                    Some(semaphore) => semaphore.acquire().map(Hold::Permit),
+                    None => lock.lock().map(Hold::Lock),
+                }
+            };
             let (resource, read, write) = (resource.clone(), read.clone(), write.clone());
             let (out, errors, longest) = (out.clone(), errors.clone(), longest.clone());
             std::thread::spawn(move || {
@@ -110,7 +151,7 @@ pub fn worker(lock_url: &str, resource_url: &str, threads: usize, secs: f64) {
                 };
                 while Instant::now() < deadline {
                     let asked = Instant::now();
-                    let guard = match lock.lock() {
+                    let guard = match take() {
                         Ok(guard) => guard,
                         Err(err) => {
                             error(&err);
@@ -132,7 +173,15 @@ pub fn worker(lock_url: &str, resource_url: &str, threads: usize, secs: f64) {
                         }
                     };
                     check(&mut valid_at);
-                    let value: i64 = read.arg(token).invoke(&mut con).expect("resource read");
+                    // Permit holders share the resource: fencing one
+                    // against another would refuse the lawful ones. They
+                    // hold for a moment.
+                    let value: i64 = if limit > 0 {
+                        std::thread::sleep(Duration::from_micros(wall() % 3000));
+                        -1
+                    } else {
+                        read.arg(token).invoke(&mut con).expect("resource read")
+                    };
                     if value >= 0 {
                         std::thread::sleep(Duration::from_micros(wall() % 3000));
                         check(&mut valid_at);
@@ -190,6 +239,8 @@ pub fn worker(lock_url: &str, resource_url: &str, threads: usize, secs: f64) {
 /// How a chaos run is shaped.
 #[derive(Clone, Debug)]
 pub struct Config {
+    /// 0: the lock; N: permits of a semaphore of N.
+    pub limit: u32,
     pub processes: usize,
     pub threads: usize,
     pub secs: f64,
@@ -205,6 +256,8 @@ pub struct Report {
     pub fenced_rejections: u64,
     pub lost_updates: u64,
     pub overlaps: Vec<String>,
+    /// The most holds that claimed validity at one moment.
+    pub most_at_once: usize,
     pub errors: BTreeMap<String, u64>,
     pub longest_wait: Duration,
     /// Per worker process never killed: its threads' acquisitions.
@@ -247,21 +300,27 @@ fn signal(pid: u32, name: &str) {
     let _ = super::signal(pid, name);
 }
 
-/// Runs the chaos: `spawn(lock_url, resource_url, threads, secs)` gives the
-/// command of one worker process (the test binary or the example, run
-/// again in worker mode).
-pub fn run(config: &Config, spawn: &dyn Fn(&str, &str, usize, f64) -> Command) -> Report {
+/// Runs the chaos: `spawn(lock_url, resource_url, threads, secs, limit)`
+/// gives the command of one worker process (the test binary or the
+/// example, run again in worker mode).
+pub fn run(config: &Config, spawn: &dyn Fn(&str, &str, usize, f64, u32) -> Command) -> Report {
     let server = RedisServer::start();
     let resource = RedisServer::start();
     let proxy = FaultProxy::to(&server);
     let mut dice = Dice(config.seed | 1);
     let mut report = Report::default();
     let start_worker = |secs: f64| -> Worker {
-        let mut child = spawn(&proxy.url(), &resource.url(), config.threads, secs)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn a worker");
+        let mut child = spawn(
+            &proxy.url(),
+            &resource.url(),
+            config.threads,
+            secs,
+            config.limit,
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn a worker");
         let stdout = child.stdout.take().expect("stdout");
         let reader = std::thread::spawn(move || {
             BufReader::new(stdout)
@@ -284,12 +343,19 @@ pub fn run(config: &Config, spawn: &dyn Fn(&str, &str, usize, f64) -> Command) -
     let fault = |name: &'static str, report: &mut Report| {
         *report.faults.entry(name).or_default() += 1;
     };
-    let release_sha = redis::Script::new(include_str!("../../lua/release.lua"))
-        .get_hash()
-        .to_owned();
-    let acquire_sha = redis::Script::new(include_str!("../../lua/acquire.lua"))
-        .get_hash()
-        .to_owned();
+    let (acquire_lua, release_lua) = if config.limit > 0 {
+        (
+            include_str!("../../lua/sem_acquire.lua"),
+            include_str!("../../lua/sem_release.lua"),
+        )
+    } else {
+        (
+            include_str!("../../lua/acquire.lua"),
+            include_str!("../../lua/release.lua"),
+        )
+    };
+    let release_sha = redis::Script::new(release_lua).get_hash().to_owned();
+    let acquire_sha = redis::Script::new(acquire_lua).get_hash().to_owned();
     // The controller: one fault every 100-400 ms.
     while Instant::now() < until {
         std::thread::sleep(Duration::from_millis(100 + dice.below(300)));
@@ -437,27 +503,10 @@ pub fn run(config: &Config, spawn: &dyn Fn(&str, &str, usize, f64) -> Command) -
             report.survivors.push(threads);
         }
     }
-    holds.sort();
-    let mut last: Option<&(u64, u64, String)> = None;
-    for hold in &holds {
-        if let Some(prev) = last {
-            if hold.0 < prev.1 {
-                report.overlaps.push(format!(
-                    "{} held from {} while {} still claimed validity until {} ({} µs)",
-                    hold.2,
-                    hold.0,
-                    prev.2,
-                    prev.1,
-                    (prev.1 - hold.0) / 1000
-                ));
-            }
-            if hold.1 > prev.1 {
-                last = Some(hold);
-            }
-        } else {
-            last = Some(hold);
-        }
-    }
+    let allowed = config.limit.max(1) as usize;
+    let (most, excess) = most_at_once(&holds, allowed);
+    report.most_at_once = most;
+    report.overlaps.extend(excess);
     let mut con = resource.conn();
     let get = |con: &mut redis::Connection, key: &str| -> u64 {
         redis::cmd("GET")
@@ -506,6 +555,44 @@ pub fn run(config: &Config, spawn: &dyn Fn(&str, &str, usize, f64) -> Command) -
     report
 }
 
+/// The most holds (start, end, who) that overlap at one moment, and a line
+/// for each hold that began while `allowed` others were still valid. A
+/// hold ending at the very moment another starts does not overlap it.
+pub fn most_at_once(holds: &[(u64, u64, String)], allowed: usize) -> (usize, Vec<String>) {
+    let mut holds: Vec<&(u64, u64, String)> = holds.iter().collect();
+    holds.sort();
+    // Ends of the holds still open, earliest first.
+    let mut open: Vec<&(u64, u64, String)> = Vec::new();
+    let mut most = 0;
+    let mut excess = Vec::new();
+    for hold in holds {
+        open.retain(|other| other.1 > hold.0);
+        if open.len() >= allowed {
+            let others: Vec<String> = open
+                .iter()
+                .map(|o| {
+                    format!(
+                        "{} (valid until {}, {} µs on)",
+                        o.2,
+                        o.1,
+                        (o.1 - hold.0) / 1000
+                    )
+                })
+                .collect();
+            excess.push(format!(
+                "{} held from {} while {} others still claimed validity: {}",
+                hold.2,
+                hold.0,
+                open.len(),
+                others.join(", ")
+            ));
+        }
+        open.push(hold);
+        most = most.max(open.len());
+    }
+    (most, excess)
+}
+
 /// The report as Markdown, for the example and the test's log.
 pub fn render(config: &Config, report: &Report, took: Duration) -> String {
     let mut out = String::new();
@@ -524,8 +611,13 @@ pub fn render(config: &Config, report: &Report, took: Duration) -> String {
         survivors.iter().min().copied().unwrap_or(0),
         survivors.iter().max().copied().unwrap_or(0),
     );
+    let what = if config.limit > 0 {
+        format!("a fenced semaphore of {} permits", config.limit)
+    } else {
+        "one fenced lock".to_owned()
+    };
     out.push_str(&format!(
-        "chaos: {} processes x {} threads, one fenced lock (ttl {:?}), {:.0} s (took {:.1} s), seed {}\n\n",
+        "chaos: {} processes x {} threads, {what} (ttl {:?}), {:.0} s (took {:.1} s), seed {}\n\n",
         config.processes,
         config.threads,
         TTL,
@@ -543,8 +635,12 @@ pub fn render(config: &Config, report: &Report, took: Duration) -> String {
         ("fenced rejections", report.fenced_rejections.to_string()),
         ("lost updates", report.lost_updates.to_string()),
         (
-            "overlaps of two valid holders",
+            "holds begun with the limit's worth still valid",
             report.overlaps.len().to_string(),
+        ),
+        (
+            "most valid holders at once",
+            format!("{} (limit {})", report.most_at_once, config.limit.max(1)),
         ),
         (
             "errors by kind",

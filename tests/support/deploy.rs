@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use super::{RedisServer, free_port, wait_until};
+use super::{RedisServer, wait_until};
 
 /// How long a deployment may take to settle (cluster state ok, sentinels
 /// that know each other and the replica).
