@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use redis::{Commands, ConnectionLike};
 use redmutex::{
     Deployment, DistributedLock, Error, LockClient, LockOptions, ReentrantLock, Release, RwLock,
+    Semaphore, SemaphoreOptions,
 };
 use support::{RedisCluster, wait_until};
 
@@ -319,6 +320,38 @@ fn min_replicas_waits_on_the_node_that_wrote_the_key() {
         .exists(&key)
         .expect("EXISTS");
     assert!(!left, "the unreplicated lock was released");
+
+    // A permit the same way: WAIT on the key's primary, given back when
+    // its replica is stopped.
+    let semaphore = Semaphore::with_options(
+        &client,
+        format!("sem:{key}"),
+        2,
+        SemaphoreOptions::from(&options()).min_replicas(1, Duration::from_millis(300)),
+    );
+    let sem_key = semaphore.key().to_owned();
+    let primary = cluster.primary_for_slot(cluster.slot(&sem_key));
+    let replica = cluster.replicas_of(&primary.id)[0].port;
+    semaphore
+        .try_acquire()
+        .expect("try")
+        .expect("replicated permit")
+        .release()
+        .expect("release");
+    let stopped = cluster.node(replica);
+    stopped.signal("STOP");
+    let outcome = semaphore.try_acquire();
+    stopped.signal("CONT");
+    assert!(
+        matches!(outcome, Err(Error::NotReplicated { acked: 0, .. })),
+        "{outcome:?}"
+    );
+    let left: bool = cluster
+        .primary_for(&sem_key)
+        .conn()
+        .exists(&sem_key)
+        .expect("EXISTS");
+    assert!(!left, "the unreplicated permit was given back");
 }
 
 #[test]
@@ -343,7 +376,7 @@ fn waiters_on_another_client_are_woken_by_the_release_message() {
 }
 
 #[test]
-fn rwlock_and_reentrant_lock_work_on_a_cluster() {
+fn rwlock_reentrant_lock_and_semaphore_work_on_a_cluster() {
     let cluster = RedisCluster::start(3, 0);
     let client = cluster.lock_client();
     for key in cluster.key_per_primary("family") {
@@ -360,6 +393,38 @@ fn rwlock_and_reentrant_lock_work_on_a_cluster() {
         assert_eq!(inner.hold_count(), 2);
         drop(inner);
         drop(outer);
+
+        // A fenced, watched semaphore: its hash, fence counter and release
+        // markers all in the key's slot (a cross-slot script would fail).
+        let semaphore = Semaphore::with_options(
+            &client,
+            key.clone(),
+            2,
+            SemaphoreOptions::from(&options())
+                .fencing(true)
+                .watchdog(true),
+        );
+        let a = semaphore.acquire().expect("a");
+        let b = semaphore.acquire().expect("b");
+        assert!(semaphore.try_acquire().expect("try").is_none(), "full");
+        assert!(b.fencing_token() > a.fencing_token());
+        let status = semaphore.status().expect("status");
+        assert_eq!((status.limit(), status.in_use()), (Some(2), 2));
+        semaphore.release_permit(a.id()).expect("release by id");
+        let c = semaphore.try_acquire().expect("try").expect("a's place");
+        // a's own release now finds the marker its id left: nothing freed.
+        drop(a);
+        assert!(
+            semaphore.try_acquire().expect("try").is_none(),
+            "still full"
+        );
+        drop((b, c));
+        let left: bool = cluster
+            .primary_for(&key)
+            .conn()
+            .exists(&key)
+            .expect("EXISTS");
+        assert!(!left, "nothing outlives the last permit");
     }
 }
 

@@ -6,7 +6,10 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use redmutex::{Deployment, DistributedLock, Error, LockClient, LockOptions};
+use redmutex::{
+    Backoff, Deployment, DistributedLock, Error, LockClient, LockOptions, Semaphore,
+    SemaphoreOptions,
+};
 use support::{RedisServer, SentinelSet, wait_until};
 
 fn options() -> LockOptions {
@@ -78,6 +81,36 @@ fn the_client_follows_a_failover_after_the_primary_is_killed() {
         waited < Duration::from_secs(5),
         "woken by the message after the failover: {waited:?}"
     );
+
+    // A semaphore on the promoted primary: a waiter in another client gets
+    // the permit when it is given back (woken, not after the 30 s lease).
+    let one = Semaphore::with_options(&client, "sem", 1, SemaphoreOptions::from(&options()));
+    let permit = one.acquire().expect("a permit on the promoted replica");
+    let fields: usize = redis::cmd("HLEN")
+        .arg("sem")
+        .query(&mut set.replica.conn())
+        .expect("HLEN on the new primary");
+    assert_eq!(fields, 2, "the permit and the limit");
+    let other = Semaphore::with_options(
+        &waiter,
+        "sem",
+        1,
+        SemaphoreOptions::from(&options()).backoff(Backoff::constant(Duration::from_secs(20))),
+    );
+    let waiting = std::thread::spawn(move || {
+        let asked = Instant::now();
+        let permit = other.try_acquire_for(Duration::from_secs(15));
+        (permit.map(|p| p.is_some()), asked.elapsed())
+    });
+    let channel = waiter.release_channel("sem");
+    assert!(wait_until(Duration::from_secs(5), || support::numsub(
+        &set.replica,
+        &channel
+    ) > 0));
+    permit.release().expect("release");
+    let (got, waited) = waiting.join().expect("waiter");
+    assert_eq!(got.ok(), Some(true));
+    assert!(waited < Duration::from_secs(10), "woken: {waited:?}");
 }
 
 #[test]
@@ -101,6 +134,26 @@ fn min_replicas_is_met_through_sentinel() {
     });
     assert!(on_replica, "the replica has the key");
     guard.unlock().expect("unlock");
+
+    // A permit: WAIT after the grant, on the primary the sentinels name.
+    let semaphore = Semaphore::with_options(
+        &client,
+        "replicated-sem",
+        2,
+        SemaphoreOptions::from(&options())
+            .fencing(true)
+            .min_replicas(1, Duration::from_secs(1)),
+    );
+    let permit = semaphore.acquire().expect("a replica acknowledged");
+    let field = format!("p:{}", permit.id());
+    let deadline: Option<u64> = redis::cmd("HGET")
+        .arg("replicated-sem")
+        .arg(&field)
+        .query(&mut set.replica.conn())
+        .expect("HGET on the replica");
+    assert!(deadline.is_some(), "acknowledged: the replica has it");
+    assert_eq!(permit.fencing_token(), Some(1));
+    permit.release().expect("release");
 }
 
 #[test]
