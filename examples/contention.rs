@@ -4,8 +4,14 @@
 //! cargo run --release --example contention -- \
 //!     [--threads N] [--processes P] [--keys K] [--secs S] \
 //!     [--release lua|watch|both] [--wait-mode spin|notify|both] [--no-handoff] \
-//!     [--handoff-budget HANDOFFS/MS] [--work none|redis|sleep:MS] [--url URL]
+//!     [--handoff-budget HANDOFFS/MS] [--work none|redis|sleep:MS] [--url URL] \
+//!     [--limit N]
 //! ```
+//!
+//! With `--limit N` every wait mode also gets a semaphore row: the same
+//! workers take permits of a [`Semaphore`](redmutex::Semaphore) of N per
+//! key instead of the lock (the in-process check then counts more than N
+//! holders at once as a violation, and "max holders" shows the most seen).
 //!
 //! Without `--url` it starts a private redis-server on a free loopback port.
 //! Every worker loops for `--secs`: lock one of the `--keys` keys, do the
@@ -40,7 +46,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, ValueEnum};
 use redis::Commands;
-use redmutex::{DistributedLock, LockClient, LockOptions, Release, WaitMode};
+use redmutex::{
+    DistributedLock, LockClient, LockOptions, Release, Semaphore, SemaphoreOptions, WaitMode,
+};
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Contention report for redmutex: throughput, waits, fairness, Redis cost")]
@@ -76,9 +84,15 @@ struct Args {
     /// `redmutex-report:*` are written, and they are deleted afterwards.
     #[arg(long)]
     url: Option<String>,
+    /// Add a semaphore row per wait mode: permits of a semaphore of N.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    limit: Option<u32>,
     /// Internal: run as a child worker process.
     #[arg(long, hide = true)]
     child: bool,
+    /// Internal: the child runs a semaphore row of this limit.
+    #[arg(long, hide = true)]
+    child_limit: Option<u32>,
     /// Internal: the wall-clock start time (ms since the epoch) for children.
     #[arg(long, hide = true)]
     start_at_ms: Option<u64>,
@@ -186,9 +200,12 @@ struct Process {
     /// Lock commands its client sent.
     commands: u64,
     handoffs: u64,
-    /// In-process exclusion violations: overlaps seen, plus increments of
-    /// the process-local counter that were lost.
+    /// In-process exclusion violations: overlaps seen (more holders than
+    /// the limit), plus increments of the process-local counter that were
+    /// lost (lock rows).
     violations: u64,
+    /// The most holders of one key seen at once in this process.
+    most_inside: u32,
 }
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
@@ -232,84 +249,104 @@ fn main() -> Result<(), Failure> {
         }
     );
     println!(
-        "| wait mode | release | acq/s | wait p50 | wait p99 | wait max | acq/worker min–max (ratio) | smallest process share | lock cmds/acq | Redis cmds/acq | handoffs/acq | violations | PING RTT | uncontended cycle |"
+        "| wait mode | release | acq/s | wait p50 | wait p99 | wait max | acq/worker min–max (ratio) | smallest process share | lock cmds/acq | Redis cmds/acq | handoffs/acq | max holders | violations | PING RTT | uncontended cycle |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut violations = 0;
+    let mut rows: Vec<(WaitMode, Release, Option<u32>)> = Vec::new();
     for mode in modes(args.wait_mode) {
         for release in releases(args.release) {
-            let (ping, cycle) = uncontended(&client, mode, release)?;
-
-            reset(&mut admin, args.keys)?;
-            let before = commandstats(&mut admin)?;
-            let started = Instant::now();
-            let processes = if args.processes == 1 {
-                vec![run_process(&url, &args, mode, release, SystemTime::now())?]
-            } else {
-                run_children(&args, &url, mode, release)?
-            };
-            let elapsed = started.elapsed();
-            let after = commandstats(&mut admin)?;
-            let counted: u64 = (0..args.keys)
-                .map(|k| {
-                    admin
-                        .get::<_, Option<u64>>(counter_key(k))
-                        .map(|v| v.unwrap_or(0))
-                })
-                .sum::<Result<u64, _>>()?;
-            reset(&mut admin, args.keys)?;
-
-            let workers: Vec<&Worker> = processes.iter().flat_map(|p| &p.workers).collect();
-            let acquisitions: u64 = workers.iter().map(|w| w.acquisitions).sum();
-            let per_acq = |n: u64| n as f64 / acquisitions.max(1) as f64;
-            let mut waits: Vec<u64> = workers
-                .iter()
-                .flat_map(|w| w.waits_us.iter().copied())
-                .collect();
-            waits.sort_unstable();
-            let min = workers.iter().map(|w| w.acquisitions).min().unwrap_or(0);
-            let max = workers.iter().map(|w| w.acquisitions).max().unwrap_or(0);
-            let share = if processes.len() > 1 {
-                let smallest = processes
-                    .iter()
-                    .map(|p| p.workers.iter().map(|w| w.acquisitions).sum::<u64>())
-                    .min()
-                    .unwrap_or(0);
-                format!("{:.0} %", 100.0 * per_acq(smallest))
-            } else {
-                "–".into()
-            };
-            let lost_in_redis = if args.work == Work::Redis {
-                acquisitions.saturating_sub(counted)
-            } else {
-                0
-            };
-            let row_violations =
-                lost_in_redis + processes.iter().map(|p| p.violations).sum::<u64>();
-            violations += row_violations;
-            let secs = args.secs.min(elapsed.as_secs_f64());
-            println!(
-                "| {} | {} | {:.0} | {} | {} | {} | {}–{} ({:.2}) | {} | {:.3} | {:.2} | {:.2} | {} | {} | {} = {:.2} PING |",
-                mode_name(mode),
-                release_name(release),
-                acquisitions as f64 / secs,
-                micros(percentile(&waits, 50)),
-                micros(percentile(&waits, 99)),
-                micros(waits.last().copied().unwrap_or(0)),
-                min,
-                max,
-                min as f64 / max.max(1) as f64,
-                share,
-                per_acq(processes.iter().map(|p| p.commands).sum()),
-                per_acq(commands_between(&before, &after)),
-                per_acq(processes.iter().map(|p| p.handoffs).sum()),
-                row_violations,
-                micros(ping.as_micros() as u64),
-                micros(cycle.as_micros() as u64),
-                cycle.as_secs_f64() / ping.as_secs_f64(),
-            );
-            std::io::stdout().flush()?;
+            rows.push((mode, release, None));
         }
+        if let Some(limit) = args.limit {
+            rows.push((mode, Release::Lua, Some(limit)));
+        }
+    }
+    for (mode, release, limit) in rows {
+        let (ping, cycle) = uncontended(&client, mode, release, limit)?;
+
+        reset(&mut admin, args.keys)?;
+        let before = commandstats(&mut admin)?;
+        let started = Instant::now();
+        let processes = if args.processes == 1 {
+            vec![run_process(
+                &url,
+                &args,
+                mode,
+                release,
+                limit,
+                SystemTime::now(),
+            )?]
+        } else {
+            run_children(&args, &url, mode, release, limit)?
+        };
+        let elapsed = started.elapsed();
+        let after = commandstats(&mut admin)?;
+        let counted: u64 = (0..args.keys)
+            .map(|k| {
+                admin
+                    .get::<_, Option<u64>>(counter_key(k))
+                    .map(|v| v.unwrap_or(0))
+            })
+            .sum::<Result<u64, _>>()?;
+        reset(&mut admin, args.keys)?;
+
+        let workers: Vec<&Worker> = processes.iter().flat_map(|p| &p.workers).collect();
+        let acquisitions: u64 = workers.iter().map(|w| w.acquisitions).sum();
+        let per_acq = |n: u64| n as f64 / acquisitions.max(1) as f64;
+        let mut waits: Vec<u64> = workers
+            .iter()
+            .flat_map(|w| w.waits_us.iter().copied())
+            .collect();
+        waits.sort_unstable();
+        let min = workers.iter().map(|w| w.acquisitions).min().unwrap_or(0);
+        let max = workers.iter().map(|w| w.acquisitions).max().unwrap_or(0);
+        let share = if processes.len() > 1 {
+            let smallest = processes
+                .iter()
+                .map(|p| p.workers.iter().map(|w| w.acquisitions).sum::<u64>())
+                .min()
+                .unwrap_or(0);
+            format!("{:.0} %", 100.0 * per_acq(smallest))
+        } else {
+            "–".into()
+        };
+        // Permit holders share the counter: their lost updates are
+        // expected, not a violation.
+        let lost_in_redis = if args.work == Work::Redis && limit.is_none() {
+            acquisitions.saturating_sub(counted)
+        } else {
+            0
+        };
+        let row_violations = lost_in_redis + processes.iter().map(|p| p.violations).sum::<u64>();
+        violations += row_violations;
+        let secs = args.secs.min(elapsed.as_secs_f64());
+        let kind = match limit {
+            Some(limit) => format!("semaphore of {limit}"),
+            None => release_name(release).to_owned(),
+        };
+        println!(
+            "| {} | {} | {:.0} | {} | {} | {} | {}–{} ({:.2}) | {} | {:.3} | {:.2} | {:.2} | {} | {} | {} | {} = {:.2} PING |",
+            mode_name(mode),
+            kind,
+            acquisitions as f64 / secs,
+            micros(percentile(&waits, 50)),
+            micros(percentile(&waits, 99)),
+            micros(waits.last().copied().unwrap_or(0)),
+            min,
+            max,
+            min as f64 / max.max(1) as f64,
+            share,
+            per_acq(processes.iter().map(|p| p.commands).sum()),
+            per_acq(commands_between(&before, &after)),
+            per_acq(processes.iter().map(|p| p.handoffs).sum()),
+            processes.iter().map(|p| p.most_inside).max().unwrap_or(0),
+            row_violations,
+            micros(ping.as_micros() as u64),
+            micros(cycle.as_micros() as u64),
+            cycle.as_secs_f64() / ping.as_secs_f64(),
+        );
+        std::io::stdout().flush()?;
     }
     let _: () = admin.del(format!("{PREFIX}:uncontended"))?;
     println!(
@@ -331,20 +368,26 @@ fn uncontended(
     client: &LockClient,
     mode: WaitMode,
     release: Release,
+    limit: Option<u32>,
 ) -> Result<(Duration, Duration), Failure> {
     const BLOCKS: usize = 21;
     const ROUNDS: u32 = 200;
-    let lock = DistributedLock::with_options(
-        client,
-        format!("{PREFIX}:uncontended"),
-        LockOptions::default().wait_mode(mode).release(release),
-    );
+    let options = LockOptions::default().wait_mode(mode).release(release);
+    let key = format!("{PREFIX}:uncontended");
+    let lock = DistributedLock::with_options(client, key.clone(), options.clone());
+    let semaphore = limit
+        .map(|limit| Semaphore::with_options(client, key, limit, SemaphoreOptions::from(&options)));
     let mut ping = |_: ()| -> Result<(), Failure> {
         let mut con = client.pool()?.get()?;
         redis::cmd("PING").exec(&mut *con)?;
         Ok(())
     };
-    let mut cycle = |_: ()| -> Result<(), Failure> { Ok(lock.lock()?.unlock()?) };
+    let mut cycle = |_: ()| -> Result<(), Failure> {
+        match &semaphore {
+            Some(semaphore) => Ok(semaphore.acquire()?.release()?),
+            None => Ok(lock.lock()?.unlock()?),
+        }
+    };
     for _ in 0..ROUNDS {
         ping(())?;
         cycle(())?;
@@ -424,13 +467,17 @@ fn micros(us: u64) -> String {
 #[derive(Default)]
 struct Local {
     inside: AtomicU32,
+    most: AtomicU32,
     overlaps: AtomicU64,
     counter: AtomicU64,
 }
 
 impl Local {
-    fn enter(&self) {
-        if self.inside.fetch_add(1, Ordering::SeqCst) != 0 {
+    /// One more holder; more than `allowed` inside is an overlap.
+    fn enter(&self, allowed: u32) {
+        let inside = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(inside, Ordering::Relaxed);
+        if inside > allowed {
             self.overlaps.fetch_add(1, Ordering::Relaxed);
         }
         // Deliberately a load and a store: overlapping holders lose updates.
@@ -451,6 +498,7 @@ fn run_process(
     args: &Args,
     mode: WaitMode,
     release: Release,
+    limit: Option<u32>,
     start: SystemTime,
 ) -> Result<Process, Failure> {
     let client = LockClient::open(url)?;
@@ -471,6 +519,20 @@ fn run_process(
             let locks: Vec<_> = (0..args.keys)
                 .map(|k| DistributedLock::with_options(&client, lock_key(k), options.clone()))
                 .collect();
+            let semaphores: Vec<_> = match limit {
+                Some(limit) => (0..args.keys)
+                    .map(|k| {
+                        Semaphore::with_options(
+                            &client,
+                            lock_key(k),
+                            limit,
+                            SemaphoreOptions::from(&options),
+                        )
+                    })
+                    .collect(),
+                None => Vec::new(),
+            };
+            let allowed = limit.unwrap_or(1);
             let (url, keys, work, locals) = (url.to_owned(), args.keys, args.work, locals.clone());
             std::thread::spawn(move || -> Result<Worker, Failure> {
                 let mut con = redis::Client::open(url.as_str())?.get_connection()?;
@@ -484,9 +546,12 @@ fn run_process(
                     let k = i % keys;
                     i += 1;
                     let asked = Instant::now();
-                    let guard = locks[k].lock()?;
+                    let held = match semaphores.get(k) {
+                        Some(semaphore) => Held::Permit(semaphore.acquire()?),
+                        None => Held::Lock(locks[k].lock()?),
+                    };
                     worker.waits_us.push(asked.elapsed().as_micros() as u64);
-                    locals[k].enter();
+                    locals[k].enter(allowed);
                     match work {
                         Work::None => {}
                         Work::Redis => {
@@ -496,7 +561,10 @@ fn run_process(
                         Work::Sleep(d) => std::thread::sleep(d),
                     }
                     locals[k].leave();
-                    guard.unlock()?;
+                    match held {
+                        Held::Permit(permit) => permit.release()?,
+                        Held::Lock(guard) => guard.unlock()?,
+                    }
                     worker.acquisitions += 1;
                 }
                 Ok(worker)
@@ -516,13 +584,31 @@ fn run_process(
         .iter()
         .map(|l| l.overlaps.load(Ordering::Relaxed))
         .sum();
+    let most_inside = locals
+        .iter()
+        .map(|l| l.most.load(Ordering::Relaxed))
+        .max()
+        .unwrap_or(0);
     let stats = client.stats();
+    // Permit holders share the local counter too: only a lock loses none.
+    let lost = if limit.is_none() {
+        acquisitions.saturating_sub(counted)
+    } else {
+        0
+    };
     Ok(Process {
         workers,
         commands: stats.commands,
         handoffs: stats.handoffs,
-        violations: overlaps + acquisitions.saturating_sub(counted),
+        violations: overlaps + lost,
+        most_inside,
     })
+}
+
+/// What a worker holds in its critical section.
+enum Held {
+    Lock(redmutex::LockGuard),
+    Permit(redmutex::Permit),
 }
 
 /// Child mode: run the workers, print one `worker` line per thread and one
@@ -539,12 +625,12 @@ fn child(args: &Args) -> Result<(), Failure> {
         ModeArg::Spin => WaitMode::Spin,
         _ => WaitMode::Notify,
     };
-    let process = run_process(&url, args, mode, release, start)?;
+    let process = run_process(&url, args, mode, release, args.child_limit, start)?;
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     writeln!(
         out,
-        "process {} {} {}",
-        process.commands, process.handoffs, process.violations
+        "process {} {} {} {}",
+        process.commands, process.handoffs, process.violations, process.most_inside
     )?;
     for worker in process.workers {
         write!(out, "worker {}", worker.acquisitions)?;
@@ -564,6 +650,7 @@ fn run_children(
     url: &str,
     mode: WaitMode,
     release: Release,
+    limit: Option<u32>,
 ) -> Result<Vec<Process>, Failure> {
     let start_at = SystemTime::now() + Duration::from_millis(500 + 100 * args.processes as u64);
     let start_at_ms = start_at.duration_since(UNIX_EPOCH)?.as_millis() as u64;
@@ -589,6 +676,9 @@ fn run_children(
         if args.no_handoff {
             command.arg("--no-handoff");
         }
+        if let Some(limit) = limit {
+            command.args(["--child-limit", &limit.to_string()]);
+        }
         children.push(command.spawn()?);
     }
     let mut processes = Vec::new();
@@ -606,6 +696,7 @@ fn run_children(
                     process.commands = next()?;
                     process.handoffs = next()?;
                     process.violations = next()?;
+                    process.most_inside = u32::try_from(next()?)?;
                 }
                 Some("worker") => {
                     let acquisitions = fields.next().ok_or("short worker line")?.parse()?;

@@ -8,13 +8,14 @@
 -- ARGV[2]  the semaphore's release channel
 -- ARGV[3]  how long the marker lives, in milliseconds (a positive integer)
 --
--- Returns:
---   1   released now (the hash is deleted with its last permit)
---   2   released by an earlier run of this same request (its marker is
---       there), whose reply was lost
---   0   not released: the permit is gone (its lease expired)
---  -2   as 0, but the marker cannot be read (an ACL refuses it): whether
---       an earlier run released it cannot be told
+-- Returns {outcome, receivers}:
+--   {1, n}   released now (the hash is deleted with its last permit); the
+--            release message reached n subscribers
+--   {2, 0}   released by an earlier run of this same request (its marker
+--            is there), whose reply was lost
+--   {0, 0}   not released: the permit is gone (its lease expired)
+--  {-2, 0}   as 0, but the marker cannot be read (an ACL refuses it):
+--            whether an earlier run released it cannot be told
 -- Errors with WRONGTYPE when the key is not a hash; nothing changes.
 --
 -- Safe to run twice, and never adds capacity: a second run finds the field
@@ -35,8 +36,11 @@ if deadline > now then
   if KEYS[2] then
     redis.pcall('PSETEX', KEYS[2], ARGV[3], '1')
   end
-  redis.pcall('PUBLISH', ARGV[2], '')
-  return 1
+  local receivers = redis.pcall('PUBLISH', ARGV[2], '')
+  if type(receivers) ~= 'number' then
+    receivers = 0
+  end
+  return {1, receivers}
 end
 if deadline > 0 then
   -- Past its deadline: purged here, as any acquire would.
@@ -45,10 +49,10 @@ end
 if KEYS[2] then
   local marker = redis.pcall('EXISTS', KEYS[2])
   if type(marker) ~= 'number' then
-    return -2
+    return {-2, 0}
   end
   if marker == 1 then
-    return 2
+    return {2, 0}
   end
 end
-return 0
+return {0, 0}

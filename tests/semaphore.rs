@@ -170,7 +170,7 @@ fn a_duplicate_release_adds_no_capacity() {
     a.release().expect("release");
     let c = sem.try_acquire().expect("try").expect("c takes a's place");
     // A late copy of a's release arrives.
-    let again: i64 = redis::Script::new(SEM_RELEASE)
+    let (again, _): (i64, i64) = redis::Script::new(SEM_RELEASE)
         .key("dup")
         .arg(&a_id)
         .arg("ch")
@@ -362,7 +362,13 @@ fn min_replicas_gives_an_unreplicated_permit_back() {
     );
     assert!(!exists(&primary, "replicated"), "given back");
     let replica = RedisServer::start_replica_of(&primary);
-    let permit = sem.try_acquire().expect("try").expect("replicated");
+    // Once the replica has synced, WAIT counts it.
+    let mut granted = None;
+    assert!(wait_until(Duration::from_secs(10), || {
+        granted = sem.try_acquire().ok().flatten();
+        granted.is_some()
+    }));
+    let permit = granted.expect("replicated");
     assert!(wait_until(Duration::from_secs(5), || {
         replica
             .try_query::<Option<String>>(
@@ -385,4 +391,43 @@ fn min_replicas_gives_an_unreplicated_permit_back() {
         Err(Error::InvalidArgument(_))
     ));
     permit.release().expect("release");
+}
+
+/// A permit given back while a thread of the same client waits goes
+/// straight to it: the same id, no command to Redis, and the waiter holds
+/// a live permit (renewed first when less than half its ttl is left).
+#[test]
+fn a_released_permit_goes_straight_to_a_waiting_thread_of_the_same_client() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let sem = Semaphore::with_options(&client, "handoff", 1, options());
+    let permit = sem.acquire().expect("first");
+    let id = permit.id().to_owned();
+    let waiter = std::thread::spawn({
+        let sem = sem.clone();
+        move || {
+            let permit = sem
+                .try_acquire_for(Duration::from_secs(10))
+                .expect("try")
+                .expect("handed over");
+            (permit.id().to_owned(), permit.validity(), permit.is_held())
+        }
+    });
+    // The waiter subscribes to the release channel once it is queued.
+    let channel = client.release_channel("handoff");
+    assert!(wait_until(Duration::from_secs(5), || support::numsub(
+        &server, &channel
+    ) > 0));
+    let before = client.stats();
+    permit.release().expect("release");
+    let (got, validity, held) = waiter.join().expect("waiter");
+    assert_eq!(got, id, "the same permit, passed on");
+    assert!(validity > Duration::from_secs(20), "{validity:?}");
+    assert!(held.expect("is_held"), "still in Redis");
+    let after = client.stats();
+    assert_eq!(after.handoffs - before.handoffs, 1);
+    // The waiter's permit was released when its thread ended: nothing left.
+    assert!(wait_until(Duration::from_secs(5), || !exists(
+        &server, "handoff"
+    )));
 }

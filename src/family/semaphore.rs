@@ -6,12 +6,13 @@
 //! safe to send twice.
 
 use std::cell::Cell;
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
-use crate::client::options::{Backoff, SemaphoreOptions, WaitMode, check_min_replicas, ttl_millis};
+use crate::client::options::{
+    Backoff, HandoffBudget, SemaphoreOptions, WaitMode, check_min_replicas, ttl_millis,
+};
 use crate::client::{release, replicas};
 use crate::conn::backend::Connection;
 use crate::conn::policy::Op;
@@ -23,11 +24,26 @@ use crate::script;
 use crate::wait::acquire::{Attempt, Contender, Queued, Waiting, Within, acquire, blocking};
 use crate::wait::queue::Queues;
 
-/// The semaphore's state in one client: its wait queues. Nothing is handed
-/// over between threads: each permit is its own lease in Redis.
+/// The semaphore's state in one client: its wait queues, through which a
+/// released permit can go straight to a queued thread of the same client.
 #[derive(Default)]
 struct Local {
-    queues: Queues<Infallible>,
+    queues: Queues<PermitGift>,
+}
+
+/// A permit passed from a releasing thread to a queued one of the same
+/// client: the same id (so the same place in Redis), no command sent.
+struct PermitGift {
+    id: String,
+    /// When the request that set the current deadline was sent, and its ttl.
+    sent: Instant,
+    ttl: Duration,
+    /// Consecutive handoffs so far, this one included.
+    handoffs: u32,
+    /// When this id was granted in Redis.
+    acquired_at: Instant,
+    watch: Option<Arc<WatchEntry>>,
+    loss: Arc<LossState>,
 }
 
 impl std::fmt::Debug for Local {
@@ -212,7 +228,10 @@ impl Semaphore {
             ));
         }
         self.client.check_key(&self.key)?;
-        release_id(&self.client, &self.key, id)
+        let released = release_id(&self.client, &self.key, id);
+        let receivers = released.as_ref().ok().copied().flatten();
+        self.local.queues.released(&self.queue_key(), receivers);
+        released.map(|_| ())
     }
 
     /// Takes a permit, waiting up to the options' `wait`.
@@ -257,6 +276,21 @@ impl Semaphore {
         self.take(Within::Until(deadline))
     }
 
+    /// The key of this semaphore's wait queue in the client, apart from a
+    /// plain lock's of the same name.
+    fn queue_key(&self) -> String {
+        format!("{}\u{0}sem", self.key)
+    }
+
+    /// Whether a released permit may go straight to a queued thread: with
+    /// notify waiting, and not when each holder needs its own fencing token
+    /// or its own replica acknowledgement.
+    fn hands_off(&self) -> bool {
+        self.options.wait_mode == WaitMode::Notify
+            && !self.options.fencing
+            && self.options.min_replicas.is_none()
+    }
+
     fn take(&self, within: Within) -> Result<Option<Permit>, Error> {
         if self.key.is_empty() {
             return Err(Error::InvalidArgument(
@@ -278,23 +312,27 @@ impl Semaphore {
             id: &id,
             millis,
         };
-        let queue_key = format!("{}\u{0}sem", self.key);
+        let queue_key = self.queue_key();
         let subscribe = |waker| {
             self.client
                 .subscribe(&self.client.release_channel(&self.key), waker)
         };
-        let nothing = |never: Infallible| match never {};
+        // A permit handed to this waiter after it gave up, with nobody left
+        // to take it: given back like any other (passed on, or released).
+        let release_orphan = |gift: PermitGift| {
+            drop(Permit::handed_over(self, gift));
+        };
         let waiting = match self.options.wait_mode {
             WaitMode::Spin => Waiting::Spin,
             WaitMode::Notify => Waiting::Queued(Queued {
                 queues: &self.local.queues,
                 key: &queue_key,
-                takes_handoffs: false,
+                takes_handoffs: self.hands_off(),
                 // FIFO within the client: while the head waits, the
                 // permits are all out, and a newcomer would only add a
                 // request that fails.
                 barge: false,
-                on_orphan: &nothing,
+                on_orphan: &release_orphan,
                 subscribe: &subscribe,
             }),
         };
@@ -339,7 +377,7 @@ impl Take<'_> {
             return Ok(None);
         }
         client.counters().commands(1);
-        let _released: i64 = script::SEM_RELEASE
+        let _released: (i64, u64) = script::SEM_RELEASE
             .key(key)
             .arg(id)
             .arg(client.release_channel(key))
@@ -351,7 +389,7 @@ impl Take<'_> {
 
 impl Contender for Take<'_> {
     type Won = Permit;
-    type Gift = Infallible;
+    type Gift = PermitGift;
 
     fn attempt(&mut self, _quick: bool) -> Result<Attempt<Permit>, Error> {
         let semaphore = self.semaphore;
@@ -427,8 +465,34 @@ impl Contender for Take<'_> {
         )))
     }
 
-    fn accept(&mut self, gift: Infallible) -> Result<Option<Permit>, Error> {
-        match gift {}
+    /// A permit another thread of this client passed on: kept as it is
+    /// while at least half this semaphore's ttl is left, else renewed first
+    /// (only if still present). `None` when it turns out to be lost.
+    fn accept(&mut self, gift: PermitGift) -> Result<Option<Permit>, Error> {
+        let mut permit = Permit::handed_over(self.semaphore, gift);
+        if let Some(reason) = permit.loss.reason() {
+            // Lost while it was being passed on: given back when Redis may
+            // still have it (a loss by the local clock), and the waiter
+            // goes on waiting.
+            match reason {
+                LossReason::Expired | LossReason::OwnedByOther => permit.abandon(),
+                _ => drop(permit),
+            }
+            return Ok(None);
+        }
+        let ttl = Duration::from_millis(self.millis);
+        if permit.validity() >= ttl / 2 {
+            return Ok(Some(permit));
+        }
+        match permit.extend(ttl) {
+            Ok(()) => Ok(Some(permit)),
+            Err(err) if err.is_not_held() => {
+                permit.abandon();
+                Ok(None)
+            }
+            // Dropping the permit gives it back (or passes it on).
+            Err(err) => Err(err),
+        }
     }
 }
 
@@ -447,6 +511,12 @@ pub struct Permit {
     watch: Option<Arc<WatchEntry>>,
     loss: Arc<LossState>,
     released: bool,
+    local: Arc<Local>,
+    queue_key: String,
+    /// The handoff budget, when this permit may be passed on.
+    handoff: Option<HandoffBudget>,
+    handoffs: u32,
+    acquired_at: Instant,
 }
 
 impl std::fmt::Debug for Permit {
@@ -494,7 +564,100 @@ impl Permit {
             watch,
             loss,
             released: false,
+            local: semaphore.local.clone(),
+            queue_key: semaphore.queue_key(),
+            handoff: semaphore.hands_off().then(HandoffBudget::default),
+            handoffs: 0,
+            acquired_at: sent,
         }
+    }
+
+    /// A permit passed on by another thread of this client, under the
+    /// receiving semaphore's options: its watchdog setting (renewals start
+    /// or stop; a cap counts from now) and whether it may be passed on.
+    fn handed_over(semaphore: &Semaphore, gift: PermitGift) -> Permit {
+        let client = &semaphore.client;
+        let options = &semaphore.options;
+        let now = Instant::now();
+        let cap = options.max_hold.and_then(|cap| now.checked_add(cap));
+        let (mut sent, mut ttl) = (gift.sent, gift.ttl);
+        let (watch, loss) = match (gift.watch, options.watchdog) {
+            (None, true) => {
+                let entry = client.watchdog().watch(
+                    Renewal::Permit,
+                    &semaphore.key,
+                    &gift.id,
+                    sent,
+                    ttl,
+                    cap,
+                );
+                let loss = entry.loss.clone();
+                if let Some(reason) = gift.loss.reason() {
+                    loss.lose(reason);
+                }
+                (Some(entry), loss)
+            }
+            (Some(entry), false) => {
+                (sent, ttl) = entry.lease();
+                client.watchdog().unwatch(&entry);
+                // Unwatched from here on: a loss already found stays found.
+                let loss = Arc::new(LossState::default());
+                if let Some(reason) = entry.loss.reason() {
+                    loss.lose(reason);
+                }
+                (None, loss)
+            }
+            (Some(entry), true) => {
+                entry.set_cap(cap);
+                (Some(entry), gift.loss)
+            }
+            (None, false) => (None, gift.loss),
+        };
+        Permit {
+            client: client.clone(),
+            key: semaphore.key.clone(),
+            id: gift.id,
+            sent,
+            ttl,
+            fence: None,
+            watch,
+            loss,
+            released: false,
+            local: semaphore.local.clone(),
+            queue_key: semaphore.queue_key(),
+            handoff: semaphore.hands_off().then(HandoffBudget::default),
+            handoffs: gift.handoffs,
+            acquired_at: gift.acquired_at,
+        }
+    }
+
+    /// Marks the permit done without touching Redis (it was lost).
+    fn abandon(&mut self) {
+        self.released = true;
+        if let Some(entry) = &self.watch {
+            self.client.watchdog().unwatch(entry);
+        }
+    }
+
+    /// Whether giving this permit back may pass it to a queued thread of
+    /// this client instead (the budget counts the handoff about to happen).
+    fn may_hand_off(&self) -> bool {
+        let Some(budget) = self.handoff else {
+            return false;
+        };
+        self.handoffs < budget.max_handoffs
+            && self.acquired_at.elapsed() < budget.max_time
+            && !self.is_lost()
+            && !self.timing_left().is_zero()
+    }
+
+    /// The lease left by the local clock (released or not).
+    fn timing_left(&self) -> Duration {
+        let (sent, ttl) = match &self.watch {
+            Some(entry) => entry.lease(),
+            None => (self.sent, self.ttl),
+        };
+        remaining(sent, ttl, Instant::now())
     }
 
     /// The semaphore's key.
@@ -536,11 +699,7 @@ impl Permit {
         if self.released || self.is_lost() {
             return Duration::ZERO;
         }
-        let (sent, ttl) = match &self.watch {
-            Some(entry) => entry.lease(),
-            None => (self.sent, self.ttl),
-        };
-        remaining(sent, ttl, Instant::now())
+        self.timing_left()
     }
 
     /// Renews this permit for `ttl` from now, only if it is still present
@@ -615,6 +774,21 @@ impl Permit {
 
     fn give_back(&mut self) -> Result<(), Error> {
         self.released = true;
+        if self.may_hand_off() {
+            let gift = PermitGift {
+                id: self.id.clone(),
+                sent: self.sent,
+                ttl: self.ttl,
+                handoffs: self.handoffs.saturating_add(1),
+                acquired_at: self.acquired_at,
+                watch: self.watch.clone(),
+                loss: self.loss.clone(),
+            };
+            if self.local.queues.offer(&self.queue_key, gift).is_ok() {
+                self.client.counters().handoff();
+                return Ok(());
+            }
+        }
         // No renewal starts from here on; one in flight is ignored.
         if let Some(entry) = &self.watch {
             self.client.watchdog().unwatch(entry);
@@ -626,7 +800,12 @@ impl Permit {
         {
             return Err(Error::not_held(&self.key, reason.not_held_reason()));
         }
-        release_id(&self.client, &self.key, &self.id)
+        let released = release_id(&self.client, &self.key, &self.id);
+        // The head of this client's queue is told at once (or, when other
+        // clients' waiters heard the message too, lets them go first).
+        let receivers = released.as_ref().ok().copied().flatten();
+        self.local.queues.released(&self.queue_key, receivers);
+        released.map(|_| ())
     }
 }
 
@@ -646,20 +825,22 @@ impl Drop for Permit {
 /// The owner-checked release of permit `id` (`lua/sem_release.lua`, with
 /// a marker so a resend after a lost reply can tell "released by my first
 /// copy" from "gone"). A failure that may leave the permit in Redis hands
-/// it to the client's cleanup.
-fn release_id(client: &LockClient, key: &str, id: &str) -> Result<(), Error> {
+/// it to the client's cleanup. `Some(n)`: released now, the message
+/// reached n subscribers.
+fn release_id(client: &LockClient, key: &str, id: &str) -> Result<Option<u64>, Error> {
     let channel = client.release_channel(key);
     let (marker, millis) = release::marker_of(client, key, id);
     client.counters().commands(1);
     let markerless = std::cell::Cell::new(marker.is_none());
     let result = client.run(Op::SemRelease, key, |con, send| {
-        let reply: i64 = release::with_marker(client, marker.as_deref(), &markerless, |marker| {
-            let mut script = script::SEM_RELEASE.key(key);
-            if let Some(marker) = marker {
-                script.key(marker);
-            }
-            script.arg(id).arg(&channel).arg(millis).invoke(con)
-        })?;
+        let reply: (i64, u64) =
+            release::with_marker(client, marker.as_deref(), &markerless, |marker| {
+                let mut script = script::SEM_RELEASE.key(key);
+                if let Some(marker) = marker {
+                    script.key(marker);
+                }
+                script.arg(id).arg(&channel).arg(millis).invoke(con)
+            })?;
         Ok((reply, send.replied()))
     });
     let (reply, replied) = result.inspect_err(|err| {
@@ -668,14 +849,15 @@ fn release_id(client: &LockClient, key: &str, id: &str) -> Result<(), Error> {
         }
     })?;
     match reply {
-        1 | 2 => Ok(()),
-        other => {
+        (1, receivers) => Ok(Some(receivers)),
+        (2, _) => Ok(None),
+        (other, _) => {
             let reason = release::not_held(other, &markerless);
             // "Not held", answered to a resend, proves nothing without a
             // marker: an earlier copy may have released it.
             release::check_resend(
                 key,
-                Err::<(), _>(reason),
+                Err::<Option<u64>, _>(reason),
                 replied,
                 !markerless.get(),
                 millis,

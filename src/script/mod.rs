@@ -68,8 +68,9 @@ pub(crate) static RW_RELEASE: LazyLock<Script> =
 pub(crate) static SEM_ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/sem_acquire.lua")));
 
-/// `lua/sem_release.lua`: give this permit back. Returns 1, 2 (an earlier
-/// run did), 0 gone, -2 gone and the marker unreadable.
+/// `lua/sem_release.lua`: give this permit back. Returns `{1, receivers}`,
+/// `{2, 0}` (an earlier run did), `{0, 0}` gone, `{-2, 0}` gone and the
+/// marker unreadable.
 pub(crate) static SEM_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/sem_release.lua")));
 

@@ -131,7 +131,15 @@ pub fn worker(lock_url: &str, resource_url: &str, threads: usize, secs: f64, lim
                 .fencing(true)
                 .watchdog(t % 2 == 1);
             let semaphore = (limit > 0).then(|| {
-                Semaphore::with_options(&client, KEY, limit, SemaphoreOptions::from(&options))
+                // Half unfenced: their permits go straight to a queued
+                // thread of the same process (handoff), the rest each get
+                // a token of their own from Redis.
+                Semaphore::with_options(
+                    &client,
+                    KEY,
+                    limit,
+                    SemaphoreOptions::from(&options).fencing(t % 2 == 0),
+                )
             });
             let lock = DistributedLock::with_options(&client, KEY, options);
             let take = move || -> Result<Hold, Error> {

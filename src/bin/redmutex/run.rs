@@ -359,7 +359,7 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
     };
     let what = match args.limit {
         Some(limit) => format!("a permit of {:?} (limit {limit})", args.key),
-        None => format!("{:?}", args.key),
+        None => format!("the lock {:?}", args.key),
     };
     verbose(
         cli,
