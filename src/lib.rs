@@ -91,7 +91,8 @@
 //! * [`Semaphore`]: at most N [`Permit`]s at once, each a lease with its own
 //!   server-clock deadline in one hash, the limit stored with them; a
 //!   resent acquire finds its own permit, a duplicate release adds no
-//!   capacity.
+//!   capacity. Permits take the watchdog, fencing tokens and
+//!   `min_replicas` like the lock ([`SemaphoreOptions`]).
 //! * [`LockOptions::min_replicas`]: `WAIT` for replicas after acquiring, so a
 //!   failover is less likely to forget a granted lock.
 //! * [`RedLock`]: one lock over N independent masters, granted by a majority

@@ -349,30 +349,28 @@ enum Kind {
     Other(String),
 }
 
+/// Asked with the commands the README's ACL rules allow (no `TYPE`): a
+/// `GET`, and for a non-string the semaphore's status script.
 fn kind(client: &LockClient, name: &str) -> Result<Kind, Failure> {
     let key = client.key(name);
     let mut con = connection(client)?;
-    let kind: String = redis::cmd("TYPE")
-        .arg(&key)
-        .query(&mut con)
-        .map_err(|e| redis_failure(Error::Redis(e)))?;
-    Ok(match kind.as_str() {
-        "none" => Kind::Free,
-        "string" => Kind::Lock,
-        "hash" => {
-            let limit: bool = redis::cmd("HEXISTS")
-                .arg(&key)
-                .arg("limit")
-                .query(&mut con)
-                .map_err(|e| redis_failure(Error::Redis(e)))?;
-            if limit {
-                Kind::Semaphore
-            } else {
-                Kind::Other("hash (a reentrant or read-write lock?)".into())
-            }
-        }
-        other => Kind::Other(other.to_owned()),
-    })
+    let value: Result<Option<Vec<u8>>, _> = redis::cmd("GET").arg(&key).query(&mut con);
+    match value {
+        Ok(Some(_)) => return Ok(Kind::Lock),
+        Ok(None) => return Ok(Kind::Free),
+        Err(e) if e.code() == Some("WRONGTYPE") => {}
+        Err(e) => return Err(redis_failure(Error::Redis(e))),
+    }
+    match Semaphore::new(client, name, 1).status() {
+        Ok(status) if status.limit().is_some() => Ok(Kind::Semaphore),
+        // Gone in between.
+        Ok(_) => Ok(Kind::Free),
+        Err(Error::InvalidArgument(_)) => Ok(Kind::Other(
+            "hash that is not a semaphore (a reentrant or read-write lock?)".into(),
+        )),
+        Err(Error::WrongType { .. }) => Ok(Kind::Other("value of another type".into())),
+        Err(err) => Err(redis_failure(err)),
+    }
 }
 
 /// Who holds KEY, in a few words for a waiting or refused `run`: the lock's
