@@ -5,8 +5,9 @@
 //! `target/criterion/report/index.html`.
 //!
 //! * `uncontended`: acquire+release with `Release::Lua` and `Release::Watch`,
-//!   and a `PING` on the same kind of pooled connection, the floor (a cycle
-//!   is two round trips, so its ideal is 2x the PING).
+//!   a semaphore permit's acquire+release (`permit/3`), and a `PING` on the
+//!   same kind of pooled connection, the floor (a cycle is two round trips,
+//!   so its ideal is 2x the PING).
 //! * `release`: the release alone, Lua vs WATCH (acquire untimed).
 //! * `contended`: one key, 1/2/4/8/16 threads of one client; time per
 //!   acquisition.
@@ -19,7 +20,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use redmutex::{DistributedLock, LockClient, LockOptions, Release};
+use redmutex::{DistributedLock, LockClient, LockOptions, Release, Semaphore, SemaphoreOptions};
 
 fn options(release: Release) -> LockOptions {
     LockOptions::default()
@@ -40,6 +41,18 @@ fn uncontended(c: &mut Criterion, client: &LockClient) {
             })
         });
     }
+    let semaphore = Semaphore::with_options(
+        client,
+        "bench:permit",
+        3,
+        SemaphoreOptions::from(&options(Release::Lua)),
+    );
+    group.bench_function("acquire+release/permit/3", |b| {
+        b.iter(|| {
+            let permit = semaphore.acquire().expect("acquire");
+            permit.release().expect("release");
+        })
+    });
     group.bench_function("ping", |b| {
         b.iter(|| {
             let mut con = client
