@@ -8,12 +8,17 @@
 --
 -- Returns the previous limit, or 0 when the semaphore has no state (no
 -- permit out: the next acquire sets its own limit anyway).
--- Errors with WRONGTYPE when the key is not a hash.
+-- Errors (nothing changes): WRONGTYPE when the key is not a hash;
+-- `NOTSEM` when it is a hash without a limit (another lock type's).
 --
 -- Safe to run twice: the second run sets the same limit again.
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
-local previous = tonumber(redis.call('HGET', KEYS[1], 'limit') or '0')
+local previous = redis.call('HGET', KEYS[1], 'limit')
+if not previous then
+  return redis.error_reply('NOTSEM the key is a hash without a limit: not a semaphore')
+end
+previous = tonumber(previous) or 0
 redis.call('HSET', KEYS[1], 'limit', ARGV[1])
 return previous

@@ -400,7 +400,15 @@ fn min_replicas_gives_an_unreplicated_permit_back() {
 fn a_released_permit_goes_straight_to_a_waiting_thread_of_the_same_client() {
     let server = RedisServer::start();
     let client = server.lock_client();
-    let sem = Semaphore::with_options(&client, "handoff", 1, options());
+    // A budget that a loaded machine cannot run out of between the grant
+    // and the release.
+    let sem = Semaphore::with_options(
+        &client,
+        "handoff",
+        1,
+        SemaphoreOptions::from(options())
+            .handoff_budget(redmutex::HandoffBudget::new(4, Duration::from_secs(60))),
+    );
     let permit = sem.acquire().expect("first");
     let id = permit.id().to_owned();
     let waiter = std::thread::spawn({
@@ -430,4 +438,30 @@ fn a_released_permit_goes_straight_to_a_waiting_thread_of_the_same_client() {
     assert!(wait_until(Duration::from_secs(5), || !exists(
         &server, "handoff"
     )));
+}
+
+/// A hash of another lock type (a reentrant or read-write lock) is never
+/// taken for a semaphore: acquire and set_permits refuse it and leave every
+/// field as it was.
+#[test]
+fn another_lock_types_hash_is_refused_and_left_alone() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let _: () = redis::cmd("HSET")
+        .arg("other")
+        .arg("owner")
+        .arg("someone")
+        .arg("h:1")
+        .arg("1")
+        .query(&mut server.conn())
+        .expect("HSET");
+    let mut sem = Semaphore::with_options(&client, "other", 2, options());
+    let err = sem.try_acquire().expect_err("not a semaphore");
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    let err = sem.set_permits(3).expect_err("not a semaphore");
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    assert!(matches!(sem.status(), Err(Error::InvalidArgument(_))));
+    let fields: std::collections::HashMap<String, String> =
+        server.conn().hgetall("other").expect("HGETALL");
+    assert_eq!(fields.len(), 2, "untouched: {fields:?}");
 }

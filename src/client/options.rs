@@ -125,9 +125,11 @@ impl From<&LockOptions> for LeaseOptions {
 
 /// Settings for a [`Semaphore`](crate::Semaphore): the shared lease
 /// settings, and what a permit offers as a plain lock does (notify
-/// waiting, the watchdog, fencing, replica acknowledgement). Nothing a
-/// permit would ignore: there is no release method or handoff, since every
-/// permit is a lease of its own in Redis.
+/// waiting, the watchdog, fencing, replica acknowledgement). No release
+/// method (permits are released by script). A permit given back while a
+/// thread of the same client waits for one goes straight to it, with the
+/// [`SemaphoreOptions::handoff_budget`] (never for fenced or replicated
+/// permits, nor after `set_permits` or `release_permit` on that client).
 ///
 /// ```
 /// use std::time::Duration;
@@ -149,6 +151,8 @@ pub struct SemaphoreOptions {
     pub(crate) max_hold: Option<Duration>,
     pub(crate) fencing: bool,
     pub(crate) min_replicas: Option<(u32, Duration)>,
+    pub(crate) local_handoff: bool,
+    pub(crate) handoff_budget: HandoffBudget,
 }
 
 impl Default for SemaphoreOptions {
@@ -228,6 +232,23 @@ impl SemaphoreOptions {
         self.min_replicas = (n > 0).then_some((n, timeout));
         self
     }
+
+    /// Whether a permit given back while a thread of the same client waits
+    /// goes straight to it (same id, no command), in notify mode. Defaults
+    /// to `true`.
+    pub fn local_handoff(mut self, enabled: bool) -> Self {
+        self.local_handoff = enabled;
+        self
+    }
+
+    /// How many times in a row, and for how long after it was granted in
+    /// Redis, one permit may be passed on before it is given back in Redis
+    /// (so waiters in other processes get their turn). Defaults to
+    /// [`HandoffBudget::default`].
+    pub fn handoff_budget(mut self, budget: HandoffBudget) -> Self {
+        self.handoff_budget = budget;
+        self
+    }
 }
 
 /// The shared settings, with everything a permit adds off.
@@ -242,12 +263,14 @@ impl From<LeaseOptions> for SemaphoreOptions {
             max_hold: None,
             fencing: false,
             min_replicas: None,
+            local_handoff: true,
+            handoff_budget: HandoffBudget::default(),
         }
     }
 }
 
 /// Everything of a [`LockOptions`] a permit offers too (all but the release
-/// method and the handoff settings): a client's defaults apply to its
+/// method): a client's defaults apply to its
 /// semaphores as to its locks.
 impl From<&LockOptions> for SemaphoreOptions {
     fn from(options: &LockOptions) -> SemaphoreOptions {
@@ -260,6 +283,8 @@ impl From<&LockOptions> for SemaphoreOptions {
             max_hold: options.max_hold,
             fencing: options.fencing,
             min_replicas: options.min_replicas,
+            local_handoff: options.local_handoff,
+            handoff_budget: options.handoff_budget,
         }
     }
 }

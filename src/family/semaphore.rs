@@ -7,6 +7,7 @@
 
 use std::cell::Cell;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
@@ -29,6 +30,9 @@ use crate::wait::queue::Queues;
 #[derive(Default)]
 struct Local {
     queues: Queues<PermitGift>,
+    /// Bumped by `set_permits` and `release_permit`: a permit taken under
+    /// an earlier generation is given back in Redis, never passed on.
+    generation: AtomicU64,
 }
 
 /// A permit passed from a releasing thread to a queued one of the same
@@ -44,6 +48,8 @@ struct PermitGift {
     acquired_at: Instant,
     watch: Option<Arc<WatchEntry>>,
     loss: Arc<LossState>,
+    /// The generation the permit was taken under.
+    generation: u64,
 }
 
 impl std::fmt::Debug for Local {
@@ -176,12 +182,21 @@ impl Semaphore {
         }
         self.client.check_key(&self.key)?;
         self.client.counters().commands(1);
-        let _previous: u32 = self.client.run(Op::SemSetLimit, &self.key, |con, _| {
+        let changed: Result<u32, Error> = self.client.run(Op::SemSetLimit, &self.key, |con, _| {
             script::SEM_SET_LIMIT
                 .key(&self.key)
                 .arg(permits)
                 .invoke(con)
-        })?;
+        });
+        match changed {
+            Err(Error::Redis(err)) if err.code() == Some("NOTSEM") => {
+                return Err(not_a_semaphore(&self.key));
+            }
+            other => other?,
+        };
+        // Permits of this client taken before are not passed on any more:
+        // a handoff would skip the new limit.
+        self.local.generation.fetch_add(1, Ordering::Relaxed);
         self.permits = permits;
         Ok(())
     }
@@ -228,6 +243,10 @@ impl Semaphore {
             ));
         }
         self.client.check_key(&self.key)?;
+        // A permit of this client with that id must not be passed on by
+        // its holder afterwards (it would be held without a place in
+        // Redis): permits taken before this are not handed off any more.
+        self.local.generation.fetch_add(1, Ordering::Relaxed);
         let released = release_id(&self.client, &self.key, id);
         let receivers = released.as_ref().ok().copied().flatten();
         self.local.queues.released(&self.queue_key(), receivers);
@@ -287,6 +306,8 @@ impl Semaphore {
     /// or its own replica acknowledgement.
     fn hands_off(&self) -> bool {
         self.options.wait_mode == WaitMode::Notify
+            && self.options.local_handoff
+            && self.options.handoff_budget.max_handoffs > 0
             && !self.options.fencing
             && self.options.min_replicas.is_none()
     }
@@ -429,6 +450,9 @@ impl Contender for Take<'_> {
                     semaphore.permits
                 )));
             }
+            Err(Error::Redis(err)) if err.code() == Some("NOTSEM") => {
+                return Err(not_a_semaphore(key));
+            }
             Err(Error::Redis(err)) if err.code() == Some("FENCE") => {
                 return Err(Error::FenceCounter {
                     key: key.to_owned(),
@@ -517,6 +541,8 @@ pub struct Permit {
     handoff: Option<HandoffBudget>,
     handoffs: u32,
     acquired_at: Instant,
+    /// The client's handoff generation when this permit was taken.
+    generation: u64,
 }
 
 impl std::fmt::Debug for Permit {
@@ -566,9 +592,12 @@ impl Permit {
             released: false,
             local: semaphore.local.clone(),
             queue_key: semaphore.queue_key(),
-            handoff: semaphore.hands_off().then(HandoffBudget::default),
+            handoff: semaphore
+                .hands_off()
+                .then_some(semaphore.options.handoff_budget),
             handoffs: 0,
             acquired_at: sent,
+            generation: semaphore.local.generation.load(Ordering::Relaxed),
         }
     }
 
@@ -625,9 +654,12 @@ impl Permit {
             released: false,
             local: semaphore.local.clone(),
             queue_key: semaphore.queue_key(),
-            handoff: semaphore.hands_off().then(HandoffBudget::default),
+            handoff: semaphore
+                .hands_off()
+                .then_some(semaphore.options.handoff_budget),
             handoffs: gift.handoffs,
             acquired_at: gift.acquired_at,
+            generation: gift.generation,
         }
     }
 
@@ -645,7 +677,8 @@ impl Permit {
         let Some(budget) = self.handoff else {
             return false;
         };
-        self.handoffs < budget.max_handoffs
+        self.generation == self.local.generation.load(Ordering::Relaxed)
+            && self.handoffs < budget.max_handoffs
             && self.acquired_at.elapsed() < budget.max_time
             && !self.is_lost()
             && !self.timing_left().is_zero()
@@ -783,6 +816,7 @@ impl Permit {
                 acquired_at: self.acquired_at,
                 watch: self.watch.clone(),
                 loss: self.loss.clone(),
+                generation: self.generation,
             };
             if self.local.queues.offer(&self.queue_key, gift).is_ok() {
                 self.client.counters().handoff();
@@ -950,4 +984,10 @@ impl PermitHolder {
     pub fn fencing_token(&self) -> Option<u64> {
         self.fencing_token
     }
+}
+
+fn not_a_semaphore(key: &str) -> Error {
+    Error::InvalidArgument(format!(
+        "{key:?} is a hash that is not a redmutex semaphore (a reentrant or read-write lock?)"
+    ))
 }

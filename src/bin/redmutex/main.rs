@@ -391,7 +391,7 @@ fn describe(
         return Ok(None);
     };
     Ok(Some(format!(
-        "full: {} of {} permits out (one frees in {:.1}s at the latest)",
+        "{} of {} permits out (the first lease ends in {:.1}s unless renewed)",
         status.in_use(),
         status.limit().unwrap_or_default(),
         first.remaining().as_secs_f64()
