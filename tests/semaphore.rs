@@ -465,3 +465,56 @@ fn another_lock_types_hash_is_refused_and_left_alone() {
         server.conn().hgetall("other").expect("HGETALL");
     assert_eq!(fields.len(), 2, "untouched: {fields:?}");
 }
+
+/// The watchdog's pipelined permit renewal with its reply lost, twice: it
+/// is resent on a fresh connection (setting the deadline again is safe),
+/// the permit stays held and is not reported lost; and the status read with
+/// its reply lost is resent and answers.
+#[test]
+fn a_lost_reply_to_a_permit_renewal_or_status_read_is_resent() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::to(&server);
+    let client = LockClient::open(&proxy.url()).expect("client");
+    let sem = Semaphore::with_options(
+        &client,
+        "renewed",
+        2,
+        SemaphoreOptions::from(options().ttl(Duration::from_millis(900))).watchdog(true),
+    );
+    let permit = sem.try_acquire().expect("try").expect("permit");
+    let field = format!("p:{}", permit.id());
+    let deadline = || -> u64 {
+        server
+            .conn()
+            .hget::<_, _, Option<u64>>("renewed", &field)
+            .expect("HGET")
+            .unwrap_or(0)
+    };
+    let first = deadline();
+    proxy.lose_reply(&sha(include_str!("../lua/sem_extend.lua")), 2);
+    // Both lost replies spent, and renewals go on past them.
+    assert!(wait_until(Duration::from_secs(10), || proxy.lost_replies() >= 2));
+    let after_losses = deadline();
+    assert!(wait_until(Duration::from_secs(5), || deadline() > after_losses));
+    assert!(deadline() > first);
+    assert!(!permit.is_lost(), "a lost renewal reply is no loss");
+    assert!(permit.is_held().expect("is_held"));
+
+    proxy.lose_reply(&sha(include_str!("../lua/sem_status.lua")), 1);
+    let lost_before = proxy.lost_replies();
+    // The first call may load the script; the lost reply is an EVALSHA's.
+    let mut status = None;
+    for _ in 0..3 {
+        status = Some(sem.status().expect("status after a lost reply"));
+        if proxy.lost_replies() > lost_before {
+            break;
+        }
+    }
+    assert!(proxy.lost_replies() > lost_before, "a reply was lost");
+    let status = status.expect("status");
+    assert_eq!(status.limit(), Some(2));
+    assert_eq!(status.holders().len(), 1);
+    assert_eq!(status.holders()[0].id(), permit.id());
+    permit.release().expect("release");
+    assert!(!exists(&server, "renewed"));
+}

@@ -560,7 +560,8 @@ impl std::fmt::Debug for Permit {
 }
 
 impl Permit {
-    /// A permit just granted by a request sent at `sent`.
+    /// A permit just granted by a request sent at `sent`: a permit with no
+    /// past, set up as a handed-over one is.
     fn granted(
         semaphore: &Semaphore,
         id: &str,
@@ -568,42 +569,26 @@ impl Permit {
         ttl: Duration,
         fence: Option<u64>,
     ) -> Permit {
-        let client = &semaphore.client;
-        client.counters().acquired();
-        let options = &semaphore.options;
-        let watch = options.watchdog.then(|| {
-            let cap = options.max_hold.and_then(|cap| sent.checked_add(cap));
-            client
-                .watchdog()
-                .watch(Renewal::Permit, &semaphore.key, id, sent, ttl, cap)
-        });
-        let loss = watch
-            .as_ref()
-            .map_or_else(Arc::default, |entry| entry.loss.clone());
-        Permit {
-            client: client.clone(),
-            key: semaphore.key.clone(),
+        semaphore.client.counters().acquired();
+        let fresh = PermitGift {
             id: id.to_owned(),
             sent,
             ttl,
-            fence,
-            watch,
-            loss,
-            released: false,
-            local: semaphore.local.clone(),
-            queue_key: semaphore.queue_key(),
-            handoff: semaphore
-                .hands_off()
-                .then_some(semaphore.options.handoff_budget),
             handoffs: 0,
             acquired_at: sent,
+            watch: None,
+            loss: Arc::default(),
             generation: semaphore.local.generation.load(Ordering::Relaxed),
-        }
+        };
+        let mut permit = Permit::handed_over(semaphore, fresh);
+        permit.fence = fence;
+        permit
     }
 
-    /// A permit passed on by another thread of this client, under the
-    /// receiving semaphore's options: its watchdog setting (renewals start
-    /// or stop; a cap counts from now) and whether it may be passed on.
+    /// A permit passed on by another thread of this client (or just
+    /// granted), under the receiving semaphore's options: its watchdog
+    /// setting (renewals start or stop; a cap counts from now) and whether
+    /// it may be passed on.
     fn handed_over(semaphore: &Semaphore, gift: PermitGift) -> Permit {
         let client = &semaphore.client;
         let options = &semaphore.options;
