@@ -547,7 +547,7 @@ fn run_process(
                     i += 1;
                     let asked = Instant::now();
                     let held = match semaphores.get(k) {
-                        Some(semaphore) => Held::Permit(semaphore.acquire()?),
+                        Some(semaphore) => Held::Permit(Box::new(semaphore.acquire()?)),
                         None => Held::Lock(locks[k].lock()?),
                     };
                     worker.waits_us.push(asked.elapsed().as_micros() as u64);
@@ -608,7 +608,8 @@ fn run_process(
 /// What a worker holds in its critical section.
 enum Held {
     Lock(redmutex::LockGuard),
-    Permit(redmutex::Permit),
+    // Boxed: a permit is much larger than a guard.
+    Permit(Box<redmutex::Permit>),
 }
 
 /// Child mode: run the workers, print one `worker` line per thread and one

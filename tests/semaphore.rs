@@ -409,31 +409,38 @@ fn a_released_permit_goes_straight_to_a_waiting_thread_of_the_same_client() {
         SemaphoreOptions::from(options())
             .handoff_budget(redmutex::HandoffBudget::new(4, Duration::from_secs(60))),
     );
-    let permit = sem.acquire().expect("first");
-    let id = permit.id().to_owned();
-    let waiter = std::thread::spawn({
-        let sem = sem.clone();
-        move || {
-            let permit = sem
-                .try_acquire_for(Duration::from_secs(10))
-                .expect("try")
-                .expect("handed over");
-            (permit.id().to_owned(), permit.validity(), permit.is_held())
+    // While its own threads hold every permit, a queued waiter waits for
+    // them without a word to Redis, so when it is queued cannot be seen
+    // from outside: try until a handoff happened (almost always at once).
+    let mut handed = false;
+    for _ in 0..20 {
+        let permit = sem.acquire().expect("first");
+        let id = permit.id().to_owned();
+        let before = client.stats();
+        let waiter = std::thread::spawn({
+            let sem = sem.clone();
+            move || {
+                let permit = sem
+                    .try_acquire_for(Duration::from_secs(10))
+                    .expect("try")
+                    .expect("handed over or granted");
+                (permit.id().to_owned(), permit.validity(), permit.is_held())
+            }
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        permit.release().expect("release");
+        let (got, validity, held) = waiter.join().expect("waiter");
+        let after = client.stats();
+        assert!(held.expect("is_held"), "a live permit in Redis");
+        if after.handoffs > before.handoffs {
+            assert_eq!(after.handoffs - before.handoffs, 1);
+            assert_eq!(got, id, "the same permit, passed on");
+            assert!(validity > Duration::from_secs(20), "{validity:?}");
+            handed = true;
+            break;
         }
-    });
-    // The waiter subscribes to the release channel once it is queued.
-    let channel = client.release_channel("handoff");
-    assert!(wait_until(Duration::from_secs(5), || support::numsub(
-        &server, &channel
-    ) > 0));
-    let before = client.stats();
-    permit.release().expect("release");
-    let (got, validity, held) = waiter.join().expect("waiter");
-    assert_eq!(got, id, "the same permit, passed on");
-    assert!(validity > Duration::from_secs(20), "{validity:?}");
-    assert!(held.expect("is_held"), "still in Redis");
-    let after = client.stats();
-    assert_eq!(after.handoffs - before.handoffs, 1);
+    }
+    assert!(handed, "no handoff in 20 tries: {:?}", client.stats());
     // The waiter's permit was released when its thread ended: nothing left.
     assert!(wait_until(Duration::from_secs(5), || !exists(
         &server, "handoff"
@@ -517,4 +524,78 @@ fn a_lost_reply_to_a_permit_renewal_or_status_read_is_resent() {
     assert_eq!(status.holders()[0].id(), permit.id());
     permit.release().expect("release");
     assert!(!exists(&server, "renewed"));
+}
+
+/// While this client's own threads hold every permit, its queued waiters
+/// wait for them instead of asking Redis; they must still see a release
+/// that is not handed over (fenced permits), a permit whose lease ran out
+/// under a holder that kept it, and a limit raised by another client.
+/// Each case would leave the waiter waiting for the 30 s lease without it.
+#[test]
+fn waiters_behind_their_own_clients_permits_see_releases_expiries_and_a_raised_limit() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let waits = |sem: &Semaphore| {
+        let sem = sem.clone();
+        std::thread::spawn(move || {
+            sem.try_acquire_for(Duration::from_secs(10))
+                .expect("try")
+                .map(|permit| permit.id().to_owned())
+        })
+    };
+
+    // Fenced: never handed over, released in Redis.
+    let fenced = Semaphore::with_options(
+        &client,
+        "fenced",
+        2,
+        SemaphoreOptions::from(options()).fencing(true),
+    );
+    let (a, b) = (fenced.acquire().expect("a"), fenced.acquire().expect("b"));
+    let waiter = waits(&fenced);
+    std::thread::sleep(Duration::from_millis(50)); // usually queued by now
+    let a_id = a.id().to_owned();
+    a.release().expect("release");
+    let got = waiter
+        .join()
+        .expect("waiter")
+        .expect("woken by the release");
+    assert_ne!(got, a_id, "its own permit, with its own token");
+    drop(b);
+
+    // A lease that ran out while its holder kept the `Permit`.
+    let short = Semaphore::with_options(
+        &client,
+        "short",
+        1,
+        options().ttl(Duration::from_millis(300)),
+    );
+    let kept = short.acquire().expect("kept");
+    let waiter = waits(&short);
+    let got = waiter.join().expect("waiter").expect("after the lease");
+    assert_ne!(got, kept.id(), "a permit of its own");
+    drop(kept);
+
+    // A limit raised by another client: this client's semaphore of 1 no
+    // longer matches what Redis stores, which its waiter learns from Redis
+    // (a clear error) instead of waiting for the lease behind `held`.
+    let one = Semaphore::with_options(&client, "raised", 1, options());
+    let held = one.acquire().expect("held");
+    let waiter = {
+        let one = one.clone();
+        std::thread::spawn(move || {
+            one.try_acquire_for(Duration::from_secs(10))
+                .map(|p| p.is_some())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    let other = server.lock_client();
+    let mut raising = Semaphore::with_options(&other, "raised", 1, options());
+    raising.set_permits(2).expect("set_permits");
+    let got = waiter.join().expect("waiter");
+    assert!(
+        matches!(&got, Err(Error::InvalidArgument(msg)) if msg.contains("limit of 2")),
+        "{got:?}"
+    );
+    assert!(held.is_held().expect("is_held"));
 }

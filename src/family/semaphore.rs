@@ -23,7 +23,7 @@ use crate::lease::remaining;
 use crate::renew::watchdog::{OrphanKind, Renewal, WatchEntry};
 use crate::script;
 use crate::wait::acquire::{Attempt, Contender, Queued, Waiting, Within, acquire, blocking};
-use crate::wait::queue::Queues;
+use crate::wait::queue::{Capacity, Queues};
 
 /// The semaphore's state in one client: its wait queues, through which a
 /// released permit can go straight to a queued thread of the same client.
@@ -543,6 +543,11 @@ pub struct Permit {
     acquired_at: Instant,
     /// The client's handoff generation when this permit was taken.
     generation: u64,
+    /// Whether threads of this client queue for the key (notify waiting):
+    /// then the permit counts in the client's holds of the key.
+    queued: bool,
+    /// The semaphore's limit, as this client opened it.
+    limit: u32,
 }
 
 impl std::fmt::Debug for Permit {
@@ -582,6 +587,18 @@ impl Permit {
         };
         let mut permit = Permit::handed_over(semaphore, fresh);
         permit.fence = fence;
+        // While this client's threads hold every permit, its queued threads
+        // wait for one of them instead of asking Redis. By the local clock
+        // only: renewals by the watchdog do not move it, so a long hold
+        // makes the head ask Redis again after a ttl, as without it.
+        if permit.queued {
+            permit.local.queues.hold(
+                &permit.queue_key,
+                &permit.id,
+                sent + ttl,
+                Capacity::Limit(permit.limit),
+            );
+        }
         permit
     }
 
@@ -645,12 +662,15 @@ impl Permit {
             handoffs: gift.handoffs,
             acquired_at: gift.acquired_at,
             generation: gift.generation,
+            queued: options.wait_mode == WaitMode::Notify,
+            limit: semaphore.permits,
         }
     }
 
     /// Marks the permit done without touching Redis (it was lost).
     fn abandon(&mut self) {
         self.released = true;
+        self.local.queues.unhold(&self.queue_key, &self.id);
         if let Some(entry) = &self.watch {
             self.client.watchdog().unwatch(entry);
         }
@@ -753,6 +773,14 @@ impl Permit {
                 self.ttl = ttl;
             }
         }
+        if self.queued {
+            self.local.queues.hold(
+                &self.queue_key,
+                &self.id,
+                sent + ttl,
+                Capacity::Limit(self.limit),
+            );
+        }
         Ok(())
     }
 
@@ -812,6 +840,9 @@ impl Permit {
         if let Some(entry) = &self.watch {
             self.client.watchdog().unwatch(entry);
         }
+        // Before the release: once it is out, the wake-up it causes must
+        // find the head free to ask Redis.
+        self.local.queues.unhold(&self.queue_key, &self.id);
         // Redis said the permit is gone: nothing to give back. (A loss by
         // the local clock is released all the same: Redis may still have
         // it, and the answer is Redis's.)

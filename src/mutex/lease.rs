@@ -16,7 +16,7 @@ use crate::lease::remaining;
 use crate::mutex::holds;
 use crate::renew::watchdog::{OrphanKind, Renewal, WatchEntry};
 use crate::script;
-use crate::wait::queue::Queues;
+use crate::wait::queue::{Capacity, Queues};
 
 /// A lease passed from a releasing holder to a waiter of the same client,
 /// without Redis: the key keeps the same token and expiry.
@@ -129,7 +129,7 @@ impl Lease {
         client.counters().acquired();
         let handoff = HandoffPolicy::of(options);
         if handoff.queued {
-            local.queues.hold(&key, &token, sent + ttl);
+            local.queues.hold(&key, &token, sent + ttl, Capacity::One);
         }
         let watch = options.watchdog.then(|| {
             let cap = options.max_hold.and_then(|cap| sent.checked_add(cap));
@@ -283,7 +283,9 @@ impl Lease {
                     }
                 }
                 if self.handoff.queued {
-                    self.local.queues.hold(key, token, sent + ttl);
+                    self.local
+                        .queues
+                        .hold(key, token, sent + ttl, Capacity::One);
                 }
                 Ok(())
             }

@@ -191,7 +191,14 @@ where
         // release rather than ask Redis.
         let seen = waiter.wakeups();
         if let Some(held_until) = queues.held_until(key) {
-            if let Some(gift) = waiter.wait_release(seen, clamp(held_until, deadline))
+            // A semaphore's permits all held here by this client's count:
+            // still ask Redis now and then, at the backoff's slowest pace,
+            // for a limit changed elsewhere (no message announces it).
+            let poll = queues
+                .has_limit(key)
+                .then(|| later(Instant::now(), backoff.max()));
+            let until = poll.map_or(held_until, |poll| poll.min(held_until));
+            if let Some(gift) = waiter.wait_release(seen, clamp(until, deadline))
                 && let Some(won) = contender.accept(gift)?
             {
                 return Ok(Some(won));
@@ -199,7 +206,9 @@ where
             if passed(deadline) {
                 return Ok(None);
             }
-            continue;
+            if poll.is_none_or(|poll| Instant::now() < poll) {
+                continue;
+            }
         }
         // This client just released and other clients' waiters were told:
         // let them have this turn.
@@ -328,7 +337,12 @@ mod tests {
         let queues = Arc::new(Queues::<u32>::default());
         // A thread of this client holds the key: no quick attempt, and the
         // head waits for the handoff instead of asking Redis.
-        queues.hold("k", "t", Instant::now() + Duration::from_secs(5));
+        queues.hold(
+            "k",
+            "t",
+            Instant::now() + Duration::from_secs(5),
+            crate::wait::queue::Capacity::One,
+        );
         let barrier = Arc::new(Barrier::new(2));
         let giver = {
             let (queues, barrier) = (queues.clone(), barrier.clone());

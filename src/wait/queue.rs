@@ -26,17 +26,11 @@ pub(crate) trait Feed: Send + Sync {
 /// a lost connection.
 pub(crate) type Waker = Arc<dyn Fn() + Send + Sync>;
 
-struct Gift<G> {
-    to: u64,
-    lease: G,
-}
-
 struct QueueState<G> {
     next_ticket: u64,
     /// FIFO; each waiter sleeps on its own condition variable, so an event
     /// wakes the one thread it concerns, not the whole queue.
-    waiters: VecDeque<Slot>,
-    gift: Option<Gift<G>>,
+    waiters: VecDeque<Slot<G>>,
     /// Bumped whenever the lock may have become free (a release message, a
     /// release in Redis by this client, a lost subscriber connection).
     wakeups: u64,
@@ -53,7 +47,6 @@ impl<G> Default for QueueState<G> {
         QueueState {
             next_ticket: 0,
             waiters: VecDeque::new(),
-            gift: None,
             wakeups: 0,
             subscription: None,
             yield_turn: false,
@@ -68,18 +61,38 @@ pub(crate) const YIELD: Duration = Duration::from_millis(5);
 /// The longest a queued waiter sleeps without looking at the queue again.
 const RECHECK: Duration = Duration::from_millis(50);
 
-struct Slot {
+struct Slot<G> {
     ticket: u64,
     wake: Arc<Condvar>,
     /// Whether this waiter may be handed a lease: not when it needs what a
     /// handed-over lease cannot give (its own fencing token, a `WAIT` for
     /// replicas).
     takes_handoffs: bool,
+    /// A lease handed to this waiter and not yet taken. Each waiter has its
+    /// own, so a semaphore's permits released close together reach as many
+    /// waiters (a lock has at most one lease to give).
+    gift: Option<G>,
+    /// This waiter took a gift and is about to leave: offer it no other.
+    served: bool,
 }
 
 impl<G> QueueState<G> {
     fn head(&self) -> Option<u64> {
         self.waiters.front().map(|slot| slot.ticket)
+    }
+
+    /// The waiter that would be handed the next lease: the first in line
+    /// without one, if it takes handoffs. Never one behind a waiter that
+    /// refuses them, so nobody overtakes a waiter that has to ask Redis.
+    fn next_receiver(&mut self) -> Option<&mut Slot<G>> {
+        self.waiters
+            .iter_mut()
+            .find(|slot| slot.gift.is_none() && !slot.served)
+            .filter(|slot| slot.takes_handoffs)
+    }
+
+    fn has_gifts(&self) -> bool {
+        self.waiters.iter().any(|slot| slot.gift.is_some())
     }
 
     fn notify_head(&self) {
@@ -106,10 +119,37 @@ impl<G> KeyQueue<G> {
 /// All queues of one client, by key, and which keys its threads hold.
 pub(crate) struct Queues<G> {
     by_key: Mutex<HashMap<String, Arc<KeyQueue<G>>>>,
-    /// Keys a thread of this client holds, with the local end of the lease:
-    /// while it lasts, queued threads wait for a handoff or a release
-    /// instead of asking Redis for a lock their own process holds.
-    held: Mutex<HashMap<String, (String, Instant)>>,
+    /// Keys threads of this client hold, with the local end of each lease:
+    /// while they fill the key's capacity, queued threads wait for a
+    /// handoff or a release instead of asking Redis for what their own
+    /// process holds.
+    held: Mutex<HashMap<String, Holds>>,
+}
+
+/// How many holders a key admits at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Capacity {
+    /// One: a lock.
+    One,
+    /// A semaphore's limit, as this client knows it: another client may
+    /// change it in Redis.
+    Limit(u32),
+}
+
+impl Capacity {
+    fn holders(self) -> usize {
+        match self {
+            Capacity::One => 1,
+            Capacity::Limit(n) => usize::try_from(n.max(1)).unwrap_or(usize::MAX),
+        }
+    }
+}
+
+/// The leases of one key held by threads of one client.
+struct Holds {
+    capacity: Capacity,
+    /// Token and local end of each lease.
+    by: Vec<(String, Instant)>,
 }
 
 impl<G> Default for Queues<G> {
@@ -133,26 +173,56 @@ pub(crate) enum Turn<G> {
 
 impl<G: Send + 'static> Queues<G> {
     /// A thread of this client holds `key` under `token` until `until`
-    /// (local clock).
-    pub(crate) fn hold(&self, key: &str, token: &str, until: Instant) {
-        self.held
-            .lock()
-            .insert(key.to_owned(), (token.to_owned(), until));
-    }
-
-    /// The hold of `key` under `token` is over (a newer hold of the key,
-    /// under another token, stays).
-    pub(crate) fn unhold(&self, key: &str, token: &str) {
+    /// (local clock); the key admits `capacity` holders at once.
+    pub(crate) fn hold(&self, key: &str, token: &str, until: Instant, capacity: Capacity) {
+        let now = Instant::now();
         let mut held = self.held.lock();
-        if held.get(key).is_some_and(|(held_by, _)| held_by == token) {
-            held.remove(key);
+        let holds = held.entry(key.to_owned()).or_insert_with(|| Holds {
+            capacity,
+            by: Vec::new(),
+        });
+        holds.capacity = capacity;
+        // Leases that ran out by the local clock go here, so the list stays
+        // as long as the holders there are.
+        holds
+            .by
+            .retain(|(held_by, end)| *end > now || held_by == token);
+        match holds.by.iter_mut().find(|(held_by, _)| held_by == token) {
+            Some(entry) => entry.1 = until,
+            None => holds.by.push((token.to_owned(), until)),
         }
     }
 
-    /// Until when a thread of this client holds `key`, if it does now.
+    /// The hold of `key` under `token` is over (other holds of the key, under
+    /// other tokens, stay).
+    pub(crate) fn unhold(&self, key: &str, token: &str) {
+        let mut held = self.held.lock();
+        if let Some(holds) = held.get_mut(key) {
+            holds.by.retain(|(held_by, _)| held_by != token);
+            if holds.by.is_empty() {
+                held.remove(key);
+            }
+        }
+    }
+
+    /// While threads of this client fill `key`'s capacity now: until when
+    /// (the first of their leases to end by the local clock).
     pub(crate) fn held_until(&self, key: &str) -> Option<Instant> {
-        let until = self.held.lock().get(key)?.1;
-        (until > Instant::now()).then_some(until)
+        let now = Instant::now();
+        let held = self.held.lock();
+        let holds = held.get(key)?;
+        let mut live = holds.by.iter().filter(|(_, end)| *end > now);
+        let first = live.clone().map(|(_, end)| *end).min()?;
+        (live.by_ref().count() >= holds.capacity.holders()).then_some(first)
+    }
+
+    /// Whether `key` is a semaphore's: its holds by this client's count say
+    /// nothing of a limit changed elsewhere.
+    pub(crate) fn has_limit(&self, key: &str) -> bool {
+        self.held
+            .lock()
+            .get(key)
+            .is_some_and(|holds| matches!(holds.capacity, Capacity::Limit(_)))
     }
 
     /// Whether any thread of this client waits for `key`.
@@ -187,6 +257,8 @@ impl<G: Send + 'static> Queues<G> {
                 ticket,
                 wake: wake.clone(),
                 takes_handoffs,
+                gift: None,
+                served: false,
             });
             ticket
         };
@@ -200,26 +272,23 @@ impl<G: Send + 'static> Queues<G> {
         }
     }
 
-    /// Hands `lease` to the head of `key`'s queue, if anyone waits, the
-    /// head takes handoffs and no other gift is pending. Gives the lease
-    /// back otherwise.
+    /// Hands `lease` to the first waiter in `key`'s queue that has not been
+    /// handed one yet, if it takes handoffs. Gives the lease back otherwise
+    /// (nobody waits, everyone waiting has one, or the next in line must ask
+    /// Redis itself).
     pub(crate) fn offer(&self, key: &str, lease: G) -> Result<(), G> {
         let queue = match self.by_key.lock().get(key) {
             Some(queue) => queue.clone(),
             None => return Err(lease),
         };
         let mut state = queue.state.lock();
-        let takes = state
-            .waiters
-            .front()
-            .is_some_and(|slot| slot.takes_handoffs);
-        match state.head() {
-            Some(head) if takes && state.gift.is_none() => {
-                state.gift = Some(Gift { to: head, lease });
-                state.notify_head();
+        match state.next_receiver() {
+            Some(slot) => {
+                slot.gift = Some(lease);
+                slot.wake.notify_one();
                 Ok(())
             }
-            _ => Err(lease),
+            None => Err(lease),
         }
     }
 
@@ -356,33 +425,30 @@ impl<G: Send + 'static> Waiter<'_, G> {
         let mut by_key = self.queues.by_key.lock();
         let mut state = self.queue.state.lock();
         let was_head = state.head() == Some(self.ticket);
-        state.waiters.retain(|slot| slot.ticket != self.ticket);
+        let mut left = None;
+        if let Some(at) = state.waiters.iter().position(|s| s.ticket == self.ticket) {
+            left = state.waiters.remove(at).and_then(|slot| slot.gift);
+        }
         let mut orphan = None;
         // The new head needs waking when it inherits a gift, or when nobody
         // of this client holds the lock (its turn to ask Redis); while one
         // does, the coming handoff or release wakes it.
-        let mut wake_next = was_head && self.queues.held_until(&self.key).is_none();
-        if state.gift.as_ref().is_some_and(|g| g.to == self.ticket) {
-            // The gift goes on to the new head only if it takes handoffs;
-            // otherwise it is released in Redis, and the release wakes it.
-            let next = state
-                .waiters
-                .front()
-                .filter(|slot| slot.takes_handoffs)
-                .map(|slot| slot.ticket);
-            match (next, state.gift.take()) {
-                (Some(next), Some(gift)) => {
-                    wake_next = true;
-                    state.gift = Some(Gift {
-                        to: next,
-                        lease: gift.lease,
-                    })
+        if was_head && self.queues.held_until(&self.key).is_none() {
+            state.notify_head();
+        }
+        if let Some(lease) = left {
+            // The gift goes on to the next waiter without one only if it
+            // takes handoffs; otherwise it is released in Redis, and the
+            // release wakes that waiter.
+            match state.next_receiver() {
+                Some(slot) => {
+                    slot.gift = Some(lease);
+                    slot.wake.notify_one();
                 }
-                (None, Some(gift)) => orphan = Some(gift.lease),
-                _ => {}
+                None => orphan = Some(lease),
             }
         }
-        let subscription = if state.waiters.is_empty() && state.gift.is_none() {
+        let subscription = if state.waiters.is_empty() && !state.has_gifts() {
             if by_key
                 .get(&self.key)
                 .is_some_and(|q| Arc::ptr_eq(q, &self.queue))
@@ -393,9 +459,6 @@ impl<G: Send + 'static> Waiter<'_, G> {
         } else {
             None
         };
-        if wake_next {
-            state.notify_head();
-        }
         drop(state);
         drop(by_key);
         drop(subscription); // UNSUBSCRIBE, outside the locks
@@ -412,11 +475,15 @@ impl<G: Send + 'static> Drop for Waiter<'_, G> {
 }
 
 fn take_gift<G>(state: &mut QueueState<G>, ticket: u64) -> Option<G> {
-    if state.gift.as_ref().is_some_and(|g| g.to == ticket) {
-        state.gift.take().map(|g| g.lease)
-    } else {
-        None
-    }
+    state
+        .waiters
+        .iter_mut()
+        .find(|slot| slot.ticket == ticket)
+        .and_then(|slot| {
+            let gift = slot.gift.take();
+            slot.served |= gift.is_some();
+            gift
+        })
 }
 
 #[cfg(test)]
@@ -463,15 +530,38 @@ mod tests {
         let first = queues.enqueue("k", true, &ignore);
         let second = queues.enqueue("k", true, &ignore);
         assert!(queues.offer("k", lease("t1")).is_ok(), "the head takes it");
-        assert!(
-            queues.offer("k", lease("t2")).is_err(),
-            "one gift at a time"
-        );
         drop(first); // leaves without taking it
         match second.wait_turn(now()) {
             Turn::Gift(handoff) => assert_eq!(handoff.token, "t1"),
             _ => panic!("the next waiter inherits the gift"),
         }
+    }
+
+    #[test]
+    fn leases_released_together_reach_as_many_waiters_in_order() {
+        let queues = Queues::<Handoff>::default();
+        let orphans = RefCell::new(Vec::new());
+        let collect = |h: Handoff| orphans.borrow_mut().push(h.token);
+        let first = queues.enqueue("k", true, &collect);
+        let second = queues.enqueue("k", true, &collect);
+        assert!(queues.offer("k", lease("t1")).is_ok());
+        assert!(queues.offer("k", lease("t2")).is_ok(), "the next in line");
+        assert!(
+            queues.offer("k", lease("t3")).is_err(),
+            "everyone waiting has one"
+        );
+        match first.wait_turn(now()) {
+            Turn::Gift(handoff) => assert_eq!(handoff.token, "t1"),
+            _ => panic!("the head's gift"),
+        }
+        assert!(
+            queues.offer("k", lease("t3")).is_err(),
+            "a waiter that took its gift is offered no other"
+        );
+        drop(first);
+        drop(second); // leaves without taking t2: nobody is left
+        assert_eq!(*orphans.borrow(), vec!["t2".to_string()]);
+        assert!(!queues.has_waiters("k"));
     }
 
     #[test]
@@ -527,17 +617,56 @@ mod tests {
     #[test]
     fn local_holds_expire_by_the_clock() {
         let queues = Queues::<Handoff>::default();
-        queues.hold("k", "t", Instant::now() + Duration::from_secs(5));
+        queues.hold(
+            "k",
+            "t",
+            Instant::now() + Duration::from_secs(5),
+            Capacity::One,
+        );
         assert!(queues.held_until("k").is_some());
-        queues.hold("k", "t", Instant::now() - Duration::from_millis(1));
+        queues.hold(
+            "k",
+            "t",
+            Instant::now() - Duration::from_millis(1),
+            Capacity::One,
+        );
         assert!(
             queues.held_until("k").is_none(),
             "a lapsed hold does not count"
         );
-        queues.hold("k", "t", Instant::now() + Duration::from_secs(5));
+        queues.hold(
+            "k",
+            "t",
+            Instant::now() + Duration::from_secs(5),
+            Capacity::One,
+        );
         queues.unhold("k", "older");
         assert!(queues.held_until("k").is_some(), "another token's end");
         queues.unhold("k", "t");
         assert!(queues.held_until("k").is_none());
+    }
+
+    #[test]
+    fn a_key_counts_as_held_while_its_capacity_is_filled() {
+        let queues = Queues::<Handoff>::default();
+        let soon = Instant::now() + Duration::from_secs(5);
+        let later = soon + Duration::from_secs(5);
+        queues.hold("k", "a", later, Capacity::Limit(2));
+        assert!(queues.held_until("k").is_none(), "one of two");
+        queues.hold("k", "b", soon, Capacity::Limit(2));
+        assert_eq!(queues.held_until("k"), Some(soon), "the first to end");
+        queues.hold(
+            "k",
+            "b",
+            Instant::now() - Duration::from_millis(1),
+            Capacity::Limit(2),
+        );
+        assert!(queues.held_until("k").is_none(), "b lapsed");
+        queues.hold("k", "c", soon, Capacity::Limit(2));
+        assert_eq!(queues.held_until("k"), Some(soon), "a and c");
+        queues.unhold("k", "a");
+        assert!(queues.held_until("k").is_none());
+        queues.unhold("k", "c");
+        assert!(queues.held.lock().is_empty(), "nothing kept for a free key");
     }
 }

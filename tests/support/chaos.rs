@@ -81,7 +81,8 @@ fn kind(err: &Error) -> &'static str {
 /// What a worker thread holds.
 enum Hold {
     Lock(redmutex::LockGuard),
-    Permit(redmutex::Permit),
+    // Boxed: a permit is much larger than a guard.
+    Permit(Box<redmutex::Permit>),
 }
 
 impl Hold {
@@ -144,7 +145,7 @@ pub fn worker(lock_url: &str, resource_url: &str, threads: usize, secs: f64, lim
             let lock = DistributedLock::with_options(&client, KEY, options);
             let take = move || -> Result<Hold, Error> {
                 match &semaphore {
-                    Some(semaphore) => semaphore.acquire().map(Hold::Permit),
+                    Some(semaphore) => semaphore.acquire().map(|permit| Hold::Permit(Box::new(permit))),
                     None => lock.lock().map(Hold::Lock),
                 }
             };

@@ -222,21 +222,22 @@ enum Target {
 /// What `run` holds while the command runs.
 enum Held {
     Lock(redmutex::LockGuard),
-    Permit(redmutex::Permit),
+    // Boxed: a permit is much larger than a guard.
+    Permit(Box<redmutex::Permit>),
 }
 
 impl Target {
     fn try_once(&self) -> Result<Option<Held>, Error> {
         Ok(match self {
             Target::Lock(lock) => lock.try_lock()?.map(Held::Lock),
-            Target::Permit(semaphore) => semaphore.try_acquire()?.map(Held::Permit),
+            Target::Permit(semaphore) => semaphore.try_acquire()?.map(|permit| Held::Permit(Box::new(permit))),
         })
     }
 
     fn try_for(&self, wait: Duration) -> Result<Option<Held>, Error> {
         Ok(match self {
             Target::Lock(lock) => lock.try_lock_for(wait)?.map(Held::Lock),
-            Target::Permit(semaphore) => semaphore.try_acquire_for(wait)?.map(Held::Permit),
+            Target::Permit(semaphore) => semaphore.try_acquire_for(wait)?.map(|permit| Held::Permit(Box::new(permit))),
         })
     }
 }
