@@ -145,7 +145,9 @@ pub fn worker(lock_url: &str, resource_url: &str, threads: usize, secs: f64, lim
             let lock = DistributedLock::with_options(&client, KEY, options);
             let take = move || -> Result<Hold, Error> {
                 match &semaphore {
-                    Some(semaphore) => semaphore.acquire().map(|permit| Hold::Permit(Box::new(permit))),
+                    Some(semaphore) => semaphore
+                        .acquire()
+                        .map(|permit| Hold::Permit(Box::new(permit))),
                     None => lock.lock().map(Hold::Lock),
                 }
             };

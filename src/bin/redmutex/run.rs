@@ -230,14 +230,18 @@ impl Target {
     fn try_once(&self) -> Result<Option<Held>, Error> {
         Ok(match self {
             Target::Lock(lock) => lock.try_lock()?.map(Held::Lock),
-            Target::Permit(semaphore) => semaphore.try_acquire()?.map(|permit| Held::Permit(Box::new(permit))),
+            Target::Permit(semaphore) => semaphore
+                .try_acquire()?
+                .map(|permit| Held::Permit(Box::new(permit))),
         })
     }
 
     fn try_for(&self, wait: Duration) -> Result<Option<Held>, Error> {
         Ok(match self {
             Target::Lock(lock) => lock.try_lock_for(wait)?.map(Held::Lock),
-            Target::Permit(semaphore) => semaphore.try_acquire_for(wait)?.map(|permit| Held::Permit(Box::new(permit))),
+            Target::Permit(semaphore) => semaphore
+                .try_acquire_for(wait)?
+                .map(|permit| Held::Permit(Box::new(permit))),
         })
     }
 }
