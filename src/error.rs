@@ -212,6 +212,43 @@ impl Error {
         }
     }
 
+    /// A short stable name of this error's variant, for logs and metric
+    /// labels: one of [`Error::KINDS`].
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Timeout { .. } => "timeout",
+            Error::NotHeld { .. } => "not_held",
+            Error::InvalidArgument(_) => "invalid_argument",
+            Error::WrongType { .. } => "wrong_type",
+            Error::NotReplicated { .. } => "not_replicated",
+            Error::NoReplicas { .. } => "no_replicas",
+            Error::Quorum { .. } => "quorum",
+            Error::QuorumLost { .. } => "quorum_lost",
+            Error::NodesUnreachable { .. } => "nodes_unreachable",
+            Error::OutcomeUnknown { .. } => "outcome_unknown",
+            Error::FenceCounter { .. } => "fence_counter",
+            Error::Redis(_) => "redis",
+            Error::Pool(_) => "pool",
+        }
+    }
+
+    /// Every name [`Error::kind`] returns.
+    pub const KINDS: [&'static str; 13] = [
+        "timeout",
+        "not_held",
+        "invalid_argument",
+        "wrong_type",
+        "not_replicated",
+        "no_replicas",
+        "quorum",
+        "quorum_lost",
+        "nodes_unreachable",
+        "outcome_unknown",
+        "fence_counter",
+        "redis",
+        "pool",
+    ];
+
     /// True for [`Error::OutcomeUnknown`]: the request may or may not have
     /// been applied.
     pub fn is_outcome_unknown(&self) -> bool {

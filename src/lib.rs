@@ -229,7 +229,8 @@ pub use client::options::{
 };
 pub use client::{DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT, LockClient, MAX_TIMEOUT};
 pub use conn::backend::{Connection, Deployment};
-pub use conn::stats::LockStats;
+pub use conn::histogram::Distribution;
+pub use conn::stats::{KindStats, LockKind, LockStats};
 pub use error::{Error, NotHeldReason};
 pub use family::redlock::{RedLock, RedLockGuard};
 pub use family::reentrant::{ReentrantGuard, ReentrantLock, Unlocked};

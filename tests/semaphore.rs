@@ -599,3 +599,29 @@ fn waiters_behind_their_own_clients_permits_see_releases_expiries_and_a_raised_l
     );
     assert!(held.is_held().expect("is_held"));
 }
+
+/// This client's count of its own permits is a hint, never the last word:
+/// a `try_acquire` asks Redis even when the client believes it holds them
+/// all (a permit given back by id, or gone from Redis behind its holder).
+#[test]
+fn a_try_asks_redis_even_when_the_client_counts_every_permit_as_its_own() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let sem = Semaphore::with_options(&client, "hint", 2, options());
+    let a = sem.acquire().expect("a");
+    let b = sem.acquire().expect("b");
+    assert!(sem.try_acquire().expect("try").is_none(), "full");
+    sem.release_permit(a.id()).expect("release by id");
+    let c = sem.try_acquire().expect("try").expect("a's place");
+    // Every permit removed behind their holders' backs.
+    let _: () = redis::cmd("DEL")
+        .arg("hint")
+        .query(&mut server.conn())
+        .expect("DEL");
+    let d = sem.try_acquire().expect("try").expect("free in Redis");
+    let e = sem
+        .try_acquire_for(Duration::from_millis(20))
+        .expect("try_for")
+        .expect("free in Redis, asked at the deadline");
+    drop((a, b, c, d, e));
+}

@@ -73,6 +73,7 @@ pub struct LeaseOptions {
     pub(crate) ttl: Duration,
     pub(crate) wait: Duration,
     pub(crate) backoff: Backoff,
+    pub(crate) key_class: &'static str,
 }
 
 impl Default for LeaseOptions {
@@ -81,6 +82,7 @@ impl Default for LeaseOptions {
             ttl: Duration::from_secs(30),
             wait: Duration::from_secs(10),
             backoff: Backoff::default(),
+            key_class: DEFAULT_KEY_CLASS,
         }
     }
 }
@@ -108,6 +110,15 @@ impl LeaseOptions {
         self.backoff = backoff;
         self
     }
+
+    /// The `key_class` label of this lock's metrics (the `metrics`
+    /// feature): a name for a group of keys chosen by the caller, such as
+    /// `"reindex"` or `"exports"`. Never the key itself, so the number of
+    /// time series stays what the caller makes it. Defaults to `"default"`.
+    pub fn key_class(mut self, class: &'static str) -> Self {
+        self.key_class = class;
+        self
+    }
 }
 
 /// The shared part of a [`LockOptions`]: its ttl, wait and backoff. The
@@ -119,6 +130,7 @@ impl From<&LockOptions> for LeaseOptions {
             ttl: options.ttl,
             wait: options.wait,
             backoff: options.backoff,
+            key_class: options.key_class,
         }
     }
 }
@@ -153,6 +165,7 @@ pub struct SemaphoreOptions {
     pub(crate) min_replicas: Option<(u32, Duration)>,
     pub(crate) local_handoff: bool,
     pub(crate) handoff_budget: HandoffBudget,
+    pub(crate) key_class: &'static str,
 }
 
 impl Default for SemaphoreOptions {
@@ -162,6 +175,15 @@ impl Default for SemaphoreOptions {
 }
 
 impl SemaphoreOptions {
+    /// The `key_class` label of this lock's metrics (the `metrics`
+    /// feature): a name for a group of keys chosen by the caller, such as
+    /// `"reindex"` or `"exports"`. Never the key itself, so the number of
+    /// time series stays what the caller makes it. Defaults to `"default"`.
+    pub fn key_class(mut self, class: &'static str) -> Self {
+        self.key_class = class;
+        self
+    }
+
     /// Each permit's lease: how long Redis keeps it if its holder never
     /// gives it back. Whole milliseconds, between 1 ms and ten years,
     /// checked when a permit is taken. Defaults to 30 s.
@@ -265,6 +287,7 @@ impl From<LeaseOptions> for SemaphoreOptions {
             min_replicas: None,
             local_handoff: true,
             handoff_budget: HandoffBudget::default(),
+            key_class: lease.key_class,
         }
     }
 }
@@ -285,6 +308,7 @@ impl From<&LockOptions> for SemaphoreOptions {
             min_replicas: options.min_replicas,
             local_handoff: options.local_handoff,
             handoff_budget: options.handoff_budget,
+            key_class: options.key_class,
         }
     }
 }
@@ -320,7 +344,11 @@ pub struct LockOptions {
     pub(crate) max_hold: Option<Duration>,
     pub(crate) fencing: bool,
     pub(crate) min_replicas: Option<(u32, Duration)>,
+    pub(crate) key_class: &'static str,
 }
+
+/// The metrics label of locks whose options name no key class.
+pub(crate) const DEFAULT_KEY_CLASS: &str = "default";
 
 /// How long a lease may pass from thread to thread inside one process
 /// before it must be released in Redis, so other processes get their turn.
@@ -374,11 +402,21 @@ impl Default for LockOptions {
             max_hold: None,
             fencing: false,
             min_replicas: None,
+            key_class: DEFAULT_KEY_CLASS,
         }
     }
 }
 
 impl LockOptions {
+    /// The `key_class` label of this lock's metrics (the `metrics`
+    /// feature): a name for a group of keys chosen by the caller, such as
+    /// `"reindex"` or `"exports"`. Never the key itself, so the number of
+    /// time series stays what the caller makes it. Defaults to `"default"`.
+    pub fn key_class(mut self, class: &'static str) -> Self {
+        self.key_class = class;
+        self
+    }
+
     /// The lease: how long Redis keeps the lock if its holder never releases
     /// it (a crash, a partition, a pause). Whole milliseconds; between 1 ms
     /// and ten years, checked when a lock is taken. Defaults to 30 s.

@@ -11,6 +11,7 @@
 //! operation is resent only as its `Op` allows.
 
 pub(crate) mod backend;
+pub(crate) mod histogram;
 pub(crate) mod policy;
 pub(crate) mod stats;
 pub(crate) mod worker;

@@ -15,6 +15,7 @@ use crate::client::LockClient;
 use crate::client::options::{Backoff, LeaseOptions, Release, ttl_millis};
 use crate::client::release;
 use crate::conn::policy::Op;
+use crate::conn::stats::{LockKind, Tag};
 use crate::error::{Error, NotHeldReason};
 use crate::lease::{drift, later};
 use crate::renew::watchdog::OrphanKind;
@@ -60,6 +61,8 @@ pub struct RedLock {
     key: String,
     options: LeaseOptions,
     node_timeout: Option<Duration>,
+    /// The first node's client: a RedLock's stats are kept there.
+    meter: LockClient,
 }
 
 /// One long-lived thread per node, so a round costs no thread start-ups,
@@ -202,11 +205,13 @@ impl RedLock {
             )));
         }
         let key = nodes[0].names().own_key(key.into());
+        let meter = nodes[0].clone();
         Ok(RedLock {
             nodes: Arc::new(Nodes::start(nodes)),
             key,
             options,
             node_timeout: None,
+            meter,
         })
     }
 
@@ -261,13 +266,19 @@ impl RedLock {
             Within::For(self.options.wait).deadline(),
             self.options.backoff,
             Waiting::Spin,
-        )?;
-        guard.ok_or_else(|| {
-            rounds.last.unwrap_or_else(|| Error::Timeout {
-                key: self.key.clone(),
-                waited: started.elapsed(),
+        )
+        .and_then(|guard| {
+            guard.ok_or_else(|| {
+                rounds.last.unwrap_or_else(|| Error::Timeout {
+                    key: self.key.clone(),
+                    waited: started.elapsed(),
+                })
             })
-        })
+        });
+        self.meter
+            .counters()
+            .acquire_ended(self.tag(), started, guard.as_ref().map(|_| true));
+        guard
     }
 
     /// One attempt: `Ok(None)` when no majority granted it.
@@ -301,16 +312,31 @@ impl RedLock {
     }
 
     fn try_within(&self, within: Within) -> Result<Option<RedLockGuard>, Error> {
+        let started = Instant::now();
         let mut rounds = Rounds {
             lock: self,
             last: None,
         };
-        acquire(
+        let result = acquire(
             &mut rounds,
             within.deadline(),
             self.options.backoff,
             Waiting::Spin,
-        )
+        );
+        self.meter.counters().acquire_ended(
+            self.tag(),
+            started,
+            result.as_ref().map(Option::is_some),
+        );
+        result
+    }
+
+    /// This lock's stats tag.
+    fn tag(&self) -> Tag {
+        Tag {
+            kind: LockKind::RedLock,
+            class: self.options.key_class,
+        }
     }
 
     /// One round over all nodes. The outer error is the caller's mistake;
@@ -363,6 +389,9 @@ impl RedLock {
                 valid_until: Instant::now() + validity.unwrap_or_default(),
                 ttl,
                 released: false,
+                meter: self.meter.clone(),
+                tag: self.tag(),
+                held_since: Instant::now(),
             }));
         }
         // Released on every node, in the background: each node's thread
@@ -440,6 +469,11 @@ pub struct RedLockGuard {
     valid_until: Instant,
     ttl: Duration,
     released: bool,
+    /// Where the stats go (the first node's client), and as what.
+    meter: LockClient,
+    tag: Tag,
+    /// When this hold began.
+    held_since: Instant,
 }
 
 impl RedLockGuard {
@@ -512,6 +546,17 @@ impl RedLockGuard {
 
     fn release(&mut self) -> Result<(), Error> {
         self.released = true;
+        let result = self.let_go();
+        self.meter.counters().hold_ended(
+            self.tag,
+            self.held_since,
+            false,
+            result.as_ref().map(|_| ()),
+        );
+        result
+    }
+
+    fn let_go(&mut self) -> Result<(), Error> {
         let (key, token) = (self.key.clone(), self.token.clone());
         let results = settle(self.nodes.all(NODE_OP_WAIT, move |client| {
             release::release(client, &key, &token, Release::Lua)

@@ -13,6 +13,7 @@ use crate::client::LockClient;
 use crate::client::options::{Backoff, LeaseOptions, ttl_millis};
 use crate::client::release;
 use crate::conn::policy::Op;
+use crate::conn::stats::{LockKind, Tag};
 use crate::error::{Error, NotHeldReason};
 use crate::lease::remaining;
 use crate::renew::watchdog::OrphanKind;
@@ -168,7 +169,26 @@ impl ReentrantLock {
         self.acquire(Within::Until(deadline))
     }
 
+    /// This lock's stats tag.
+    fn tag(&self) -> Tag {
+        Tag {
+            kind: LockKind::Reentrant,
+            class: self.options.key_class,
+        }
+    }
+
     fn acquire(&self, within: Within) -> Result<Option<ReentrantGuard>, Error> {
+        let started = Instant::now();
+        let result = self.acquire_inner(within);
+        self.client.counters().acquire_ended(
+            self.tag(),
+            started,
+            result.as_ref().map(Option::is_some),
+        );
+        result
+    }
+
+    fn acquire_inner(&self, within: Within) -> Result<Option<ReentrantGuard>, Error> {
         if self.key.is_empty() {
             return Err(Error::InvalidArgument(
                 "the lock key must not be empty".into(),
@@ -249,6 +269,8 @@ impl Contender for Hold<'_> {
             sent,
             ttl: Duration::from_millis(millis),
             released: false,
+            tag: self.lock.tag(),
+            held_since: Instant::now(),
             _thread_bound: PhantomData,
         }))
     }
@@ -278,6 +300,10 @@ pub struct ReentrantGuard {
     sent: Instant,
     ttl: Duration,
     released: bool,
+    /// For the client's stats: the lock type and key class.
+    tag: Tag,
+    /// When this hold began.
+    held_since: Instant,
     _thread_bound: PhantomData<Rc<()>>,
 }
 
@@ -368,6 +394,17 @@ impl ReentrantGuard {
 
     fn release(&mut self) -> Result<Unlocked, Error> {
         self.released = true;
+        let result = self.let_go();
+        self.client.counters().hold_ended(
+            self.tag,
+            self.held_since,
+            false,
+            result.as_ref().map(|_| ()),
+        );
+        result
+    }
+
+    fn let_go(&mut self) -> Result<Unlocked, Error> {
         let key = self.key.as_str();
         let (marker, millis) = release::marker_of(&self.client, key, &self.hold);
         self.client.counters().commands(1);

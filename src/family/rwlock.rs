@@ -9,6 +9,7 @@ use crate::client::LockClient;
 use crate::client::options::{Backoff, LeaseOptions, MAX_TTL, WaitMode, ttl_millis};
 use crate::client::release;
 use crate::conn::policy::Op;
+use crate::conn::stats::{LockKind, Tag};
 use crate::error::{Error, NotHeldReason};
 use crate::lease::remaining;
 use crate::renew::watchdog::OrphanKind;
@@ -223,7 +224,29 @@ impl RwLock {
         })
     }
 
+    /// The stats tag of this lock's reads or writes.
+    fn tag(&self, mode: Mode) -> Tag {
+        Tag {
+            kind: match mode {
+                Mode::Read => LockKind::Read,
+                Mode::Write => LockKind::Write,
+            },
+            class: self.options.key_class,
+        }
+    }
+
     fn acquire(&self, mode: Mode, within: Within) -> Result<Option<RwGuard>, Error> {
+        let started = Instant::now();
+        let result = self.acquire_inner(mode, within);
+        self.client.counters().acquire_ended(
+            self.tag(mode),
+            started,
+            result.as_ref().map(Option::is_some),
+        );
+        result
+    }
+
+    fn acquire_inner(&self, mode: Mode, within: Within) -> Result<Option<RwGuard>, Error> {
         if self.key.is_empty() {
             return Err(Error::InvalidArgument(
                 "the lock key must not be empty".into(),
@@ -349,6 +372,8 @@ impl Contender for Grant<'_> {
             sent,
             ttl: Duration::from_millis(self.millis),
             released: false,
+            tag: self.lock.tag(self.mode),
+            held_since: Instant::now(),
         }))
     }
 
@@ -406,6 +431,10 @@ pub struct RwGuard {
     sent: Instant,
     ttl: Duration,
     released: bool,
+    /// For the client's stats: the lock type and key class.
+    tag: Tag,
+    /// When this hold began.
+    held_since: Instant,
 }
 
 impl RwGuard {
@@ -445,6 +474,17 @@ impl RwGuard {
 
     fn release(&mut self) -> Result<(), Error> {
         self.released = true;
+        let result = self.let_go();
+        self.client.counters().hold_ended(
+            self.tag,
+            self.held_since,
+            false,
+            result.as_ref().map(|_| ()),
+        );
+        result
+    }
+
+    fn let_go(&mut self) -> Result<(), Error> {
         let released = release_field(&self.client, &self.key, &self.token, self.mode.code())
             .inspect_err(|err| {
                 if err.may_leave_a_lease() {

@@ -17,6 +17,7 @@ use crate::client::options::{
 use crate::client::{release, replicas};
 use crate::conn::backend::Connection;
 use crate::conn::policy::Op;
+use crate::conn::stats::{LockKind, Tag};
 use crate::error::{Error, NotHeldReason};
 use crate::lease::loss::{LossReason, LossSignal, LossState};
 use crate::lease::remaining;
@@ -247,9 +248,13 @@ impl Semaphore {
         // its holder afterwards (it would be held without a place in
         // Redis): permits taken before this are not handed off any more.
         self.local.generation.fetch_add(1, Ordering::Relaxed);
+        // Nor counted as held here any more (before the release, as a
+        // holder's own release does).
+        let queue_key = self.queue_key();
+        self.local.queues.unhold(&queue_key, id);
         let released = release_id(&self.client, &self.key, id);
         let receivers = released.as_ref().ok().copied().flatten();
-        self.local.queues.released(&self.queue_key(), receivers);
+        self.local.queues.released(&queue_key, receivers);
         released.map(|_| ())
     }
 
@@ -312,7 +317,26 @@ impl Semaphore {
             && self.options.min_replicas.is_none()
     }
 
+    /// This semaphore's stats tag.
+    fn tag(&self) -> Tag {
+        Tag {
+            kind: LockKind::Semaphore,
+            class: self.options.key_class,
+        }
+    }
+
     fn take(&self, within: Within) -> Result<Option<Permit>, Error> {
+        let started = Instant::now();
+        let result = self.take_inner(within);
+        self.client.counters().acquire_ended(
+            self.tag(),
+            started,
+            result.as_ref().map(Option::is_some),
+        );
+        result
+    }
+
+    fn take_inner(&self, within: Within) -> Result<Option<Permit>, Error> {
         if self.key.is_empty() {
             return Err(Error::InvalidArgument(
                 "the semaphore key must not be empty".into(),
@@ -505,18 +529,20 @@ impl Contender for Take<'_> {
             return Ok(None);
         }
         let ttl = Duration::from_millis(self.millis);
-        if permit.validity() >= ttl / 2 {
-            return Ok(Some(permit));
-        }
-        match permit.extend(ttl) {
-            Ok(()) => Ok(Some(permit)),
-            Err(err) if err.is_not_held() => {
-                permit.abandon();
-                Ok(None)
+        if permit.validity() < ttl / 2 {
+            match permit.extend(ttl) {
+                Ok(()) => {}
+                Err(err) if err.is_not_held() => {
+                    permit.abandon();
+                    return Ok(None);
+                }
+                // Dropping the permit gives it back (or passes it on).
+                Err(err) => return Err(err),
             }
-            // Dropping the permit gives it back (or passes it on).
-            Err(err) => Err(err),
         }
+        let semaphore = self.semaphore;
+        semaphore.client.counters().handed_over(semaphore.tag());
+        Ok(Some(permit))
     }
 }
 
@@ -548,6 +574,10 @@ pub struct Permit {
     queued: bool,
     /// The semaphore's limit, as this client opened it.
     limit: u32,
+    /// For the client's stats: the lock type and key class.
+    tag: Tag,
+    /// When this holder got the permit (granted, or handed over to it).
+    held_since: Instant,
 }
 
 impl std::fmt::Debug for Permit {
@@ -616,6 +646,7 @@ impl Permit {
             (None, true) => {
                 let entry = client.watchdog().watch(
                     Renewal::Permit,
+                    semaphore.tag(),
                     &semaphore.key,
                     &gift.id,
                     sent,
@@ -664,12 +695,17 @@ impl Permit {
             generation: gift.generation,
             queued: options.wait_mode == WaitMode::Notify,
             limit: semaphore.permits,
+            tag: semaphore.tag(),
+            held_since: now,
         }
     }
 
     /// Marks the permit done without touching Redis (it was lost).
     fn abandon(&mut self) {
         self.released = true;
+        self.client
+            .counters()
+            .hold_ended(self.tag, self.held_since, true, Ok(()));
         self.local.queues.unhold(&self.queue_key, &self.id);
         if let Some(entry) = &self.watch {
             self.client.watchdog().unwatch(entry);
@@ -820,6 +856,17 @@ impl Permit {
 
     fn give_back(&mut self) -> Result<(), Error> {
         self.released = true;
+        let result = self.let_go();
+        self.client.counters().hold_ended(
+            self.tag,
+            self.held_since,
+            self.is_lost(),
+            result.as_ref().map(|_| ()),
+        );
+        result
+    }
+
+    fn let_go(&mut self) -> Result<(), Error> {
         if self.may_hand_off() {
             let gift = PermitGift {
                 id: self.id.clone(),

@@ -10,6 +10,7 @@ use crate::client::LockClient;
 use crate::client::options::{HandoffBudget, LockOptions, Release, WaitMode, ttl_millis};
 use crate::client::release;
 use crate::conn::policy::Op;
+use crate::conn::stats::{LockKind, Tag};
 use crate::error::Error;
 use crate::lease::loss::{LossReason, LossState};
 use crate::lease::remaining;
@@ -111,6 +112,10 @@ pub(crate) struct Lease {
     /// lease's timing).
     watch: Option<Arc<WatchEntry>>,
     pub(crate) loss: Arc<LossState>,
+    /// For the client's stats: the lock type and key class.
+    tag: Tag,
+    /// When this holder got the lease (acquired, or handed over to it).
+    held_since: Instant,
 }
 
 impl Lease {
@@ -133,9 +138,15 @@ impl Lease {
         }
         let watch = options.watchdog.then(|| {
             let cap = options.max_hold.and_then(|cap| sent.checked_add(cap));
-            client
-                .watchdog()
-                .watch(Renewal::Plain, &key, &token, sent, ttl, cap)
+            client.watchdog().watch(
+                Renewal::Plain,
+                tag_of(options),
+                &key,
+                &token,
+                sent,
+                ttl,
+                cap,
+            )
         });
         let loss = watch
             .as_ref()
@@ -155,6 +166,8 @@ impl Lease {
             fence,
             watch,
             loss,
+            tag: tag_of(options),
+            held_since: Instant::now(),
         }
     }
 
@@ -181,6 +194,8 @@ impl Lease {
             fence: None,
             watch: handoff.watch,
             loss: handoff.loss,
+            tag: tag_of(options),
+            held_since: Instant::now(),
         }
     }
 
@@ -194,6 +209,7 @@ impl Lease {
             (None, true) => {
                 let entry = self.client.watchdog().watch(
                     Renewal::Plain,
+                    self.tag,
                     &self.key,
                     &self.token,
                     self.sent.get(),
@@ -242,6 +258,9 @@ impl Lease {
     /// Marks the lease done without touching Redis (it was lost).
     pub(crate) fn abandon(&self) {
         if !self.released.replace(true) {
+            self.client
+                .counters()
+                .hold_ended(self.tag, self.held_since, true, Ok(()));
             holds::leave(self.client.id(), &self.key, self);
             if let Some(entry) = &self.watch {
                 self.client.watchdog().unwatch(entry);
@@ -318,6 +337,17 @@ impl Lease {
         if self.released.replace(true) {
             return Ok(());
         }
+        let result = self.let_go(how);
+        self.client.counters().hold_ended(
+            self.tag,
+            self.held_since,
+            self.is_lost(),
+            result.as_ref().map(|_| ()),
+        );
+        result
+    }
+
+    fn let_go(&self, how: Release) -> Result<(), Error> {
         holds::leave(self.client.id(), &self.key, self);
         if self.may_hand_off() {
             let (sent, ttl) = self.timing();
@@ -365,6 +395,14 @@ impl Lease {
                 }
             },
         )
+    }
+}
+
+/// A plain lock's stats tag.
+pub(crate) fn tag_of(options: &LockOptions) -> Tag {
+    Tag {
+        kind: LockKind::Mutex,
+        class: options.key_class,
     }
 }
 

@@ -29,7 +29,7 @@ use crate::client::{release, replicas};
 use crate::conn::policy::Op;
 use crate::error::Error;
 use crate::mutex::guard::LockGuard;
-use crate::mutex::lease::{Handoff, Lease, Local, release_and_tell};
+use crate::mutex::lease::{Handoff, Lease, Local, release_and_tell, tag_of};
 use crate::renew::watchdog::OrphanKind;
 use crate::script;
 use crate::wait::acquire::{Attempt, Contender, Queued, Waiting, Within, acquire, blocking};
@@ -271,6 +271,17 @@ impl DistributedLock {
     }
 
     fn acquire(&self, within: Within) -> Result<Option<LockGuard>, Error> {
+        let started = Instant::now();
+        let result = self.acquire_inner(within);
+        self.client.counters().acquire_ended(
+            tag_of(&self.options),
+            started,
+            result.as_ref().map(Option::is_some),
+        );
+        result
+    }
+
+    fn acquire_inner(&self, within: Within) -> Result<Option<LockGuard>, Error> {
         if self.key.is_empty() {
             return Err(Error::InvalidArgument(
                 "the lock key must not be empty".into(),
@@ -549,10 +560,14 @@ impl DistributedLock {
         let lease = Rc::new(lease);
         let ttl = Duration::from_millis(millis);
         if lease.validity() >= ttl / 2 {
+            self.client.counters().handed_over(tag_of(&self.options));
             return Ok(Some(lease));
         }
         match lease.extend(ttl) {
-            Ok(()) => Ok(Some(lease)),
+            Ok(()) => {
+                self.client.counters().handed_over(tag_of(&self.options));
+                Ok(Some(lease))
+            }
             Err(err) if err.is_not_held() => {
                 lease.abandon();
                 Ok(None)

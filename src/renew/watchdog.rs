@@ -20,7 +20,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::conn::backend::Backend;
 use crate::conn::policy::{self, Op};
-use crate::conn::stats::Stats;
+use crate::conn::stats::{Stats, Tag};
 use crate::conn::worker::{STOP_WAIT, Worker};
 use crate::error::Error;
 use crate::lease::loss::{LossReason, LossState};
@@ -52,6 +52,8 @@ pub(crate) struct WatchEntry {
     key: String,
     token: String,
     renewal: Renewal,
+    /// The lock type and key class its renewals count for.
+    tag: Tag,
     pub(crate) loss: Arc<LossState>,
     state: Mutex<EntryState>,
 }
@@ -207,6 +209,7 @@ impl Watchdog {
     pub(crate) fn watch(
         &self,
         renewal: Renewal,
+        tag: Tag,
         key: &str,
         token: &str,
         sent: Instant,
@@ -219,6 +222,7 @@ impl Watchdog {
             key: key.to_owned(),
             token: token.to_owned(),
             renewal,
+            tag,
             loss,
             state: Mutex::new(EntryState {
                 stopped: false,
@@ -396,6 +400,12 @@ fn renew_due(shared: &Shared, entries: &[Arc<WatchEntry>]) -> Instant {
         Ok(replies) => {
             for (d, reply) in due.iter().zip(replies) {
                 let reply = reply.and_then(|value| Ok(redis::from_redis_value::<i64>(value)?));
+                let failed = u64::from(
+                    reply
+                        .as_ref()
+                        .is_err_and(|err| err.code() != Some("WRONGTYPE")),
+                );
+                shared.stats.renewals_of(d.entry.tag, 1, failed);
                 match reply {
                     Ok(reply) => match script::owner_checked(reply) {
                         Ok(()) => {
@@ -421,6 +431,9 @@ fn renew_due(shared: &Shared, entries: &[Arc<WatchEntry>]) -> Instant {
         }
         Err(err) => {
             log::warn!("redmutex: watchdog renewal failed: {err}");
+            for d in &due {
+                shared.stats.renewals_of(d.entry.tag, 1, 1);
+            }
             next = next.min(Instant::now() + RETRY);
         }
     }

@@ -194,9 +194,10 @@ where
             // A semaphore's permits all held here by this client's count:
             // still ask Redis now and then, at the backoff's slowest pace,
             // for a limit changed elsewhere (no message announces it).
-            let poll = queues
-                .has_limit(key)
-                .then(|| later(Instant::now(), backoff.max()));
+            // Its count is only this client's view, so the last attempt at
+            // the deadline goes to Redis too.
+            let limited = queues.has_limit(key);
+            let poll = limited.then(|| later(Instant::now(), backoff.max()));
             let until = poll.map_or(held_until, |poll| poll.min(held_until));
             if let Some(gift) = waiter.wait_release(seen, clamp(until, deadline))
                 && let Some(won) = contender.accept(gift)?
@@ -204,9 +205,10 @@ where
                 return Ok(Some(won));
             }
             if passed(deadline) {
-                return Ok(None);
-            }
-            if poll.is_none_or(|poll| Instant::now() < poll) {
+                if !limited {
+                    return Ok(None);
+                }
+            } else if poll.is_none_or(|poll| Instant::now() < poll) {
                 continue;
             }
         }
