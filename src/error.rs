@@ -160,6 +160,17 @@ pub enum Error {
         /// What Redis said about it.
         detail: String,
     },
+    /// The server refuses a command the crate needs (renamed or disabled,
+    /// as managed and proxy services do): nothing was acquired.
+    #[error("the server refuses {command}, which {needed_by} needs ({detail})")]
+    Unsupported {
+        /// The command, as the server named it.
+        command: String,
+        /// What needs it, and what to do about it.
+        needed_by: &'static str,
+        /// What Redis said.
+        detail: String,
+    },
     /// Redis answered with an error, or the connection failed or timed out.
     #[error("redis error: {0}")]
     Redis(#[from] redis::RedisError),
@@ -227,13 +238,14 @@ impl Error {
             Error::NodesUnreachable { .. } => "nodes_unreachable",
             Error::OutcomeUnknown { .. } => "outcome_unknown",
             Error::FenceCounter { .. } => "fence_counter",
+            Error::Unsupported { .. } => "unsupported",
             Error::Redis(_) => "redis",
             Error::Pool(_) => "pool",
         }
     }
 
     /// Every name [`Error::kind`] returns.
-    pub const KINDS: [&'static str; 13] = [
+    pub const KINDS: [&'static str; 14] = [
         "timeout",
         "not_held",
         "invalid_argument",
@@ -245,6 +257,7 @@ impl Error {
         "nodes_unreachable",
         "outcome_unknown",
         "fence_counter",
+        "unsupported",
         "redis",
         "pool",
     ];
@@ -272,6 +285,9 @@ impl Error {
                 .is_some_and(|errors| errors.iter().any(|(_, error)| error.code() == "WRONGTYPE"));
         let no_replicas =
             err.code() == Some("NOREPLICAS") || err.to_string().contains("NOREPLICAS");
+        if let Some(refused) = unsupported(&err) {
+            return refused;
+        }
         if wrong_type {
             Error::WrongType {
                 key: key.to_owned(),
@@ -291,4 +307,32 @@ impl Error {
             reason,
         }
     }
+}
+
+/// A server's "unknown command" (a command renamed away or disabled) as
+/// [`Error::Unsupported`], naming what needs the command.
+fn unsupported(err: &redis::RedisError) -> Option<Error> {
+    let detail = err.detail()?;
+    let command = detail
+        .strip_prefix("unknown command '")
+        .and_then(|rest| rest.split('\'').next())
+        .map(str::to_owned)
+        .or_else(|| {
+            detail
+                .contains("Unknown Redis command called from script")
+                .then(|| "a command a script calls".to_owned())
+        })?;
+    let needed_by = match command.to_ascii_uppercase().as_str() {
+        "WAIT" => "min_replicas (turn it off for this server)",
+        "SCRIPT" | "EVAL" | "EVALSHA" => {
+            "every lock type (they run Lua scripts; this server cannot host redmutex locks)"
+        }
+        "INCR" => "fencing (turn it off for this server)",
+        _ => "redmutex (see the README's ACL rules for the commands it uses)",
+    };
+    Some(Error::Unsupported {
+        command,
+        needed_by,
+        detail: detail.to_owned(),
+    })
 }

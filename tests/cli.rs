@@ -829,3 +829,121 @@ fn run_with_a_limit_admits_n_at_once_and_status_and_release_know_permits() {
     let left: bool = server.conn().exists("exports").expect("EXISTS");
     assert!(!left, "nothing outlives the last permit");
 }
+
+/// The cron habits: `--min-hold` keeps the lock after a short command,
+/// `--quiet-if-held` exits 0 without a word when it is held, `--max-run`
+/// ends a command that runs too long with 124.
+#[test]
+fn min_hold_quiet_if_held_and_max_run() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let done = dir.path().join("done");
+    let mut first = redmutex(&server)
+        .args(["run", "--min-hold", "4s", "cron", "--", "touch"])
+        .arg(&done)
+        .spawn()
+        .expect("first run");
+    assert!(wait_until(Duration::from_secs(10), || done.exists()));
+    // The command is over; the lock is still held for the rest of 4 s.
+    let ran = dir.path().join("ran");
+    let conflict = redmutex(&server)
+        .args(["run", "--no-wait", "cron", "--", "touch"])
+        .arg(&ran)
+        .output()
+        .expect("run");
+    assert_eq!(conflict.status.code(), Some(1), "held through --min-hold");
+    let quiet = redmutex(&server)
+        .args(["run", "--no-wait", "--quiet-if-held", "cron", "--", "touch"])
+        .arg(&ran)
+        .output()
+        .expect("run");
+    assert_eq!(quiet.status.code(), Some(0));
+    assert!(
+        quiet.stderr.is_empty(),
+        "{:?}",
+        String::from_utf8_lossy(&quiet.stderr)
+    );
+    assert!(!ran.exists(), "neither ran the command");
+    let status = wait_exit(&mut first, Duration::from_secs(15));
+    assert!(status.success());
+    assert!(held(&server, "cron").is_none(), "released after --min-hold");
+
+    let pid_file = dir.path().join("pid");
+    let started = Instant::now();
+    let long = redmutex(&server)
+        .args([
+            "run",
+            "--max-run",
+            "300ms",
+            "--kill-after",
+            "1s",
+            "long",
+            "--",
+        ])
+        .args(["sh", "-c", "echo $$ > \"$0\"; exec sleep 30"])
+        .arg(&pid_file)
+        .output()
+        .expect("run");
+    assert_eq!(long.status.code(), Some(124), "{long:?}");
+    assert!(started.elapsed() < Duration::from_secs(25), "ended early");
+    let stderr = String::from_utf8_lossy(&long.stderr);
+    assert!(stderr.contains("--max-run"), "{stderr}");
+    assert!(held(&server, "long").is_none(), "released");
+    let pid = read_pid(&pid_file).expect("the command's pid");
+    assert!(
+        wait_until(Duration::from_secs(5), || gone(pid)),
+        "the command is gone"
+    );
+
+    let zero = redmutex(&server)
+        .args(["run", "--max-run", "0s", "k", "--", "true"])
+        .output()
+        .expect("run");
+    assert_eq!(zero.status.code(), Some(2));
+}
+
+/// Without a key, the key comes from the command line: the same command
+/// never runs twice at once, another one is not held back by it.
+#[test]
+fn a_run_without_a_key_derives_it_from_the_command_line() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let started = dir.path().join("started");
+    let script = format!("echo $REDMUTEX_KEY > {}; sleep 3", started.display());
+    let mut first = redmutex(&server)
+        .args(["-v", "run", "--", "sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("first run");
+    assert!(wait_until(Duration::from_secs(10), || {
+        std::fs::read_to_string(&started).is_ok_and(|k| k.ends_with('\n'))
+    }));
+    let key = std::fs::read_to_string(&started).expect("key");
+    let key = key.trim();
+    assert!(
+        key.len() == 20
+            && key.starts_with("run:")
+            && key[4..].chars().all(|c| c.is_ascii_hexdigit()),
+        "{key}"
+    );
+    assert!(held(&server, key).is_some());
+    let same = redmutex(&server)
+        .args(["run", "--no-wait", "--", "sh", "-c", &script])
+        .output()
+        .expect("run");
+    assert_eq!(same.status.code(), Some(1), "the same command line");
+    let other = redmutex(&server)
+        .args(["run", "--no-wait", "--", "true"])
+        .status()
+        .expect("run");
+    assert!(other.success(), "another command line");
+    let status = wait_exit(&mut first, Duration::from_secs(15));
+    assert!(status.success());
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut first.stderr.take().expect("stderr"), &mut stderr)
+        .expect("read");
+    assert!(
+        stderr.contains(key) && stderr.contains("derived from the command line"),
+        "{stderr}"
+    );
+}

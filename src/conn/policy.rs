@@ -156,12 +156,15 @@ pub(crate) struct Replied {
 
 /// Errors Redis gives for the request itself, which say nothing ran and
 /// which a second send would meet again: a wrong type, an ACL refusal, a
-/// bad fencing counter, too few replicas.
+/// bad fencing counter, too few replicas, a command the server does not
+/// have.
 pub(crate) fn refusal(err: &redis::RedisError) -> bool {
     matches!(
         err.code(),
         Some("WRONGTYPE" | "NOPERM" | "FENCE" | "NOREPLICAS")
-    )
+    ) || err
+        .detail()
+        .is_some_and(|detail| detail.starts_with("unknown command '"))
 }
 
 /// The window in which an operation is resent: twice the I/O timeout from

@@ -34,6 +34,7 @@ const EXIT_CONFLICT: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 const EXIT_UNAVAILABLE: u8 = 69;
 const EXIT_LOST: u8 = 75;
+const EXIT_MAX_RUN: u8 = 124;
 const EXIT_CANNOT_EXECUTE: u8 = 126;
 const EXIT_NOT_FOUND: u8 = 127;
 
@@ -46,6 +47,7 @@ Exit codes:
   69       Redis unreachable or failing
   75       the lock was lost, or could not be renewed, while the command ran; the
            command was terminated before the lease ran out
+  124      run --max-run: the command ran too long and was terminated
   128+N    signal N arrived while waiting for the lock: the command was not run
   126      the command cannot be executed
   127      the command was not found
@@ -54,6 +56,7 @@ Examples:
   redmutex run --no-wait nightly-report -- ./report.sh
   redmutex run --wait 5m --ttl 30s deploy:web -- ansible-playbook site.yml
   redmutex run --limit 3 db-exports -- ./export.sh
+  redmutex run --no-wait --quiet-if-held --min-hold 1m --max-run 50m -- ./hourly.sh
   redmutex status nightly-report --json
   redmutex --cluster --url redis://10.0.0.1:7000,redis://10.0.0.2:7000 run job -- ./job.sh
   redmutex --sentinel mymaster --url redis://10.0.0.1:26379,redis://10.0.0.2:26379 status job
@@ -149,8 +152,23 @@ struct RunArgs {
     /// same way at once.
     #[arg(long, value_parser = parse_duration, default_value = "10s")]
     kill_after: Duration,
-    /// The lock key.
-    key: String,
+    /// Keep the lock at least this long after the command started, even
+    /// when it ends sooner (renewed meanwhile), so hosts whose cron clocks
+    /// differ by less than this do not run the job twice.
+    #[arg(long, value_parser = parse_duration, value_name = "D")]
+    min_hold: Option<Duration>,
+    /// When the lock is held elsewhere, exit 0 without a word (cron mails
+    /// nothing): the job is already running somewhere.
+    #[arg(long, conflicts_with = "conflict_exit_code")]
+    quiet_if_held: bool,
+    /// Terminate the command after this long (SIGTERM to its process
+    /// group, SIGKILL after --kill-after), release, and exit 124.
+    #[arg(long, value_parser = parse_duration, value_name = "D")]
+    max_run: Option<Duration>,
+    /// The lock key. Without it the key is derived from the command line
+    /// (`run:` and a hash of CMD and its arguments), so the same command
+    /// never runs twice at once; `-v` prints it.
+    key: Option<String>,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<OsString>,

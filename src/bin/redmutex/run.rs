@@ -326,11 +326,47 @@ enum Ending {
     LowValidity(Duration),
     /// The lease was found lost.
     Lost(redmutex::LossReason),
+    /// The command ran longer than `--max-run`.
+    MaxRun,
+}
+
+/// The key of a run without one: the same for the same command line on
+/// every host and version (FNV-1a, 64 bits, over the arguments' bytes, each
+/// ended by a NUL).
+fn derived_key(command: &[OsString]) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for arg in command {
+        for byte in arg.as_bytes().iter().chain(&[0]) {
+            hash ^= u64::from(*byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("run:{hash:016x}")
 }
 
 pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
-    if args.key.is_empty() {
-        return Err(fail(EXIT_USAGE, "the lock key must not be empty"));
+    let key = match &args.key {
+        Some(key) if key.is_empty() => {
+            return Err(fail(EXIT_USAGE, "the lock key must not be empty"));
+        }
+        Some(key) => key.clone(),
+        None => {
+            let key = derived_key(&args.command);
+            verbose(
+                cli,
+                format_args!("the key is {key:?} (derived from the command line)"),
+            );
+            key
+        }
+    };
+    if args.max_run.is_some_and(|d| d.is_zero()) {
+        return Err(fail(EXIT_USAGE, "--max-run must be longer than 0"));
+    }
+    for (name, d) in [("--min-hold", args.min_hold), ("--max-run", args.max_run)] {
+        if d.is_some_and(|d| Instant::now().checked_add(d).is_none()) {
+            return Err(fail(EXIT_USAGE, format!("{name} is too long")));
+        }
     }
     // Before anything is acquired: a SIGTERM while waiting or acquiring
     // must not leave the key held for its ttl.
@@ -352,26 +388,22 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
     let target = match args.limit {
         Some(limit) => Target::Permit(Semaphore::with_options(
             &client,
-            args.key.clone(),
+            key.clone(),
             limit,
             SemaphoreOptions::from(&options),
         )),
-        None => Target::Lock(DistributedLock::with_options(
-            &client,
-            args.key.clone(),
-            options,
-        )),
+        None => Target::Lock(DistributedLock::with_options(&client, key.clone(), options)),
     };
     let what = match args.limit {
-        Some(limit) => format!("a permit of {:?} (limit {limit})", args.key),
-        None => format!("the lock {:?}", args.key),
+        Some(limit) => format!("a permit of {key:?} (limit {limit})"),
+        None => format!("the lock {key:?}"),
     };
     verbose(
         cli,
         format_args!("acquiring {what} at {}", redact(&cli.url)),
     );
     let acquired = {
-        let _spinner = (!args.no_wait).then(|| Spinner::start(cli, &client, &args.key, args.limit));
+        let _spinner = (!args.no_wait).then(|| Spinner::start(cli, &client, &key, args.limit));
         acquire(&target, args, &forwarded)
     };
     let acquired = match acquired {
@@ -379,22 +411,26 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
         Err(signal) => {
             say(
                 cli,
-                format_args!(
-                    "signal {signal} while waiting for {:?}; not running the command",
-                    args.key
-                ),
+                format_args!("signal {signal} while waiting for {key:?}; not running the command"),
             );
             return Ok(signalled(signal));
         }
     };
     let Some(guard) = acquired else {
-        let who = match describe(&client, &args.key, args.limit) {
+        if args.quiet_if_held {
+            verbose(
+                cli,
+                format_args!("{key:?} is held elsewhere; not running the command"),
+            );
+            return Ok(0);
+        }
+        let who = match describe(&client, &key, args.limit) {
             Ok(Some(who)) => who,
             _ => "held".into(),
         };
         say(
             cli,
-            format_args!("{:?} is {who}; not running the command", args.key),
+            format_args!("{key:?} is {who}; not running the command"),
         );
         return Ok(args.conflict_exit_code);
     };
@@ -410,7 +446,7 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
     let mut command = Command::new(program);
     command
         .args(rest)
-        .env("REDMUTEX_KEY", &args.key)
+        .env("REDMUTEX_KEY", &key)
         // A `redmutex` the command runs (a release by token, a nested run)
         // names keys as this one does.
         .env("REDMUTEX_KEY_PREFIX", &cli.key_prefix)
@@ -423,10 +459,7 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
         let _ = guard.unlock();
         say(
             cli,
-            format_args!(
-                "signal {signal} after acquiring {:?}; not running the command",
-                args.key
-            ),
+            format_args!("signal {signal} after acquiring {key:?}; not running the command"),
         );
         return Ok(signalled(signal));
     }
@@ -449,6 +482,7 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
             });
         }
     };
+    let started = Instant::now();
     let pgid = child.id();
     let lost = guard.loss_signal();
     let mut ending = Ending::Running;
@@ -478,9 +512,14 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
                 ending = Ending::Lost(reason);
             } else if validity <= kill_after {
                 ending = Ending::LowValidity(validity);
+            } else if args.max_run.is_some_and(|d| started.elapsed() >= d) {
+                ending = Ending::MaxRun;
             }
             match &ending {
                 Ending::Running => {}
+                Ending::MaxRun => {
+                    eprintln!("redmutex: the command ran longer than --max-run; terminating it")
+                }
                 Ending::Lost(reason) => {
                     eprintln!("redmutex: lost {what} ({reason}); terminating the command")
                 }
@@ -502,6 +541,7 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
                 validity <= kill_after / 4 || at.elapsed() >= kill_after
             }
             (Ending::Lost(_), Some(at)) => at.elapsed() >= kill_after / 4,
+            (Ending::MaxRun, Some(at)) => at.elapsed() >= kill_after,
             _ => false,
         };
         if due && !killed {
@@ -518,12 +558,55 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
     if !matches!(ending, Ending::Running) {
         // Whatever the command left in its group does not run on unlocked.
         signal_group(pgid, libc::SIGKILL);
+    }
+    if matches!(ending, Ending::Running | Ending::MaxRun) {
+        hold_at_least(cli, args, started, &lost, &forwarded);
+    }
+    if matches!(ending, Ending::Lost(_) | Ending::LowValidity(_)) {
         let _ = guard.unlock();
         return Ok(EXIT_LOST);
+    }
+    if matches!(ending, Ending::MaxRun) {
+        let _ = guard.unlock();
+        return Ok(EXIT_MAX_RUN);
     }
     match guard.unlock() {
         Ok(()) => verbose(cli, format_args!("released {what}")),
         Err(err) => say(cli, format_args!("releasing {what}: {err}")),
     }
     Ok(exit_code_of(status))
+}
+
+/// `--min-hold`: keeps the lock (the watchdog renewing it) until that long
+/// after the command started; a signal or a loss ends the wait early.
+fn hold_at_least(
+    cli: &Cli,
+    args: &RunArgs,
+    started: Instant,
+    lost: &redmutex::LossSignal,
+    forwarded: &Forwarded,
+) {
+    let Some(until) = args.min_hold.and_then(|d| started.checked_add(d)) else {
+        return;
+    };
+    if Instant::now() < until {
+        verbose(
+            cli,
+            format_args!("holding the lock until --min-hold has passed"),
+        );
+    }
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() || lost.reason().is_some() {
+            return;
+        }
+        if let Some(signal) = forwarded.take() {
+            verbose(
+                cli,
+                format_args!("signal {signal}: releasing before --min-hold"),
+            );
+            return;
+        }
+        lost.wait_timeout(left.min(Duration::from_millis(100)));
+    }
 }
