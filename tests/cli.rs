@@ -947,3 +947,100 @@ fn a_run_without_a_key_derives_it_from_the_command_line() {
         "{stderr}"
     );
 }
+
+/// `redmutex list`: every lock type under a pattern, with kind, time left
+/// and holders; auxiliary keys (fencing counters, release markers) left
+/// out; never a token; names shown without the key prefix.
+#[test]
+fn list_shows_every_lock_type_and_never_a_token() {
+    use redmutex::{DistributedLock, LockOptions, ReentrantLock, RwLock, Semaphore};
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let plain =
+        DistributedLock::with_options(&client, "jobs:plain", LockOptions::default().fencing(true))
+            .lock()
+            .expect("plain");
+    DistributedLock::new(&client, "jobs:gone")
+        .lock()
+        .expect("gone")
+        .unlock()
+        .expect("unlock");
+    let reentrant = ReentrantLock::new(&client, "jobs:re");
+    let holds = (
+        reentrant.lock().expect("re 1"),
+        reentrant.lock().expect("re 2"),
+    );
+    let rw = RwLock::new(&client, "jobs:rw");
+    let readers = (rw.read().expect("read 1"), rw.read().expect("read 2"));
+    let writer = RwLock::new(&client, "jobs:w").write().expect("write");
+    let sem = Semaphore::new(&client, "jobs:sem", 3);
+    let permits = (sem.acquire().expect("p1"), sem.acquire().expect("p2"));
+    let _: () = server.conn().set("other", "x").expect("SET");
+
+    let out = redmutex(&server)
+        .args(["list", "jobs:*", "--json"])
+        .output()
+        .expect("list");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let items: Vec<serde_json::Value> = serde_json::from_str(&stdout).expect("JSON");
+    let seen: Vec<(String, String, u64, Option<u64>)> = items
+        .iter()
+        .map(|i| {
+            (
+                i["key"].as_str().expect("key").to_owned(),
+                i["kind"].as_str().expect("kind").to_owned(),
+                i["holders"].as_u64().expect("holders"),
+                i["limit"].as_u64(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String, u64, Option<u64>)> = [
+        ("jobs:plain", "lock", 1, None),
+        ("jobs:re", "reentrant", 2, None),
+        ("jobs:rw", "read", 2, None),
+        ("jobs:sem", "semaphore", 2, Some(3)),
+        ("jobs:w", "write", 1, None),
+    ]
+    .into_iter()
+    .map(|(k, kind, n, l)| (k.to_owned(), kind.to_owned(), n, l))
+    .collect();
+    assert_eq!(seen, want, "{stdout}");
+    for item in &items {
+        let ttl = item["ttl_ms"].as_u64().expect("every one expires");
+        assert!(ttl > 0 && ttl <= 30_000, "{item}");
+    }
+    for secret in [
+        plain.token(),
+        holds.0.owner(),
+        readers.0.token(),
+        writer.token(),
+        permits.0.id(),
+    ] {
+        assert!(!stdout.contains(secret), "a token in the listing: {stdout}");
+    }
+
+    // The table, and names without the prefix.
+    let out = redmutex(&server)
+        .args(["--key-prefix", "jobs:", "list"])
+        .output()
+        .expect("list");
+    assert_eq!(out.status.code(), Some(0));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("sem") && table.contains("2 of 3"), "{table}");
+    assert!(!table.contains("jobs:"), "{table}");
+    assert!(!table.contains("other"), "{table}");
+    // Bounded in time: a budget spent before the first SCAN step says so.
+    let cut = redmutex(&server)
+        .args(["list", "--timeout", "0s"])
+        .output()
+        .expect("list");
+    assert_eq!(cut.status.code(), Some(3), "{cut:?}");
+    assert!(String::from_utf8_lossy(&cut.stderr).contains("incomplete"));
+    drop((plain, holds, readers, writer, permits));
+    let out = redmutex(&server)
+        .args(["list", "jobs:*", "--json"])
+        .output()
+        .expect("list");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+}

@@ -379,6 +379,44 @@ fn waiters_on_another_client_are_woken_by_the_release_message() {
 fn rwlock_reentrant_lock_and_semaphore_work_on_a_cluster() {
     let cluster = RedisCluster::start(3, 0);
     let client = cluster.lock_client();
+
+    // `list` scans every primary: one held lock of each type on each.
+    let keys = cluster.key_per_primary("listed");
+    let mut held = Vec::new();
+    for key in &keys {
+        let plain = DistributedLock::new(&client, format!("l:{key}"));
+        let reentrant = ReentrantLock::new(&client, format!("l:re:{key}"));
+        let semaphore = Semaphore::new(&client, format!("l:sem:{key}"), 2);
+        held.push((
+            plain.lock().expect("plain"),
+            reentrant.lock().expect("reentrant"),
+            semaphore.acquire().expect("permit"),
+        ));
+    }
+    let listing = client.list("l:*", Duration::from_secs(10)).expect("list");
+    assert!(listing.complete);
+    assert_eq!(listing.held.len(), 3 * keys.len(), "{listing:?}");
+    for key in &keys {
+        for (name, kind) in [
+            (format!("l:{key}"), redmutex::LockKind::Mutex),
+            (format!("l:re:{key}"), redmutex::LockKind::Reentrant),
+            (format!("l:sem:{key}"), redmutex::LockKind::Semaphore),
+        ] {
+            assert!(
+                listing.held.iter().any(|h| h.key == name && h.kind == kind),
+                "{name} missing: {listing:?}"
+            );
+        }
+    }
+    drop(held);
+    assert!(
+        client
+            .list("l:*", Duration::from_secs(10))
+            .expect("list")
+            .held
+            .is_empty()
+    );
+
     for key in cluster.key_per_primary("family") {
         let rw = RwLock::new(&client, format!("rw:{key}"));
         let r1 = rw.read().expect("read");

@@ -153,6 +153,12 @@ fn min_replicas_is_met_through_sentinel() {
         .expect("HGET on the replica");
     assert!(deadline.is_some(), "acknowledged: the replica has it");
     assert_eq!(permit.fencing_token(), Some(1));
+    // `list` reads the primary the sentinels name.
+    let listing = client.list("*", Duration::from_secs(10)).expect("list");
+    assert!(listing.complete);
+    assert_eq!(listing.held.len(), 1, "{listing:?}");
+    assert_eq!(listing.held[0].key, "replicated-sem");
+    assert_eq!(listing.held[0].limit, Some(2));
     permit.release().expect("release");
 }
 

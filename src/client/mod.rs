@@ -11,6 +11,7 @@
 //! same bounded connect, handshake and I/O timeouts.
 
 pub(crate) mod builder;
+pub(crate) mod list;
 pub(crate) mod options;
 pub(crate) mod release;
 pub(crate) mod replicas;

@@ -88,6 +88,11 @@ pub(crate) static SEM_STATUS: LazyLock<Script> =
 pub(crate) static SEM_SET_LIMIT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/sem_set_limit.lua")));
 
+/// `lua/inspect.lua`: what one key holds, for listing. Returns `{kind,
+/// ms, holders, limit}`, never a token.
+pub(crate) static INSPECT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/inspect.lua")));
+
 /// Reads the common reply of the owner-checked scripts.
 pub(crate) fn owner_checked(reply: i64) -> Result<(), crate::error::NotHeldReason> {
     match reply {

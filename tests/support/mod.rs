@@ -442,7 +442,8 @@ pub fn sha(lua: &str) -> String {
 }
 
 /// Every script of the crate, by file name.
-pub const SCRIPTS: [(&str, &str); 14] = [
+pub const SCRIPTS: [(&str, &str); 15] = [
+    ("inspect", include_str!("../../lua/inspect.lua")),
     ("sem_status", include_str!("../../lua/sem_status.lua")),
     ("sem_set_limit", include_str!("../../lua/sem_set_limit.lua")),
     ("sem_acquire", include_str!("../../lua/sem_acquire.lua")),

@@ -8,6 +8,7 @@
 //! | 0 | `status`, `release`: done |
 //! | 1 | the lock is held elsewhere (`run` did not start the command; `release --token`: not that token's) |
 //! | 2 | bad usage: unknown option, missing `--` or command, zero ttl |
+//! | 3 | `list`: cut short by `--timeout` (what was found is printed) |
 //! | 69 | Redis unreachable or failing (`EX_UNAVAILABLE`) |
 //! | 75 | `run`: the lock was lost, or could not be renewed, while the command ran; it was terminated (`EX_TEMPFAIL`) |
 //! | 128+N | `run`: signal N arrived while waiting for the lock; the command was not run |
@@ -21,6 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+mod list;
 mod release;
 mod run;
 mod status;
@@ -32,6 +34,7 @@ use redmutex::{
 
 const EXIT_CONFLICT: u8 = 1;
 const EXIT_USAGE: u8 = 2;
+const EXIT_INCOMPLETE: u8 = 3;
 const EXIT_UNAVAILABLE: u8 = 69;
 const EXIT_LOST: u8 = 75;
 const EXIT_MAX_RUN: u8 = 124;
@@ -44,6 +47,7 @@ Exit codes:
   0        status/release: done
   1        the lock is held elsewhere: the command was not run (see --conflict-exit-code)
   2        bad usage
+  3        list: cut short by --timeout (what was found is printed)
   69       Redis unreachable or failing
   75       the lock was lost, or could not be renewed, while the command ran; the
            command was terminated before the lease ran out
@@ -58,6 +62,7 @@ Examples:
   redmutex run --limit 3 db-exports -- ./export.sh
   redmutex run --no-wait --quiet-if-held --min-hold 1m --max-run 50m -- ./hourly.sh
   redmutex status nightly-report --json
+  redmutex list 'deploy:*' --json
   redmutex --cluster --url redis://10.0.0.1:7000,redis://10.0.0.2:7000 run job -- ./job.sh
   redmutex --sentinel mymaster --url redis://10.0.0.1:26379,redis://10.0.0.2:26379 status job
   redmutex release nightly-report --token 1f0c…";
@@ -121,6 +126,26 @@ enum Sub {
     /// Release KEY (or one permit of a semaphore): owner-checked with
     /// --token, or unconditionally with --force.
     Release(ReleaseArgs),
+    /// List every held lock and semaphore (under the key prefix) whose name
+    /// matches PATTERN: kind, time left, holders; never a token.
+    List(ListArgs),
+}
+
+#[derive(Args)]
+struct ListArgs {
+    /// A glob over lock names (without the key prefix), as SCAN MATCH
+    /// takes it.
+    #[arg(default_value = "*")]
+    pattern: String,
+    /// Print JSON: [{"key", "kind", "ttl_ms", "holders", "limit"}, ...]
+    /// ("kind": lock, reentrant, read, write or semaphore; "ttl_ms": null
+    /// without expiry; "limit": null but for a semaphore).
+    #[arg(long)]
+    json: bool,
+    /// Stop scanning after this long; a cut-short listing says so on
+    /// stderr and exits 3.
+    #[arg(long, value_parser = parse_duration, default_value = "30s")]
+    timeout: Duration,
 }
 
 #[derive(Args)]
@@ -244,6 +269,7 @@ fn main() -> ExitCode {
         Sub::Run(args) => run::run(&cli, args),
         Sub::Status(args) => status::status(&cli, args),
         Sub::Release(args) => release::release(&cli, args),
+        Sub::List(args) => list::list(&cli, args),
     };
     match outcome {
         Ok(code) => ExitCode::from(code),

@@ -1,0 +1,95 @@
+//! `redmutex list`: every held lock and semaphore under the prefix, by
+//! `LockClient::list` (SCAN on every primary, never KEYS, never a token).
+
+#[allow(unused_imports)]
+use super::*;
+
+use redmutex::{HeldLock, LockKind};
+
+/// How long a listing runs before a terminal gets a progress line.
+const PROGRESS_AFTER: Duration = Duration::from_secs(1);
+
+pub(super) fn list(cli: &Cli, args: &ListArgs) -> Result<u8, Failure> {
+    let client = client(cli)?;
+    let started = Instant::now();
+    let terminal = !cli.quiet && std::io::stderr().is_terminal();
+    let mut shown = false;
+    let mut progress = |scanned: u64| {
+        if terminal && started.elapsed() >= PROGRESS_AFTER {
+            eprint!("\r\x1b[2Kscanned {scanned} keys…");
+            let _ = std::io::stderr().flush();
+            shown = true;
+        }
+    };
+    let listing = client
+        .list_with(&args.pattern, args.timeout, &mut progress)
+        .map_err(redis_failure)?;
+    if shown {
+        eprint!("\r\x1b[2K");
+    }
+    if args.json {
+        let items: Vec<String> = listing.held.iter().map(json_item).collect();
+        println!("[{}]", items.join(","));
+    } else if listing.held.is_empty() {
+        say(cli, format_args!("nothing held matches {:?}", args.pattern));
+    } else {
+        let width = listing
+            .held
+            .iter()
+            .map(|h| h.key.len())
+            .max()
+            .unwrap_or(3)
+            .max(3);
+        println!("{:width$}  {:9}  {:>12}  HOLDERS", "KEY", "KIND", "LEFT");
+        for held in &listing.held {
+            let holders = match held.limit {
+                Some(limit) => format!("{} of {limit}", held.holders),
+                None => held.holders.to_string(),
+            };
+            println!(
+                "{:width$}  {:9}  {:>12}  {holders}",
+                held.key,
+                kind_name(held.kind),
+                left(held.remaining),
+            );
+        }
+    }
+    if !listing.complete {
+        say(
+            cli,
+            format_args!(
+                "stopped after {:?} ({} keys scanned): the listing is incomplete",
+                args.timeout, listing.scanned
+            ),
+        );
+        return Ok(EXIT_INCOMPLETE);
+    }
+    Ok(0)
+}
+
+fn kind_name(kind: LockKind) -> &'static str {
+    match kind {
+        LockKind::Mutex => "lock",
+        other => other.name(),
+    }
+}
+
+fn left(remaining: Option<Duration>) -> String {
+    match remaining {
+        Some(d) => format!("{:.1}s", d.as_secs_f64()),
+        None => "no expiry".into(),
+    }
+}
+
+fn json_item(held: &HeldLock) -> String {
+    let ttl = held
+        .remaining
+        .map_or("null".into(), |d| d.as_millis().to_string());
+    let limit = held.limit.map_or("null".into(), |l| l.to_string());
+    format!(
+        "{{\"key\":{},\"kind\":\"{}\",\"ttl_ms\":{ttl},\"holders\":{},\"limit\":{limit}}}",
+        json_string(&held.key),
+        kind_name(held.kind),
+        held.holders
+    )
+}

@@ -1,0 +1,281 @@
+//! Listing what is held: `SCAN` (never `KEYS`) under the client's prefix,
+//! on every primary of a cluster, and `lua/inspect.lua` per key found, in
+//! pipelines; bounded in time and in rounds, and never reading a token.
+
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+
+use crate::client::LockClient;
+use crate::conn::backend::Connection;
+use crate::conn::policy::Op;
+use crate::conn::stats::LockKind;
+use crate::error::Error;
+use crate::script;
+
+/// How many keys one `SCAN` step asks for, and one pipeline inspects.
+const BATCH: u64 = 500;
+/// The most `SCAN` steps per node, whatever the time budget: a cursor that
+/// never comes back to 0 (keys added as fast as they are scanned) ends.
+const MAX_STEPS: u32 = 100_000;
+
+/// One lock or semaphore held now, as [`LockClient::list`] found it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HeldLock {
+    /// The key as the client names it (without the client's key prefix).
+    pub key: String,
+    /// The lock type: [`LockKind::Mutex`] (a plain lock, or a RedLock's
+    /// key on one of its nodes), [`LockKind::Reentrant`],
+    /// [`LockKind::Read`] (readers hold it), [`LockKind::Write`] or
+    /// [`LockKind::Semaphore`].
+    pub kind: LockKind,
+    /// Time until it frees unless renewed, by the server's clock: the key's
+    /// ttl, or a read-write lock's or semaphore's earliest holder deadline.
+    /// `None` for a key without expiry.
+    pub remaining: Option<Duration>,
+    /// How many hold it: 1 for a plain lock or a writer, the owner's holds
+    /// of a reentrant lock, the readers, or the permits out.
+    pub holders: u32,
+    /// A semaphore's limit.
+    pub limit: Option<u32>,
+}
+
+/// What [`LockClient::list`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Listing {
+    /// Every held lock and semaphore found, sorted by key.
+    pub held: Vec<HeldLock>,
+    /// Keys `SCAN` returned under the pattern (auxiliary keys included).
+    pub scanned: u64,
+    /// False when the time budget ran out before every key was scanned.
+    pub complete: bool,
+}
+
+impl LockClient {
+    /// Every lock and semaphore held now whose name (without the client's
+    /// prefix) matches the glob `pattern` (`*` for all): kind, time left,
+    /// holders, never a token. Walks the keyspace with `SCAN` (never
+    /// `KEYS`), on every primary of a cluster, for at most `budget`; a
+    /// listing cut short says so ([`Listing::complete`]). The ACL user
+    /// needs `+scan` besides the lock commands.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an empty pattern; [`Error::Redis`]
+    /// or [`Error::Pool`] when a node cannot be read.
+    pub fn list(&self, pattern: &str, budget: Duration) -> Result<Listing, Error> {
+        self.list_with(pattern, budget, &mut |_| {})
+    }
+
+    /// [`LockClient::list`], telling `progress` how many keys were scanned
+    /// after every `SCAN` step (for a progress line).
+    ///
+    /// # Errors
+    ///
+    /// As [`LockClient::list`].
+    pub fn list_with(
+        &self,
+        pattern: &str,
+        budget: Duration,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Listing, Error> {
+        if pattern.is_empty() {
+            return Err(Error::InvalidArgument(
+                "the list pattern must not be empty (`*` lists everything)".into(),
+            ));
+        }
+        // `None`: a budget too long to count; the step bound still holds.
+        let deadline = Instant::now().checked_add(budget);
+        let prefix = self.key_prefix();
+        let matching = format!("{}{pattern}", glob_escape(prefix));
+        let mut con = self.connection()?;
+        let nodes = primaries(&mut con).map_err(Error::Redis)?;
+        let mut listing = Listing {
+            complete: true,
+            ..Listing::default()
+        };
+        // `None`: the connection's own server (single node, Sentinel).
+        let targets: Vec<Option<(String, u16)>> = match nodes {
+            Some(nodes) => nodes.into_iter().map(Some).collect(),
+            None => vec![None],
+        };
+        'nodes: for node in &targets {
+            let mut cursor: u64 = 0;
+            for _ in 0..MAX_STEPS {
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    listing.complete = false;
+                    break 'nodes;
+                }
+                let (next, keys) = scan(&mut con, node.as_ref(), cursor, &matching)?;
+                listing.scanned = listing.scanned.saturating_add(keys.len() as u64);
+                self.inspect(&keys, prefix, &mut listing.held)?;
+                progress(listing.scanned);
+                cursor = next;
+                if cursor == 0 {
+                    continue 'nodes;
+                }
+            }
+            listing.complete = false;
+        }
+        listing.held.sort_by(|a, b| a.key.cmp(&b.key));
+        // A key seen twice (SCAN may return one more than once) counts once.
+        listing.held.dedup_by(|a, b| a.key == b.key);
+        Ok(listing)
+    }
+
+    /// Inspects `keys` in one pipeline (split by node on a cluster).
+    fn inspect(
+        &self,
+        keys: &[String],
+        prefix: &str,
+        held: &mut Vec<HeldLock>,
+    ) -> Result<(), Error> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let calls: Vec<redis::Cmd> = keys
+            .iter()
+            .map(|key| {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(script::INSPECT.get_hash()).arg(1).arg(key);
+                cmd
+            })
+            .collect();
+        self.counters().commands(calls.len() as u64);
+        let replies = self.run(Op::Read, &keys[0], |con, _| {
+            script::pipelined(con, &calls, &[&script::INSPECT], self.counters())
+        });
+        for (key, reply) in keys.iter().zip(replies?) {
+            // A key that changed type or vanished meanwhile: skipped.
+            let Ok(value) = reply else { continue };
+            let Ok((kind, ms, holders, limit)) =
+                redis::from_redis_value::<(String, i64, i64, i64)>(value)
+            else {
+                continue;
+            };
+            let kind = match kind.as_str() {
+                "lock" => LockKind::Mutex,
+                "reentrant" => LockKind::Reentrant,
+                "read" => LockKind::Read,
+                "write" => LockKind::Write,
+                "semaphore" => LockKind::Semaphore,
+                _ => continue,
+            };
+            held.push(HeldLock {
+                key: key.strip_prefix(prefix).unwrap_or(key).to_owned(),
+                kind,
+                remaining: u64::try_from(ms).ok().map(Duration::from_millis),
+                holders: u32::try_from(holders).unwrap_or(u32::MAX),
+                limit: (kind == LockKind::Semaphore).then(|| u32::try_from(limit).unwrap_or(0)),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// One `SCAN` step on `node` (or the connection's own server).
+fn scan(
+    con: &mut Connection,
+    node: Option<&(String, u16)>,
+    cursor: u64,
+    matching: &str,
+) -> Result<(u64, Vec<String>), Error> {
+    let mut cmd = redis::cmd("SCAN");
+    cmd.arg(cursor)
+        .arg("MATCH")
+        .arg(matching)
+        .arg("COUNT")
+        .arg(BATCH);
+    let reply: Value = match node {
+        Some((host, port)) => {
+            let routed = con.on_cluster(|cluster| {
+                cluster.route_command(
+                    &cmd,
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                        host: host.clone(),
+                        port: *port,
+                    }),
+                )
+            });
+            match routed {
+                Some(reply) => reply.map_err(Error::Redis)?,
+                None => cmd.query(con).map_err(Error::Redis)?,
+            }
+        }
+        None => cmd.query(con).map_err(Error::Redis)?,
+    };
+    let (next, keys): (String, Vec<String>) =
+        redis::from_redis_value(reply).map_err(|e| Error::Redis(e.into()))?;
+    let next = next.parse::<u64>().map_err(|_| {
+        Error::Redis(redis::RedisError::from((
+            redis::ErrorKind::Parse,
+            "SCAN returned a cursor that is not a number",
+        )))
+    })?;
+    Ok((next, keys))
+}
+
+/// The primaries of a cluster (`CLUSTER SLOTS`), or `None` elsewhere.
+fn primaries(con: &mut Connection) -> redis::RedisResult<Option<Vec<(String, u16)>>> {
+    let slots = con.on_cluster(|cluster| {
+        cluster.route_command(
+            redis::cmd("CLUSTER").arg("SLOTS"),
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+        )
+    });
+    let Some(slots) = slots else {
+        return Ok(None);
+    };
+    // [[start, end, [host, port, id, ...], replicas...], ...]
+    let ranges: Vec<Vec<Value>> = redis::from_redis_value(slots?)?;
+    let mut nodes: Vec<(String, u16)> = Vec::new();
+    for range in ranges {
+        let Some(primary) = range.into_iter().nth(2) else {
+            continue;
+        };
+        let Ok(fields) = redis::from_redis_value::<Vec<Value>>(primary) else {
+            continue;
+        };
+        let mut fields = fields.into_iter();
+        let (Some(host), Some(port)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let (Ok(host), Ok(port)) = (
+            redis::from_redis_value::<String>(host),
+            redis::from_redis_value::<u16>(port),
+        ) else {
+            continue;
+        };
+        if !nodes.contains(&(host.clone(), port)) {
+            nodes.push((host, port));
+        }
+    }
+    Ok(Some(nodes))
+}
+
+/// `text` matched literally by a `SCAN MATCH` glob.
+fn glob_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_is_matched_literally() {
+        assert_eq!(glob_escape("team*A:"), "team\\*A:");
+        assert_eq!(glob_escape("a[1]?\\"), "a\\[1\\]\\?\\\\");
+        assert_eq!(glob_escape("plain:"), "plain:");
+    }
+}
