@@ -179,10 +179,16 @@ impl RedisCluster {
 
     /// The primary serving `slot`.
     pub fn primary_for_slot(&self, slot: u16) -> ClusterNode {
+        self.try_primary_for_slot(slot)
+            .expect("a primary for every slot")
+    }
+
+    /// The primary serving `slot`, if the first node that answers knows
+    /// one now (during a failover it may know none for a moment).
+    pub fn try_primary_for_slot(&self, slot: u16) -> Option<ClusterNode> {
         self.topology()
             .into_iter()
             .find(|n| n.primary && n.slots.iter().any(|(a, b)| (*a..=*b).contains(&slot)))
-            .expect("a primary for every slot")
     }
 
     /// The primary serving `key`.
