@@ -161,7 +161,9 @@ pub enum Error {
         detail: String,
     },
     /// The server refuses a command the crate needs (renamed or disabled,
-    /// as managed and proxy services do): nothing was acquired.
+    /// as managed and proxy services do). The refused command did not run;
+    /// a lock it was meant to take is not taken, and a lock taken before
+    /// (a `WAIT` after the grant) is given back by the client's cleanup.
     #[error("the server refuses {command}, which {needed_by} needs ({detail})")]
     Unsupported {
         /// The command, as the server named it.
@@ -309,25 +311,21 @@ impl Error {
     }
 }
 
-/// A server's "unknown command" (a command renamed away or disabled) as
-/// [`Error::Unsupported`], naming what needs the command.
+/// A server's "unknown command" for a command the crate sent itself (one
+/// renamed away or disabled) as [`Error::Unsupported`], naming what needs
+/// it. The command was refused, so nothing ran. (A command refused inside
+/// a script stays [`Error::Redis`]: the script may have written before it.)
 fn unsupported(err: &redis::RedisError) -> Option<Error> {
     let detail = err.detail()?;
     let command = detail
         .strip_prefix("unknown command '")
-        .and_then(|rest| rest.split('\'').next())
-        .map(str::to_owned)
-        .or_else(|| {
-            detail
-                .contains("Unknown Redis command called from script")
-                .then(|| "a command a script calls".to_owned())
-        })?;
+        .and_then(|rest| rest.split('\'').next())?
+        .to_owned();
     let needed_by = match command.to_ascii_uppercase().as_str() {
         "WAIT" => "min_replicas (turn it off for this server)",
         "SCRIPT" | "EVAL" | "EVALSHA" => {
-            "every lock type (they run Lua scripts; this server cannot host redmutex locks)"
+            "every lock type but the plain lock's quick path (they run Lua scripts)"
         }
-        "INCR" => "fencing (turn it off for this server)",
         _ => "redmutex (see the README's ACL rules for the commands it uses)",
     };
     Some(Error::Unsupported {

@@ -375,6 +375,43 @@ fn cluster_and_sentinel_deployments_are_chosen_by_flags() {
         assert_eq!(json["token"], "someone", "{key}");
     }
 
+    // `list` on the cluster: a lock, permits and a reentrant hold on keys
+    // of different primaries, found by SCAN on each.
+    let client = cluster.lock_client();
+    let keys = cluster.key_per_primary("ops");
+    let sem = redmutex::Semaphore::new(&client, keys[1].clone(), 3);
+    let reentrant = redmutex::ReentrantLock::new(&client, keys[2].clone());
+    let held = (
+        redmutex::DistributedLock::new(&client, keys[0].clone())
+            .lock()
+            .expect("lock"),
+        sem.acquire().expect("permit"),
+        sem.acquire().expect("permit"),
+        reentrant.lock().expect("hold"),
+        reentrant.lock().expect("hold again"),
+    );
+    let list = Command::cargo_bin("redmutex")
+        .expect("the redmutex binary")
+        .args(["--cluster", "--url", &nodes, "list", "ops*"])
+        .output()
+        .expect("list on the cluster");
+    let table = String::from_utf8_lossy(&list.stdout);
+    println!("redmutex --cluster list 'ops*':\n{table}");
+    assert_eq!(list.status.code(), Some(0), "{list:?}");
+    for (key, kind, holders) in [
+        (&keys[0], "lock", "1"),
+        (&keys[1], "semaphore", "2 of 3"),
+        (&keys[2], "reentrant", "2"),
+    ] {
+        assert!(
+            table.lines().any(|line| line.starts_with(key.as_str())
+                && line.contains(kind)
+                && line.trim_end().ends_with(holders)),
+            "{key} {kind} {holders}: {table}"
+        );
+    }
+    drop(held);
+
     let set = support::SentinelSet::start();
     let sentinels = set.sentinel_urls().join(",");
     let run_via_sentinel = || {
@@ -839,12 +876,12 @@ fn min_hold_quiet_if_held_and_max_run() {
     let dir = tempfile::tempdir().expect("tempdir");
     let done = dir.path().join("done");
     let mut first = redmutex(&server)
-        .args(["run", "--min-hold", "4s", "cron", "--", "touch"])
+        .args(["run", "--min-hold", "6s", "cron", "--", "touch"])
         .arg(&done)
         .spawn()
         .expect("first run");
     assert!(wait_until(Duration::from_secs(10), || done.exists()));
-    // The command is over; the lock is still held for the rest of 4 s.
+    // The command is over; the lock is still held for the rest of 6 s.
     let ran = dir.path().join("ran");
     let conflict = redmutex(&server)
         .args(["run", "--no-wait", "cron", "--", "touch"])
@@ -976,6 +1013,16 @@ fn list_shows_every_lock_type_and_never_a_token() {
     let sem = Semaphore::new(&client, "jobs:sem", 3);
     let permits = (sem.acquire().expect("p1"), sem.acquire().expect("p2"));
     let _: () = server.conn().set("other", "x").expect("SET");
+    // A forced release leaves a marker holding the deleted token: not a lock.
+    let forced = DistributedLock::new(&client, "jobs:forced");
+    std::mem::forget(forced.lock().expect("forced"));
+    assert!(
+        redmutex(&server)
+            .args(["release", "jobs:forced", "--force"])
+            .status()
+            .expect("release --force")
+            .success()
+    );
 
     let out = redmutex(&server)
         .args(["list", "jobs:*", "--json"])

@@ -30,7 +30,12 @@ fn without_pub_sub_waiters_poll_and_releases_succeed() {
         let lock = DistributedLock::with_options(&waiter, "k", options.clone());
         move || lock.lock().map(|guard| guard.unlock())
     });
-    std::thread::sleep(Duration::from_millis(100)); // usually waiting by now
+    // Released only once the waiter has asked Redis again after its first
+    // try: it is waiting, by polling.
+    assert!(wait_until(Duration::from_secs(5), || waiter
+        .stats()
+        .commands
+        >= 2));
     guard
         .unlock()
         .expect("a release without PUBLISH is still a release");
@@ -97,4 +102,13 @@ fn a_server_without_scripts_is_told_apart_from_a_failing_one() {
     }
     assert!(!exists(&server, "k"), "nothing was set");
     assert!(!err.is_connection(), "no retry fixes it");
+
+    // The plain lock's quick `SET NX` needs no script; its release falls
+    // back to WATCH/MULTI instead of leaving the key for its ttl.
+    let plain = DistributedLock::new(&client, "plain");
+    let guard = plain.try_lock().expect("try").expect("SET NX");
+    guard.unlock().expect("released without a script");
+    assert!(!exists(&server, "plain"));
+    drop(plain.try_lock().expect("try").expect("again"));
+    assert!(!exists(&server, "plain"), "dropped: released the same way");
 }

@@ -552,8 +552,13 @@ fn waiters_behind_their_own_clients_permits_see_releases_expiries_and_a_raised_l
         SemaphoreOptions::from(options()).fencing(true),
     );
     let (a, b) = (fenced.acquire().expect("a"), fenced.acquire().expect("b"));
+    let before = client.stats().commands;
     let waiter = waits(&fenced);
-    std::thread::sleep(Duration::from_millis(50)); // usually queued by now
+    // Queued: its head has asked Redis (the poll behind its own client's
+    // permits) at least once.
+    assert!(wait_until(Duration::from_secs(5), || {
+        client.stats().commands > before
+    }));
     let a_id = a.id().to_owned();
     a.release().expect("release");
     let got = waiter

@@ -13,6 +13,7 @@ use crate::conn::policy::Op;
 use crate::conn::stats::LockKind;
 use crate::error::Error;
 use crate::script;
+use crate::script::names::is_auxiliary;
 
 /// How many keys one `SCAN` step asks for, and one pipeline inspects.
 const BATCH: u64 = 500;
@@ -109,8 +110,9 @@ impl LockClient {
                     listing.complete = false;
                     break 'nodes;
                 }
-                let (next, keys) = scan(&mut con, node.as_ref(), cursor, &matching)?;
+                let (next, mut keys) = scan(&mut con, node.as_ref(), cursor, &matching)?;
                 listing.scanned = listing.scanned.saturating_add(keys.len() as u64);
+                keys.retain(|key| !is_auxiliary(key.strip_prefix(prefix).unwrap_or(key)));
                 self.inspect(&keys, prefix, &mut listing.held)?;
                 progress(listing.scanned);
                 cursor = next;

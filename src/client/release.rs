@@ -292,6 +292,31 @@ pub(crate) fn release(
     token: &str,
     how: crate::client::options::Release,
 ) -> Result<Option<u64>, Error> {
+    let released = release_as(client, key, token, how);
+    // A server without scripts (SCRIPT or EVALSHA renamed away) still let
+    // the plain `SET NX` take the lock: release it with WATCH/MULTI rather
+    // than leave it for its ttl. Nothing ran (the command was refused), so
+    // the second way is not a second release.
+    match released {
+        Err(Error::Unsupported { ref command, .. })
+            if how == crate::client::options::Release::Lua
+                && matches!(command.to_ascii_uppercase().as_str(), "SCRIPT" | "EVALSHA")
+                && client
+                    .check_release(crate::client::options::Release::Watch)
+                    .is_ok() =>
+        {
+            release_as(client, key, token, crate::client::options::Release::Watch)
+        }
+        other => other,
+    }
+}
+
+fn release_as(
+    client: &crate::client::LockClient,
+    key: &str,
+    token: &str,
+    how: crate::client::options::Release,
+) -> Result<Option<u64>, Error> {
     let channel = client.names().release_channel(key);
     let (marker_key, millis) = marker_of(client, key, token);
     let marker = Marker {

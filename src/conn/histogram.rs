@@ -3,7 +3,7 @@
 //! buckets per power of two, so a quantile is off by at most 12.5 %), one
 //! atomic counter each, and the exact maximum.
 //!
-//! Recording is three relaxed atomic operations and never allocates or
+//! Recording is two relaxed atomic operations and never allocates or
 //! locks; a snapshot reads the buckets one by one, so it may straddle a
 //! concurrent record (a count off by one, never a torn value).
 
@@ -48,7 +48,6 @@ fn upper_bound(index: usize) -> u64 {
 /// Durations recorded from any thread.
 pub(crate) struct Histogram {
     buckets: [AtomicU64; BUCKETS],
-    count: AtomicU64,
     max_micros: AtomicU64,
 }
 
@@ -56,7 +55,6 @@ impl Default for Histogram {
     fn default() -> Self {
         Histogram {
             buckets: std::array::from_fn(|_| AtomicU64::new(0)),
-            count: AtomicU64::new(0),
             max_micros: AtomicU64::new(0),
         }
     }
@@ -66,7 +64,6 @@ impl Histogram {
     pub(crate) fn record(&self, value: Duration) {
         let micros = u64::try_from(value.as_micros()).unwrap_or(u64::MAX);
         self.buckets[bucket(micros)].fetch_add(1, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
         self.max_micros.fetch_max(micros, Ordering::Relaxed);
     }
 

@@ -77,7 +77,8 @@ pub struct KindStats {
     pub timeouts: u64,
     /// Renewals sent for it (by the watchdog).
     pub renewals: u64,
-    /// Renewals that failed to reach Redis or to get an answer.
+    /// Renewals that failed: no answer, or an error reply (a renewal that
+    /// found the lease gone is a loss instead).
     pub renewal_failures: u64,
     /// Leases found lost: gone from Redis or taken by another owner (by
     /// the watchdog, `extend` or the release), run out while Redis could
@@ -92,9 +93,9 @@ pub struct KindStats {
 }
 
 impl KindStats {
-    /// Errors of acquisitions, releases and renewals calls of this lock
-    /// type, of one [`Error::kind`] (a timeout counts in
-    /// [`KindStats::timeouts`] instead).
+    /// Errors of acquisitions and releases of this lock type, of one
+    /// [`Error::kind`] (a timeout counts in [`KindStats::timeouts`], a
+    /// release that found the lease gone in [`KindStats::losses`]).
     pub fn errors(&self, kind: &str) -> u64 {
         Error::KINDS
             .iter()
@@ -279,14 +280,17 @@ impl Stats {
     pub(crate) fn hold_ended(
         &self,
         tag: Tag,
-        since: Instant,
+        since: Option<Instant>,
         lost: bool,
         result: Result<(), &Error>,
     ) {
-        let held = since.elapsed();
-        let counters = self.of(tag.kind);
-        counters.hold.record(held);
-        export::hold_ended(tag, held);
+        // `None`: handed over but never taken (passed on, or released as an
+        // orphan): nobody held it, so no hold time.
+        if let Some(since) = since {
+            let held = since.elapsed();
+            self.of(tag.kind).hold.record(held);
+            export::hold_ended(tag, held);
+        }
         match result {
             Err(err) if err.is_not_held() => self.lost(tag),
             Err(err) => {

@@ -163,6 +163,10 @@ impl std::fmt::Debug for Nodes {
 /// connection timeouts.
 const NODE_OP_WAIT: Duration = Duration::from_secs(5);
 
+/// How a round's `Quorum` error names a node that refused: the lock is
+/// another owner's there.
+const HELD_ELSEWHERE: &str = "held by another owner";
+
 /// What one node said to one request.
 enum Reply {
     Granted,
@@ -275,9 +279,20 @@ impl RedLock {
                 })
             })
         });
+        // The last round's `Quorum` with every node that did not grant it
+        // held by another owner: held elsewhere, a timeout for the stats.
+        let outcome = match &guard {
+            Ok(_) => Ok(true),
+            Err(Error::Quorum { failed, .. })
+                if failed.iter().all(|f| f.ends_with(HELD_ELSEWHERE)) =>
+            {
+                Ok(false)
+            }
+            Err(err) => Err(err),
+        };
         self.meter
             .counters()
-            .acquire_ended(self.tag(), started, guard.as_ref().map(|_| true));
+            .acquire_ended(self.tag(), started, outcome);
         guard
     }
 
@@ -414,7 +429,7 @@ impl RedLock {
             .enumerate()
             .filter_map(|(node, answer)| match answer {
                 Some(Reply::Granted) => None,
-                Some(Reply::Refused) => Some(format!("node {node}: held by another owner")),
+                Some(Reply::Refused) => Some(format!("node {node}: {HELD_ELSEWHERE}")),
                 Some(Reply::Failed(why)) => Some(format!("node {node}: {why}")),
                 None => Some(format!("node {node}: no answer within {timeout:?}")),
             })
@@ -549,7 +564,7 @@ impl RedLockGuard {
         let result = self.let_go();
         self.meter.counters().hold_ended(
             self.tag,
-            self.held_since,
+            Some(self.held_since),
             false,
             result.as_ref().map(|_| ()),
         );

@@ -477,7 +477,7 @@ impl RwGuard {
         let result = self.let_go();
         self.client.counters().hold_ended(
             self.tag,
-            self.held_since,
+            Some(self.held_since),
             false,
             result.as_ref().map(|_| ()),
         );

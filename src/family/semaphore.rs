@@ -542,6 +542,7 @@ impl Contender for Take<'_> {
         }
         let semaphore = self.semaphore;
         semaphore.client.counters().handed_over(semaphore.tag());
+        permit.held_since = Some(Instant::now());
         Ok(Some(permit))
     }
 }
@@ -576,8 +577,9 @@ pub struct Permit {
     limit: u32,
     /// For the client's stats: the lock type and key class.
     tag: Tag,
-    /// When this holder got the permit (granted, or handed over to it).
-    held_since: Instant,
+    /// When this holder got the permit (granted, or a handoff accepted);
+    /// `None` while a handed-over permit is not yet accepted.
+    held_since: Option<Instant>,
 }
 
 impl std::fmt::Debug for Permit {
@@ -617,6 +619,7 @@ impl Permit {
         };
         let mut permit = Permit::handed_over(semaphore, fresh);
         permit.fence = fence;
+        permit.held_since = Some(Instant::now());
         // While this client's threads hold every permit, its queued threads
         // wait for one of them instead of asking Redis. By the local clock
         // only: renewals by the watchdog do not move it, so a long hold
@@ -696,7 +699,7 @@ impl Permit {
             queued: options.wait_mode == WaitMode::Notify,
             limit: semaphore.permits,
             tag: semaphore.tag(),
-            held_since: now,
+            held_since: None,
         }
     }
 
@@ -710,6 +713,8 @@ impl Permit {
         if let Some(entry) = &self.watch {
             self.client.watchdog().unwatch(entry);
         }
+        // A place is free by this client's count: the head asks Redis.
+        self.local.queues.released(&self.queue_key, None);
     }
 
     /// Whether giving this permit back may pass it to a queued thread of
@@ -895,6 +900,7 @@ impl Permit {
         // it, and the answer is Redis's.)
         if let Some(reason @ (LossReason::Expired | LossReason::OwnedByOther)) = self.loss.reason()
         {
+            self.local.queues.released(&self.queue_key, None);
             return Err(Error::not_held(&self.key, reason.not_held_reason()));
         }
         let released = release_id(&self.client, &self.key, &self.id);

@@ -114,8 +114,9 @@ pub(crate) struct Lease {
     pub(crate) loss: Arc<LossState>,
     /// For the client's stats: the lock type and key class.
     tag: Tag,
-    /// When this holder got the lease (acquired, or handed over to it).
-    held_since: Instant,
+    /// When this holder got the lease (acquired, or a handoff accepted);
+    /// `None` while a handed-over lease is not yet accepted.
+    held_since: Cell<Option<Instant>>,
 }
 
 impl Lease {
@@ -167,7 +168,7 @@ impl Lease {
             watch,
             loss,
             tag: tag_of(options),
-            held_since: Instant::now(),
+            held_since: Cell::new(Some(Instant::now())),
         }
     }
 
@@ -195,8 +196,13 @@ impl Lease {
             watch: handoff.watch,
             loss: handoff.loss,
             tag: tag_of(options),
-            held_since: Instant::now(),
+            held_since: Cell::new(None),
         }
+    }
+
+    /// A handed-over lease was accepted: its hold begins now.
+    pub(crate) fn accepted(&self) {
+        self.held_since.set(Some(Instant::now()));
     }
 
     /// Applies a receiver's options to a lease handed over to it: its
@@ -260,7 +266,7 @@ impl Lease {
         if !self.released.replace(true) {
             self.client
                 .counters()
-                .hold_ended(self.tag, self.held_since, true, Ok(()));
+                .hold_ended(self.tag, self.held_since.get(), true, Ok(()));
             holds::leave(self.client.id(), &self.key, self);
             if let Some(entry) = &self.watch {
                 self.client.watchdog().unwatch(entry);
@@ -340,7 +346,7 @@ impl Lease {
         let result = self.let_go(how);
         self.client.counters().hold_ended(
             self.tag,
-            self.held_since,
+            self.held_since.get(),
             self.is_lost(),
             result.as_ref().map(|_| ()),
         );

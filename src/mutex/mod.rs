@@ -218,6 +218,10 @@ impl DistributedLock {
         }
         self.client.check_release(self.options.release)?;
         self.client.check_key(&self.key)?;
+        // A token of a thread of this client: its queued threads must not
+        // wait for a handoff of a lock released under it (before the
+        // release, so the wake-up it causes finds the head free to ask).
+        self.local.queues.unhold(&self.key, token);
         release_and_tell(
             &self.client,
             &self.local,
@@ -266,6 +270,9 @@ impl DistributedLock {
                 .arg(millis)
                 .invoke(con)
         })?;
+        if let Some(token) = &token {
+            self.local.queues.unhold(key, token);
+        }
         self.local.queues.released(key, None);
         Ok(token)
     }
@@ -561,11 +568,13 @@ impl DistributedLock {
         let ttl = Duration::from_millis(millis);
         if lease.validity() >= ttl / 2 {
             self.client.counters().handed_over(tag_of(&self.options));
+            lease.accepted();
             return Ok(Some(lease));
         }
         match lease.extend(ttl) {
             Ok(()) => {
                 self.client.counters().handed_over(tag_of(&self.options));
+                lease.accepted();
                 Ok(Some(lease))
             }
             Err(err) if err.is_not_held() => {

@@ -71,6 +71,18 @@ pub(crate) fn marker_anywhere(key: &str, id: &str) -> String {
     release_marker(key, id).unwrap_or_else(|| format!("redmutex:released:{key}:{id}"))
 }
 
+/// Whether `name` (without the client's prefix) is one of the names the
+/// crate derives from a lock key, not a lock: a fencing counter or a
+/// release marker (a forced release's marker holds a token, so its value
+/// alone would pass for a lock).
+pub(crate) fn is_auxiliary(name: &str) -> bool {
+    name.starts_with("redmutex:released:")
+        || name.starts_with("redmutex:fence:")
+        || name.contains("}:released:")
+        || name.contains("}:fence:")
+        || name.ends_with("}:fence")
+}
+
 /// Whether [`fence_key`] of `key` hashes to `key`'s cluster slot.
 pub(crate) fn same_slot_fence(key: &str) -> bool {
     hash_tag(key).is_some() || !key.contains('}')
@@ -212,6 +224,15 @@ mod tests {
         assert_eq!(hash_tag(&release_channel("user:{42}:lock")), Some("42"));
         assert_eq!(release_channel("odd}key"), "redmutex:released:odd}key");
         assert_ne!(release_channel("a"), release_channel("b"));
+    }
+
+    #[test]
+    fn derived_names_are_told_apart_from_locks() {
+        for key in ["jobs:x", "{tag}:x", "odd}key"] {
+            assert!(is_auxiliary(&fence_key(key)), "{key}");
+            assert!(is_auxiliary(&marker_anywhere(key, "id")), "{key}");
+            assert!(!is_auxiliary(key), "{key}");
+        }
     }
 
     #[test]

@@ -91,10 +91,6 @@ impl<G> QueueState<G> {
             .filter(|slot| slot.takes_handoffs)
     }
 
-    fn has_gifts(&self) -> bool {
-        self.waiters.iter().any(|slot| slot.gift.is_some())
-    }
-
     fn notify_head(&self) {
         if let Some(slot) = self.waiters.front() {
             slot.wake.notify_one();
@@ -281,7 +277,18 @@ impl<G: Send + 'static> Queues<G> {
             Some(queue) => queue.clone(),
             None => return Err(lease),
         };
+        // A lock has one lease: a second gift while one is pending would
+        // make two holders here (a lease lost in Redis and taken again while
+        // still valid by the local clock); it is released in Redis instead.
+        let exclusive = self
+            .held
+            .lock()
+            .get(key)
+            .is_none_or(|holds| holds.capacity == Capacity::One);
         let mut state = queue.state.lock();
+        if exclusive && state.waiters.iter().any(|slot| slot.gift.is_some()) {
+            return Err(lease);
+        }
         match state.next_receiver() {
             Some(slot) => {
                 slot.gift = Some(lease);
@@ -347,6 +354,7 @@ impl<G: Send + 'static> Waiter<'_, G> {
     /// `deadline` passes (`None`: no deadline).
     pub(crate) fn wait_turn(&self, deadline: Option<Instant>) -> Turn<G> {
         let mut state = self.queue.state.lock();
+        still_waiting(&mut state, self.ticket);
         loop {
             if let Some(lease) = take_gift(&mut state, self.ticket) {
                 return Turn::Gift(lease);
@@ -383,6 +391,7 @@ impl<G: Send + 'static> Waiter<'_, G> {
     /// (a wake-up since `seen`), a lease is handed over, or `until`.
     pub(crate) fn wait_release(&self, seen: u64, until: Instant) -> Option<G> {
         let mut state = self.queue.state.lock();
+        still_waiting(&mut state, self.ticket);
         loop {
             if let Some(lease) = take_gift(&mut state, self.ticket) {
                 return Some(lease);
@@ -448,7 +457,7 @@ impl<G: Send + 'static> Waiter<'_, G> {
                 None => orphan = Some(lease),
             }
         }
-        let subscription = if state.waiters.is_empty() && !state.has_gifts() {
+        let subscription = if state.waiters.is_empty() {
             if by_key
                 .get(&self.key)
                 .is_some_and(|q| Arc::ptr_eq(q, &self.queue))
@@ -471,6 +480,14 @@ impl<G: Send + 'static> Drop for Waiter<'_, G> {
         if let Some(orphan) = self.leave_inner() {
             (self.on_orphan)(orphan);
         }
+    }
+}
+
+/// A waiter that took a gift waits again (the lease was found lost on the
+/// way): it may be offered another.
+fn still_waiting<G>(state: &mut QueueState<G>, ticket: u64) {
+    if let Some(slot) = state.waiters.iter_mut().find(|slot| slot.ticket == ticket) {
+        slot.served = false;
     }
 }
 
@@ -540,6 +557,11 @@ mod tests {
     #[test]
     fn leases_released_together_reach_as_many_waiters_in_order() {
         let queues = Queues::<Handoff>::default();
+        // A semaphore's permits, all held by this client.
+        let soon = Instant::now() + Duration::from_secs(5);
+        for held in ["a", "b", "c"] {
+            queues.hold("k", held, soon, Capacity::Limit(3));
+        }
         let orphans = RefCell::new(Vec::new());
         let collect = |h: Handoff| orphans.borrow_mut().push(h.token);
         let first = queues.enqueue("k", true, &collect);
@@ -562,6 +584,54 @@ mod tests {
         drop(second); // leaves without taking t2: nobody is left
         assert_eq!(*orphans.borrow(), vec!["t2".to_string()]);
         assert!(!queues.has_waiters("k"));
+    }
+
+    #[test]
+    fn a_waiter_whose_gift_was_lost_on_the_way_can_be_offered_another() {
+        let queues = Queues::<Handoff>::default();
+        let ignore = |_: Handoff| {};
+        queues.hold(
+            "k",
+            "a",
+            Instant::now() + Duration::from_secs(5),
+            Capacity::Limit(3),
+        );
+        let first = queues.enqueue("k", true, &ignore);
+        let second = queues.enqueue("k", true, &ignore);
+        assert!(queues.offer("k", lease("lost")).is_ok());
+        assert!(matches!(first.wait_turn(now()), Turn::Gift(_)));
+        // Found lost: the first waiter waits on, and is still first in line.
+        assert!(
+            first
+                .wait_release(first.wakeups(), Instant::now())
+                .is_none()
+        );
+        assert!(queues.offer("k", lease("next")).is_ok());
+        match first.wait_turn(now()) {
+            Turn::Gift(handoff) => assert_eq!(handoff.token, "next"),
+            _ => panic!("the first in line gets the next one"),
+        }
+        drop(second);
+    }
+
+    #[test]
+    fn a_lock_never_has_two_gifts_pending() {
+        let queues = Queues::<Handoff>::default();
+        let ignore = |_: Handoff| {};
+        queues.hold(
+            "k",
+            "t",
+            Instant::now() + Duration::from_secs(5),
+            Capacity::One,
+        );
+        let first = queues.enqueue("k", true, &ignore);
+        let _second = queues.enqueue("k", true, &ignore);
+        assert!(queues.offer("k", lease("t")).is_ok());
+        assert!(
+            queues.offer("k", lease("u")).is_err(),
+            "released in Redis instead"
+        );
+        drop(first);
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! | 3 | `list`: cut short by `--timeout` (what was found is printed) |
 //! | 69 | Redis unreachable or failing (`EX_UNAVAILABLE`) |
 //! | 75 | `run`: the lock was lost, or could not be renewed, while the command ran; it was terminated (`EX_TEMPFAIL`) |
+//! | 124 | `run --max-run`: the command ran too long and was terminated |
 //! | 128+N | `run`: signal N arrived while waiting for the lock; the command was not run |
 //! | 126 | `run`: the command cannot be executed |
 //! | 127 | `run`: the command was not found |

@@ -330,13 +330,17 @@ enum Ending {
     MaxRun,
 }
 
-/// The key of a run without one: the same for the same command line on
-/// every host and version (FNV-1a, 64 bits, over the arguments' bytes, each
-/// ended by a NUL).
-fn derived_key(command: &[OsString]) -> String {
+/// The key of a run without one: the same for the same command line (and
+/// `--limit`) on every host and version (FNV-1a, 64 bits, over the
+/// arguments' bytes, each ended by a NUL). As with run-one, it is the
+/// command line as typed: `./job.sh` in two directories is one key.
+fn derived_key(command: &[OsString], limit: Option<u32>) -> String {
     use std::os::unix::ffi::OsStrExt;
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for arg in command {
+    // A semaphore's key apart from the lock's of the same command (one
+    // would find the other's type in it).
+    let kind = limit.map(|n| OsString::from(format!("--limit {n}")));
+    for arg in kind.iter().chain(command) {
         for byte in arg.as_bytes().iter().chain(&[0]) {
             hash ^= u64::from(*byte);
             hash = hash.wrapping_mul(0x0100_0000_01b3);
@@ -352,7 +356,7 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
         }
         Some(key) => key.clone(),
         None => {
-            let key = derived_key(&args.command);
+            let key = derived_key(&args.command, args.limit);
             verbose(
                 cli,
                 format_args!("the key is {key:?} (derived from the command line)"),
@@ -488,6 +492,7 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
     let mut ending = Ending::Running;
     let mut terminated_at: Option<Instant> = None;
     let mut killed = false;
+    let mut stop_asked = false;
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => break status,
@@ -505,32 +510,43 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
         if let Some(signal) = forwarded.take() {
             verbose(cli, format_args!("passing signal {signal} to the command"));
             signal_group(pgid, signal);
+            // Asked to stop: no --min-hold after the command ends.
+            stop_asked = true;
         }
         let validity = guard.validity();
-        if matches!(ending, Ending::Running) {
-            if let Some(reason) = lost.reason() {
-                ending = Ending::Lost(reason);
+        // The lease is watched after --max-run fired too: a loss while the
+        // command is being terminated ends it as fast as any loss does.
+        if matches!(ending, Ending::Running | Ending::MaxRun) {
+            let next = if let Some(reason) = lost.reason() {
+                Ending::Lost(reason)
             } else if validity <= kill_after {
-                ending = Ending::LowValidity(validity);
-            } else if args.max_run.is_some_and(|d| started.elapsed() >= d) {
-                ending = Ending::MaxRun;
-            }
-            match &ending {
-                Ending::Running => {}
-                Ending::MaxRun => {
-                    eprintln!("redmutex: the command ran longer than --max-run; terminating it")
+                Ending::LowValidity(validity)
+            } else if matches!(ending, Ending::Running)
+                && args.max_run.is_some_and(|d| started.elapsed() >= d)
+            {
+                Ending::MaxRun
+            } else {
+                Ending::Running
+            };
+            if !matches!(next, Ending::Running) {
+                match &next {
+                    Ending::Running => {}
+                    Ending::MaxRun => {
+                        eprintln!("redmutex: the command ran longer than --max-run; terminating it")
+                    }
+                    Ending::Lost(reason) => {
+                        eprintln!("redmutex: lost {what} ({reason}); terminating the command")
+                    }
+                    Ending::LowValidity(left) => eprintln!(
+                        "redmutex: cannot renew {what} and {left:?} of it is left; \
+                         terminating the command before it runs out"
+                    ),
                 }
-                Ending::Lost(reason) => {
-                    eprintln!("redmutex: lost {what} ({reason}); terminating the command")
-                }
-                Ending::LowValidity(left) => eprintln!(
-                    "redmutex: cannot renew {what} and {left:?} of it is left; \
-                     terminating the command before it runs out"
-                ),
-            }
-            if !matches!(ending, Ending::Running) {
                 signal_group(pgid, libc::SIGTERM);
-                terminated_at = Some(Instant::now());
+                // A loss after --max-run keeps the first SIGTERM's time:
+                // its grace is the shorter one.
+                terminated_at.get_or_insert_with(Instant::now);
+                ending = next;
             }
         }
         // A lease running low: SIGKILL with a quarter of --kill-after left.
@@ -559,7 +575,7 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
         // Whatever the command left in its group does not run on unlocked.
         signal_group(pgid, libc::SIGKILL);
     }
-    if matches!(ending, Ending::Running | Ending::MaxRun) {
+    if matches!(ending, Ending::Running | Ending::MaxRun) && !stop_asked {
         hold_at_least(cli, args, started, &lost, &forwarded);
     }
     if matches!(ending, Ending::Lost(_) | Ending::LowValidity(_)) {
