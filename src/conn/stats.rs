@@ -265,6 +265,30 @@ impl Stats {
         export::acquire_ended(tag, waited, label);
     }
 
+    /// [`Stats::acquire_ended`] for an acquisition call's `result`, handed
+    /// back.
+    pub(crate) fn acquisition<T>(
+        &self,
+        tag: Tag,
+        started: Instant,
+        result: Result<Option<T>, Error>,
+    ) -> Result<Option<T>, Error> {
+        self.acquire_ended(tag, started, result.as_ref().map(Option::is_some));
+        result
+    }
+
+    /// [`Stats::hold_ended`] for a release's `result`, handed back.
+    pub(crate) fn release<T>(
+        &self,
+        tag: Tag,
+        since: Option<Instant>,
+        lost: bool,
+        result: Result<T, Error>,
+    ) -> Result<T, Error> {
+        self.hold_ended(tag, since, lost, result.as_ref().map(|_| ()));
+        result
+    }
+
     /// The lock of this acquisition was handed over by another thread.
     pub(crate) fn handed_over(&self, tag: Tag) {
         self.of(tag.kind)

@@ -338,12 +338,9 @@ impl RedLock {
             self.options.backoff,
             Waiting::Spin,
         );
-        self.meter.counters().acquire_ended(
-            self.tag(),
-            started,
-            result.as_ref().map(Option::is_some),
-        );
-        result
+        self.meter
+            .counters()
+            .acquisition(self.tag(), started, result)
     }
 
     /// This lock's stats tag.
@@ -562,13 +559,9 @@ impl RedLockGuard {
     fn release(&mut self) -> Result<(), Error> {
         self.released = true;
         let result = self.let_go();
-        self.meter.counters().hold_ended(
-            self.tag,
-            Some(self.held_since),
-            false,
-            result.as_ref().map(|_| ()),
-        );
-        result
+        self.meter
+            .counters()
+            .release(self.tag, Some(self.held_since), false, result)
     }
 
     fn let_go(&mut self) -> Result<(), Error> {

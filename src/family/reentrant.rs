@@ -180,12 +180,9 @@ impl ReentrantLock {
     fn acquire(&self, within: Within) -> Result<Option<ReentrantGuard>, Error> {
         let started = Instant::now();
         let result = self.acquire_inner(within);
-        self.client.counters().acquire_ended(
-            self.tag(),
-            started,
-            result.as_ref().map(Option::is_some),
-        );
-        result
+        self.client
+            .counters()
+            .acquisition(self.tag(), started, result)
     }
 
     fn acquire_inner(&self, within: Within) -> Result<Option<ReentrantGuard>, Error> {
@@ -395,13 +392,9 @@ impl ReentrantGuard {
     fn release(&mut self) -> Result<Unlocked, Error> {
         self.released = true;
         let result = self.let_go();
-        self.client.counters().hold_ended(
-            self.tag,
-            Some(self.held_since),
-            false,
-            result.as_ref().map(|_| ()),
-        );
-        result
+        self.client
+            .counters()
+            .release(self.tag, Some(self.held_since), false, result)
     }
 
     fn let_go(&mut self) -> Result<Unlocked, Error> {

@@ -238,12 +238,9 @@ impl RwLock {
     fn acquire(&self, mode: Mode, within: Within) -> Result<Option<RwGuard>, Error> {
         let started = Instant::now();
         let result = self.acquire_inner(mode, within);
-        self.client.counters().acquire_ended(
-            self.tag(mode),
-            started,
-            result.as_ref().map(Option::is_some),
-        );
-        result
+        self.client
+            .counters()
+            .acquisition(self.tag(mode), started, result)
     }
 
     fn acquire_inner(&self, mode: Mode, within: Within) -> Result<Option<RwGuard>, Error> {
@@ -475,13 +472,9 @@ impl RwGuard {
     fn release(&mut self) -> Result<(), Error> {
         self.released = true;
         let result = self.let_go();
-        self.client.counters().hold_ended(
-            self.tag,
-            Some(self.held_since),
-            false,
-            result.as_ref().map(|_| ()),
-        );
-        result
+        self.client
+            .counters()
+            .release(self.tag, Some(self.held_since), false, result)
     }
 
     fn let_go(&mut self) -> Result<(), Error> {

@@ -328,12 +328,9 @@ impl Semaphore {
     fn take(&self, within: Within) -> Result<Option<Permit>, Error> {
         let started = Instant::now();
         let result = self.take_inner(within);
-        self.client.counters().acquire_ended(
-            self.tag(),
-            started,
-            result.as_ref().map(Option::is_some),
-        );
-        result
+        self.client
+            .counters()
+            .acquisition(self.tag(), started, result)
     }
 
     fn take_inner(&self, within: Within) -> Result<Option<Permit>, Error> {
@@ -624,14 +621,7 @@ impl Permit {
         // wait for one of them instead of asking Redis. By the local clock
         // only: renewals by the watchdog do not move it, so a long hold
         // makes the head ask Redis again after a ttl, as without it.
-        if permit.queued {
-            permit.local.queues.hold(
-                &permit.queue_key,
-                &permit.id,
-                sent + ttl,
-                Capacity::Limit(permit.limit),
-            );
-        }
+        permit.count_held(sent, ttl);
         permit
     }
 
@@ -700,6 +690,19 @@ impl Permit {
             limit: semaphore.permits,
             tag: semaphore.tag(),
             held_since: None,
+        }
+    }
+
+    /// Counts this permit among the client's holds of the key until the
+    /// lease a request sent at `sent` for `ttl` gave it (local clock).
+    fn count_held(&self, sent: Instant, ttl: Duration) {
+        if self.queued {
+            self.local.queues.hold(
+                &self.queue_key,
+                &self.id,
+                sent + ttl,
+                Capacity::Limit(self.limit),
+            );
         }
     }
 
@@ -814,14 +817,7 @@ impl Permit {
                 self.ttl = ttl;
             }
         }
-        if self.queued {
-            self.local.queues.hold(
-                &self.queue_key,
-                &self.id,
-                sent + ttl,
-                Capacity::Limit(self.limit),
-            );
-        }
+        self.count_held(sent, ttl);
         Ok(())
     }
 
@@ -862,13 +858,10 @@ impl Permit {
     fn give_back(&mut self) -> Result<(), Error> {
         self.released = true;
         let result = self.let_go();
-        self.client.counters().hold_ended(
-            self.tag,
-            self.held_since,
-            self.is_lost(),
-            result.as_ref().map(|_| ()),
-        );
-        result
+        let lost = self.is_lost();
+        self.client
+            .counters()
+            .release(self.tag, self.held_since, lost, result)
     }
 
     fn let_go(&mut self) -> Result<(), Error> {

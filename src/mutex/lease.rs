@@ -344,13 +344,9 @@ impl Lease {
             return Ok(());
         }
         let result = self.let_go(how);
-        self.client.counters().hold_ended(
-            self.tag,
-            self.held_since.get(),
-            self.is_lost(),
-            result.as_ref().map(|_| ()),
-        );
-        result
+        self.client
+            .counters()
+            .release(self.tag, self.held_since.get(), self.is_lost(), result)
     }
 
     fn let_go(&self, how: Release) -> Result<(), Error> {

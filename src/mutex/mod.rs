@@ -280,12 +280,9 @@ impl DistributedLock {
     fn acquire(&self, within: Within) -> Result<Option<LockGuard>, Error> {
         let started = Instant::now();
         let result = self.acquire_inner(within);
-        self.client.counters().acquire_ended(
-            tag_of(&self.options),
-            started,
-            result.as_ref().map(Option::is_some),
-        );
-        result
+        self.client
+            .counters()
+            .acquisition(tag_of(&self.options), started, result)
     }
 
     fn acquire_inner(&self, within: Within) -> Result<Option<LockGuard>, Error> {
