@@ -517,3 +517,28 @@ fn a_force_release_sent_again_deletes_nothing_more() {
         "the lock taken in between survives the resend"
     );
 }
+
+/// `list`'s steps are reads: a lost reply to a `SCAN` step or to the
+/// inspect script's pipeline is resent on a fresh connection, and the
+/// listing is whole.
+#[test]
+fn a_listing_survives_lost_replies_to_its_scan_and_inspect_steps() {
+    const INSPECT: &str = include_str!("../lua/inspect.lua");
+    let server = server();
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy);
+    let guard = DistributedLock::with_options(&client, "listed", options())
+        .lock()
+        .expect("lock");
+    for pattern in ["SCAN".to_string(), sha(INSPECT)] {
+        let resends = client.stats().resends;
+        proxy.lose_reply(&pattern, 1);
+        let listing = client.list("*", Duration::from_secs(10)).expect("list");
+        assert_eq!(proxy.armed(), 0, "{pattern}: the reply was lost");
+        assert!(listing.complete);
+        assert_eq!(listing.held.len(), 1, "{pattern}: {listing:?}");
+        assert_eq!(listing.held[0].key, "listed");
+        assert!(client.stats().resends > resends, "{pattern}: resent");
+    }
+    guard.unlock().expect("unlock");
+}

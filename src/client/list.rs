@@ -92,8 +92,10 @@ impl LockClient {
         let deadline = Instant::now().checked_add(budget);
         let prefix = self.key_prefix();
         let matching = format!("{}{pattern}", glob_escape(prefix));
-        let mut con = self.connection()?;
-        let nodes = primaries(&mut con).map_err(Error::Redis)?;
+        // Every step is a read, resent on a fresh connection after a lost
+        // reply (a SCAN step with the same cursor answers the same way, or
+        // with keys seen again, which are counted once).
+        let nodes = self.run(Op::Read, &matching, |con, _| primaries(con))?;
         let mut listing = Listing {
             complete: true,
             ..Listing::default()
@@ -110,7 +112,9 @@ impl LockClient {
                     listing.complete = false;
                     break 'nodes;
                 }
-                let (next, mut keys) = scan(&mut con, node.as_ref(), cursor, &matching)?;
+                let (next, mut keys) = self.run(Op::Read, &matching, |con, _| {
+                    scan(con, node.as_ref(), cursor, &matching)
+                })?;
                 listing.scanned = listing.scanned.saturating_add(keys.len() as u64);
                 keys.retain(|key| !is_auxiliary(key.strip_prefix(prefix).unwrap_or(key)));
                 self.inspect(&keys, prefix, &mut listing.held)?;
@@ -184,7 +188,7 @@ fn scan(
     node: Option<&(String, u16)>,
     cursor: u64,
     matching: &str,
-) -> Result<(u64, Vec<String>), Error> {
+) -> redis::RedisResult<(u64, Vec<String>)> {
     let mut cmd = redis::cmd("SCAN");
     cmd.arg(cursor)
         .arg("MATCH")
@@ -203,19 +207,18 @@ fn scan(
                 )
             });
             match routed {
-                Some(reply) => reply.map_err(Error::Redis)?,
-                None => cmd.query(con).map_err(Error::Redis)?,
+                Some(reply) => reply?,
+                None => cmd.query(con)?,
             }
         }
-        None => cmd.query(con).map_err(Error::Redis)?,
+        None => cmd.query(con)?,
     };
-    let (next, keys): (String, Vec<String>) =
-        redis::from_redis_value(reply).map_err(|e| Error::Redis(e.into()))?;
+    let (next, keys): (String, Vec<String>) = redis::from_redis_value(reply)?;
     let next = next.parse::<u64>().map_err(|_| {
-        Error::Redis(redis::RedisError::from((
+        redis::RedisError::from((
             redis::ErrorKind::Parse,
             "SCAN returned a cursor that is not a number",
-        )))
+        ))
     })?;
     Ok((next, keys))
 }
