@@ -123,8 +123,19 @@
 //!
 //! [`WaitMode::Spin`] polls Redis with exponential backoff and full jitter:
 //! every waiter polls on its own, there is no ordering, and wake-up waits
-//! for the backoff. [`LockClient::stats`] counts commands, Redis
-//! acquisitions, handoffs and release messages.
+//! for the backoff.
+//!
+//! ## Operating it
+//!
+//! [`LockClient::stats`] counts commands, Redis acquisitions, handoffs and
+//! release messages, and per lock type ([`LockStats::kind`]) acquisitions,
+//! timeouts, losses, renewals, errors by [`Error::kind`] and wait and hold
+//! time [`Distribution`]s; the `metrics` feature reports the same through
+//! the `metrics` facade, labelled by lock type and a caller-chosen
+//! `key_class`. [`LockClient::list`] shows every held lock and semaphore
+//! under the client's prefix (kind, time left, holders; never a token). A
+//! server that refuses a command the crate needs gives
+//! [`Error::Unsupported`].
 //!
 //! ## Guarantees
 //!
