@@ -50,13 +50,18 @@ local function live(deadline)
   end
   return true
 end
-if values['limit'] then
-  local out = 0
+-- Fields named prefix..id whose deadline is still ahead.
+local function count_live(prefix)
+  local n = 0
   for name, v in pairs(values) do
-    if string.sub(name, 1, 2) == 'p:' and live(v) then
-      out = out + 1
+    if string.sub(name, 1, 2) == prefix and live(v) then
+      n = n + 1
     end
   end
+  return n
+end
+if values['limit'] then
+  local out = count_live('p:')
   if out == 0 then
     return {'', 0, 0, 0}
   end
@@ -74,12 +79,7 @@ end
 if values['w'] and live(values['wexp']) then
   return {'write', soonest - now, 1, 0}
 end
-local readers = 0
-for name, v in pairs(values) do
-  if string.sub(name, 1, 2) == 'r:' and live(v) then
-    readers = readers + 1
-  end
-end
+local readers = count_live('r:')
 if readers > 0 then
   return {'read', soonest - now, readers, 0}
 end
