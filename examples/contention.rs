@@ -5,7 +5,7 @@
 //!     [--threads N] [--processes P] [--keys K] [--secs S] \
 //!     [--release lua|watch|both] [--wait-mode spin|notify|both] [--no-handoff] \
 //!     [--handoff-budget HANDOFFS/MS] [--work none|redis|sleep:MS] [--url URL] \
-//!     [--limit N]
+//!     [--limit N] [--no-holder-metadata]
 //! ```
 //!
 //! With `--limit N` every wait mode also gets a semaphore row: the same
@@ -87,6 +87,9 @@ struct Args {
     /// Add a semaphore row per wait mode: permits of a semaphore of N.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     limit: Option<u32>,
+    /// Tokens without holder metadata (bare UUIDs), to measure its cost.
+    #[arg(long)]
+    no_holder_metadata: bool,
     /// Internal: run as a child worker process.
     #[arg(long, hide = true)]
     child: bool,
@@ -224,7 +227,7 @@ fn main() -> Result<(), Failure> {
         return child(&args);
     }
     let (_private, url) = support::server_or(args.url.as_deref());
-    let client = LockClient::open(&url)?;
+    let client = LockClient::open(&url)?.with_holder_metadata(!args.no_holder_metadata);
     let mut admin = redis::Client::open(url.as_str())?.get_connection()?;
 
     println!(
@@ -501,7 +504,7 @@ fn run_process(
     limit: Option<u32>,
     start: SystemTime,
 ) -> Result<Process, Failure> {
-    let client = LockClient::open(url)?;
+    let client = LockClient::open(url)?.with_holder_metadata(!args.no_holder_metadata);
     let run_for = Duration::from_secs_f64(args.secs);
     let locals: Arc<Vec<Local>> = Arc::new((0..args.keys).map(|_| Local::default()).collect());
     let options = LockOptions::default()
@@ -676,6 +679,9 @@ fn run_children(
             .stdout(Stdio::piped());
         if args.no_handoff {
             command.arg("--no-handoff");
+        }
+        if args.no_holder_metadata {
+            command.arg("--no-holder-metadata");
         }
         if let Some(limit) = limit {
             command.args(["--child-limit", &limit.to_string()]);

@@ -5,7 +5,8 @@
 --
 -- KEYS[1]  the lock key
 -- KEYS[2]  (optional) the key's fencing counter, in the same hash slot
--- ARGV[1]  this acquisition's token (a fresh UUID v4)
+-- ARGV[1]  this acquisition's token (a fresh UUID v4, then the holder metadata;
+--          see src/client/holder.rs)
 -- ARGV[2]  the lease in milliseconds (a positive integer)
 --
 -- Returns {acquired, pttl, fence}:

@@ -7,7 +7,7 @@
 -- KEYS[1]  the lock key (a hash)
 -- ARGV[1]  the owner id ("<process uuid>:<thread id>")
 -- ARGV[2]  the lease in milliseconds (a positive integer)
--- ARGV[3]  this hold's id (a fresh UUID v4)
+-- ARGV[3]  this hold's id (a fresh UUID v4, then the holder metadata)
 --
 -- Returns {count, pttl}:
 --   {n, 0}     acquired; n is the owner's number of holds now (1 = first)

@@ -7,7 +7,7 @@
 -- the lock by itself without touching anyone else's field.
 --
 -- KEYS[1]  the lock hash
--- ARGV[1]  this holder's token (a fresh UUID v4)
+-- ARGV[1]  this holder's token (a fresh UUID v4, then the holder metadata)
 -- ARGV[2]  'r' to read or 'w' to write
 -- ARGV[3]  the lease in milliseconds
 -- ARGV[4]  readers: 1 = enter even while writers wait (prefer readers)

@@ -10,7 +10,8 @@
 -- KEYS[1]  the semaphore hash
 -- KEYS[2]  (optional) the fencing counter, in the key's hash slot: each
 --          permit granted gets the counter after INCR
--- ARGV[1]  this permit's id, chosen by the client before sending (a UUID)
+-- ARGV[1]  this permit's id, chosen by the client before sending (a UUID,
+--          then the holder metadata)
 -- ARGV[2]  the limit this caller opened the semaphore with (>= 1)
 -- ARGV[3]  the lease in milliseconds (>= 1)
 --

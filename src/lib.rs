@@ -25,7 +25,7 @@
 //! ## How it works
 //!
 //! * **Acquire**: `SET key token NX PX ttl GET`, one round trip, with a fresh
-//!   UUID v4 token. [`DistributedLock::lock`], [`DistributedLock::try_lock_for`]
+//!   token (a UUID v4 and the [`Holder`] metadata). [`DistributedLock::lock`], [`DistributedLock::try_lock_for`]
 //!   and [`DistributedLock::try_lock_until`] retry with exponential backoff and
 //!   full jitter, never sleeping past the deadline, with one last attempt at it.
 //! * **Release** is owner-checked, by [`Release::Lua`] (one `EVALSHA`,
@@ -132,10 +132,12 @@
 //! timeouts, losses, renewals, errors by [`Error::kind`] and wait and hold
 //! time [`Distribution`]s; the `metrics` feature reports the same through
 //! the `metrics` facade, labelled by lock type and a caller-chosen
-//! `key_class`. [`LockClient::list`] shows every held lock and semaphore
-//! under the client's prefix (kind, time left, holders; never a token). A
-//! server that refuses a command the crate needs gives
-//! [`Error::Unsupported`].
+//! `key_class`. Every lease carries its [`Holder`] (host, pid, program,
+//! label, acquisition time by the server's clock) inside its token,
+//! written by the acquisition itself; [`LockClient::list`] shows every
+//! held lock and semaphore under the client's prefix (kind, time left,
+//! holders and who they are; never a token's secret). A server that
+//! refuses a command the crate needs gives [`Error::Unsupported`].
 //!
 //! ## Guarantees
 //!
@@ -235,6 +237,7 @@ mod script;
 mod wait;
 
 pub use client::builder::LockClientBuilder;
+pub use client::holder::Holder;
 pub use client::list::{HeldLock, Listing};
 pub use client::options::{
     Backoff, HandoffBudget, LeaseOptions, LockOptions, Release, SemaphoreOptions, WaitMode,

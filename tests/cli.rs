@@ -109,7 +109,11 @@ fn the_childs_exit_code_and_environment_pass_through() {
     let fields: Vec<&str> = stdout.split_whitespace().collect();
     assert_eq!(fields.len(), 3, "{stdout}");
     assert_eq!(fields[0], "env-job");
-    assert_eq!(fields[1].len(), 36, "a UUID token");
+    // A UUID, then the holder metadata: host, pid, program, time, label.
+    let token: Vec<&str> = fields[1].split('|').collect();
+    assert_eq!(token.len(), 6, "{}", fields[1]);
+    assert_eq!(token[0].len(), 36, "a UUID secret");
+    assert_eq!(token[3], "sh", "the command is the program");
     assert_eq!(fields[2], "1", "the first fencing token");
     // A death by signal is reported the way shells do: 128 + N.
     let killed = redmutex(&server)
@@ -212,12 +216,13 @@ fn status_json_parses_and_release_is_owner_checked() {
         .query(&mut server.conn())
         .expect("SET");
     let out = redmutex(&server)
-        .args(["status", "st", "--json"])
+        .args(["status", "st", "--json", "--tokens"])
         .output()
         .expect("status");
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(json["held"], true);
     assert_eq!(json["token"], "tok-123");
+    assert_eq!(json["holder"], serde_json::Value::Null, "no metadata");
     assert!(json["ttl_ms"].as_i64().expect("ttl") > 50_000);
 
     let wrong = redmutex(&server)
@@ -281,14 +286,14 @@ fn the_key_prefix_names_every_key_the_cli_touches() {
     // The command's own `redmutex` calls name keys as its parent does.
     let inherited = redmutex(&server)
         .args(["--key-prefix", "teamA:", "run", "job2", "--", "sh", "-c"])
-        .arg(r#"test "$REDMUTEX_KEY_PREFIX" = teamA: && "$BIN" status --json job2 | grep -q "$REDMUTEX_TOKEN""#)
+        .arg(r#"test "$REDMUTEX_KEY_PREFIX" = teamA: && "$BIN" status --json --tokens job2 | grep -qF "$REDMUTEX_TOKEN""#)
         .env("BIN", assert_cmd::cargo::cargo_bin("redmutex"))
         .status()
         .expect("run");
     assert!(inherited.success(), "the child sees the prefix and its key");
     let out = redmutex(&server)
         .env("REDMUTEX_KEY_PREFIX", "teamA:")
-        .args(["status", "--json", "job"])
+        .args(["status", "--json", "--tokens", "job"])
         .output()
         .expect("status");
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
@@ -368,7 +373,7 @@ fn cluster_and_sentinel_deployments_are_chosen_by_flags() {
             .expect("the redmutex binary")
             .env("REDMUTEX_URL", &nodes)
             .env("REDMUTEX_CLUSTER", "true")
-            .args(["status", "--json", &key])
+            .args(["status", "--json", "--tokens", &key])
             .output()
             .expect("status on the cluster");
         let json: serde_json::Value = serde_json::from_slice(&status.stdout).expect("JSON");
@@ -406,7 +411,8 @@ fn cluster_and_sentinel_deployments_are_chosen_by_flags() {
         assert!(
             table.lines().any(|line| line.starts_with(key.as_str())
                 && line.contains(kind)
-                && line.trim_end().ends_with(holders)),
+                && line.contains(&format!(" {holders} "))
+                && line.contains(&format!("pid {}", std::process::id()))),
             "{key} {kind} {holders}: {table}"
         );
     }
@@ -788,8 +794,20 @@ fn run_with_a_limit_admits_n_at_once_and_status_and_release_know_permits() {
         .expect("zero");
     assert_eq!(zero.status.code(), Some(2));
 
-    let out = redmutex(&server)
+    let hidden = redmutex(&server)
         .args(["status", "exports", "--json"])
+        .output()
+        .expect("status");
+    let hidden: serde_json::Value = serde_json::from_slice(&hidden.stdout).expect("JSON");
+    for permit in hidden["permits"].as_array().expect("permits") {
+        assert!(
+            permit.get("id").is_none(),
+            "ids only with --tokens: {permit}"
+        );
+        assert_eq!(permit["holder"]["program"], "sh", "{permit}");
+    }
+    let out = redmutex(&server)
+        .args(["status", "exports", "--json", "--tokens"])
         .output()
         .expect("status");
     assert!(
@@ -1057,13 +1075,28 @@ fn list_shows_every_lock_type_and_never_a_token() {
         let ttl = item["ttl_ms"].as_u64().expect("every one expires");
         assert!(ttl > 0 && ttl <= 30_000, "{item}");
     }
-    for secret in [
+    // Who holds each: this process, by its holder metadata, never the
+    // secret part of a token.
+    for item in &items {
+        let held_by = item["held_by"].as_array().expect("held_by");
+        assert_eq!(
+            held_by.len() as u64,
+            item["holders"].as_u64().expect("holders"),
+            "{item}"
+        );
+        for holder in held_by {
+            assert_eq!(holder["pid"], std::process::id(), "{holder}");
+            assert!(holder["acquired_at_ms"].as_u64().expect("at") > 1_700_000_000_000);
+        }
+    }
+    for token in [
         plain.token(),
         holds.0.owner(),
         readers.0.token(),
         writer.token(),
         permits.0.id(),
     ] {
+        let secret = token.split('|').next().expect("a secret");
         assert!(!stdout.contains(secret), "a token in the listing: {stdout}");
     }
 
@@ -1075,6 +1108,12 @@ fn list_shows_every_lock_type_and_never_a_token() {
     assert_eq!(out.status.code(), Some(0));
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("sem") && table.contains("2 of 3"), "{table}");
+    let pid = format!("pid {}", std::process::id());
+    assert_eq!(
+        table.lines().filter(|l| l.contains(&pid)).count(),
+        5,
+        "a holder on every line: {table}"
+    );
     assert!(!table.contains("jobs:"), "{table}");
     assert!(!table.contains("other"), "{table}");
     // Bounded in time: a budget spent before the first SCAN step says so.
@@ -1090,4 +1129,77 @@ fn list_shows_every_lock_type_and_never_a_token() {
         .output()
         .expect("list");
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+}
+
+#[test]
+fn run_label_names_the_holder_in_status_and_list_and_tokens_stay_hidden() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let started = dir.path().join("started");
+    let mut run = redmutex(&server)
+        .args(["run", "--label", "deploy-42", "labelled", "--", "sh", "-c"])
+        .arg(format!("touch {}; sleep 30", started.display()))
+        .spawn()
+        .expect("run");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !started.exists() {
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let token = held(&server, "labelled").expect("held");
+    let secret = token.split('|').next().expect("a secret");
+
+    let status = redmutex(&server)
+        .args(["status", "labelled"])
+        .output()
+        .expect("status");
+    let text = String::from_utf8_lossy(&status.stdout);
+    let who = format!("sh on {} pid {} [deploy-42]", host(), run.id());
+    assert!(text.contains(&who), "{text}");
+    assert!(
+        !text.contains(secret),
+        "the token only with --tokens: {text}"
+    );
+    let shown = redmutex(&server)
+        .args(["status", "labelled", "--tokens"])
+        .output()
+        .expect("status --tokens");
+    assert!(String::from_utf8_lossy(&shown.stdout).contains(&token));
+
+    let list = redmutex(&server)
+        .args(["list", "--json"])
+        .output()
+        .expect("list");
+    let items: serde_json::Value = serde_json::from_slice(&list.stdout).expect("JSON");
+    let holder = &items[0]["held_by"][0];
+    assert_eq!(holder["label"], "deploy-42", "{items}");
+    assert_eq!(holder["program"], "sh");
+    assert_eq!(holder["pid"], run.id());
+    // Acquired by the server's clock: at most the server's time now.
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut server.conn()).expect("TIME");
+    let now = secs * 1000 + micros / 1000;
+    let at = holder["acquired_at_ms"].as_u64().expect("at");
+    assert!(at <= now && now - at < 30_000, "{at} vs the server's {now}");
+
+    signal(run.id(), "TERM");
+    wait_exit(&mut run, Duration::from_secs(10));
+
+    // A label that cannot be one: exit 2, nothing written.
+    for bad in ["two words", "a|b", ""] {
+        let out = redmutex(&server)
+            .args(["run", "--label", bad, "bad-label", "--", "true"])
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {out:?}");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("label"));
+    }
+    assert_eq!(held(&server, "bad-label"), None);
+}
+
+/// This machine's host name as the holder metadata writes it.
+fn host() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .expect("the host name")
+        .trim()
+        .to_owned()
 }

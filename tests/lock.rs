@@ -47,8 +47,12 @@ fn acquire_writes_token_with_ttl_and_release_deletes_it() {
     }
 }
 
+/// A UUID v4 secret, then the holder metadata (five more fields).
 fn uuid_like(token: &str) -> bool {
-    token.len() == 36 && token.chars().filter(|c| *c == '-').count() == 4
+    let secret = token.split('|').next().unwrap_or_default();
+    secret.len() == 36
+        && secret.chars().filter(|c| *c == '-').count() == 4
+        && token.split('|').count() == 6
 }
 
 #[test]

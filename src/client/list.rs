@@ -2,12 +2,13 @@
 //! on every primary of a cluster, and `lua/inspect.lua` per key found, in
 //! pipelines; bounded in time and in rounds, and never reading a token.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::Value;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 
 use crate::client::LockClient;
+use crate::client::holder::Holder;
 use crate::conn::backend::Connection;
 use crate::conn::policy::Op;
 use crate::conn::stats::LockKind;
@@ -41,6 +42,13 @@ pub struct HeldLock {
     pub holders: u32,
     /// A semaphore's limit.
     pub limit: Option<u32>,
+    /// Who holds it, oldest acquisition first: the holder metadata of each
+    /// holder whose token carries it (at most 16; see [`Holder`]). Never
+    /// a token's secret part.
+    pub held_by: Vec<Holder>,
+    /// The server's time when the key was read, to set against
+    /// [`Holder::acquired_at`] (both by the server's clock).
+    pub seen_at: SystemTime,
 }
 
 /// What [`LockClient::list`] found.
@@ -58,7 +66,7 @@ pub struct Listing {
 impl LockClient {
     /// Every lock and semaphore held now whose name (without the client's
     /// prefix) matches the glob `pattern` (`*` for all): kind, time left,
-    /// holders, never a token. Walks the keyspace with `SCAN` (never
+    /// holders and who they are ([`HeldLock::held_by`]), never a token. Walks the keyspace with `SCAN` (never
     /// `KEYS`), on every primary of a cluster, for at most `budget`; a
     /// listing cut short says so ([`Listing::complete`]). The ACL user
     /// needs `+scan` besides the lock commands.
@@ -157,11 +165,32 @@ impl LockClient {
         for (key, reply) in keys.iter().zip(replies?) {
             // A key that changed type or vanished meanwhile: skipped.
             let Ok(value) = reply else { continue };
-            let Ok((kind, ms, holders, limit)) =
-                redis::from_redis_value::<(String, i64, i64, i64)>(value)
+            let Ok(fields) = redis::from_redis_value::<Vec<Value>>(value) else {
+                continue;
+            };
+            let mut fields = fields.into_iter();
+            let (Some(kind), Some(ms), Some(holders), Some(limit)) =
+                (fields.next(), fields.next(), fields.next(), fields.next())
             else {
                 continue;
             };
+            let (Ok(kind), Ok(ms), Ok(holders), Ok(limit)) = (
+                redis::from_redis_value::<String>(kind),
+                redis::from_redis_value::<i64>(ms),
+                redis::from_redis_value::<i64>(holders),
+                redis::from_redis_value::<i64>(limit),
+            ) else {
+                continue;
+            };
+            let now = fields
+                .next()
+                .and_then(|v| redis::from_redis_value::<u64>(v).ok())
+                .unwrap_or_default();
+            let mut held_by: Vec<Holder> = fields
+                .filter_map(|v| redis::from_redis_value::<String>(v).ok())
+                .filter_map(|meta| Holder::from_meta(&meta))
+                .collect();
+            held_by.sort_by_key(|h| h.acquired_at);
             let kind = match kind.as_str() {
                 "lock" => LockKind::Mutex,
                 "reentrant" => LockKind::Reentrant,
@@ -176,6 +205,10 @@ impl LockClient {
                 remaining: u64::try_from(ms).ok().map(Duration::from_millis),
                 holders: u32::try_from(holders).unwrap_or(u32::MAX),
                 limit: (kind == LockKind::Semaphore).then(|| u32::try_from(limit).unwrap_or(0)),
+                held_by,
+                seen_at: UNIX_EPOCH
+                    .checked_add(Duration::from_millis(now))
+                    .unwrap_or(UNIX_EPOCH),
             });
         }
         Ok(())

@@ -11,6 +11,7 @@
 //! same bounded connect, handshake and I/O timeouts.
 
 pub(crate) mod builder;
+pub(crate) mod holder;
 pub(crate) mod list;
 pub(crate) mod options;
 pub(crate) mod release;
@@ -23,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use crate::client::holder::{Identity, ServerClock};
 use crate::client::options::LockOptions;
 use crate::conn::backend::{Backend, Connection, Deployment};
 use crate::conn::policy::{self, Op, Send};
@@ -71,6 +73,9 @@ static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
 pub struct LockClient {
     inner: Arc<Inner>,
     defaults: Arc<LockOptions>,
+    /// What this handle writes about its holder into tokens: per handle
+    /// like the defaults, so a clone can carry another label.
+    holder: Arc<Identity>,
 }
 
 /// What clones of a client share.
@@ -95,6 +100,8 @@ struct Inner {
     markers_refused: AtomicBool,
     /// The key prefix, part of the client's identity like the pool.
     names: Namespace,
+    /// The server's clock, for the acquisition time in holder metadata.
+    clock: ServerClock,
 }
 
 impl Inner {
@@ -117,6 +124,7 @@ impl Inner {
             compat_pool: OnceLock::new(),
             markers_refused: AtomicBool::new(false),
             names,
+            clock: ServerClock::default(),
         }
     }
 }
@@ -144,6 +152,7 @@ impl LockClient {
         LockClient {
             inner: Arc::new(Inner::new(backend, notify, single, names)),
             defaults: Arc::new(LockOptions::default()),
+            holder: Arc::new(Identity::default()),
         }
     }
 
@@ -175,9 +184,86 @@ impl LockClient {
     /// defaults.
     pub fn with_defaults(self, options: LockOptions) -> LockClient {
         LockClient {
-            inner: self.inner,
             defaults: Arc::new(options),
+            ..self
         }
+    }
+
+    /// Sets the label this client writes into the holder metadata of its
+    /// leases ([`Holder::label`](crate::Holder::label)), as
+    /// [`LockClientBuilder::label`](crate::LockClientBuilder::label) does.
+    /// Defaults to none. The result is the same client (shared pool,
+    /// queues and reentrancy) with another label, and with the metadata on.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an empty label, one longer than 64
+    /// bytes, or one with `|`, whitespace or a control character.
+    pub fn with_label(self, label: &str) -> Result<LockClient, Error> {
+        let holder = match self.holder.program() {
+            Some(program) => Identity::new(true, Some(&program), Some(label))?,
+            None => Identity::new(true, None, Some(label))?,
+        };
+        Ok(LockClient {
+            holder: Arc::new(holder),
+            ..self
+        })
+    }
+
+    /// Turns the holder metadata of this client's leases on or off, as
+    /// [`LockClientBuilder::holder_metadata`](crate::LockClientBuilder::holder_metadata)
+    /// does. Defaults to on. Turning it on again starts from the
+    /// executable's name and no label.
+    pub fn with_holder_metadata(self, enabled: bool) -> LockClient {
+        if enabled == self.holder.enabled() {
+            return self;
+        }
+        let holder = if enabled {
+            Identity::default()
+        } else {
+            Identity::off()
+        };
+        LockClient {
+            holder: Arc::new(holder),
+            ..self
+        }
+    }
+
+    pub(crate) fn with_identity(self, holder: Identity) -> LockClient {
+        LockClient {
+            holder: Arc::new(holder),
+            ..self
+        }
+    }
+
+    /// A fresh token for an acquisition of `key`: a new secret and, unless
+    /// turned off, the holder metadata with the server's time (read once
+    /// per client: see `holder.rs`).
+    ///
+    /// # Errors
+    ///
+    /// A connection error when the client's first `TIME` cannot reach the
+    /// server (after the resends a read gets): nothing was sent that
+    /// changes Redis, and the acquisition would have met the same.
+    pub(crate) fn new_token(&self, key: &str) -> Result<String, Error> {
+        if !self.holder.enabled() {
+            return Ok(self.holder.token(0));
+        }
+        let at = self.inner.clock.now_ms(|| {
+            self.inner.stats.commands(1);
+            // A read: resent on a fresh connection after a lost reply.
+            self.run(Op::Read, key, |con, _| {
+                redis::cmd("TIME").query::<(u64, u64)>(con)
+            })
+        })?;
+        Ok(self.holder.token(at))
+    }
+
+    /// A fresh token with the holder's own clock for the acquisition time:
+    /// for a RedLock, whose nodes' clocks are independent (none is "the
+    /// server's"), and which must not wait on any one node, down or not.
+    pub(crate) fn new_token_local(&self) -> String {
+        self.holder.token(crate::client::holder::local_ms())
     }
 
     /// The options new locks of this client start from.

@@ -363,7 +363,7 @@ impl RedLock {
         crate::client::check_cluster_key(self.nodes.cluster, &self.key)?;
         let ttl = Duration::from_millis(millis);
         let timeout = self.node_timeout.unwrap_or(ttl / 20).min(ttl);
-        let token = uuid::Uuid::new_v4().to_string();
+        let token = self.meter.new_token_local();
         let started = Instant::now();
         let (key, sent_token) = (self.key.clone(), token.clone());
         let answers = self.nodes.all(timeout, move |client| {
@@ -494,7 +494,8 @@ impl RedLockGuard {
         &self.key
     }
 
-    /// The token written on the nodes.
+    /// The token written on the nodes: a random UUID v4 and the holder
+    /// metadata of the first node's client ([`Holder::from_token`](crate::Holder::from_token)).
     pub fn token(&self) -> &str {
         &self.token
     }

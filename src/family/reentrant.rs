@@ -229,7 +229,7 @@ impl Contender for Hold<'_> {
         );
         // A fresh hold id per attempt: a resend of this request recognises
         // its own field, never another hold's.
-        let hold = uuid::Uuid::new_v4().to_string();
+        let hold = client.new_token(key)?;
         let sent = Instant::now();
         client.counters().commands(1);
         let acquired = client.run(Op::ReentrantAcquire, key, |con, _| {

@@ -252,7 +252,7 @@ impl RwLock {
         let millis = ttl_millis(self.options.ttl)?;
         self.client.check_key(&self.key)?;
         let deadline = within.deadline();
-        let token = uuid::Uuid::new_v4().to_string();
+        let token = self.client.new_token(&self.key)?;
         let key = self.key.as_str();
         // A waiting writer stays registered a little longer than it sleeps
         // between attempts, so a writer that gives up or dies stops holding
@@ -440,7 +440,8 @@ impl RwGuard {
         &self.key
     }
 
-    /// This holder's token (its own field in the hash).
+    /// This holder's token (its own field in the hash): a random UUID v4
+    /// and the holder metadata ([`Holder::from_token`](crate::Holder::from_token)).
     pub fn token(&self) -> &str {
         &self.token
     }

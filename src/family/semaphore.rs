@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
+use crate::client::holder::Holder;
 use crate::client::options::{
     Backoff, HandoffBudget, SemaphoreOptions, WaitMode, check_min_replicas, ttl_millis,
 };
@@ -348,7 +349,7 @@ impl Semaphore {
         check_min_replicas(self.options.min_replicas, self.client.timeout())?;
         self.client.check_key(&self.key)?;
         let deadline = within.deadline();
-        let id = uuid::Uuid::new_v4().to_string();
+        let id = self.client.new_token(&self.key)?;
         let mut contender = Take {
             semaphore: self,
             id: &id,
@@ -748,7 +749,8 @@ impl Permit {
     }
 
     /// This permit's id (its field in the hash; what `redmutex release
-    /// KEY --token ID` takes).
+    /// KEY --token ID` takes): a random UUID v4 and the holder metadata
+    /// ([`Holder::from_token`]).
     pub fn id(&self) -> &str {
         &self.id
     }
@@ -1045,6 +1047,12 @@ impl PermitHolder {
     /// Its fencing token, when it has one.
     pub fn fencing_token(&self) -> Option<u64> {
         self.fencing_token
+    }
+
+    /// Who holds it: the holder metadata its id carries (`None` for an id
+    /// without, see [`Holder::from_token`]).
+    pub fn holder(&self) -> Option<Holder> {
+        Holder::from_token(&self.id)
     }
 }
 

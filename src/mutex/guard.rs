@@ -41,7 +41,8 @@ impl LockGuard {
         &self.lease.key
     }
 
-    /// The random token (a UUID v4) this acquisition wrote into the key;
+    /// The token this acquisition wrote into the key: a random UUID v4 and,
+    /// unless turned off, the holder metadata ([`Holder::from_token`](crate::Holder::from_token));
     /// shared by the guards of a reentrant hold.
     pub fn token(&self) -> &str {
         &self.lease.token

@@ -41,7 +41,7 @@ const FORCE_MARKER_MILLIS: u64 = 3_600_000;
 /// `Sync`; holds no connection and no state in Redis until acquired.
 ///
 /// Acquiring sends `SET key token NX PX ttl GET` (one round trip, a fresh
-/// UUID v4 token per acquisition; the `GET` makes a wrong-typed key an error
+/// token per acquisition, a UUID v4 followed by the holder metadata; the `GET` makes a wrong-typed key an error
 /// instead of a lock that is never free, and lets a reply lost on a dropped
 /// connection be recognised on retry). Redis 7.0 or newer is required.
 ///
@@ -304,7 +304,7 @@ impl DistributedLock {
             return Ok(Some(LockGuard::new(lease)));
         }
         let deadline = within.deadline();
-        let token = uuid::Uuid::new_v4().to_string();
+        let token = self.client.new_token(&self.key)?;
         let mut contender = Plain {
             lock: self,
             token: &token,

@@ -4,6 +4,8 @@
 #[allow(unused_imports)]
 use super::*;
 
+use std::time::SystemTime;
+
 use redmutex::{HeldLock, LockKind};
 
 /// How long a listing runs before a terminal gets a progress line.
@@ -40,14 +42,33 @@ pub(super) fn list(cli: &Cli, args: &ListArgs) -> Result<u8, Failure> {
             .max()
             .unwrap_or(3)
             .max(3);
-        println!("{:width$}  {:9}  {:>12}  HOLDERS", "KEY", "KIND", "LEFT");
+        println!(
+            "{:width$}  {:9}  {:>10}  {:>7}  {:>10}  HOLDER",
+            "KEY", "KIND", "LEFT", "HOLDERS", "HELD"
+        );
         for held in &listing.held {
             let holders = match held.limit {
                 Some(limit) => format!("{} of {limit}", held.holders),
                 None => held.holders.to_string(),
             };
+            // The oldest holder; the others are in --json.
+            let (since, holder) = match held.held_by.first() {
+                Some(first) => {
+                    let more = held.holders.saturating_sub(1);
+                    let more = if more > 0 && held.kind != LockKind::Reentrant {
+                        format!(" (+{more} more)")
+                    } else {
+                        String::new()
+                    };
+                    (
+                        held_for(held.seen_at, first.acquired_at),
+                        format!("{first}{more}"),
+                    )
+                }
+                None => ("-".into(), "-".into()),
+            };
             println!(
-                "{:width$}  {:9}  {:>12}  {holders}",
+                "{:width$}  {:9}  {:>10}  {holders:>7}  {since:>10}  {holder}",
                 held.key,
                 kind_name(held.kind),
                 left(held.remaining),
@@ -81,15 +102,23 @@ fn left(remaining: Option<Duration>) -> String {
     }
 }
 
+/// How long ago `since` was at `now` (both by the server's clock).
+fn held_for(now: SystemTime, since: SystemTime) -> String {
+    let held = now.duration_since(since).unwrap_or_default();
+    format!("{:.1}s", held.as_secs_f64())
+}
+
 fn json_item(held: &HeldLock) -> String {
     let ttl = held
         .remaining
         .map_or("null".into(), |d| d.as_millis().to_string());
     let limit = held.limit.map_or("null".into(), |l| l.to_string());
+    let held_by: Vec<String> = held.held_by.iter().map(|h| holder_json(Some(h))).collect();
     format!(
-        "{{\"key\":{},\"kind\":\"{}\",\"ttl_ms\":{ttl},\"holders\":{},\"limit\":{limit}}}",
+        "{{\"key\":{},\"kind\":\"{}\",\"ttl_ms\":{ttl},\"holders\":{},\"limit\":{limit},\"held_by\":[{}]}}",
         json_string(&held.key),
         kind_name(held.kind),
-        held.holders
+        held.holders,
+        held_by.join(",")
     )
 }

@@ -30,7 +30,8 @@ mod status;
 
 use clap::{Args, Parser, Subcommand};
 use redmutex::{
-    DistributedLock, Error, LockClient, LockOptions, Semaphore, SemaphoreOptions, WaitMode,
+    DistributedLock, Error, Holder, LockClient, LockClientBuilder, LockOptions, Semaphore,
+    SemaphoreOptions, WaitMode,
 };
 
 const EXIT_CONFLICT: u8 = 1;
@@ -168,6 +169,10 @@ struct RunArgs {
     /// is the permit's id). Every run on KEY must give the same N.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     limit: Option<u32>,
+    /// A label in the lock's holder metadata (shown by `status` and `list`),
+    /// e.g. a job or deploy id; no `|`, whitespace or control characters.
+    #[arg(long, env = "REDMUTEX_LABEL", value_name = "LABEL")]
+    label: Option<String>,
     /// Exit code when the lock cannot be had in time.
     #[arg(long, default_value_t = EXIT_CONFLICT)]
     conflict_exit_code: u8,
@@ -204,12 +209,18 @@ struct RunArgs {
 struct StatusArgs {
     /// The lock key.
     key: String,
-    /// Print JSON: {"key", "kind": "lock", "held", "token", "ttl_ms",
+    /// Print JSON: {"key", "kind": "lock", "held", "holder", "ttl_ms",
     /// "fencing_counter"}, or for a semaphore {"key", "kind": "semaphore",
-    /// "limit", "in_use", "available", "permits": [{"id", "ttl_ms",
-    /// "fencing_token"}], "fencing_counter"}.
+    /// "limit", "in_use", "available", "permits": [{"holder", "ttl_ms",
+    /// "fencing_token"}], "fencing_counter"}; a holder is {"host", "pid",
+    /// "program", "label", "acquired_at_ms"} or null. With --tokens, also
+    /// "token" (a lock) and "id" (each permit).
     #[arg(long)]
     json: bool,
+    /// Show the tokens (permit ids), the secrets `release --token` takes;
+    /// hidden by default, since whoever has one can release the lock.
+    #[arg(long)]
+    tokens: bool,
 }
 
 #[derive(Args)]
@@ -282,6 +293,10 @@ fn main() -> ExitCode {
 }
 
 fn client(cli: &Cli) -> Result<LockClient, Failure> {
+    builder(cli).build().map_err(redis_failure)
+}
+
+fn builder(cli: &Cli) -> LockClientBuilder {
     let urls = || cli.url.split(',').map(str::trim).filter(|u| !u.is_empty());
     let builder = if cli.cluster {
         LockClient::builder().cluster(urls())
@@ -290,10 +305,38 @@ fn client(cli: &Cli) -> Result<LockClient, Failure> {
     } else {
         LockClient::builder().url(&cli.url)
     };
-    builder
-        .key_prefix(&cli.key_prefix)
-        .build()
-        .map_err(redis_failure)
+    builder.key_prefix(&cli.key_prefix)
+}
+
+/// Who holds a token, in a few words: its holder metadata, or (a token
+/// without any) its first characters.
+fn who(token: &str) -> String {
+    match Holder::from_token(token) {
+        Some(holder) => format!(
+            "{holder}, since {}",
+            humantime::format_rfc3339_seconds(holder.acquired_at)
+        ),
+        None => format!("{}…", short(token)),
+    }
+}
+
+/// A holder as JSON: {"host", "pid", "program", "label", "acquired_at_ms"},
+/// or `null`.
+fn holder_json(holder: Option<&Holder>) -> String {
+    let Some(h) = holder else {
+        return "null".into();
+    };
+    let at = h
+        .acquired_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    format!(
+        "{{\"host\":{},\"pid\":{},\"program\":{},\"label\":{},\"acquired_at_ms\":{at}}}",
+        json_string(&h.host),
+        h.pid,
+        json_string(&h.program),
+        h.label.as_deref().map_or("null".into(), json_string),
+    )
 }
 
 fn connection(client: &LockClient) -> Result<redmutex::Connection, Failure> {
@@ -427,7 +470,7 @@ fn describe(
 ) -> Result<Option<String>, Failure> {
     if limit.is_none() {
         return Ok(holder(client, name)?
-            .map(|(token, pttl)| format!("held by {}… ({})", short(&token), ttl_text(pttl))));
+            .map(|(token, pttl)| format!("held by {} ({})", who(&token), ttl_text(pttl))));
     }
     let status = Semaphore::new(client, name, 1)
         .status()

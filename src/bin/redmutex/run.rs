@@ -375,7 +375,21 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
     // Before anything is acquired: a SIGTERM while waiting or acquiring
     // must not leave the key held for its ttl.
     let forwarded = Forwarded::install()?;
-    let client = client(cli)?;
+    let (program, rest) = args
+        .command
+        .split_first()
+        .ok_or_else(|| fail(EXIT_USAGE, "no command given after --"))?;
+    // The holder metadata names the command, not redmutex.
+    let mut builder = builder(cli).program(
+        std::path::Path::new(program)
+            .file_name()
+            .unwrap_or(program.as_os_str())
+            .to_string_lossy(),
+    );
+    if let Some(label) = &args.label {
+        builder = builder.label(label);
+    }
+    let client = builder.build().map_err(redis_failure)?;
     let options = LockOptions::default()
         .ttl(args.ttl)
         .wait(args.wait)
@@ -443,10 +457,6 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
         format_args!("acquired {what} with token {}", guard.token()),
     );
 
-    let (program, rest) = args
-        .command
-        .split_first()
-        .ok_or_else(|| fail(EXIT_USAGE, "no command given after --"))?;
     let mut command = Command::new(program);
     command
         .args(rest)

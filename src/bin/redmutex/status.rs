@@ -38,19 +38,32 @@ pub(super) fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
     let held = holder(&client, &args.key)?;
     let counter = counter()?;
     if args.json {
-        let (token, ttl) = match &held {
-            Some((token, pttl)) => (json_string(token), pttl.to_string()),
+        let (holder, ttl) = match &held {
+            Some((token, pttl)) => (
+                holder_json(Holder::from_token(token).as_ref()),
+                pttl.to_string(),
+            ),
             None => ("null".into(), "null".into()),
         };
+        let token = match (&held, args.tokens) {
+            (Some((token, _)), true) => format!(",\"token\":{}", json_string(token)),
+            (None, true) => ",\"token\":null".into(),
+            (_, false) => String::new(),
+        };
         println!(
-            "{{\"key\":{},\"kind\":\"lock\",\"held\":{},\"token\":{token},\"ttl_ms\":{ttl},\"fencing_counter\":{}}}",
+            "{{\"key\":{},\"kind\":\"lock\",\"held\":{},\"holder\":{holder}{token},\"ttl_ms\":{ttl},\"fencing_counter\":{}}}",
             json_string(&args.key),
             held.is_some(),
             counter_json(counter),
         );
     } else {
         match &held {
-            Some((token, pttl)) => println!("{}: held by {token} ({})", args.key, ttl_text(*pttl)),
+            Some((token, pttl)) => {
+                println!("{}: held by {} ({})", args.key, who(token), ttl_text(*pttl));
+                if args.tokens {
+                    println!("token: {token}");
+                }
+            }
             None => println!("{}: free", args.key),
         }
         if let Some(counter) = counter {
@@ -73,9 +86,14 @@ fn semaphore(
             .holders()
             .iter()
             .map(|h| {
+                let id = if args.tokens {
+                    format!("\"id\":{},", json_string(h.id()))
+                } else {
+                    String::new()
+                };
                 format!(
-                    "{{\"id\":{},\"ttl_ms\":{},\"fencing_token\":{}}}",
-                    json_string(h.id()),
+                    "{{{id}\"holder\":{},\"ttl_ms\":{},\"fencing_token\":{}}}",
+                    holder_json(h.holder().as_ref()),
                     h.remaining().as_millis(),
                     h.fencing_token().map_or("null".into(), |t| t.to_string())
                 )
@@ -99,9 +117,14 @@ fn semaphore(
         let fence = holder
             .fencing_token()
             .map_or(String::new(), |t| format!(", fencing token {t}"));
+        let id = if args.tokens {
+            format!(", id {}", holder.id())
+        } else {
+            String::new()
+        };
         println!(
-            "  {} ({:.1}s left{fence})",
-            holder.id(),
+            "  {} ({:.1}s left{fence}{id})",
+            who(holder.id()),
             holder.remaining().as_secs_f64()
         );
     }

@@ -1,0 +1,478 @@
+//! Who holds a lease: the holder metadata written into Redis with every
+//! acquisition, in the same command, and read back by `status` and `list`.
+//!
+//! The metadata rides in the token itself: `SECRET|HOST|PID|PROGRAM|AT|LABEL`,
+//! where `SECRET` is the random part (a UUID v4). Every script compares
+//! whole tokens, so owner checks, resends and markers work exactly as with a
+//! bare secret, and no lock type needs another key, field or round trip.
+//! Readers split the secret off ([`Holder::from_token`], `lua/inspect.lua`)
+//! and never show it unless asked.
+//!
+//! `AT` is the acquisition time in milliseconds since the Unix epoch *by
+//! the server's clock*, as estimated by the client: one `TIME` per client
+//! (the first acquisition), then the monotonic clock from there, so a
+//! holder whose wall clock is off by seconds still reports a time that the
+//! server's (and `list`'s) arithmetic agrees with, to within half a round
+//! trip. (A RedLock writes the holder's own clock: its nodes' clocks are
+//! independent, and it must not wait on any one node.) Invariant: no field holds `|`, whitespace or a control character,
+//! so a token splits into exactly six fields and passes through a shell
+//! unquoted.
+
+use std::sync::LazyLock;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+
+use crate::error::Error;
+
+/// The longest label, host or program name kept, in bytes.
+pub const MAX_FIELD: usize = 64;
+
+/// How long a clock estimate that could not ask the server stands in
+/// before the server is asked again.
+const RETRY_TIME_AFTER: Duration = Duration::from_secs(60);
+
+/// Who holds a lease, as its acquisition wrote it into Redis: read with
+/// [`Holder::from_token`], or listed by
+/// [`LockClient::list`](crate::LockClient::list) and
+/// [`Semaphore::status`](crate::Semaphore::status) (which never return the
+/// token's secret part).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Holder {
+    /// The holder's host name (as `gethostname` gave it, `|`, whitespace
+    /// and control characters replaced by `_`, at most 64 bytes).
+    pub host: String,
+    /// The holder's process id.
+    pub pid: u32,
+    /// The program: the executable's file name, or what the client was told
+    /// ([`LockClientBuilder::program`](crate::LockClientBuilder::program);
+    /// `redmutex run` gives the command's name).
+    pub program: String,
+    /// The caller's label, if any
+    /// ([`LockClientBuilder::label`](crate::LockClientBuilder::label)).
+    pub label: Option<String>,
+    /// When the lease was acquired, by the server's clock as the holder
+    /// estimated it (to within half a round trip); for a RedLock, whose
+    /// nodes' clocks are independent, by the holder's own clock. A lock
+    /// handed between threads of one process keeps the time of its
+    /// acquisition in Redis.
+    pub acquired_at: SystemTime,
+}
+
+impl Holder {
+    /// The holder metadata carried by `token` (a guard's
+    /// [`token()`](crate::LockGuard::token), a permit's id, or a value read
+    /// from Redis), or `None` for a token without any (written by a client
+    /// with [`LockClientBuilder::holder_metadata`](crate::LockClientBuilder::holder_metadata)
+    /// off, or by an older version).
+    pub fn from_token(token: &str) -> Option<Holder> {
+        let mut fields = token.split('|');
+        let secret = fields.next()?;
+        if secret.is_empty() {
+            return None;
+        }
+        Holder::from_fields(fields)
+    }
+
+    /// The metadata after the secret, as `lua/inspect.lua` returns it
+    /// (starting with `|`).
+    pub(crate) fn from_meta(meta: &str) -> Option<Holder> {
+        Holder::from_fields(meta.strip_prefix('|')?.split('|'))
+    }
+
+    fn from_fields<'a>(mut fields: impl Iterator<Item = &'a str>) -> Option<Holder> {
+        let host = fields.next()?;
+        let pid = fields.next()?.parse().ok()?;
+        let program = fields.next()?;
+        let at: u64 = fields.next()?.parse().ok()?;
+        let label = fields.next()?;
+        if fields.next().is_some() {
+            return None;
+        }
+        Some(Holder {
+            host: host.to_owned(),
+            pid,
+            program: program.to_owned(),
+            label: (!label.is_empty()).then(|| label.to_owned()),
+            acquired_at: UNIX_EPOCH.checked_add(Duration::from_millis(at))?,
+        })
+    }
+}
+
+impl std::fmt::Display for Holder {
+    /// `PROGRAM on HOST pid PID` and ` [LABEL]` when there is one.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} on {} pid {}", self.program, self.host, self.pid)?;
+        if let Some(label) = &self.label {
+            write!(f, " [{label}]")?;
+        }
+        Ok(())
+    }
+}
+
+/// What a client writes about itself into its tokens.
+#[derive(Clone, Debug)]
+pub(crate) struct Identity {
+    /// `None`: metadata off, tokens are bare secrets.
+    fields: Option<Fields>,
+}
+
+#[derive(Clone, Debug)]
+struct Fields {
+    program: String,
+    label: String,
+}
+
+impl Default for Identity {
+    fn default() -> Self {
+        Identity {
+            fields: Some(Fields {
+                program: PROGRAM.clone(),
+                label: String::new(),
+            }),
+        }
+    }
+}
+
+impl Identity {
+    /// Metadata on or off, with a program name (`None`: the executable's;
+    /// made fit like a system name, since it is only descriptive) and a
+    /// label (`None`: none).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an empty or too long label, or one
+    /// with `|`, whitespace or a control character.
+    pub(crate) fn new(
+        enabled: bool,
+        program: Option<&str>,
+        label: Option<&str>,
+    ) -> Result<Identity, Error> {
+        let program = match program {
+            Some(program) => fit(program),
+            None => PROGRAM.clone(),
+        };
+        let label = match label {
+            Some(label) => check_field("label", label)?.to_owned(),
+            None => String::new(),
+        };
+        Ok(Identity {
+            fields: enabled.then_some(Fields { program, label }),
+        })
+    }
+
+    /// Tokens without metadata.
+    pub(crate) fn off() -> Identity {
+        Identity { fields: None }
+    }
+
+    /// The program name written, when metadata is on.
+    pub(crate) fn program(&self) -> Option<String> {
+        self.fields.as_ref().map(|f| f.program.clone())
+    }
+
+    /// Whether tokens carry metadata (and so need the server's time).
+    pub(crate) fn enabled(&self) -> bool {
+        self.fields.is_some()
+    }
+
+    /// A fresh token: a new secret, and the metadata with `at_ms` (the
+    /// server's time now) when on.
+    pub(crate) fn token(&self, at_ms: u64) -> String {
+        let secret = uuid::Uuid::new_v4();
+        match &self.fields {
+            None => secret.to_string(),
+            Some(f) => format!(
+                "{secret}|{}|{}|{}|{at_ms}|{}",
+                *HOST,
+                // Not cached: a forked child has its own.
+                std::process::id(),
+                f.program,
+                f.label
+            ),
+        }
+    }
+}
+
+/// A label or program name as given, or why it cannot be one.
+fn check_field<'a>(what: &str, value: &'a str) -> Result<&'a str, Error> {
+    if value.is_empty() || value.len() > MAX_FIELD {
+        return Err(Error::InvalidArgument(format!(
+            "the {what} must be 1 to {MAX_FIELD} bytes long, got {}",
+            value.len()
+        )));
+    }
+    if value.chars().any(unfit) {
+        return Err(Error::InvalidArgument(format!(
+            "the {what} {value:?} may not hold '|', whitespace or control characters"
+        )));
+    }
+    Ok(value)
+}
+
+fn unfit(c: char) -> bool {
+    c == '|' || c.is_whitespace() || c.is_control()
+}
+
+/// What the system gives, made fit for a field: unfit characters replaced,
+/// at most [`MAX_FIELD`] bytes (cut at a character boundary), never empty.
+fn fit(raw: &str) -> String {
+    let mut out = String::new();
+    for c in raw.chars() {
+        let c = if unfit(c) { '_' } else { c };
+        if out.len() + c.len_utf8() > MAX_FIELD {
+            break;
+        }
+        out.push(c);
+    }
+    if out.is_empty() {
+        out.push('-');
+    }
+    out
+}
+
+static HOST: LazyLock<String> = LazyLock::new(|| fit(&host_name()));
+
+static PROGRAM: LazyLock<String> = LazyLock::new(|| {
+    let exe = std::env::args_os().next().unwrap_or_default();
+    let name = std::path::Path::new(&exe)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    fit(&name)
+});
+
+#[cfg(unix)]
+fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname writes at
+    // most that many bytes.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return String::new();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+#[cfg(not(unix))]
+fn host_name() -> String {
+    std::env::var("COMPUTERNAME").unwrap_or_default()
+}
+
+/// The server's clock as this client estimates it: one reading of `TIME`,
+/// carried forward on the monotonic clock (immune to steps of the local
+/// wall clock).
+#[derive(Debug, Default)]
+pub(crate) struct ServerClock {
+    anchor: Mutex<Option<Anchor>>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Anchor {
+    at: Instant,
+    /// The server's time at `at`, in ms since the epoch.
+    server_ms: u64,
+    /// False: the server could not be asked, the local clock stands in.
+    asked: bool,
+}
+
+impl ServerClock {
+    /// The server's time now in ms since the epoch; `ask` reads the
+    /// server's `TIME` (seconds, microseconds) when no reading is at hand.
+    ///
+    /// # Errors
+    ///
+    /// What `ask` failed with when the server could not be reached
+    /// ([`Error::is_connection`]): the acquisition that needs the time
+    /// would meet the same, and failing before it sends anything keeps the
+    /// call within its usual bound (one connect and one resend window) and
+    /// Redis unchanged. When the server answers but refuses `TIME`
+    /// (renamed away, an ACL), the local wall clock stands in, and the
+    /// server is asked again a minute later.
+    pub(crate) fn now_ms(
+        &self,
+        ask: impl FnOnce() -> Result<(u64, u64), Error>,
+    ) -> Result<u64, Error> {
+        let now = Instant::now();
+        let known = *self.anchor.lock();
+        if let Some(a) = known
+            && (a.asked || now.duration_since(a.at) < RETRY_TIME_AFTER)
+        {
+            return Ok(since(a, now));
+        }
+        let sent = Instant::now();
+        let anchor = match ask() {
+            Ok((secs, micros)) => {
+                let received = Instant::now();
+                // The reply was made somewhere between sending and
+                // receiving: take the middle.
+                let half = received.duration_since(sent) / 2;
+                let server = secs.saturating_mul(1000).saturating_add(micros / 1000);
+                Anchor {
+                    at: received,
+                    server_ms: server.saturating_add(millis(half)),
+                    asked: true,
+                }
+            }
+            Err(err) if err.is_connection() => return Err(err),
+            Err(err) => {
+                log::debug!(
+                    "redmutex: the server refuses TIME ({err}); holder metadata uses the \
+                     local clock for now"
+                );
+                Anchor {
+                    at: Instant::now(),
+                    server_ms: local_ms(),
+                    asked: false,
+                }
+            }
+        };
+        *self.anchor.lock() = Some(anchor);
+        Ok(since(anchor, Instant::now()))
+    }
+}
+
+/// The local wall clock, in ms since the epoch.
+pub(crate) fn local_ms() -> u64 {
+    millis(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default(),
+    )
+}
+
+fn since(anchor: Anchor, now: Instant) -> u64 {
+    anchor
+        .server_ms
+        .saturating_add(millis(now.saturating_duration_since(anchor.at)))
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_carries_its_holder_and_splits_into_six_fields() {
+        let id = Identity::new(true, Some("reindex"), Some("nightly")).expect("valid");
+        let token = id.token(1_795_000_000_123);
+        assert_eq!(token.split('|').count(), 6, "{token}");
+        assert!(!token.chars().any(char::is_whitespace));
+        let holder = Holder::from_token(&token).expect("metadata");
+        assert_eq!(holder.program, "reindex");
+        assert_eq!(holder.label.as_deref(), Some("nightly"));
+        assert_eq!(holder.pid, std::process::id());
+        assert_eq!(holder.host, *HOST);
+        assert_eq!(
+            holder.acquired_at,
+            UNIX_EPOCH + Duration::from_millis(1_795_000_000_123)
+        );
+        let meta = &token[token.find('|').expect("a separator")..];
+        assert_eq!(Holder::from_meta(meta), Some(holder));
+        let plain = Identity::new(true, None, None).expect("defaults").token(5);
+        assert_eq!(
+            Holder::from_token(&plain).expect("metadata").label,
+            None,
+            "no label"
+        );
+    }
+
+    #[test]
+    fn tokens_without_metadata_have_no_holder() {
+        let bare = Identity::new(false, None, None).expect("off").token(5);
+        assert_eq!(bare.len(), 36);
+        assert_eq!(Holder::from_token(&bare), None);
+        for odd in [
+            "",
+            "|h|1|p|5|",
+            "s|h|x|p|5|",
+            "s|h|1|p|x|",
+            "s|h|1|p|5",
+            "s|h|1|p|5|l|more",
+        ] {
+            assert_eq!(Holder::from_token(odd), None, "{odd:?}");
+        }
+        assert_eq!(Holder::from_meta("h|1|p|5|l"), None, "no leading |");
+    }
+
+    #[test]
+    fn bad_labels_are_refused_and_system_names_made_fit() {
+        for bad in ["", "a|b", "two words", "tab\t", "nl\n", &"x".repeat(65)] {
+            assert!(
+                matches!(
+                    Identity::new(true, None, Some(bad)),
+                    Err(Error::InvalidArgument(_))
+                ),
+                "{bad:?}"
+            );
+        }
+        assert!(Identity::new(true, None, Some(&"é".repeat(32))).is_ok());
+        assert_eq!(fit("web 3|x\n"), "web_3_x_");
+        let odd = Identity::new(true, Some("my job|1"), None).expect("made fit");
+        assert_eq!(odd.program().as_deref(), Some("my_job_1"));
+        assert_eq!(fit(""), "-");
+        assert_eq!(fit(&"é".repeat(40)).len(), 64);
+    }
+
+    #[test]
+    fn the_server_clock_is_asked_once_and_carried_forward() {
+        let clock = ServerClock::default();
+        let mut asked = 0;
+        let first = clock
+            .now_ms(|| {
+                asked += 1;
+                Ok((1_000, 500_000))
+            })
+            .expect("read");
+        assert!((1_000_500..1_010_000).contains(&first), "{first}");
+        let second = clock
+            .now_ms(|| {
+                asked += 1;
+                Ok((9, 0))
+            })
+            .expect("carried forward");
+        assert_eq!(asked, 1, "one TIME per client");
+        assert!(second >= first && second < 1_010_000, "{second}");
+    }
+
+    #[test]
+    fn a_server_that_refuses_time_leaves_the_local_clock() {
+        let clock = ServerClock::default();
+        let local = local_ms();
+        let refused = redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "unknown command",
+        ));
+        let got = clock
+            .now_ms(|| Err(Error::Redis(refused)))
+            .expect("the local clock");
+        assert!(got >= local && got < local + 60_000, "{got} vs {local}");
+        let mut asked = false;
+        let _ = clock.now_ms(|| {
+            asked = true;
+            Ok((1, 0))
+        });
+        assert!(!asked, "not asked again within a minute");
+    }
+
+    #[test]
+    fn an_unreachable_server_fails_the_acquisition_before_it_sends() {
+        let clock = ServerClock::default();
+        let io = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        let err = clock
+            .now_ms(|| Err(Error::Redis(io)))
+            .expect_err("unreachable");
+        assert!(err.is_connection(), "{err}");
+        let mut asked = false;
+        let _ = clock.now_ms(|| {
+            asked = true;
+            Ok((1, 0))
+        });
+        assert!(asked, "asked again at the next acquisition");
+    }
+}
