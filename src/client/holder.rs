@@ -180,17 +180,144 @@ impl Identity {
     /// A fresh token: a new secret, and the metadata with `at_ms` (the
     /// server's time now) when on.
     pub(crate) fn token(&self, at_ms: u64) -> String {
-        let secret = uuid::Uuid::new_v4();
+        let (secret, pid) = secret::fresh();
         match &self.fields {
             None => secret.to_string(),
-            Some(f) => format!(
-                "{secret}|{}|{}|{}|{at_ms}|{}",
-                *HOST,
-                // Not cached: a forked child has its own.
-                std::process::id(),
-                f.program,
-                f.label
-            ),
+            Some(f) => format!("{secret}|{}|{pid}|{}|{at_ms}|{}", *HOST, f.program, f.label),
+        }
+    }
+}
+
+/// Token secrets without a system call per token, safe across `fork`.
+///
+/// Each thread draws from its own ChaCha12 generator seeded from the OS
+/// (`getrandom`, once per thread), and caches the process id. A `fork`
+/// copies both into the child, whose tokens would then repeat the
+/// parent's: two holders of one lock. So a `pthread_atfork` child handler
+/// bumps a generation, and a thread whose generator is from another
+/// generation reseeds (and reads its pid) before drawing. Where the
+/// handler cannot be registered (or off Unix), every secret comes from
+/// the OS as before (`Uuid::new_v4`).
+mod secret {
+    use std::cell::RefCell;
+    use std::sync::Once;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    use rand_chacha::ChaCha12Rng;
+    use rand_chacha::rand_core::{RngCore, SeedableRng};
+    use uuid::{Builder, Uuid};
+
+    static FORKS: AtomicU64 = AtomicU64::new(0);
+    static WATCHED: AtomicBool = AtomicBool::new(false);
+    static WATCH: Once = Once::new();
+
+    thread_local! {
+        /// The generation it was seeded in, the pid then, the generator.
+        static DRAW: RefCell<Option<(u64, u32, ChaCha12Rng)>> = const { RefCell::new(None) };
+    }
+
+    #[cfg(unix)]
+    extern "C" fn forked() {
+        // Async-signal-safe: one atomic add, no allocation, no lock.
+        FORKS.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn watch() {
+        WATCH.call_once(|| {
+            #[cfg(unix)]
+            {
+                // SAFETY: registers a handler that only bumps an atomic;
+                // never unregistered (the function lives as long as the
+                // process).
+                let rc = unsafe { libc::pthread_atfork(None, None, Some(forked)) };
+                WATCHED.store(rc == 0, Ordering::SeqCst);
+            }
+        });
+    }
+
+    /// A random UUID v4 and this process's id.
+    pub(super) fn fresh() -> (Uuid, u32) {
+        watch();
+        if !WATCHED.load(Ordering::SeqCst) {
+            return (Uuid::new_v4(), std::process::id());
+        }
+        let generation = FORKS.load(Ordering::SeqCst);
+        let drawn = DRAW.try_with(|cell| {
+            let mut slot = cell.try_borrow_mut().ok()?;
+            if !matches!(&*slot, Some((g, _, _)) if *g == generation) {
+                let rng = ChaCha12Rng::try_from_os_rng().ok()?;
+                *slot = Some((generation, std::process::id(), rng));
+            }
+            let (_, pid, rng) = slot.as_mut()?;
+            let mut bytes = [0u8; 16];
+            rng.fill_bytes(&mut bytes);
+            Some((Builder::from_random_bytes(bytes).into_uuid(), *pid))
+        });
+        // A thread being torn down, or no OS randomness to seed from: the
+        // OS gives this one.
+        drawn
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| (Uuid::new_v4(), std::process::id()))
+    }
+
+    #[cfg(all(test, unix))]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn secrets_are_v4_uuids_and_never_repeat() {
+            let mut seen = std::collections::HashSet::new();
+            for _ in 0..10_000 {
+                let (secret, pid) = fresh();
+                assert_eq!(secret.get_version_num(), 4);
+                assert_eq!(pid, std::process::id());
+                assert!(seen.insert(secret), "a repeated secret");
+            }
+        }
+
+        /// Without the fork handler, the child's next secret is the
+        /// parent's next one (the generator's state is copied).
+        #[test]
+        fn a_forked_child_draws_other_secrets_and_has_its_own_pid() {
+            let _ = fresh();
+            let mut fds = [0i32; 2];
+            // SAFETY: a pipe into a two-element array.
+            assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+            // SAFETY: the child only draws a secret, writes it and exits
+            // with _exit (no destructors, no other thread's state).
+            let child = unsafe { libc::fork() };
+            assert!(child >= 0, "fork");
+            if child == 0 {
+                let (secret, pid) = fresh();
+                let text = format!("{secret} {pid}");
+                // SAFETY: writes the bytes of a live buffer, then exits.
+                unsafe {
+                    libc::write(fds[1], text.as_ptr().cast(), text.len());
+                    libc::_exit(0);
+                }
+            }
+            // SAFETY: closes our copy of the write end.
+            unsafe { libc::close(fds[1]) };
+            let (parent_secret, _) = fresh();
+            let mut buf = [0u8; 128];
+            // SAFETY: reads into a live buffer of that length.
+            let n = unsafe { libc::read(fds[0], buf.as_mut_ptr().cast(), buf.len()) };
+            let mut status = 0;
+            // SAFETY: reaps our own child; closes our read end.
+            unsafe {
+                libc::waitpid(child, &mut status, 0);
+                libc::close(fds[0]);
+            }
+            let text =
+                String::from_utf8_lossy(&buf[..usize::try_from(n).unwrap_or(0)]).into_owned();
+            let (secret, pid) = text.split_once(' ').expect("the child's answer");
+            assert_ne!(
+                secret,
+                parent_secret.to_string(),
+                "the child repeated the parent"
+            );
+            assert_eq!(pid, child.to_string(), "the child's own pid");
         }
     }
 }
