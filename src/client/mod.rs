@@ -200,10 +200,7 @@ impl LockClient {
     /// [`Error::InvalidArgument`] for an empty label, one longer than 64
     /// bytes, or one with `|`, whitespace or a control character.
     pub fn with_label(self, label: &str) -> Result<LockClient, Error> {
-        let holder = match self.holder.program() {
-            Some(program) => Identity::new(true, Some(&program), Some(label))?,
-            None => Identity::new(true, None, Some(label))?,
-        };
+        let holder = Identity::new(true, self.holder.program().as_deref(), Some(label))?;
         Ok(LockClient {
             holder: Arc::new(holder),
             ..self
