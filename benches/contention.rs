@@ -4,14 +4,18 @@
 //! `cargo bench --bench contention`, then open
 //! `target/criterion/report/index.html`.
 //!
-//! * `uncontended`: acquire+release with `Release::Lua` and `Release::Watch`,
-//!   a semaphore permit's acquire+release (`permit/3`), and a `PING` on the
-//!   same kind of pooled connection, the floor (a cycle is two round trips,
-//!   so its ideal is 2x the PING).
+//! * `uncontended`: lock + `unlock()` with `Release::Lua` and
+//!   `Release::Watch`, lock + drop (the release written behind, its reply
+//!   read with the next lock's: one round trip per cycle), a semaphore
+//!   permit's acquire+release (`permit/3`), and a `PING` on the same kind of
+//!   pooled connection, the floor.
 //! * `release`: the release alone, Lua vs WATCH (acquire untimed).
 //! * `contended`: one key, 1/2/4/8/16 threads of one client; time per
 //!   acquisition.
-//! * `keys`: 8 threads over 64 keys; time per acquisition.
+//! * `keys`: 8 threads over 1/4/16/64 keys; time per acquisition.
+//! * `held`: 1 to 10,000 locks taken and held at once by one client with
+//!   the watchdog on, then released; time per lock. (Their memory, in the
+//!   client and in Redis, and the renewals' round trips: `examples/watchdog.rs`.)
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -41,6 +45,10 @@ fn uncontended(c: &mut Criterion, client: &LockClient) {
             })
         });
     }
+    let lock = DistributedLock::with_options(client, "bench:drop", options(Release::Lua));
+    group.bench_function("acquire+drop/lua", |b| {
+        b.iter(|| drop(lock.lock().expect("lock")))
+    });
     let semaphore = Semaphore::with_options(
         client,
         "bench:permit",
@@ -138,9 +146,36 @@ fn contended(c: &mut Criterion, client: &LockClient) {
 fn many_keys(c: &mut Criterion, client: &LockClient) {
     let mut group = c.benchmark_group("keys");
     group.throughput(Throughput::Elements(1));
-    group.bench_function("8-threads-64-keys", |b| {
-        b.iter_custom(|iters| run_threads(client, 8, 64, iters))
-    });
+    for keys in [1usize, 4, 16, 64] {
+        group.bench_with_input(BenchmarkId::new("8-threads", keys), &keys, |b, &keys| {
+            b.iter_custom(|iters| run_threads(client, 8, keys, iters))
+        });
+    }
+    group.finish();
+}
+
+/// Takes `n` watched locks, holds them all at once, releases them; the
+/// time per lock.
+fn held(c: &mut Criterion, client: &LockClient) {
+    let mut group = c.benchmark_group("held");
+    group.sample_size(10);
+    let options = options(Release::Lua).watchdog(true);
+    for n in [1usize, 10, 100, 1_000, 10_000] {
+        let locks: Vec<DistributedLock> = (0..n)
+            .map(|i| {
+                DistributedLock::with_options(client, format!("bench:held:{i}"), options.clone())
+            })
+            .collect();
+        group.throughput(Throughput::Elements(n as u64));
+        group.bench_with_input(BenchmarkId::new("watched", n), &n, |b, _| {
+            b.iter(|| {
+                let guards: Vec<_> = locks.iter().map(|l| l.lock().expect("lock")).collect();
+                for guard in guards {
+                    guard.unlock().expect("unlock");
+                }
+            })
+        });
+    }
     group.finish();
 }
 
@@ -151,6 +186,7 @@ fn benches(c: &mut Criterion) {
     release_alone(c, &client);
     contended(c, &client);
     many_keys(c, &client);
+    held(c, &client);
 }
 
 criterion_group! {

@@ -31,8 +31,10 @@
 //! commands per acquisition from the `INFO commandstats` delta (scripts'
 //! inner calls and the critical section included); in-process handoffs per
 //! acquisition; exclusion violations (must be 0); and, measured in the same
-//! run, a PING round trip and the uncontended acquire+release cycle as a
-//! multiple of it (the floor is 2).
+//! run, a PING round trip and two uncontended cycles as multiples of it:
+//! lock + `unlock()` (the floor is 2: acquire, then release and wait for its
+//! answer) and lock + drop (the floor is 1: the drop writes its release
+//! behind, and the next lock's request carries it in the same round trip).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -252,9 +254,9 @@ fn main() -> Result<(), Failure> {
         }
     );
     println!(
-        "| wait mode | release | acq/s | wait p50 | wait p99 | wait max | acq/worker min–max (ratio) | smallest process share | lock cmds/acq | Redis cmds/acq | handoffs/acq | max holders | violations | PING RTT | uncontended cycle |"
+        "| wait mode | release | acq/s | wait p50 | wait p99 | wait max | acq/worker min–max (ratio) | smallest process share | lock cmds/acq | Redis cmds/acq | handoffs/acq | max holders | violations | PING RTT | uncontended lock + unlock() | uncontended lock + drop |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut violations = 0;
     let mut rows: Vec<(WaitMode, Release, Option<u32>)> = Vec::new();
     for mode in modes(args.wait_mode) {
@@ -266,7 +268,7 @@ fn main() -> Result<(), Failure> {
         }
     }
     for (mode, release, limit) in rows {
-        let (ping, cycle) = uncontended(&client, mode, release, limit)?;
+        let (ping, cycle, dropped) = uncontended(&client, mode, release, limit)?;
 
         reset(&mut admin, args.keys)?;
         let before = commandstats(&mut admin)?;
@@ -329,7 +331,7 @@ fn main() -> Result<(), Failure> {
             None => release_name(release).to_owned(),
         };
         println!(
-            "| {} | {} | {:.0} | {} | {} | {} | {}–{} ({:.2}) | {} | {:.3} | {:.2} | {:.2} | {} | {} | {} | {} = {:.2} PING |",
+            "| {} | {} | {:.0} | {} | {} | {} | {}–{} ({:.2}) | {} | {:.3} | {:.2} | {:.2} | {} | {} | {} | {} = {:.2} PING | {} = {:.2} PING |",
             mode_name(mode),
             kind,
             acquisitions as f64 / secs,
@@ -348,6 +350,8 @@ fn main() -> Result<(), Failure> {
             micros(ping.as_micros() as u64),
             micros(cycle.as_micros() as u64),
             cycle.as_secs_f64() / ping.as_secs_f64(),
+            micros(dropped.as_micros() as u64),
+            dropped.as_secs_f64() / ping.as_secs_f64(),
         );
         std::io::stdout().flush()?;
     }
@@ -364,15 +368,16 @@ fn main() -> Result<(), Failure> {
     Ok(())
 }
 
-/// A PING and an uncontended acquire+release, measured in alternating
-/// blocks so drift on a shared machine hits both alike; the medians of the
-/// blocks' means.
+/// A PING, an uncontended lock + `unlock()` and an uncontended lock + drop
+/// (the release written behind, its reply read with the next lock's),
+/// measured in alternating blocks so drift on a shared machine hits them
+/// alike; the medians of the blocks' means.
 fn uncontended(
     client: &LockClient,
     mode: WaitMode,
     release: Release,
     limit: Option<u32>,
-) -> Result<(Duration, Duration), Failure> {
+) -> Result<(Duration, Duration, Duration), Failure> {
     const BLOCKS: usize = 21;
     const ROUNDS: u32 = 200;
     let options = LockOptions::default().wait_mode(mode).release(release);
@@ -391,18 +396,30 @@ fn uncontended(
             None => Ok(lock.lock()?.unlock()?),
         }
     };
+    let mut dropped = |_: ()| -> Result<(), Failure> {
+        match &semaphore {
+            Some(semaphore) => drop(semaphore.acquire()?),
+            None => drop(lock.lock()?),
+        }
+        Ok(())
+    };
     for _ in 0..ROUNDS {
         ping(())?;
         cycle(())?;
+        dropped(())?;
     }
-    let (mut pings, mut cycles) = (Vec::new(), Vec::new());
+    let (mut pings, mut cycles, mut drops) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..BLOCKS {
         pings.push(mean_of(ROUNDS, &mut ping)?);
         cycles.push(mean_of(ROUNDS, &mut cycle)?);
+        drops.push(mean_of(ROUNDS, &mut dropped)?);
     }
+    // The last drop's reply is read here, not left to the next row.
+    lock.lock()?.unlock()?;
     pings.sort();
     cycles.sort();
-    Ok((pings[BLOCKS / 2], cycles[BLOCKS / 2]))
+    drops.sort();
+    Ok((pings[BLOCKS / 2], cycles[BLOCKS / 2], drops[BLOCKS / 2]))
 }
 
 fn mean_of(

@@ -1,22 +1,57 @@
-//! What the watchdog costs: hold N locks with renewal on and count what it
-//! sends, as the client counts it and as Redis does.
+//! What holding many locks costs: hold N locks with the watchdog on and
+//! measure the client's memory per held lock (every byte allocated and not
+//! freed, counted by a wrapping allocator), Redis's memory per lock key
+//! (`MEMORY USAGE`), and what the renewals send (as the client counts them
+//! and as Redis does).
 //!
-//! `cargo run --release --example watchdog -- [--locks 1000] [--ttl-ms 3000] [--secs 9] [--url URL]`
+//! `cargo run --release --example watchdog -- [--locks 1,100,1000,10000] [--ttl-ms 3000] [--secs 9] [--url URL]`
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use redmutex::{DistributedLock, LockClient, LockOptions};
 
+/// The system allocator, counting the bytes in use.
+struct Counting;
+
+static IN_USE: AtomicI64 = AtomicI64::new(0);
+
+// SAFETY: every call is passed to the system allocator unchanged; only a
+// counter is updated beside it.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        IN_USE.fetch_add(layout.size() as i64, Ordering::Relaxed);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        IN_USE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        IN_USE.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
 #[derive(Parser)]
-#[command(about = "Watchdog cost for many held locks")]
+#[command(about = "Watchdog and memory cost of many held locks")]
 struct Args {
-    /// Locks held at once.
-    #[arg(long, default_value_t = 1000)]
-    locks: usize,
+    /// Locks held at once; a comma-separated list prints a row for each.
+    #[arg(long, default_value = "1000", value_delimiter = ',')]
+    locks: Vec<usize>,
     /// Their ttl in milliseconds (renewed every ttl/3).
     #[arg(long, default_value_t = 3000)]
     ttl_ms: u64,
@@ -30,12 +65,24 @@ struct Args {
 
 fn evalsha_calls(con: &mut redis::Connection) -> redis::RedisResult<u64> {
     let info: String = redis::cmd("INFO").arg("commandstats").query(con)?;
-    Ok(info
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0))
+    Ok(support::parse_calls(&info, "evalsha"))
+}
+
+/// The mean `MEMORY USAGE` of up to 100 of the `held` keys.
+fn redis_bytes_per_key(con: &mut redis::Connection, held: usize) -> redis::RedisResult<f64> {
+    let sample = held.min(100);
+    let step = (held / sample.max(1)).max(1);
+    let mut total = 0u64;
+    for i in (0..held).step_by(step).take(sample) {
+        let bytes: Option<u64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(format!("redmutex-dog:{i}"))
+            .arg("SAMPLES")
+            .arg(0)
+            .query(con)?;
+        total += bytes.unwrap_or(0);
+    }
+    Ok(total as f64 / sample.max(1) as f64)
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -46,38 +93,54 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let options = LockOptions::default()
         .ttl(Duration::from_millis(args.ttl_ms))
         .watchdog(true);
-    let guards = (0..args.locks)
-        .map(|i| {
-            DistributedLock::with_options(&client, format!("redmutex-dog:{i}"), options.clone())
-                .lock()
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let before = (client.stats(), evalsha_calls(&mut admin)?);
-    let started = Instant::now();
-    std::thread::sleep(Duration::from_secs_f64(args.secs));
-    let secs = started.elapsed().as_secs_f64();
-    let after = (client.stats(), evalsha_calls(&mut admin)?);
-    let lost = guards.iter().filter(|g| g.is_lost()).count();
-    let renewals = after.0.renewals - before.0.renewals;
-    let trips = after.0.renewal_round_trips - before.0.renewal_round_trips;
-    println!(
-        "| locks held | ttl | renewals/s | round trips/s | renewals per round trip | EVALSHA/s (INFO) | lost |"
-    );
-    println!("|---|---|---|---|---|---|---|");
-    println!(
-        "| {} | {} ms | {:.0} | {:.1} | {:.0} | {:.0} | {lost} |",
-        args.locks,
-        args.ttl_ms,
-        renewals as f64 / secs,
-        trips as f64 / secs,
-        renewals as f64 / trips.max(1) as f64,
-        (after.1 - before.1) as f64 / secs,
-    );
-    for guard in guards {
-        guard.unlock()?;
+    // Warm up: the pool's connections, the watchdog thread, the scripts.
+    for i in 0..64 {
+        DistributedLock::with_options(&client, format!("redmutex-dog:warm:{i}"), options.clone())
+            .lock()?
+            .unlock()?;
     }
-    if lost > 0 {
-        return Err(format!("{lost} leases were lost").into());
+    println!(
+        "| locks held | ttl | client memory per held lock | Redis memory per lock key | renewals/s | round trips/s | renewals per round trip | round trips/s per 1,000 locks | EVALSHA/s (INFO) | lost |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let mut lost_total = 0;
+    for &n in &args.locks {
+        let locks: Vec<DistributedLock> = (0..n)
+            .map(|i| {
+                DistributedLock::with_options(&client, format!("redmutex-dog:{i}"), options.clone())
+            })
+            .collect();
+        let empty = IN_USE.load(Ordering::Relaxed);
+        let guards = locks
+            .iter()
+            .map(DistributedLock::lock)
+            .collect::<Result<Vec<_>, _>>()?;
+        let per_lock = (IN_USE.load(Ordering::Relaxed) - empty) as f64 / n.max(1) as f64;
+        let per_key = redis_bytes_per_key(&mut admin, n)?;
+        let before = (client.stats(), evalsha_calls(&mut admin)?);
+        let started = Instant::now();
+        std::thread::sleep(Duration::from_secs_f64(args.secs));
+        let secs = started.elapsed().as_secs_f64();
+        let after = (client.stats(), evalsha_calls(&mut admin)?);
+        let lost = guards.iter().filter(|g| g.is_lost()).count();
+        let renewals = after.0.renewals - before.0.renewals;
+        let trips = after.0.renewal_round_trips - before.0.renewal_round_trips;
+        println!(
+            "| {n} | {} ms | {per_lock:.0} B | {per_key:.0} B | {:.0} | {:.1} | {:.0} | {:.2} | {:.0} | {lost} |",
+            args.ttl_ms,
+            renewals as f64 / secs,
+            trips as f64 / secs,
+            renewals as f64 / trips.max(1) as f64,
+            trips as f64 / secs / (n as f64 / 1000.0),
+            (after.1 - before.1) as f64 / secs,
+        );
+        for guard in guards {
+            guard.unlock()?;
+        }
+        lost_total += lost;
+    }
+    if lost_total > 0 {
+        return Err(format!("{lost_total} leases were lost").into());
     }
     Ok(())
 }

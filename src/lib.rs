@@ -170,6 +170,16 @@
 //!   [`DistributedLock::force_release`] records what it deleted under a
 //!   request id. (On Redis Cluster redis-rs resends by itself, so nothing
 //!   may rely on being sent once.)
+//! * **Drop writes its release behind.** A [`LockGuard`] dropped without
+//!   [`LockGuard::unlock`] sends its owner-checked release (no marker: it is
+//!   never sent twice) and returns; the next request on that pooled
+//!   connection reads the reply with its own, in one round trip. A reply
+//!   lost that way is logged as "release outcome unknown" and the token
+//!   goes to the cleanup below; `NOSCRIPT` sends it again by `EVAL`; a
+//!   failed write releases synchronously. Only on a plain connection of the
+//!   client's own pool that the server answered within the last 500 ms,
+//!   with [`Release::Lua`]; elsewhere (Cluster, a pool you built, the other
+//!   lock types) drop releases synchronously. `unlock()` always does.
 //! * **Failures leave nothing.** An acquisition whose request may have set
 //!   the key but which returns an error, and a release that fails on the
 //!   network, hand the token to the client's cleanup (on the watchdog

@@ -102,6 +102,11 @@ struct Inner {
     names: Namespace,
     /// The server's clock, for the acquisition time in holder metadata.
     clock: ServerClock,
+    /// A release by script has worked on this client, so a dropped guard
+    /// may write its release behind (see `release::release_behind`): the
+    /// first release is always synchronous, and a server that refuses
+    /// scripts turns writing behind off again.
+    behind_ok: Arc<AtomicBool>,
 }
 
 impl Inner {
@@ -125,6 +130,7 @@ impl Inner {
             markers_refused: AtomicBool::new(false),
             names,
             clock: ServerClock::default(),
+            behind_ok: Arc::new(AtomicBool::new(false)),
         }
     }
 }
@@ -398,6 +404,34 @@ impl LockClient {
 
     pub(crate) fn watchdog(&self) -> &Watchdog {
         &self.inner.watchdog
+    }
+
+    /// The counters, for what outlives this call (a reply owed on a
+    /// connection).
+    pub(crate) fn counters_handle(&self) -> Arc<Stats> {
+        self.inner.stats.clone()
+    }
+
+    /// A pooled connection, for a request written behind.
+    pub(crate) fn pooled(&self) -> Result<Connection, Error> {
+        Ok(self.inner.backend.get(self.inner.backend.connect_wait())?)
+    }
+
+    /// Whether a dropped guard may write its release behind (see
+    /// the client's `behind_ok`).
+    pub(crate) fn behind_ok(&self) -> bool {
+        self.inner.behind_ok.load(Ordering::Relaxed)
+    }
+
+    /// A release by script worked (`true`) or was refused (`false`).
+    pub(crate) fn scripts_work(&self, work: bool) {
+        self.inner.behind_ok.store(work, Ordering::Relaxed);
+    }
+
+    /// The client's flag for [`LockClient::behind_ok`], for what outlives
+    /// this call.
+    pub(crate) fn behind_flag(&self) -> Arc<AtomicBool> {
+        self.inner.behind_ok.clone()
     }
 
     /// Refuses what cannot work safely on this deployment, before anything

@@ -7,13 +7,17 @@
 //! `policy.rs`).
 
 use std::cell::Cell;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use redis::{ConnectionLike, RedisResult, Value, pipe};
+use redis::{ConnectionLike, RedisError, RedisResult, Value, pipe};
 
+use crate::conn::backend::{Owed, Rewrite};
 use crate::conn::policy::{Op, Replied, marker_ttl};
-use crate::conn::stats::Stats;
+use crate::conn::stats::{Stats, Tag};
 use crate::error::{Error, NotHeldReason};
+use crate::renew::watchdog::{Cleanups, Orphan, OrphanKind};
 use crate::script;
 use crate::wait::backoff::{Jitter, ThreadJitter};
 
@@ -293,6 +297,12 @@ pub(crate) fn release(
     how: crate::client::options::Release,
 ) -> Result<Option<u64>, Error> {
     let released = release_as(client, key, token, how);
+    if how == crate::client::options::Release::Lua
+        && matches!(&released, Ok(_) | Err(Error::NotHeld { .. }))
+        && !client.behind_ok()
+    {
+        client.scripts_work(true);
+    }
     // A server without scripts (SCRIPT or EVALSHA renamed away) still let
     // the plain `SET NX` take the lock: release it with WATCH/MULTI rather
     // than leave it for its ttl. Nothing ran (the command was refused), so
@@ -308,6 +318,158 @@ pub(crate) fn release(
             release_as(client, key, token, crate::client::options::Release::Watch)
         }
         other => other,
+    }
+}
+
+/// Writes the owner-checked release of `key` behind (see
+/// [`Connection::write_behind`](crate::conn::backend::Connection::write_behind)):
+/// `lua/release.lua` is sent, without a marker, and this returns at once;
+/// the reply is read by the next user of the connection, in the same round
+/// trip as its own request, and handed to an [`OwedRelease`]. `true` when
+/// the release was written; `false` when it cannot be (not a plain
+/// connection of this crate's pool, scripts not known to work on this
+/// client, no connection, or the write failed), and the caller releases
+/// synchronously instead.
+///
+/// No marker: nothing sends this release twice on its own. A reply that
+/// never comes (the connection lost first) leaves the outcome unknown, and
+/// the token goes to the cleanup, whose owner-checked releases are safe to
+/// repeat.
+pub(crate) fn release_behind(
+    client: &crate::client::LockClient,
+    key: &str,
+    token: &str,
+    tag: Tag,
+) -> bool {
+    if !client.behind_ok() {
+        return false;
+    }
+    let Ok(mut con) = client.pooled() else {
+        return false;
+    };
+    if !con.can_write_behind() {
+        return false;
+    }
+    let channel = client.names().release_channel(key);
+    let request = script::release_unmarked(key, token, &channel, false).get_packed_command();
+    let owed = Box::new(OwedRelease {
+        key: key.to_owned(),
+        token: token.to_owned(),
+        channel,
+        tag,
+        stats: client.counters_handle(),
+        cleanups: client.watchdog().cleanups(),
+        cleanup_window: marker_ttl(client.timeout()),
+        scripts_work: client.behind_flag(),
+        rewritten: false,
+    });
+    client.counters().commands(1);
+    con.write_behind(&request, owed).is_ok()
+}
+
+/// The reply a connection owes to a release written behind, and what to do
+/// with it: nothing when it released; a log line and the loss counted when
+/// the lease was already gone; the release sent again by `EVAL` after
+/// `NOSCRIPT`; the token handed to the cleanup when the reply is lost or
+/// the server refused (a demoted primary answering `READONLY`, say).
+pub(crate) struct OwedRelease {
+    key: String,
+    token: String,
+    channel: String,
+    tag: Tag,
+    stats: Arc<Stats>,
+    cleanups: Cleanups,
+    cleanup_window: Duration,
+    scripts_work: Arc<AtomicBool>,
+    /// Already sent again as an `EVAL`, which cannot meet `NOSCRIPT`.
+    rewritten: bool,
+}
+
+impl OwedRelease {
+    fn clean_up(self) {
+        let this = self;
+        let orphan = Orphan::new(
+            &this.key,
+            this.channel,
+            OrphanKind::Plain { token: this.token },
+            this.cleanup_window,
+        );
+        if !this.cleanups.clean_up(orphan) {
+            log::debug!(
+                "redmutex: the client is gone; {:?} expires after its ttl",
+                this.key
+            );
+        }
+    }
+}
+
+impl Owed for OwedRelease {
+    fn replied(mut self: Box<Self>, reply: Value) -> Option<Rewrite> {
+        let code = match &reply {
+            Value::Array(items) => match items.first() {
+                Some(Value::Int(code)) => Some(*code),
+                _ => None,
+            },
+            _ => None,
+        };
+        match (code, reply) {
+            (Some(1 | 2), _) => None,
+            (Some(code), _) => {
+                let err = Error::not_held(&self.key, not_held(code, &Cell::new(false)));
+                log::warn!("redmutex: releasing {:?} on drop: {err}", self.key);
+                self.stats.hold_ended(self.tag, None, false, Err(&err));
+                None
+            }
+            (None, Value::ServerError(refused))
+                if refused.code() == "NOSCRIPT" && !self.rewritten =>
+            {
+                // The script cache was flushed: the release did not run.
+                // Sent again with the source, behind like the first.
+                self.rewritten = true;
+                let request = script::release_unmarked(&self.key, &self.token, &self.channel, true)
+                    .get_packed_command();
+                self.stats.commands(1);
+                Some(Rewrite {
+                    request,
+                    owed: self,
+                })
+            }
+            (None, reply) => {
+                let err = match reply {
+                    Value::ServerError(refused) => RedisError::from(refused),
+                    other => RedisError::from((
+                        redis::ErrorKind::Parse,
+                        "unexpected reply to a release",
+                        format!("{other:?}"),
+                    )),
+                };
+                if err
+                    .detail()
+                    .is_some_and(|detail| detail.starts_with("unknown command '"))
+                {
+                    // No scripts here after all: later drops release
+                    // synchronously, which can fall back to WATCH.
+                    self.scripts_work.store(false, Ordering::Relaxed);
+                }
+                let err = Error::from_redis(&self.key, err);
+                log::warn!(
+                    "redmutex: releasing {:?} on drop: {err}; releasing it again in the background",
+                    self.key
+                );
+                self.stats.hold_ended(self.tag, None, false, Err(&err));
+                (*self).clean_up();
+                None
+            }
+        }
+    }
+
+    fn lost(self: Box<Self>, err: &RedisError) {
+        log::warn!(
+            "redmutex: releasing {:?} on drop: release outcome unknown, the connection was lost \
+             before its reply ({err}); releasing it again in the background",
+            self.key
+        );
+        (*self).clean_up();
     }
 }
 

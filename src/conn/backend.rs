@@ -24,7 +24,7 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::io::tcp::TcpSettings;
@@ -225,6 +225,41 @@ impl Manager {
     }
 }
 
+/// A reply a connection still owes: its request was written behind (sent
+/// without waiting, [`Connection::write_behind`]), and whoever uses the
+/// connection next reads it, in order, before its own.
+pub(crate) trait Owed: std::marker::Send {
+    /// The reply came (an error reply as [`Value::ServerError`]). Returns
+    /// a request to write behind in its stead when the reply asks for it to
+    /// be sent again (`NOSCRIPT`: a script missing from the cache).
+    fn replied(self: Box<Self>, reply: Value) -> Option<Rewrite>;
+
+    /// The reply will never be read: the connection was lost or given up
+    /// first, so whether the request ran is unknown.
+    fn lost(self: Box<Self>, err: &RedisError);
+}
+
+/// A request to write behind again, with what its reply is owed to.
+pub(crate) struct Rewrite {
+    pub(crate) request: Vec<u8>,
+    pub(crate) owed: Box<dyn Owed>,
+}
+
+/// At most this many replies are owed on one connection: writing behind on
+/// a connection owing that many reads them first, so a thread dropping
+/// thousands of guards in a row keeps memory (ours and the server's output
+/// buffer) bounded.
+pub(crate) const MAX_OWED: usize = 32;
+
+/// Requests are written behind only on a connection the server answered on
+/// this recently. A write into a connection the server closed earlier (an
+/// idle `timeout`, a restart) succeeds locally and is lost; a synchronous
+/// request would see it and resend. Redis closes idle clients after whole
+/// seconds, so a connection answered within this cannot have been closed
+/// that way; a program that holds a lock longer releases synchronously,
+/// which a batch job exiting right after its work wants anyway.
+pub(crate) const FRESH: Duration = Duration::from_millis(500);
+
 /// A connection of a pool of this crate.
 pub(crate) struct Link {
     kind: LinkKind,
@@ -232,6 +267,10 @@ pub(crate) struct Link {
     broken: bool,
     epoch: u64,
     epochs: Arc<AtomicU64>,
+    /// Replies to requests written behind, oldest first (plain links only).
+    owed: Vec<Box<dyn Owed>>,
+    /// When the server last answered on this connection (or it was opened).
+    answered: Instant,
 }
 
 enum LinkKind {
@@ -254,6 +293,97 @@ impl Link {
         }
     }
 
+    /// Sends `request` and reads first the replies owed, then its own: the
+    /// request goes out before anything is read, so the owed replies and
+    /// this one share a round trip (Redis answers in order).
+    fn after_owed(&mut self, request: &[u8]) -> RedisResult<Value> {
+        let LinkKind::Plain(con) = &mut self.kind else {
+            return self.connection().req_packed_command(request);
+        };
+        if let Err(err) = con.send_packed_command(request) {
+            return Err(self.give_up(err));
+        }
+        if let Err(err) = self.settle_owed() {
+            return Err(self.give_up(err));
+        }
+        let LinkKind::Plain(con) = &mut self.kind else {
+            return Err(self.give_up(not_plain()));
+        };
+        loop {
+            match con.recv_response() {
+                // RESP3 pushes are no replies.
+                Ok(Value::Push { .. }) => continue,
+                Ok(reply) => return Ok(reply),
+                Err(err) => return Err(self.give_up(err)),
+            }
+        }
+    }
+
+    /// Reads every reply owed, oldest first, and hands each to its owner. A
+    /// rewrite (a resend after `NOSCRIPT`) is written behind again and
+    /// owed in turn; it cannot ask for another (it is an `EVAL`), so two
+    /// rounds settle everything.
+    fn settle_owed(&mut self) -> RedisResult<()> {
+        for _ in 0..2 {
+            if self.owed.is_empty() {
+                break;
+            }
+            let mut owed = std::mem::take(&mut self.owed);
+            let mut pending = owed.drain(..);
+            while let Some(entry) = pending.next() {
+                let LinkKind::Plain(con) = &mut self.kind else {
+                    entry.lost(&not_plain());
+                    continue;
+                };
+                let reply = loop {
+                    match con.recv_response() {
+                        Ok(Value::Push { .. }) => continue,
+                        other => break other,
+                    }
+                };
+                match reply {
+                    Ok(reply) => {
+                        if let Some(rewrite) = entry.replied(reply) {
+                            match con.send_packed_command(&rewrite.request) {
+                                Ok(()) => self.owed.push(rewrite.owed),
+                                Err(err) => {
+                                    rewrite.owed.lost(&err);
+                                    for rest in pending.by_ref() {
+                                        rest.lost(&err);
+                                    }
+                                    return Err(err);
+                                }
+                            }
+                        }
+                    }
+                    Err(err) => {
+                        entry.lost(&err);
+                        for rest in pending.by_ref() {
+                            rest.lost(&err);
+                        }
+                        return Err(err);
+                    }
+                }
+            }
+            drop(pending);
+            // Keep the allocation for the next requests written behind.
+            if self.owed.is_empty() {
+                self.owed = owed;
+            }
+        }
+        Ok(())
+    }
+
+    /// After a failed read or write the connection is never reused, and
+    /// the replies it still owes are lost.
+    fn give_up(&mut self, err: RedisError) -> RedisError {
+        self.broken = true;
+        for entry in self.owed.drain(..) {
+            entry.lost(&err);
+        }
+        err
+    }
+
     fn set_timeouts(&self, timeout: Option<Duration>) -> RedisResult<()> {
         match &self.kind {
             LinkKind::Plain(con) => {
@@ -264,6 +394,36 @@ impl Link {
                 con.set_read_timeout(timeout)?;
                 con.set_write_timeout(timeout)
             }
+        }
+    }
+}
+
+fn not_plain() -> RedisError {
+    RedisError::from((
+        redis::ErrorKind::Client,
+        "replies are owed only on plain connections",
+    ))
+}
+
+impl Drop for Link {
+    /// The replies still owed are read (each within the I/O timeout) before
+    /// the connection closes: the requests were written, and reading their
+    /// replies before the abortive close makes sure Redis got them, and
+    /// tells their owners the outcome. On a broken link they are lost.
+    fn drop(&mut self) {
+        if self.owed.is_empty() {
+            return;
+        }
+        if self.broken {
+            let err = RedisError::from((
+                redis::ErrorKind::Io,
+                "the connection was closed after a lost reply",
+            ));
+            self.give_up(err);
+            return;
+        }
+        if let Err(err) = self.settle_owed() {
+            self.give_up(err);
         }
     }
 }
@@ -286,6 +446,8 @@ impl r2d2::ManageConnection for Manager {
             broken: false,
             epoch,
             epochs: self.epoch.clone(),
+            owed: Vec::new(),
+            answered: Instant::now(),
         })
     }
 
@@ -593,6 +755,11 @@ impl Connection {
     /// Looks at every reply: after a lost one the connection is broken, and
     /// a dropped one retires the pool's older idle connections.
     fn note<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
+        if result.is_ok()
+            && let Pooled::Own(link) = &mut self.pooled
+        {
+            link.answered = Instant::now();
+        }
         if let Err(err) = &result
             && reply_lost(err)
             && let Pooled::Own(link) = &mut self.pooled
@@ -603,6 +770,84 @@ impl Connection {
             }
         }
         result
+    }
+
+    /// The plain link of this crate's pool under this connection, when it
+    /// owes replies (the only kind that can: see [`Connection::write_behind`]).
+    fn owing(&mut self) -> Option<&mut Link> {
+        match &mut self.pooled {
+            Pooled::Own(link) if !link.owed.is_empty() => Some(&mut **link),
+            _ => None,
+        }
+    }
+
+    /// Whether requests can be written behind on this connection: a plain
+    /// connection (one node or Sentinel) of this crate's pool. A cluster
+    /// connection routes each request and cannot keep replies owed; a pool
+    /// the caller built keeps no state of ours with its connections.
+    pub(crate) fn can_write_behind(&self) -> bool {
+        matches!(&self.pooled, Pooled::Own(link)
+            if matches!(link.kind, LinkKind::Plain(_))
+                && !link.broken
+                && link.answered.elapsed() < FRESH)
+    }
+
+    /// Writes `request` and returns without waiting for its reply: the
+    /// connection goes back to the pool owing it, and whoever uses the
+    /// connection next reads it first and hands it to `owed`, so the two
+    /// requests share a round trip. The whole request has reached the
+    /// socket when this returns `Ok`.
+    ///
+    /// # Errors
+    ///
+    /// `owed` back when nothing complete was written: the connection cannot
+    /// write behind ([`Connection::can_write_behind`]), or the write failed
+    /// (the connection is then closed, and a partial request never runs).
+    /// The caller sends the request the usual way.
+    pub(crate) fn write_behind(
+        &mut self,
+        request: &[u8],
+        owed: Box<dyn Owed>,
+    ) -> Result<(), Box<dyn Owed>> {
+        if !self.can_write_behind() {
+            return Err(owed);
+        }
+        let Pooled::Own(link) = &mut self.pooled else {
+            return Err(owed);
+        };
+        if link.owed.len() >= MAX_OWED
+            && let Err(err) = link.settle_owed()
+        {
+            let err = link.give_up(err);
+            self.note::<()>(Err(err)).ok();
+            return Err(owed);
+        }
+        let LinkKind::Plain(con) = &mut link.kind else {
+            return Err(owed);
+        };
+        match con.send_packed_command(request) {
+            Ok(()) => {
+                link.owed.push(owed);
+                Ok(())
+            }
+            Err(err) => {
+                let err = link.give_up(err);
+                self.note::<()>(Err(err)).ok();
+                Err(owed)
+            }
+        }
+    }
+
+    /// Reads the replies this connection owes, before a request that cannot
+    /// go ahead of them (a pipeline).
+    fn settle(&mut self) -> RedisResult<()> {
+        if let Some(link) = self.owing()
+            && let Err(err) = link.settle_owed()
+        {
+            let err = link.give_up(err);
+            return self.note(Err(err));
+        }
+        Ok(())
     }
 
     /// Whether a reply was lost on this connection (it will be closed).
@@ -616,7 +861,10 @@ impl Connection {
 
 impl ConnectionLike for Connection {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
-        let result = self.inner().req_packed_command(cmd);
+        let result = match self.owing() {
+            Some(link) => link.after_owed(cmd),
+            None => self.inner().req_packed_command(cmd),
+        };
         self.note(result)
     }
 
@@ -626,11 +874,18 @@ impl ConnectionLike for Connection {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
+        // Pipelines are rare on the hot path: the owed replies are read
+        // first rather than interleaved with the pipeline's.
+        self.settle()?;
         let result = self.inner().req_packed_commands(cmd, offset, count);
         self.note(result)
     }
 
     fn req_command(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        if let Some(link) = self.owing() {
+            let result = link.after_owed(&cmd.get_packed_command());
+            return self.note(result);
+        }
         // The cluster connection routes by the parsed command here.
         let result = self.inner().req_command(cmd);
         self.note(result)
@@ -645,7 +900,7 @@ impl ConnectionLike for Connection {
     }
 
     fn check_connection(&mut self) -> bool {
-        self.inner().check_connection()
+        self.settle().is_ok() && self.inner().check_connection()
     }
 
     fn is_open(&self) -> bool {

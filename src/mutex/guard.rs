@@ -13,6 +13,12 @@ use crate::mutex::lease::Lease;
 /// Proof that this thread holds a lock. Dropping it releases the lock
 /// (best effort, errors logged); [`LockGuard::unlock`] releases and reports.
 ///
+/// A drop writes the release behind where it can (the crate docs' failure
+/// model says where): the owner-checked release is sent and the drop
+/// returns without waiting for its reply, which the next request on that
+/// connection reads with its own, in the same round trip. Call
+/// [`LockGuard::unlock`] to know the outcome.
+///
 /// The guard owns what release needs (no lifetime ties it to the
 /// [`DistributedLock`](crate::DistributedLock)). Guards of a reentrant hold
 /// share one lease in Redis, released when the last of them goes, whatever

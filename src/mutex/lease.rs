@@ -340,16 +340,27 @@ impl Lease {
     /// done: a release that fails on the network is handed to the client's
     /// cleanup, which releases the key (owner-checked) once Redis answers.
     pub(crate) fn release_now(&self, how: Release) -> Result<(), Error> {
+        self.release_once(how, false)
+    }
+
+    /// [`Lease::release_now`] for a drop: a release in Redis is written
+    /// behind when the connection allows it (`release::release_behind`),
+    /// and its outcome, read later, is only logged.
+    fn release_on_drop(&self) -> Result<(), Error> {
+        self.release_once(self.release, true)
+    }
+
+    fn release_once(&self, how: Release, behind: bool) -> Result<(), Error> {
         if self.released.replace(true) {
             return Ok(());
         }
-        let result = self.let_go(how);
+        let result = self.let_go(how, behind);
         self.client
             .counters()
             .release(self.tag, self.held_since.get(), self.is_lost(), result)
     }
 
-    fn let_go(&self, how: Release) -> Result<(), Error> {
+    fn let_go(&self, how: Release, behind: bool) -> Result<(), Error> {
         holds::leave(self.client.id(), &self.key, self);
         if self.may_hand_off() {
             let (sent, ttl) = self.timing();
@@ -385,6 +396,15 @@ impl Lease {
             self.local.queues.released(&self.key, None);
             return Err(Error::not_held(&self.key, reason.not_held_reason()));
         }
+        // Written behind, the release's answer comes too late for the
+        // queue: its head is woken to ask Redis, or waits for the message.
+        if behind
+            && how == Release::Lua
+            && release::release_behind(&self.client, &self.key, &self.token, self.tag)
+        {
+            self.local.queues.released(&self.key, None);
+            return Ok(());
+        }
         release_and_tell(&self.client, &self.local, &self.key, &self.token, how).inspect_err(
             |err| {
                 if err.may_leave_a_lease() {
@@ -413,7 +433,7 @@ impl Drop for Lease {
         if self.released.get() {
             return;
         }
-        match self.release_now(self.release) {
+        match self.release_on_drop() {
             Ok(()) => {}
             Err(err) => log::warn!("redmutex: releasing {:?} on drop: {err}", self.key),
         }

@@ -13,7 +13,7 @@
 //! (see `loss.rs`), so the holder learns of a loss before another client
 //! can take the key.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -251,21 +251,52 @@ impl Watchdog {
     /// Releases what `orphan`'s request may have left, now and until its
     /// window ends.
     pub(crate) fn clean_up(&self, orphan: Orphan) {
-        let mut registry = self.shared.registry.lock();
-        registry.orphans.push(orphan);
-        self.start(&mut registry);
+        clean_up(&self.shared, orphan);
+    }
+
+    /// A handle for cleanups that does not keep the watchdog (and so the
+    /// pool) alive: for what a pooled connection carries with it.
+    pub(crate) fn cleanups(&self) -> Cleanups {
+        Cleanups(Arc::downgrade(&self.shared))
     }
 
     fn start(&self, registry: &mut Registry) {
-        if registry.thread.is_none() && !registry.shutdown {
-            let shared = self.shared.clone();
-            match Worker::spawn(THREAD_NAME, move || run(&shared)) {
-                Ok(worker) => registry.thread = Some(worker),
-                Err(err) => log::warn!("redmutex: cannot start the watchdog thread: {err}"),
-            }
-        }
-        self.shared.changed.notify_all();
+        start(&self.shared, registry);
     }
+}
+
+/// See [`Watchdog::cleanups`].
+#[derive(Clone)]
+pub(crate) struct Cleanups(Weak<Shared>);
+
+impl Cleanups {
+    /// [`Watchdog::clean_up`]; `false` when the client is gone.
+    pub(crate) fn clean_up(&self, orphan: Orphan) -> bool {
+        match self.0.upgrade() {
+            Some(shared) => {
+                clean_up(&shared, orphan);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+fn clean_up(shared: &Arc<Shared>, orphan: Orphan) {
+    let mut registry = shared.registry.lock();
+    registry.orphans.push(orphan);
+    start(shared, &mut registry);
+}
+
+fn start(shared: &Arc<Shared>, registry: &mut Registry) {
+    if registry.thread.is_none() && !registry.shutdown {
+        let thread_shared = shared.clone();
+        match Worker::spawn(THREAD_NAME, move || run(&thread_shared)) {
+            Ok(worker) => registry.thread = Some(worker),
+            Err(err) => log::warn!("redmutex: cannot start the watchdog thread: {err}"),
+        }
+    }
+    shared.changed.notify_all();
 }
 
 impl Drop for Watchdog {
@@ -544,12 +575,7 @@ fn cleanup_call(orphan: &Orphan) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     match &orphan.kind {
         OrphanKind::Plain { token } => {
-            cmd.arg(script::RELEASE.get_hash())
-                .arg(1)
-                .arg(&orphan.key)
-                .arg(token)
-                .arg(channel)
-                .arg(1);
+            return script::release_unmarked(&orphan.key, token, channel, false);
         }
         OrphanKind::Reentrant { owner, hold } => {
             cmd.arg(script::REENTRANT_RELEASE.get_hash())

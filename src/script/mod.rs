@@ -28,8 +28,29 @@ pub(crate) static ACQUIRE: LazyLock<Script> =
 /// `lua/release.lua`: owner-checked delete, marker and PUBLISH. Returns
 /// `{1, n}` released, `{2, 0}` released by an earlier run, `{0, 0}` gone,
 /// `{-1, 0}` other owner.
-pub(crate) static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/release.lua")));
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SOURCE));
+
+/// The source of `lua/release.lua`, for an `EVAL` where `EVALSHA` cannot
+/// be retried (a release written behind that met `NOSCRIPT`).
+pub(crate) const RELEASE_SOURCE: &str = include_str!("../../lua/release.lua");
+
+/// `lua/release.lua` without a marker, by hash (`EVAL` with the source when
+/// `eval`): the owner-checked release of `token` from `key`, announced on
+/// `channel`, for a caller who never sends it twice on its own (a drop
+/// writing it behind, the cleanup of an orphan).
+pub(crate) fn release_unmarked(key: &str, token: &str, channel: &str, eval: bool) -> Cmd {
+    let mut cmd = if eval {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(RELEASE_SOURCE);
+        cmd
+    } else {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(RELEASE.get_hash());
+        cmd
+    };
+    cmd.arg(1).arg(key).arg(token).arg(channel).arg(1);
+    cmd
+}
 
 /// `lua/force_release.lua`: delete whatever the key holds, once per request.
 /// Returns the token it held, or nil.

@@ -1,0 +1,274 @@
+//! A guard dropped without `unlock()` writes its release behind: the
+//! owner-checked release is sent and the drop returns; the reply is read by
+//! the next request on that connection, in the same round trip. These tests
+//! force every way that can go wrong through the fault proxy and check that
+//! the lock is still released: the reply lost, the request lost, the script
+//! cache flushed, a server that never answers, a process that exits right
+//! after the drop.
+
+mod support;
+
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use redmutex::{DistributedLock, LockClient, LockKind, LockOptions, Release};
+use support::{FaultProxy, RedisServer, exists, sha, wait_until};
+
+const RELEASE: &str = include_str!("../lua/release.lua");
+const ROLE: &str = "REDMUTEX_TEST_ROLE";
+const URL: &str = "REDMUTEX_TEST_URL";
+
+fn options() -> LockOptions {
+    LockOptions::default()
+        .ttl(Duration::from_secs(60))
+        .wait(Duration::from_secs(5))
+}
+
+/// A client through `proxy` with a long I/O timeout, so a release that
+/// waited for its reply would visibly wait.
+fn client(proxy: &FaultProxy, timeout: Duration) -> LockClient {
+    LockClient::builder()
+        .url(proxy.url())
+        .timeout(timeout)
+        .build()
+        .expect("client")
+}
+
+/// The first release of a client is synchronous (it learns that scripts
+/// work); after it, drops write behind.
+fn primed(lock: &DistributedLock) {
+    lock.lock().expect("lock").unlock().expect("unlock");
+}
+
+fn release_calls(server: &RedisServer) -> u64 {
+    server.command_calls("evalsha") + server.command_calls("eval")
+}
+
+#[test]
+fn a_dropped_guard_does_not_wait_for_the_reply() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy, Duration::from_secs(30));
+    let lock = DistributedLock::with_options(&client, "wb:fast", options());
+    primed(&lock);
+    let (locked, go) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+    let dropped = Arc::new(AtomicBool::new(false));
+    let thread = {
+        let (dropped, lock) = (dropped.clone(), lock.clone());
+        let (locked, go) = (locked.0, go.1);
+        std::thread::spawn(move || {
+            let guard = lock.lock().expect("lock");
+            locked.send(()).expect("tell");
+            go.recv().expect("go");
+            drop(guard);
+            dropped.store(true, Ordering::SeqCst);
+        })
+    };
+    locked.1.recv().expect("locked");
+    // Nothing gets through until healed: a release that waited for its
+    // reply would wait for the 30 s timeout.
+    proxy.blackhole(true);
+    go.0.send(()).expect("go");
+    assert!(
+        wait_until(Duration::from_secs(10), || dropped.load(Ordering::SeqCst)),
+        "the drop returned while the link was silent"
+    );
+    thread.join().expect("thread");
+    assert!(exists(&server, "wb:fast"), "held back by the proxy so far");
+    proxy.blackhole(false);
+    assert!(
+        wait_until(Duration::from_secs(10), || !exists(&server, "wb:fast")),
+        "the release was on its way and ran once delivered"
+    );
+    // Its reply is read with the next request on the connection, which
+    // works as usual.
+    let again = lock.try_lock().expect("try_lock");
+    assert!(again.is_some(), "free again");
+}
+
+#[test]
+fn the_next_lock_reads_the_owed_reply_and_takes_the_key() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let lock = DistributedLock::with_options(&client, "wb:loop", options());
+    primed(&lock);
+    let before = release_calls(&server);
+    for _ in 0..50 {
+        let guard = lock.try_lock().expect("try_lock");
+        // The release written behind runs before the next SET on the same
+        // connection: the key is always free again.
+        assert!(guard.is_some(), "the previous drop's release ran first");
+    }
+    drop(lock.try_lock().expect("try_lock"));
+    assert_eq!(release_calls(&server) - before, 51, "one release per drop");
+    let stats = client.stats().kind(LockKind::Mutex);
+    assert_eq!((stats.errors_total(), stats.losses), (0, 0), "{stats:?}");
+    // The last release's reply is still owed; it is read when the client
+    // goes, before its connections close.
+    drop(lock);
+    drop(client);
+    assert!(!exists(&server, "wb:loop"));
+}
+
+#[test]
+fn a_lost_reply_on_an_owed_release_leaves_nothing_behind() {
+    let server = RedisServer::start();
+    support::load_scripts(&server);
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy, Duration::from_secs(2));
+    let lock = DistributedLock::with_options(&client, "wb:lost", options());
+    primed(&lock);
+    let guard = lock.lock().expect("lock");
+    // The release runs in Redis, and the connection is cut before its
+    // reply gets back.
+    proxy.lose_reply(&sha(RELEASE), 1);
+    drop(guard);
+    assert!(wait_until(Duration::from_secs(10), || proxy.lost_replies() == 1));
+    assert!(!exists(&server, "wb:lost"), "it ran");
+    // The next request on that connection finds it gone (the owed reply is
+    // logged as "release outcome unknown"), and is resent on a fresh one.
+    let other = DistributedLock::with_options(&client, "wb:other", options());
+    let held = other.lock().expect("lock on a fresh connection");
+    held.unlock().expect("unlock");
+    let again = lock.try_lock().expect("try_lock");
+    assert!(again.is_some());
+}
+
+#[test]
+fn a_lost_owed_release_is_sent_again_in_the_background() {
+    let server = RedisServer::start();
+    support::load_scripts(&server);
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy, Duration::from_secs(2));
+    let lock = DistributedLock::with_options(&client, "wb:dropped", options());
+    primed(&lock);
+    let guard = lock.lock().expect("lock");
+    // The release never reaches Redis: its connection is cut first.
+    proxy.drop_request(&sha(RELEASE), 1);
+    drop(guard);
+    assert!(wait_until(Duration::from_secs(10), || {
+        proxy.dropped_requests() == 1
+    }));
+    assert!(exists(&server, "wb:dropped"), "nothing ran yet");
+    // The next user of the connection finds it gone: the release's outcome
+    // is unknown, so the token goes to the cleanup, which releases it
+    // (owner-checked) long before its 60 s ttl.
+    let other = DistributedLock::with_options(&client, "wb:other", options());
+    other.lock().expect("lock").unlock().expect("unlock");
+    assert!(
+        wait_until(Duration::from_secs(10), || !exists(&server, "wb:dropped")),
+        "the cleanup released it"
+    );
+    assert!(wait_until(Duration::from_secs(10), || client
+        .stats()
+        .orphans_released
+        >= 1));
+}
+
+#[test]
+fn noscript_in_an_owed_reply_sends_the_release_again() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let lock = DistributedLock::with_options(&client, "wb:flushed", options());
+    primed(&lock);
+    let guard = lock.lock().expect("lock");
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.conn())
+        .expect("SCRIPT FLUSH");
+    drop(guard);
+    // The EVALSHA met NOSCRIPT and did not run.
+    assert!(exists(&server, "wb:flushed"));
+    // The next request reads the NOSCRIPT and writes the release again, by
+    // EVAL; the one after reads that reply.
+    let other = DistributedLock::with_options(&client, "wb:other", options());
+    other.lock().expect("lock").unlock().expect("unlock");
+    assert!(
+        wait_until(Duration::from_secs(10), || !exists(&server, "wb:flushed")),
+        "the release was sent again"
+    );
+    assert!(server.command_calls("eval") >= 1, "by EVAL");
+    assert!(lock.try_lock().expect("try_lock").is_some());
+}
+
+#[test]
+fn a_release_nobody_reads_is_read_when_the_client_goes() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let lock = DistributedLock::with_options(&client, "wb:last", options());
+    primed(&lock);
+    drop(lock.lock().expect("lock"));
+    let owed = release_calls(&server);
+    drop(lock);
+    drop(client);
+    assert!(!exists(&server, "wb:last"));
+    assert!(release_calls(&server) >= owed);
+}
+
+#[test]
+fn unlock_and_watch_releases_stay_synchronous() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy, Duration::from_millis(500));
+    let lock = DistributedLock::with_options(&client, "wb:sync", options());
+    primed(&lock);
+    // unlock() waits for and reports the answer: with the link silent it
+    // cannot say "released".
+    let guard = lock.lock().expect("lock");
+    proxy.blackhole(true);
+    let unlocked = guard.unlock();
+    assert!(unlocked.is_err(), "{unlocked:?}");
+    proxy.heal();
+    assert!(wait_until(Duration::from_secs(10), || !exists(
+        &server, "wb:sync"
+    )));
+    // A WATCH release is two round trips with a decision between them: a
+    // drop runs it synchronously.
+    let watch =
+        DistributedLock::with_options(&client, "wb:watch", options().release(Release::Watch));
+    let before = server.command_calls("watch");
+    drop(watch.lock().expect("lock"));
+    assert_eq!(server.command_calls("watch") - before, 1);
+    assert!(
+        !exists(&server, "wb:watch"),
+        "released before drop returned"
+    );
+}
+
+/// A process that exits right after a drop (no destructor runs) still
+/// releases: the bytes left before the drop returned.
+#[test]
+fn a_process_exiting_right_after_a_drop_still_releases() {
+    if std::env::var(ROLE).as_deref() == Ok("dropper") {
+        let url = std::env::var(URL).expect("url from the parent");
+        let client = LockClient::open(&url).expect("client");
+        let lock = DistributedLock::with_options(&client, "wb:exit", options());
+        primed(&lock);
+        drop(lock.lock().expect("lock"));
+        // SAFETY: `_exit` ends the process at once, running nothing else:
+        // no destructor reads the owed reply.
+        unsafe { libc::_exit(0) };
+    }
+    let server = RedisServer::start();
+    let status = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "a_process_exiting_right_after_a_drop_still_releases",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ROLE, "dropper")
+        .env(URL, server.url())
+        .status()
+        .expect("run the dropper");
+    assert!(status.success(), "{status:?}");
+    // Acquired with a 60 s ttl: gone at once only if the release ran.
+    assert!(
+        wait_until(Duration::from_secs(5), || !exists(&server, "wb:exit")),
+        "released"
+    );
+    // The priming unlock (after a NOSCRIPT, perhaps) and the drop's.
+    assert!(server.command_calls("evalsha") >= 2);
+}
