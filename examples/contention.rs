@@ -254,9 +254,9 @@ fn main() -> Result<(), Failure> {
         }
     );
     println!(
-        "| wait mode | release | acq/s | wait p50 | wait p99 | wait max | acq/worker min–max (ratio) | smallest process share | lock cmds/acq | Redis cmds/acq | handoffs/acq | max holders | violations | PING RTT | uncontended lock + unlock() | uncontended lock + drop |"
+        "| wait mode | release | acq/s | wait p50 | wait p99 | wait max | acq/worker min–max (ratio) | smallest process share | lock cmds/acq | Redis cmds/acq | handoffs/acq | max holders | violations | PING RTT | acq per PING RTT | uncontended lock + unlock() | uncontended lock + drop | hand-written SET NX PX + EVALSHA |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut violations = 0;
     let mut rows: Vec<(WaitMode, Release, Option<u32>)> = Vec::new();
     for mode in modes(args.wait_mode) {
@@ -268,7 +268,12 @@ fn main() -> Result<(), Failure> {
         }
     }
     for (mode, release, limit) in rows {
-        let (ping, cycle, dropped) = uncontended(&client, mode, release, limit)?;
+        let Cycles {
+            ping,
+            cycle,
+            dropped,
+            pair,
+        } = uncontended(&client, mode, release, limit)?;
 
         reset(&mut admin, args.keys)?;
         let before = commandstats(&mut admin)?;
@@ -331,7 +336,7 @@ fn main() -> Result<(), Failure> {
             None => release_name(release).to_owned(),
         };
         println!(
-            "| {} | {} | {:.0} | {} | {} | {} | {}–{} ({:.2}) | {} | {:.3} | {:.2} | {:.2} | {} | {} | {} | {} = {:.2} PING | {} = {:.2} PING |",
+            "| {} | {} | {:.0} | {} | {} | {} | {}–{} ({:.2}) | {} | {:.3} | {:.2} | {:.2} | {} | {} | {} | {:.2} | {} = {:.2} PING | {} = {:.2} PING | {} = {:.2} PING |",
             mode_name(mode),
             kind,
             acquisitions as f64 / secs,
@@ -348,10 +353,13 @@ fn main() -> Result<(), Failure> {
             processes.iter().map(|p| p.most_inside).max().unwrap_or(0),
             row_violations,
             micros(ping.as_micros() as u64),
+            acquisitions as f64 / secs * ping.as_secs_f64(),
             micros(cycle.as_micros() as u64),
             cycle.as_secs_f64() / ping.as_secs_f64(),
             micros(dropped.as_micros() as u64),
             dropped.as_secs_f64() / ping.as_secs_f64(),
+            micros(pair.as_micros() as u64),
+            pair.as_secs_f64() / ping.as_secs_f64(),
         );
         std::io::stdout().flush()?;
     }
@@ -368,23 +376,39 @@ fn main() -> Result<(), Failure> {
     Ok(())
 }
 
-/// A PING, an uncontended lock + `unlock()` and an uncontended lock + drop
-/// (the release written behind, its reply read with the next lock's),
-/// measured in alternating blocks so drift on a shared machine hits them
-/// alike; the medians of the blocks' means.
+/// What [`uncontended`] measures.
+struct Cycles {
+    ping: Duration,
+    cycle: Duration,
+    dropped: Duration,
+    /// The peer: what a program without this crate would write.
+    pair: Duration,
+}
+
+/// A compare-and-delete, the release a hand-written lock sends.
+const COMPARE_AND_DELETE: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
+
+/// A PING, an uncontended lock + `unlock()`, an uncontended lock + drop
+/// (the release written behind, its reply read with the next lock's), and
+/// the hand-written pair (`SET NX PX` with a UUID, then `EVALSHA` of a
+/// compare-and-delete, on the same kind of pooled connection), measured in
+/// alternating blocks so drift on a shared machine hits them alike; the
+/// medians of the blocks' means.
 fn uncontended(
     client: &LockClient,
     mode: WaitMode,
     release: Release,
     limit: Option<u32>,
-) -> Result<(Duration, Duration, Duration), Failure> {
+) -> Result<Cycles, Failure> {
     const BLOCKS: usize = 21;
     const ROUNDS: u32 = 200;
     let options = LockOptions::default().wait_mode(mode).release(release);
     let key = format!("{PREFIX}:uncontended");
     let lock = DistributedLock::with_options(client, key.clone(), options.clone());
-    let semaphore = limit
-        .map(|limit| Semaphore::with_options(client, key, limit, SemaphoreOptions::from(&options)));
+    let semaphore = limit.map(|limit| {
+        Semaphore::with_options(client, key.clone(), limit, SemaphoreOptions::from(&options))
+    });
     let mut ping = |_: ()| -> Result<(), Failure> {
         let mut con = client.pool()?.get()?;
         redis::cmd("PING").exec(&mut *con)?;
@@ -403,23 +427,51 @@ fn uncontended(
         }
         Ok(())
     };
+    let cad = redis::Script::new(COMPARE_AND_DELETE);
+    let peer_key = format!("{PREFIX}:peer");
+    let mut pair = |_: ()| -> Result<(), Failure> {
+        let token = uuid::Uuid::new_v4().to_string();
+        // One pooled connection per operation, as a lock library does.
+        let taken: bool = redis::cmd("SET")
+            .arg(&peer_key)
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000)
+            .query::<Option<String>>(&mut *client.pool()?.get()?)?
+            .is_some();
+        let mut con = client.pool()?.get()?;
+        let released: i64 = cad.key(&peer_key).arg(&token).invoke(&mut *con)?;
+        if !taken || released != 1 {
+            return Err("the hand-written pair did not take and release its key".into());
+        }
+        Ok(())
+    };
     for _ in 0..ROUNDS {
         ping(())?;
         cycle(())?;
         dropped(())?;
+        pair(())?;
     }
-    let (mut pings, mut cycles, mut drops) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut pings, mut cycles, mut drops, mut pairs) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..BLOCKS {
         pings.push(mean_of(ROUNDS, &mut ping)?);
         cycles.push(mean_of(ROUNDS, &mut cycle)?);
         drops.push(mean_of(ROUNDS, &mut dropped)?);
+        pairs.push(mean_of(ROUNDS, &mut pair)?);
     }
     // The last drop's reply is read here, not left to the next row.
     lock.lock()?.unlock()?;
-    pings.sort();
-    cycles.sort();
-    drops.sort();
-    Ok((pings[BLOCKS / 2], cycles[BLOCKS / 2], drops[BLOCKS / 2]))
+    for blocks in [&mut pings, &mut cycles, &mut drops, &mut pairs] {
+        blocks.sort();
+    }
+    Ok(Cycles {
+        ping: pings[BLOCKS / 2],
+        cycle: cycles[BLOCKS / 2],
+        dropped: drops[BLOCKS / 2],
+        pair: pairs[BLOCKS / 2],
+    })
 }
 
 fn mean_of(

@@ -20,12 +20,14 @@ use redmutex::{DistributedLock, LockClient, LockOptions};
 struct Counting;
 
 static IN_USE: AtomicI64 = AtomicI64::new(0);
+static ALLOCATIONS: AtomicI64 = AtomicI64::new(0);
 
 // SAFETY: every call is passed to the system allocator unchanged; only a
 // counter is updated beside it.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         IN_USE.fetch_add(layout.size() as i64, Ordering::Relaxed);
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
         // SAFETY: the caller's contract, passed on.
         unsafe { System.alloc(layout) }
     }
@@ -139,6 +141,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         lost_total += lost;
     }
+    // What one uncontended cycle allocates, the client's default options.
+    let lock = DistributedLock::new(&client, "redmutex-dog:cycle");
+    let per_cycle = |cycle: &dyn Fn() -> Result<(), redmutex::Error>| {
+        const CYCLES: i64 = 1000;
+        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        for _ in 0..CYCLES {
+            cycle()?;
+        }
+        Ok::<f64, redmutex::Error>(
+            (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / CYCLES as f64,
+        )
+    };
+    let unlocked = per_cycle(&|| lock.lock()?.unlock())?;
+    let dropped = per_cycle(&|| lock.lock().map(drop))?;
+    lock.lock()?.unlock()?;
+    println!(
+        "\nallocations per uncontended cycle: lock + unlock() {unlocked:.1}, lock + drop {dropped:.1}"
+    );
     if lost_total > 0 {
         return Err(format!("{lost_total} leases were lost").into());
     }

@@ -9,21 +9,23 @@
 -- ARGV[2]  the key's release channel (redmutex:released:{tag}...)
 -- ARGV[3]  how long the marker lives, in milliseconds (a positive integer)
 --
--- Returns:
---   {1, n}   released now: the key held our token and was deleted; n is the
---            number of subscribers the message reached, -1 when it could
---            not be sent (an ACL user without the channel)
---   {2, 0}   released by an earlier run of this same request, whose reply
+-- Returns one integer (an integer is the cheapest reply to send and to
+-- parse):
+--   n + 3    released now: the key held our token and was deleted; the
+--            message reached n subscribers
+--   1        released now; the message could not be sent (an ACL user
+--            without the channel), so who got it is unknown
+--   2        released by an earlier run of this same request, whose reply
 --            was lost: its marker is there
---   {0, 0}   not released: the key does not exist (the lease expired)
---   {-1, 0}  not released: the key holds another owner's token
---   {-2, 0}, {-3, 0}  as {0, 0} and {-1, 0}, but the marker cannot be read
---            (an ACL refuses it): whether an earlier run of this request
---            released the key cannot be told
+--   0        not released: the key does not exist (the lease expired)
+--   -1       not released: the key holds another owner's token
+--   -2, -3   as 0 and -1, but the marker cannot be read (an ACL refuses
+--            it): whether an earlier run of this request released the key
+--            cannot be told
 -- Errors with WRONGTYPE when the key holds a non-string value; nothing changes.
 --
 -- Safe to run twice: the second run finds the key gone or taken and the
--- marker there, and answers {2, 0}. The marker and the message go through
+-- marker there, and answers 2. The marker and the message go through
 -- pcall, so a user whose ACL refuses them still releases, and a release
 -- that deleted the key never turns into an error.
 local current = redis.call('GET', KEYS[1])
@@ -34,9 +36,9 @@ if current == ARGV[1] then
   end
   local n = redis.pcall('PUBLISH', ARGV[2], '')
   if type(n) ~= 'number' then
-    n = -1
+    return 1
   end
-  return {1, n}
+  return n + 3
 end
 local code = -1
 if current == false then
@@ -45,9 +47,9 @@ end
 if KEYS[2] then
   local marked = redis.pcall('EXISTS', KEYS[2])
   if marked == 1 then
-    return {2, 0}
+    return 2
   elseif type(marked) ~= 'number' then
     code = code - 2
   end
 end
-return {code, 0}
+return code

@@ -25,7 +25,7 @@
 //! ## How it works
 //!
 //! * **Acquire**: `SET key token NX PX ttl GET`, one round trip, with a fresh
-//!   token (a UUID v4 and the [`Holder`] metadata). [`DistributedLock::lock`], [`DistributedLock::try_lock_for`]
+//!   token (a random secret and the [`Holder`] metadata). [`DistributedLock::lock`], [`DistributedLock::try_lock_for`]
 //!   and [`DistributedLock::try_lock_until`] retry with exponential backoff and
 //!   full jitter, never sleeping past the deadline, with one last attempt at it.
 //! * **Release** is owner-checked, by [`Release::Lua`] (one `EVALSHA`,
@@ -171,15 +171,19 @@
 //!   request id. (On Redis Cluster redis-rs resends by itself, so nothing
 //!   may rely on being sent once.)
 //! * **Drop writes its release behind.** A [`LockGuard`] dropped without
-//!   [`LockGuard::unlock`] sends its owner-checked release (no marker: it is
-//!   never sent twice) and returns; the next request on that pooled
-//!   connection reads the reply with its own, in one round trip. A reply
-//!   lost that way is logged as "release outcome unknown" and the token
-//!   goes to the cleanup below; `NOSCRIPT` sends it again by `EVAL`; a
-//!   failed write releases synchronously. Only on a plain connection of the
-//!   client's own pool that the server answered within the last 500 ms,
-//!   with [`Release::Lua`]; elsewhere (Cluster, a pool you built, the other
-//!   lock types) drop releases synchronously. `unlock()` always does.
+//!   [`LockGuard::unlock`] sends its owner-checked release and returns; the
+//!   next request on that pooled connection reads the reply with its own,
+//!   in one round trip. A reply lost that way is logged as "release outcome
+//!   unknown" and the token goes to the cleanup below; `NOSCRIPT` sends it
+//!   again by `EVAL`; a failed write releases synchronously; a reply nobody
+//!   reads within three I/O timeouts has the cleanup release the token
+//!   (owner-checked, so harmless if the release ran). Only with
+//!   [`Release::Lua`], on a plain connection of the client's own pool that
+//!   the server answered within the last 500 ms, while no thread of the
+//!   client waits for the key and the lock's last release reached no waiter
+//!   elsewhere; otherwise (and on Cluster, with a pool you built, for the
+//!   other lock types) drop releases synchronously. `unlock()` always does,
+//!   and is the call to make when the key must be free when it returns.
 //! * **Failures leave nothing.** An acquisition whose request may have set
 //!   the key but which returns an error, and a release that fails on the
 //!   network, hand the token to the client's cleanup (on the watchdog

@@ -109,10 +109,11 @@ fn the_childs_exit_code_and_environment_pass_through() {
     let fields: Vec<&str> = stdout.split_whitespace().collect();
     assert_eq!(fields.len(), 3, "{stdout}");
     assert_eq!(fields[0], "env-job");
-    // A UUID, then the holder metadata: host, pid, program, time, label.
+    // A secret (128 bits, base64url), then the holder metadata: host, pid,
+    // program, time, label.
     let token: Vec<&str> = fields[1].split('|').collect();
     assert_eq!(token.len(), 6, "{}", fields[1]);
-    assert_eq!(token[0].len(), 36, "a UUID secret");
+    assert_eq!(token[0].len(), 22, "a 128-bit secret");
     assert_eq!(token[3], "sh", "the command is the program");
     assert_eq!(fields[2], "1", "the first fencing token");
     // A death by signal is reported the way shells do: 128 + N.

@@ -47,11 +47,14 @@ fn acquire_writes_token_with_ttl_and_release_deletes_it() {
     }
 }
 
-/// A UUID v4 secret, then the holder metadata (five more fields).
+/// A 128-bit secret in base64url, then the holder metadata (five more
+/// fields).
 fn uuid_like(token: &str) -> bool {
     let secret = token.split('|').next().unwrap_or_default();
-    secret.len() == 36
-        && secret.chars().filter(|c| *c == '-').count() == 4
+    secret.len() == 22
+        && secret
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         && token.split('|').count() == 6
 }
 

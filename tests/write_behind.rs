@@ -272,3 +272,150 @@ fn a_process_exiting_right_after_a_drop_still_releases() {
     // The priming unlock (after a NOSCRIPT, perhaps) and the drop's.
     assert!(server.command_calls("evalsha") >= 2);
 }
+
+/// `NOSCRIPT` in an owed reply makes the release go again by `EVAL`, after
+/// the request that read it: that request still gets its own reply. (A
+/// second round of reading in the same request once handed it the `EVAL`'s
+/// reply: an `RwLock` "acquired" that Redis never granted.)
+#[test]
+fn the_request_that_reads_a_noscript_gets_its_own_reply() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let lock = DistributedLock::with_options(&client, "wb:flush", options());
+    primed(&lock);
+    let rw = redmutex::RwLock::new(&client, "wb:rw");
+    drop(rw.write().expect("load the rw scripts"));
+    let guard = lock.lock().expect("lock");
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.conn())
+        .expect("SCRIPT FLUSH");
+    drop(guard);
+    // The rw acquisition goes out on the connection owing the NOSCRIPT; it
+    // meets NOSCRIPT itself, loads its script and sends again.
+    let writer = rw.try_write().expect("try_write");
+    assert!(writer.is_some(), "free");
+    assert!(
+        exists(&server, "wb:rw"),
+        "granted in Redis, not only locally"
+    );
+    drop(writer);
+    assert!(wait_until(Duration::from_secs(10), || !exists(
+        &server, "wb:flush"
+    )));
+}
+
+/// A release written behind that nobody reads (its connection left idle
+/// in the pool) is checked by the cleanup once a resend window has passed:
+/// here the script cache was flushed, so the release never ran.
+#[test]
+fn an_owed_release_nobody_reads_is_checked_in_the_background() {
+    let server = RedisServer::start();
+    let client = LockClient::builder()
+        .url(server.url())
+        .timeout(Duration::from_millis(500))
+        .build()
+        .expect("client");
+    let lock = DistributedLock::with_options(&client, "wb:idle", options());
+    primed(&lock);
+    let guard = lock.lock().expect("lock");
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.conn())
+        .expect("SCRIPT FLUSH");
+    drop(guard);
+    assert!(exists(&server, "wb:idle"), "the EVALSHA met NOSCRIPT");
+    // Nothing else uses the client: the deferred check (1.5 s with this
+    // timeout) finds the reply unread and releases the token.
+    assert!(
+        wait_until(Duration::from_secs(20), || !exists(&server, "wb:idle")),
+        "released long before its 60 s ttl"
+    );
+}
+
+/// A waiter of another client gets its turn: once a release reaches a
+/// subscriber, the holder's drops release synchronously (a release
+/// written behind lets the same thread take the key again before any
+/// waiter elsewhere could).
+#[test]
+fn a_thread_dropping_in_a_loop_does_not_starve_other_clients() {
+    let server = RedisServer::start();
+    let looper = server.lock_client();
+    let waiter = server.lock_client();
+    let hot = DistributedLock::with_options(&looper, "wb:hot", options());
+    primed(&hot);
+    let got = Arc::new(AtomicBool::new(false));
+    let thread = {
+        let (got, waiter) = (got.clone(), waiter.clone());
+        std::thread::spawn(move || {
+            let lock = DistributedLock::with_options(
+                &waiter,
+                "wb:hot",
+                options().wait(Duration::from_secs(20)),
+            );
+            let guard = lock.lock();
+            got.store(guard.is_ok(), Ordering::SeqCst);
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut cycles = 0u32;
+    while !got.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+        if let Some(guard) = hot.try_lock().expect("try_lock") {
+            drop(guard);
+            cycles += 1;
+        }
+    }
+    thread.join().expect("waiter");
+    assert!(
+        got.load(Ordering::SeqCst),
+        "the other client's waiter got it ({cycles} cycles)"
+    );
+}
+
+fn markers(server: &RedisServer, key: &str) -> usize {
+    let found: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{{{key}}}:released:*"))
+        .query(&mut server.conn())
+        .expect("KEYS");
+    found.len()
+}
+
+/// Once a release reaches a subscriber (a waiter elsewhere), the lock's
+/// drops release synchronously (the release leaves its marker before the
+/// drop returns) until a release reaches nobody again; then they write
+/// behind (no marker) once more.
+#[test]
+fn drops_release_synchronously_while_others_wait() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let lock = DistributedLock::with_options(&client, "wb:waited", options());
+    let mut subscriber = server.conn();
+    let _: () = redis::cmd("SUBSCRIBE")
+        .arg(client.release_channel("wb:waited"))
+        .query(&mut subscriber)
+        .expect("SUBSCRIBE");
+    primed(&lock);
+    let after_unlock = markers(&server, "wb:waited");
+    assert_eq!(after_unlock, 1, "unlock leaves its marker");
+    drop(lock.lock().expect("lock"));
+    assert_eq!(
+        markers(&server, "wb:waited"),
+        2,
+        "a waiter was reached: released synchronously, marker and all"
+    );
+    drop(subscriber);
+    assert!(wait_until(Duration::from_secs(10), || {
+        support::numsub(&server, &client.release_channel("wb:waited")) == 0
+    }));
+    // A synchronous release that reaches nobody turns writing behind on.
+    drop(lock.lock().expect("lock"));
+    drop(lock.lock().expect("lock"));
+    let before = markers(&server, "wb:waited");
+    drop(lock.lock().expect("lock"));
+    drop(lock.try_lock().expect("read the owed reply"));
+    assert_eq!(
+        markers(&server, "wb:waited"),
+        before,
+        "written behind: no marker"
+    );
+}

@@ -249,17 +249,27 @@ impl LockClient {
     /// server (after the resends a read gets): nothing was sent that
     /// changes Redis, and the acquisition would have met the same.
     pub(crate) fn new_token(&self, key: &str) -> Result<String, Error> {
+        Ok(self.holder.token(self.acquisition_ms(key)?))
+    }
+
+    /// [`LockClient::new_token`], shared (one allocation).
+    pub(crate) fn new_shared_token(&self, key: &str) -> Result<Arc<str>, Error> {
+        Ok(self.holder.token_shared(self.acquisition_ms(key)?))
+    }
+
+    /// The acquisition time a token carries: the server's clock (one
+    /// `TIME` per client), or 0 without metadata.
+    fn acquisition_ms(&self, key: &str) -> Result<u64, Error> {
         if !self.holder.enabled() {
-            return Ok(self.holder.token(0));
+            return Ok(0);
         }
-        let at = self.inner.clock.now_ms(|| {
+        self.inner.clock.now_ms(|| {
             self.inner.stats.commands(1);
             // A read: resent on a fresh connection after a lost reply.
             self.run(Op::Read, key, |con, _| {
                 redis::cmd("TIME").query::<(u64, u64)>(con)
             })
-        })?;
-        Ok(self.holder.token(at))
+        })
     }
 
     /// A fresh token with the holder's own clock for the acquisition time:
@@ -410,6 +420,12 @@ impl LockClient {
     /// connection).
     pub(crate) fn counters_handle(&self) -> Arc<Stats> {
         self.inner.stats.clone()
+    }
+
+    /// Whether this client's pool can write requests behind at all (its
+    /// own pool, not a cluster).
+    pub(crate) fn can_write_behind(&self) -> bool {
+        self.inner.backend.writes_behind()
     }
 
     /// A pooled connection, for a request written behind.

@@ -75,16 +75,22 @@ pub(crate) fn release_lua(
     if let Some(marker) = marker.key {
         script.key(marker);
     }
-    let (reply, receivers): (i64, i64) = script
+    let reply: i64 = script
         .arg(token)
         .arg(channel)
         .arg(marker.millis)
         .invoke(con)?;
-    Ok(match reply {
-        1 => Ok(Released::Now(u64::try_from(receivers).ok())),
+    Ok(released(reply, markerless))
+}
+
+/// What `lua/release.lua`'s integer reply says (see its header).
+pub(crate) fn released(reply: i64, markerless: &Cell<bool>) -> Outcome {
+    match reply {
+        1 => Ok(Released::Now(None)),
         2 => Ok(Released::Earlier),
+        n if n >= 3 => Ok(Released::Now(u64::try_from(n - 3).ok())),
         other => Err(not_held(other, markerless)),
-    })
+    }
 }
 
 /// The reason of a "not released" answer of the release scripts: 0 (or
@@ -225,11 +231,15 @@ fn unwatch(con: &mut dyn ConnectionLike, stats: &Stats) {
 /// `client`'s deployment. Outside a cluster every key has one; on a
 /// cluster only keys whose marker can share their slot (the others are
 /// refused before anything is sent).
+///
+/// Named by the id's secret alone (a token's holder metadata follows a
+/// `|`): as unique, and shorter to format, to send and to keep in Redis.
 pub(crate) fn marker_of(
     client: &crate::client::LockClient,
     key: &str,
     id: &str,
 ) -> (Option<String>, u64) {
+    let id = id.split_once('|').map_or(id, |(secret, _)| secret);
     let millis = u64::try_from(marker_ttl(client.timeout()).as_millis()).unwrap_or(u64::MAX);
     let marker = if !client.markers_allowed() {
         None
@@ -296,7 +306,25 @@ pub(crate) fn release(
     token: &str,
     how: crate::client::options::Release,
 ) -> Result<Option<u64>, Error> {
-    let released = release_as(client, key, token, how);
+    release_on(
+        client,
+        key,
+        &client.names().release_channel(key),
+        token,
+        how,
+    )
+}
+
+/// [`release`] with the key's release `channel` named by the caller (a lock
+/// handle keeps it).
+pub(crate) fn release_on(
+    client: &crate::client::LockClient,
+    key: &str,
+    channel: &str,
+    token: &str,
+    how: crate::client::options::Release,
+) -> Result<Option<u64>, Error> {
+    let released = release_as(client, key, channel, token, how);
     if how == crate::client::options::Release::Lua
         && matches!(&released, Ok(_) | Err(Error::NotHeld { .. }))
         && !client.behind_ok()
@@ -315,7 +343,13 @@ pub(crate) fn release(
                     .check_release(crate::client::options::Release::Watch)
                     .is_ok() =>
         {
-            release_as(client, key, token, crate::client::options::Release::Watch)
+            release_as(
+                client,
+                key,
+                channel,
+                token,
+                crate::client::options::Release::Watch,
+            )
         }
         other => other,
     }
@@ -331,17 +365,18 @@ pub(crate) fn release(
 /// client, no connection, or the write failed), and the caller releases
 /// synchronously instead.
 ///
-/// No marker: nothing sends this release twice on its own. A reply that
-/// never comes (the connection lost first) leaves the outcome unknown, and
-/// the token goes to the cleanup, whose owner-checked releases are safe to
-/// repeat.
+/// No marker: a marker tells a resend of this same request whether an
+/// earlier send ran, and nobody awaits this one's answer. The owner-checked
+/// releases that may follow it (the `EVAL` after `NOSCRIPT`, the cleanup
+/// after a lost or missing reply) are safe to run after it: they find the
+/// key gone or another owner's and change nothing.
 pub(crate) fn release_behind(
     client: &crate::client::LockClient,
-    key: &str,
-    token: &str,
+    release: Behind,
     tag: Tag,
+    counted_lost: bool,
 ) -> bool {
-    if !client.behind_ok() {
+    if !client.behind_ok() || !client.can_write_behind() {
         return false;
     }
     let Ok(mut con) = client.pooled() else {
@@ -350,21 +385,82 @@ pub(crate) fn release_behind(
     if !con.can_write_behind() {
         return false;
     }
-    let channel = client.names().release_channel(key);
-    let request = script::release_unmarked(key, token, &channel, false).get_packed_command();
+    let request =
+        script::release_unmarked(&release.key, &release.token, &release.lock.channel, false)
+            .get_packed_command();
+    let settled = Arc::new(AtomicBool::new(false));
+    // Should the reply never be read (the connection left idle in the pool,
+    // or closed without a read), the cleanup releases the token itself once
+    // a resend window has passed.
+    let cleanups = client.watchdog().cleanups();
+    let window = marker_ttl(client.timeout());
+    let deferred = Orphan::deferred(
+        release.key.clone(),
+        release.lock.channel.clone(),
+        OrphanKind::Plain {
+            token: release.token.clone(),
+        },
+        window,
+        window,
+        settled.clone(),
+    );
     let owed = Box::new(OwedRelease {
-        key: key.to_owned(),
-        token: token.to_owned(),
-        channel,
+        release,
         tag,
+        counted_lost,
         stats: client.counters_handle(),
-        cleanups: client.watchdog().cleanups(),
-        cleanup_window: marker_ttl(client.timeout()),
+        cleanups: cleanups.clone(),
+        cleanup_window: window,
         scripts_work: client.behind_flag(),
+        settled,
         rewritten: false,
     });
+    if con.write_behind(&request, owed).is_err() {
+        return false;
+    }
     client.counters().commands(1);
-    con.write_behind(&request, owed).is_ok()
+    if !cleanups.defer(deferred) {
+        log::debug!(
+            "redmutex: the client is shutting down; a release written behind is not checked"
+        );
+    }
+    true
+}
+
+/// What a release written behind names: shared with the lease, so writing
+/// it behind copies no string.
+pub(crate) struct Behind {
+    pub(crate) key: Arc<str>,
+    pub(crate) token: Arc<str>,
+    pub(crate) lock: Arc<Releases>,
+}
+
+/// What the releases of one lock handle share.
+#[derive(Debug)]
+pub(crate) struct Releases {
+    /// The key's release channel.
+    pub(crate) channel: Arc<str>,
+    /// The last release reached subscribers: waiters of other clients,
+    /// whose turn a thread taking the key again right behind its release
+    /// (as a release written behind lets it) would always skip. The lock's
+    /// drops then release synchronously, so such a waiter gets its chance,
+    /// until a release reaches nobody again.
+    pub(crate) contended: AtomicBool,
+}
+
+impl Releases {
+    pub(crate) fn new(channel: String) -> Releases {
+        Releases {
+            channel: channel.into(),
+            contended: AtomicBool::new(false),
+        }
+    }
+
+    /// A release that reached `receivers` subscribers (`None`: unknown).
+    pub(crate) fn reached(&self, receivers: Option<u64>) {
+        self.contended
+            .store(receivers != Some(0), Ordering::Relaxed);
+    }
 }
 
 /// The reply a connection owes to a release written behind, and what to do
@@ -373,51 +469,64 @@ pub(crate) fn release_behind(
 /// `NOSCRIPT`; the token handed to the cleanup when the reply is lost or
 /// the server refused (a demoted primary answering `READONLY`, say).
 pub(crate) struct OwedRelease {
-    key: String,
-    token: String,
-    channel: String,
+    release: Behind,
     tag: Tag,
+    /// The lease was already counted as lost when it was dropped.
+    counted_lost: bool,
     stats: Arc<Stats>,
     cleanups: Cleanups,
     cleanup_window: Duration,
     scripts_work: Arc<AtomicBool>,
+    /// Tells the deferred check that the reply was read.
+    settled: Arc<AtomicBool>,
     /// Already sent again as an `EVAL`, which cannot meet `NOSCRIPT`.
     rewritten: bool,
 }
 
 impl OwedRelease {
     fn clean_up(self) {
-        let this = self;
         let orphan = Orphan::new(
-            &this.key,
-            this.channel,
-            OrphanKind::Plain { token: this.token },
-            this.cleanup_window,
+            self.release.key.clone(),
+            self.release.lock.channel.clone(),
+            OrphanKind::Plain {
+                token: self.release.token.clone(),
+            },
+            self.cleanup_window,
         );
-        if !this.cleanups.clean_up(orphan) {
+        if !self.cleanups.clean_up(orphan) {
             log::debug!(
                 "redmutex: the client is gone; {:?} expires after its ttl",
-                this.key
+                self.release.key
             );
         }
+    }
+
+    fn failed(&self, err: &Error) {
+        if err.is_not_held() && self.counted_lost {
+            return;
+        }
+        self.stats.hold_ended(self.tag, None, false, Err(err));
     }
 }
 
 impl Owed for OwedRelease {
     fn replied(mut self: Box<Self>, reply: Value) -> Option<Rewrite> {
-        let code = match &reply {
-            Value::Array(items) => match items.first() {
-                Some(Value::Int(code)) => Some(*code),
-                _ => None,
-            },
+        let outcome = match &reply {
+            Value::Int(code) => Some(released(*code, &Cell::new(false))),
             _ => None,
         };
-        match (code, reply) {
-            (Some(1 | 2), _) => None,
-            (Some(code), _) => {
-                let err = Error::not_held(&self.key, not_held(code, &Cell::new(false)));
-                log::warn!("redmutex: releasing {:?} on drop: {err}", self.key);
-                self.stats.hold_ended(self.tag, None, false, Err(&err));
+        if outcome.is_some() {
+            self.settled.store(true, Ordering::Release);
+        }
+        match (outcome, reply) {
+            (Some(Ok(done)), _) => {
+                self.release.lock.reached(done.receivers());
+                None
+            }
+            (Some(Err(reason)), _) => {
+                let err = Error::not_held(&self.release.key, reason);
+                log::warn!("redmutex: releasing {:?} on drop: {err}", self.release.key);
+                self.failed(&err);
                 None
             }
             (None, Value::ServerError(refused))
@@ -426,8 +535,13 @@ impl Owed for OwedRelease {
                 // The script cache was flushed: the release did not run.
                 // Sent again with the source, behind like the first.
                 self.rewritten = true;
-                let request = script::release_unmarked(&self.key, &self.token, &self.channel, true)
-                    .get_packed_command();
+                let request = script::release_unmarked(
+                    &self.release.key,
+                    &self.release.token,
+                    &self.release.lock.channel,
+                    true,
+                )
+                .get_packed_command();
                 self.stats.commands(1);
                 Some(Rewrite {
                     request,
@@ -435,6 +549,7 @@ impl Owed for OwedRelease {
                 })
             }
             (None, reply) => {
+                self.settled.store(true, Ordering::Release);
                 let err = match reply {
                     Value::ServerError(refused) => RedisError::from(refused),
                     other => RedisError::from((
@@ -451,12 +566,12 @@ impl Owed for OwedRelease {
                     // synchronously, which can fall back to WATCH.
                     self.scripts_work.store(false, Ordering::Relaxed);
                 }
-                let err = Error::from_redis(&self.key, err);
+                let err = Error::from_redis(&self.release.key, err);
                 log::warn!(
                     "redmutex: releasing {:?} on drop: {err}; releasing it again in the background",
-                    self.key
+                    self.release.key
                 );
-                self.stats.hold_ended(self.tag, None, false, Err(&err));
+                self.failed(&err);
                 (*self).clean_up();
                 None
             }
@@ -464,11 +579,17 @@ impl Owed for OwedRelease {
     }
 
     fn lost(self: Box<Self>, err: &RedisError) {
+        self.settled.store(true, Ordering::Release);
         log::warn!(
             "redmutex: releasing {:?} on drop: release outcome unknown, the connection was lost \
              before its reply ({err}); releasing it again in the background",
-            self.key
+            self.release.key
         );
+        self.failed(&Error::OutcomeUnknown {
+            key: self.release.key.to_string(),
+            operation: Op::Release.name(),
+            source: err.clone(),
+        });
         (*self).clean_up();
     }
 }
@@ -476,10 +597,10 @@ impl Owed for OwedRelease {
 fn release_as(
     client: &crate::client::LockClient,
     key: &str,
+    channel: &str,
     token: &str,
     how: crate::client::options::Release,
 ) -> Result<Option<u64>, Error> {
-    let channel = client.names().release_channel(key);
     let (marker_key, millis) = marker_of(client, key, token);
     let marker = Marker {
         key: marker_key.as_deref(),
@@ -495,11 +616,11 @@ fn release_as(
                         key: key_of_marker,
                         ..marker
                     };
-                    release_lua(con, stats, key, token, &channel, marker, &markerless)
+                    release_lua(con, stats, key, token, channel, marker, &markerless)
                 })?
             }
             crate::client::options::Release::Watch => {
-                release_watch(con, stats, key, token, &channel, marker, &markerless)?
+                release_watch(con, stats, key, token, channel, marker, &markerless)?
             }
         };
         Ok((outcome, send.replied()))

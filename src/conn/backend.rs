@@ -258,7 +258,30 @@ pub(crate) const MAX_OWED: usize = 32;
 /// seconds, so a connection answered within this cannot have been closed
 /// that way; a program that holds a lock longer releases synchronously,
 /// which a batch job exiting right after its work wants anyway.
-pub(crate) const FRESH: Duration = Duration::from_millis(500);
+pub(crate) const FRESH_MILLIS: u64 = 500;
+
+/// A monotonic clock in milliseconds, read on every reply (so it must cost
+/// next to nothing): `CLOCK_MONOTONIC_COARSE` on Linux (a memory read in
+/// the vDSO, a few milliseconds coarse, which the freshness rule does not
+/// mind), the standard monotonic clock elsewhere.
+fn coarse_millis() -> u64 {
+    #[cfg(target_os = "linux")]
+    {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `now` is a valid, writable timespec; the call writes it
+        // and reads nothing else.
+        if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut now) } == 0 {
+            let secs = u64::try_from(now.tv_sec).unwrap_or(0);
+            let millis = u64::try_from(now.tv_nsec).unwrap_or(0) / 1_000_000;
+            return secs.saturating_mul(1_000).saturating_add(millis);
+        }
+    }
+    static START: LazyLock<Instant> = LazyLock::new(Instant::now);
+    u64::try_from(START.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
 
 /// A connection of a pool of this crate.
 pub(crate) struct Link {
@@ -269,8 +292,12 @@ pub(crate) struct Link {
     epochs: Arc<AtomicU64>,
     /// Replies to requests written behind, oldest first (plain links only).
     owed: Vec<Box<dyn Owed>>,
-    /// When the server last answered on this connection (or it was opened).
-    answered: Instant,
+    /// When the server last answered on this connection (or it was opened),
+    /// by [`coarse_millis`].
+    answered: u64,
+    /// The process that opened it: a child forked since shares the socket,
+    /// and must not read the parent's replies.
+    pid: u32,
 }
 
 enum LinkKind {
@@ -303,7 +330,9 @@ impl Link {
         if let Err(err) = con.send_packed_command(request) {
             return Err(self.give_up(err));
         }
-        if let Err(err) = self.settle_owed() {
+        // One round only: a rewrite written now goes out after `request`,
+        // so its reply comes after this request's and stays owed.
+        if let Err(err) = self.settle_owed(1) {
             return Err(self.give_up(err));
         }
         let LinkKind::Plain(con) = &mut self.kind else {
@@ -319,12 +348,13 @@ impl Link {
         }
     }
 
-    /// Reads every reply owed, oldest first, and hands each to its owner. A
-    /// rewrite (a resend after `NOSCRIPT`) is written behind again and
-    /// owed in turn; it cannot ask for another (it is an `EVAL`), so two
-    /// rounds settle everything.
-    fn settle_owed(&mut self) -> RedisResult<()> {
-        for _ in 0..2 {
+    /// Reads the replies owed, oldest first, and hands each to its owner,
+    /// in up to `rounds` rounds. A rewrite (a resend after `NOSCRIPT`) is
+    /// written behind again and owed in turn, read by the next round; it
+    /// cannot ask for another (it is an `EVAL`), so two rounds settle
+    /// everything when nothing else was written after the owed requests.
+    fn settle_owed(&mut self, rounds: usize) -> RedisResult<()> {
+        for _ in 0..rounds {
             if self.owed.is_empty() {
                 break;
             }
@@ -414,6 +444,12 @@ impl Drop for Link {
         if self.owed.is_empty() {
             return;
         }
+        if std::process::id() != self.pid {
+            // A forked child: the replies are the parent's to read, and the
+            // releases the parent's to settle.
+            self.owed.clear();
+            return;
+        }
         if self.broken {
             let err = RedisError::from((
                 redis::ErrorKind::Io,
@@ -422,11 +458,26 @@ impl Drop for Link {
             self.give_up(err);
             return;
         }
-        if let Err(err) = self.settle_owed() {
+        // Bounded: a silent server must not hold up the client's drop (or
+        // a checkout discarding this connection) for a timeout per reply.
+        if let LinkKind::Plain(con) = &self.kind
+            && con.set_read_timeout(Some(DRAIN_WAIT)).is_err()
+        {
+            self.give_up(RedisError::from((
+                redis::ErrorKind::Io,
+                "the connection could not be read before closing",
+            )));
+            return;
+        }
+        if let Err(err) = self.settle_owed(2) {
             self.give_up(err);
         }
     }
 }
+
+/// How long a connection being closed waits for each reply it still owes
+/// (the first that does not come gives the others up).
+const DRAIN_WAIT: Duration = Duration::from_millis(250);
 
 impl r2d2::ManageConnection for Manager {
     type Connection = Link;
@@ -447,13 +498,16 @@ impl r2d2::ManageConnection for Manager {
             epoch,
             epochs: self.epoch.clone(),
             owed: Vec::new(),
-            answered: Instant::now(),
+            answered: coarse_millis(),
+            pid: std::process::id(),
         })
     }
 
     /// No round trip: only the epoch is compared (see the module docs).
     fn is_valid(&self, link: &mut Link) -> RedisResult<()> {
         if link.epoch < self.epoch.load(Ordering::SeqCst) {
+            // Presumed dead: the replies it owes are not waited for.
+            link.broken = true;
             return Err(RedisError::from((
                 redis::ErrorKind::Io,
                 "an older connection, from before the server was found gone",
@@ -577,6 +631,13 @@ impl Backend {
     /// opened.
     pub(crate) fn connect_wait(&self) -> Duration {
         self.connect_wait
+    }
+
+    /// Whether this pool's connections may write requests behind (see
+    /// [`Connection::can_write_behind`]): this crate's own pool, not on a
+    /// cluster. Asked before a connection is checked out for it.
+    pub(crate) fn writes_behind(&self) -> bool {
+        matches!(&self.pools, Pools::Own(_, deployment) if *deployment != Deployment::Cluster)
     }
 
     /// The caller's own single-node pool, if this client was made from one.
@@ -758,7 +819,7 @@ impl Connection {
         if result.is_ok()
             && let Pooled::Own(link) = &mut self.pooled
         {
-            link.answered = Instant::now();
+            link.answered = coarse_millis();
         }
         if let Err(err) = &result
             && reply_lost(err)
@@ -789,7 +850,7 @@ impl Connection {
         matches!(&self.pooled, Pooled::Own(link)
             if matches!(link.kind, LinkKind::Plain(_))
                 && !link.broken
-                && link.answered.elapsed() < FRESH)
+                && coarse_millis().saturating_sub(link.answered) < FRESH_MILLIS)
     }
 
     /// Writes `request` and returns without waiting for its reply: the
@@ -816,7 +877,7 @@ impl Connection {
             return Err(owed);
         };
         if link.owed.len() >= MAX_OWED
-            && let Err(err) = link.settle_owed()
+            && let Err(err) = link.settle_owed(2)
         {
             let err = link.give_up(err);
             self.note::<()>(Err(err)).ok();
@@ -842,7 +903,7 @@ impl Connection {
     /// go ahead of them (a pipeline).
     fn settle(&mut self) -> RedisResult<()> {
         if let Some(link) = self.owing()
-            && let Err(err) = link.settle_owed()
+            && let Err(err) = link.settle_owed(2)
         {
             let err = link.give_up(err);
             return self.note(Err(err));
@@ -882,7 +943,10 @@ impl ConnectionLike for Connection {
     }
 
     fn req_command(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        if let Some(link) = self.owing() {
+        if cmd.is_no_response() {
+            // Nothing will come back to read after the owed replies.
+            self.settle()?;
+        } else if let Some(link) = self.owing() {
             let result = link.after_owed(&cmd.get_packed_command());
             return self.note(result);
         }

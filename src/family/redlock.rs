@@ -416,7 +416,7 @@ impl RedLock {
                 client.orphan(
                     &key,
                     OrphanKind::Plain {
-                        token: sent_token.clone(),
+                        token: sent_token.as_str().into(),
                     },
                 );
             }
@@ -494,7 +494,7 @@ impl RedLockGuard {
         &self.key
     }
 
-    /// The token written on the nodes: a random UUID v4 and the holder
+    /// The token written on the nodes: a random secret and the holder
     /// metadata of the first node's client ([`Holder::from_token`](crate::Holder::from_token)).
     pub fn token(&self) -> &str {
         &self.token
@@ -576,7 +576,7 @@ impl RedLockGuard {
                         client.orphan(
                             &key,
                             OrphanKind::Plain {
-                                token: token.clone(),
+                                token: token.as_str().into(),
                             },
                         );
                     }

@@ -440,7 +440,7 @@ impl RwGuard {
         &self.key
     }
 
-    /// This holder's token (its own field in the hash): a random UUID v4
+    /// This holder's token (its own field in the hash): a random secret
     /// and the holder metadata ([`Holder::from_token`](crate::Holder::from_token)).
     pub fn token(&self) -> &str {
         &self.token

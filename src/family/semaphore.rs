@@ -641,8 +641,8 @@ impl Permit {
                 let entry = client.watchdog().watch(
                     Renewal::Permit,
                     semaphore.tag(),
-                    &semaphore.key,
-                    &gift.id,
+                    &Arc::from(semaphore.key.as_str()),
+                    &Arc::from(gift.id.as_str()),
                     sent,
                     ttl,
                     cap,
@@ -700,7 +700,7 @@ impl Permit {
         if self.queued {
             self.local.queues.hold(
                 &self.queue_key,
-                &self.id,
+                &Arc::from(self.id.as_str()),
                 sent + ttl,
                 Capacity::Limit(self.limit),
             );
@@ -749,7 +749,7 @@ impl Permit {
     }
 
     /// This permit's id (its field in the hash; what `redmutex release
-    /// KEY --token ID` takes): a random UUID v4 and the holder metadata
+    /// KEY --token ID` takes): a random secret and the holder metadata
     /// ([`Holder::from_token`]).
     pub fn id(&self) -> &str {
         &self.id

@@ -47,7 +47,7 @@ impl LockGuard {
         &self.lease.key
     }
 
-    /// The token this acquisition wrote into the key: a random UUID v4 and,
+    /// The token this acquisition wrote into the key: a random secret and,
     /// unless turned off, the holder metadata ([`Holder::from_token`](crate::Holder::from_token));
     /// shared by the guards of a reentrant hold.
     pub fn token(&self) -> &str {

@@ -14,8 +14,15 @@ use std::any::Any;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::{Rc, Weak};
+use std::sync::Arc;
 
-type Holds = HashMap<u64, HashMap<String, Weak<dyn Any>>>;
+/// Per client, per key (shared with the lease, so entering copies no
+/// string).
+type Holds = HashMap<u64, HashMap<Arc<str>, Weak<dyn Any>>>;
+
+/// A thread keeps the (empty) tables of up to this many clients, so an
+/// uncontended lock cycle does not allocate one each time.
+const KEPT_CLIENTS: usize = 8;
 
 thread_local! {
     static HOLDS: RefCell<Holds> = RefCell::new(HashMap::new());
@@ -35,14 +42,14 @@ pub(crate) fn current<T: Any>(client_id: u64, key: &str) -> Option<Rc<T>> {
 }
 
 /// Records `lease` as this thread's hold on its key.
-pub(crate) fn enter<T: Any>(client_id: u64, key: &str, lease: &Rc<T>) {
+pub(crate) fn enter<T: Any>(client_id: u64, key: &Arc<str>, lease: &Rc<T>) {
     let weak: Weak<dyn Any> = Rc::downgrade(lease) as Weak<dyn Any>;
     let _ = HOLDS.try_with(|holds| {
         if let Ok(mut holds) = holds.try_borrow_mut() {
             holds
                 .entry(client_id)
                 .or_default()
-                .insert(key.to_owned(), weak);
+                .insert(key.clone(), weak);
         }
     });
 }
@@ -54,6 +61,7 @@ pub(crate) fn leave<T>(client_id: u64, key: &str, lease: *const T) {
         let Ok(mut holds) = holds.try_borrow_mut() else {
             return;
         };
+        let clients = holds.len();
         let Some(keys) = holds.get_mut(&client_id) else {
             return;
         };
@@ -62,7 +70,7 @@ pub(crate) fn leave<T>(client_id: u64, key: &str, lease: *const T) {
             .is_some_and(|weak| std::ptr::addr_eq(weak.as_ptr(), lease))
         {
             keys.remove(key);
-            if keys.is_empty() {
+            if keys.is_empty() && clients > KEPT_CLIENTS {
                 holds.remove(&client_id);
             }
         }
@@ -76,12 +84,13 @@ mod tests {
     #[test]
     fn holds_are_per_client_key_and_type_and_end_with_their_lease() {
         let lease = Rc::new(7_u32);
-        enter(1, "k", &lease);
+        let k: Arc<str> = Arc::from("k");
+        enter(1, &k, &lease);
         assert_eq!(current::<u32>(1, "k").as_deref(), Some(&7));
         assert!(current::<u32>(2, "k").is_none(), "another client");
         assert!(current::<u64>(1, "k").is_none(), "another type");
         let newer = Rc::new(8_u32);
-        enter(1, "k", &newer);
+        enter(1, &k, &newer);
         leave(1, "k", Rc::as_ptr(&lease));
         assert_eq!(
             current::<u32>(1, "k").as_deref(),
@@ -90,7 +99,7 @@ mod tests {
         );
         leave(1, "k", Rc::as_ptr(&newer));
         assert!(current::<u32>(1, "k").is_none());
-        enter(1, "k", &lease);
+        enter(1, &k, &lease);
         drop(lease);
         assert!(
             current::<u32>(1, "k").is_none(),

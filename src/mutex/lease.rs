@@ -4,11 +4,12 @@
 
 use std::cell::Cell;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
 use crate::client::options::{HandoffBudget, LockOptions, Release, WaitMode, ttl_millis};
-use crate::client::release;
+use crate::client::release::{self, Releases};
 use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
 use crate::error::Error;
@@ -22,7 +23,7 @@ use crate::wait::queue::{Capacity, Queues};
 /// A lease passed from a releasing holder to a waiter of the same client,
 /// without Redis: the key keeps the same token and expiry.
 pub(crate) struct Handoff {
-    pub(crate) token: String,
+    pub(crate) token: Arc<str>,
     /// When the request that set the current expiry was sent.
     pub(crate) sent: Instant,
     pub(crate) ttl: Duration,
@@ -55,13 +56,14 @@ pub(crate) fn release_and_tell(
     client: &LockClient,
     local: &Local,
     key: &str,
+    channel: &str,
     token: &str,
     how: Release,
-) -> Result<(), Error> {
-    let released = release::release(client, key, token, how);
+) -> Result<Option<u64>, Error> {
+    let released = release::release_on(client, key, channel, token, how);
     let receivers = released.as_ref().ok().copied().flatten();
     local.queues.released(key, receivers);
-    released.map(|_| ())
+    released
 }
 
 /// When a releasing holder may pass its lease to a queued thread instead of
@@ -93,8 +95,11 @@ impl HandoffPolicy {
 pub(crate) struct Lease {
     pub(crate) client: LockClient,
     local: Arc<Local>,
-    pub(crate) key: String,
-    pub(crate) token: String,
+    pub(crate) key: Arc<str>,
+    pub(crate) token: Arc<str>,
+    /// Shared with the lock handle: its channel, and whether releases
+    /// reach waiters.
+    releases: Arc<Releases>,
     pub(crate) release: Release,
     handoff: HandoffPolicy,
     /// Handoffs this token has been through so far.
@@ -125,8 +130,9 @@ impl Lease {
     pub(crate) fn acquired(
         client: LockClient,
         local: Arc<Local>,
-        key: String,
-        token: String,
+        key: Arc<str>,
+        releases: Arc<Releases>,
+        token: Arc<str>,
         options: &LockOptions,
         sent: Instant,
         ttl: Duration,
@@ -156,6 +162,7 @@ impl Lease {
             client,
             local,
             key,
+            releases,
             token,
             release: options.release,
             handoff,
@@ -176,7 +183,8 @@ impl Lease {
     pub(crate) fn handed_over(
         client: LockClient,
         local: Arc<Local>,
-        key: String,
+        key: Arc<str>,
+        releases: Arc<Releases>,
         options: &LockOptions,
         handoff: Handoff,
     ) -> Lease {
@@ -184,6 +192,7 @@ impl Lease {
             client,
             local,
             key,
+            releases,
             token: handoff.token,
             release: options.release,
             handoff: HandoffPolicy::of(options),
@@ -290,7 +299,7 @@ impl Lease {
     pub(crate) fn extend(&self, ttl: Duration) -> Result<(), Error> {
         let millis = ttl_millis(ttl)?;
         let ttl = Duration::from_millis(millis);
-        let (key, token) = (self.key.as_str(), self.token.as_str());
+        let (key, token): (&str, &str) = (&self.key, &self.token);
         let generation = self.watch.as_ref().map(|entry| entry.generation());
         let sent = Instant::now();
         self.client.counters().commands(1);
@@ -310,7 +319,7 @@ impl Lease {
                 if self.handoff.queued {
                     self.local
                         .queues
-                        .hold(key, token, sent + ttl, Capacity::One);
+                        .hold(key, &self.token, sent + ttl, Capacity::One);
                 }
                 Ok(())
             }
@@ -396,17 +405,41 @@ impl Lease {
             self.local.queues.released(&self.key, None);
             return Err(Error::not_held(&self.key, reason.not_held_reason()));
         }
-        // Written behind, the release's answer comes too late for the
-        // queue: its head is woken to ask Redis, or waits for the message.
+        // Written behind only with nobody known to wait: no thread of this
+        // client queued for the key (a release that tells the queue when it
+        // has run, and the yield to other clients' waiters, keep the
+        // queue fair) and the lock's last release reached no subscriber.
         if behind
             && how == Release::Lua
-            && release::release_behind(&self.client, &self.key, &self.token, self.tag)
+            && !self.releases.contended.load(Ordering::Relaxed)
+            && !self.local.queues.has_waiters(&self.key)
+            && release::release_behind(
+                &self.client,
+                release::Behind {
+                    key: self.key.clone(),
+                    token: self.token.clone(),
+                    lock: self.releases.clone(),
+                },
+                self.tag,
+                self.is_lost(),
+            )
         {
-            self.local.queues.released(&self.key, None);
             return Ok(());
         }
-        release_and_tell(&self.client, &self.local, &self.key, &self.token, how).inspect_err(
-            |err| {
+        let released = release_and_tell(
+            &self.client,
+            &self.local,
+            &self.key,
+            &self.releases.channel,
+            &self.token,
+            how,
+        );
+        match released {
+            Ok(receivers) => {
+                self.releases.reached(receivers);
+                Ok(())
+            }
+            Err(err) => {
                 if err.may_leave_a_lease() {
                     self.client.orphan(
                         &self.key,
@@ -415,8 +448,9 @@ impl Lease {
                         },
                     );
                 }
-            },
-        )
+                Err(err)
+            }
+        }
     }
 }
 

@@ -25,6 +25,7 @@ use crate::client::LockClient;
 use crate::client::options::{
     Backoff, HandoffBudget, LockOptions, Release, WaitMode, check_min_replicas, ttl_millis,
 };
+use crate::client::release::Releases;
 use crate::client::{release, replicas};
 use crate::conn::policy::Op;
 use crate::error::Error;
@@ -41,7 +42,7 @@ const FORCE_MARKER_MILLIS: u64 = 3_600_000;
 /// `Sync`; holds no connection and no state in Redis until acquired.
 ///
 /// Acquiring sends `SET key token NX PX ttl GET` (one round trip, a fresh
-/// token per acquisition, a UUID v4 followed by the holder metadata; the `GET` makes a wrong-typed key an error
+/// token per acquisition, a random secret followed by the holder metadata; the `GET` makes a wrong-typed key an error
 /// instead of a lock that is never free, and lets a reply lost on a dropped
 /// connection be recognised on retry). Redis 7.0 or newer is required.
 ///
@@ -59,7 +60,10 @@ const FORCE_MARKER_MILLIS: u64 = 3_600_000;
 pub struct DistributedLock {
     client: LockClient,
     local: Arc<Local>,
-    key: String,
+    /// Shared with every lease of this lock (no copy per acquisition).
+    key: Arc<str>,
+    /// The key's channel and what its releases found, shared likewise.
+    releases: Arc<Releases>,
     options: LockOptions,
 }
 
@@ -75,10 +79,12 @@ impl DistributedLock {
         key: impl Into<String>,
         options: LockOptions,
     ) -> DistributedLock {
+        let key: Arc<str> = client.names().own_key(key.into()).into();
         DistributedLock {
             client: client.clone(),
             local: client.local::<Local>(),
-            key: client.names().own_key(key.into()),
+            releases: Arc::new(Releases::new(client.release_channel(&key))),
+            key,
             options,
         }
     }
@@ -226,9 +232,11 @@ impl DistributedLock {
             &self.client,
             &self.local,
             &self.key,
+            &self.releases.channel,
             token,
             self.options.release,
         )
+        .map(|receivers| self.releases.reached(receivers))
     }
 
     /// Deletes the key whatever it holds, for operators breaking a lock
@@ -255,7 +263,7 @@ impl DistributedLock {
             ));
         }
         self.client.check_key(&self.key)?;
-        let key = self.key.as_str();
+        let key: &str = &self.key;
         let request = uuid::Uuid::new_v4().to_string();
         let marker = self.client.names().marker_anywhere(key, &request);
         // Long-lived (an operator's rare act): on a cluster redis-rs may
@@ -304,7 +312,7 @@ impl DistributedLock {
             return Ok(Some(LockGuard::new(lease)));
         }
         let deadline = within.deadline();
-        let token = self.client.new_token(&self.key)?;
+        let token = self.client.new_shared_token(&self.key)?;
         let mut contender = Plain {
             lock: self,
             token: &token,
@@ -318,16 +326,13 @@ impl DistributedLock {
                 self.client.clone(),
                 self.local.clone(),
                 self.key.clone(),
+                self.releases.clone(),
                 &self.options,
                 orphan,
             ));
         };
-        // Named only when a head subscribes: the uncontended path allocates
-        // no channel name.
-        let subscribe = |waker| {
-            self.client
-                .subscribe(&self.client.release_channel(&self.key), waker)
-        };
+        // Named once per lock handle, like the releases' messages.
+        let subscribe = |waker| self.client.subscribe(&self.releases.channel, waker);
         let waiting = match self.options.wait_mode {
             WaitMode::Spin => Waiting::Spin,
             WaitMode::Notify => Waiting::Queued(Queued {
@@ -351,8 +356,8 @@ impl DistributedLock {
     /// `SET key token NX PX millis GET`: `nil` means we set it; our own
     /// token means an earlier send of this very request set it and its reply
     /// was lost.
-    fn set_nx(&self, token: &str, millis: u64) -> Result<Attempt<Rc<Lease>>, Error> {
-        let key = self.key.as_str();
+    fn set_nx(&self, shared: &Arc<str>, millis: u64) -> Result<Attempt<Rc<Lease>>, Error> {
+        let (key, token): (&str, &str) = (&self.key, shared);
         let sent = Instant::now();
         self.client.counters().commands(1);
         let set = Cell::new(false);
@@ -382,7 +387,7 @@ impl DistributedLock {
         let (acquired, short) = self.settle(result, token, &set)?;
         self.check_replicated(short)?;
         Ok(if acquired {
-            Attempt::Won(self.new_lease(token, sent, millis, None))
+            Attempt::Won(self.new_lease(shared, sent, millis, None))
         } else {
             Attempt::Held(None)
         })
@@ -403,7 +408,7 @@ impl DistributedLock {
                 self.client.orphan(
                     &self.key,
                     OrphanKind::Plain {
-                        token: token.to_owned(),
+                        token: token.into(),
                     },
                 );
             }
@@ -430,7 +435,7 @@ impl DistributedLock {
         if resend {
             self.client.counters().commands(1);
             let _extended: i64 = script::EXTEND
-                .key(&self.key)
+                .key(&*self.key)
                 .arg(token)
                 .arg(millis)
                 .invoke(con)?;
@@ -476,7 +481,7 @@ impl DistributedLock {
     fn check_replicated(&self, short: Option<u32>) -> Result<(), Error> {
         match (short, self.options.min_replicas) {
             (Some(acked), Some((wanted, _))) => Err(Error::NotReplicated {
-                key: self.key.clone(),
+                key: self.key.to_string(),
                 acked,
                 wanted,
             }),
@@ -484,12 +489,19 @@ impl DistributedLock {
         }
     }
 
-    fn new_lease(&self, token: &str, sent: Instant, millis: u64, fence: Option<u64>) -> Rc<Lease> {
+    fn new_lease(
+        &self,
+        token: &Arc<str>,
+        sent: Instant,
+        millis: u64,
+        fence: Option<u64>,
+    ) -> Rc<Lease> {
         Rc::new(Lease::acquired(
             self.client.clone(),
             self.local.clone(),
             self.key.clone(),
-            token.to_owned(),
+            self.releases.clone(),
+            token.clone(),
             &self.options,
             sent,
             Duration::from_millis(millis),
@@ -498,8 +510,8 @@ impl DistributedLock {
     }
 
     /// `lua/acquire.lua`: the lease, or how long the holder has left.
-    fn attempt(&self, token: &str, millis: u64) -> Result<Attempt<Rc<Lease>>, Error> {
-        let key = self.key.as_str();
+    fn attempt(&self, shared: &Arc<str>, millis: u64) -> Result<Attempt<Rc<Lease>>, Error> {
+        let (key, token): (&str, &str) = (&self.key, shared);
         let sent = Instant::now();
         self.client.counters().commands(1);
         let fence_key = self.options.fencing.then(|| self.client.fence_key(key));
@@ -534,7 +546,7 @@ impl DistributedLock {
         self.check_replicated(short)?;
         Ok(if acquired == 1 {
             let fence = self.options.fencing.then_some(fence);
-            Attempt::Won(self.new_lease(token, sent, millis, fence))
+            Attempt::Won(self.new_lease(shared, sent, millis, fence))
         } else {
             // -1: a key without expiry (not ours); wait for a message.
             Attempt::Held(u64::try_from(pttl).ok().map(Duration::from_millis))
@@ -550,6 +562,7 @@ impl DistributedLock {
             self.client.clone(),
             self.local.clone(),
             self.key.clone(),
+            self.releases.clone(),
             &self.options,
             handoff,
         );
@@ -587,7 +600,7 @@ impl DistributedLock {
 /// One acquisition of a [`DistributedLock`], seen by the acquire loop.
 struct Plain<'a> {
     lock: &'a DistributedLock,
-    token: &'a str,
+    token: &'a Arc<str>,
     millis: u64,
 }
 

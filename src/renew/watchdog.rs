@@ -13,6 +13,7 @@
 //! (see `loss.rs`), so the holder learns of a loss before another client
 //! can take the key.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -49,8 +50,8 @@ pub(crate) enum Renewal {
 
 /// One watched lease.
 pub(crate) struct WatchEntry {
-    key: String,
-    token: String,
+    key: Arc<str>,
+    token: Arc<str>,
     renewal: Renewal,
     /// The lock type and key class its renewals count for.
     tag: Tag,
@@ -124,10 +125,12 @@ impl WatchEntry {
 /// reached Redis, so the key may hold its token. Released (owner-checked)
 /// again and again until no request of it can arrive any more.
 pub(crate) struct Orphan {
-    key: String,
+    key: Arc<str>,
     /// The key's release channel, named by the client (its prefix).
-    channel: String,
+    channel: Arc<str>,
     kind: OrphanKind,
+    /// A deferred check ([`Orphan::deferred`]) is dropped once this is set.
+    settled: Option<Arc<AtomicBool>>,
     /// Cleanups go on until then: a request delayed on its way (by a proxy
     /// holding it, say) can still set the key until it arrives.
     until: Instant,
@@ -139,7 +142,7 @@ pub(crate) struct Orphan {
 #[derive(Clone, Debug)]
 pub(crate) enum OrphanKind {
     /// A plain lock's token (`SET`, `lua/acquire.lua`).
-    Plain { token: String },
+    Plain { token: Arc<str> },
     /// A reentrant hold.
     Reentrant { owner: String, hold: String },
     /// A read-write lock token: a reader, the writer, or a waiting writer.
@@ -151,16 +154,54 @@ pub(crate) enum OrphanKind {
 impl Orphan {
     /// An orphan of `key` (whose releases are announced on `channel`),
     /// watched for `window` from now.
-    pub(crate) fn new(key: &str, channel: String, kind: OrphanKind, window: Duration) -> Orphan {
+    pub(crate) fn new(
+        key: impl Into<Arc<str>>,
+        channel: impl Into<Arc<str>>,
+        kind: OrphanKind,
+        window: Duration,
+    ) -> Orphan {
         let now = Instant::now();
         Orphan {
-            key: key.to_owned(),
-            channel,
+            key: key.into(),
+            channel: channel.into(),
             kind,
+            settled: None,
             until: now.checked_add(window).unwrap_or(now),
             next: now,
             step: ORPHAN_FIRST_STEP,
         }
+    }
+
+    /// A check `delay` from now, for a request whose answer is awaited
+    /// elsewhere (a release written behind, whose reply the next user of
+    /// its connection reads): forgotten once `settled` is set; if it is not
+    /// by then, the cleanup releases the token itself (owner-checked, so
+    /// harmless if the request did run), for `window`.
+    pub(crate) fn deferred(
+        key: Arc<str>,
+        channel: Arc<str>,
+        kind: OrphanKind,
+        delay: Duration,
+        window: Duration,
+        settled: Arc<AtomicBool>,
+    ) -> Orphan {
+        let now = Instant::now();
+        let next = now.checked_add(delay).unwrap_or(now);
+        Orphan {
+            key,
+            channel,
+            kind,
+            settled: Some(settled),
+            until: next.checked_add(window).unwrap_or(next),
+            next,
+            step: ORPHAN_FIRST_STEP,
+        }
+    }
+
+    fn is_settled(&self) -> bool {
+        self.settled
+            .as_ref()
+            .is_some_and(|settled| settled.load(Ordering::Acquire))
     }
 }
 
@@ -210,8 +251,8 @@ impl Watchdog {
         &self,
         renewal: Renewal,
         tag: Tag,
-        key: &str,
-        token: &str,
+        key: &Arc<str>,
+        token: &Arc<str>,
         sent: Instant,
         ttl: Duration,
         cap: Option<Instant>,
@@ -219,8 +260,8 @@ impl Watchdog {
         let loss = Arc::new(LossState::default());
         loss.expire_at(local_expiry(sent, ttl), LossReason::Unreachable);
         let entry = Arc::new(WatchEntry {
-            key: key.to_owned(),
-            token: token.to_owned(),
+            key: key.clone(),
+            token: token.clone(),
             renewal,
             tag,
             loss,
@@ -251,7 +292,9 @@ impl Watchdog {
     /// Releases what `orphan`'s request may have left, now and until its
     /// window ends.
     pub(crate) fn clean_up(&self, orphan: Orphan) {
-        clean_up(&self.shared, orphan);
+        if !clean_up(&self.shared, orphan) {
+            log::debug!("redmutex: the client is shutting down; a cleanup was not queued");
+        }
     }
 
     /// A handle for cleanups that does not keep the watchdog (and so the
@@ -270,22 +313,42 @@ impl Watchdog {
 pub(crate) struct Cleanups(Weak<Shared>);
 
 impl Cleanups {
-    /// [`Watchdog::clean_up`]; `false` when the client is gone.
+    /// [`Watchdog::clean_up`]; `false` when the client is gone or shutting
+    /// down (nothing will run it).
     pub(crate) fn clean_up(&self, orphan: Orphan) -> bool {
-        match self.0.upgrade() {
-            Some(shared) => {
-                clean_up(&shared, orphan);
-                true
-            }
-            None => false,
+        self.0
+            .upgrade()
+            .is_some_and(|shared| clean_up(&shared, orphan))
+    }
+
+    /// Registers a deferred check ([`Orphan::deferred`]) without waking
+    /// the thread when it is already awake (it looks at least once a
+    /// second): one lock and one push, for every drop that writes behind.
+    pub(crate) fn defer(&self, orphan: Orphan) -> bool {
+        let Some(shared) = self.0.upgrade() else {
+            return false;
+        };
+        let mut registry = shared.registry.lock();
+        if registry.shutdown {
+            return false;
         }
+        let idle = registry.entries.is_empty() && registry.orphans.is_empty();
+        registry.orphans.push(orphan);
+        if idle || registry.thread.is_none() {
+            start(&shared, &mut registry);
+        }
+        true
     }
 }
 
-fn clean_up(shared: &Arc<Shared>, orphan: Orphan) {
+fn clean_up(shared: &Arc<Shared>, orphan: Orphan) -> bool {
     let mut registry = shared.registry.lock();
+    if registry.shutdown {
+        return false;
+    }
     registry.orphans.push(orphan);
     start(shared, &mut registry);
+    true
 }
 
 fn start(shared: &Arc<Shared>, registry: &mut Registry) {
@@ -345,6 +408,7 @@ fn run(shared: &Shared) {
                 return finish(shared, registry);
             }
             let now = Instant::now();
+            registry.orphans.retain(|orphan| !orphan.is_settled());
             let (due, later): (Vec<Orphan>, Vec<Orphan>) =
                 registry.orphans.drain(..).partition(|o| o.next <= now);
             registry.orphans = later;
@@ -492,13 +556,13 @@ fn renew(
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(script.get_hash())
                 .arg(1)
-                .arg(&d.entry.key)
-                .arg(&d.entry.token)
+                .arg(&*d.entry.key)
+                .arg(&*d.entry.token)
                 .arg(u64::try_from(d.ttl.as_millis()).unwrap_or(u64::MAX));
             cmd
         })
         .collect();
-    let key = due.first().map_or("", |d| d.entry.key.as_str());
+    let key = due.first().map_or("", |d| &*d.entry.key);
     shared.stats.renewal_batch(calls.len() as u64);
     policy::run_within(
         &shared.backend,
@@ -520,7 +584,7 @@ fn renew(
 /// One round of cleanups, pipelined; returns the orphans to look at again.
 fn clean_orphans(shared: &Shared, mut orphans: Vec<Orphan>, budget: Duration) -> Vec<Orphan> {
     let calls: Vec<redis::Cmd> = orphans.iter().map(cleanup_call).collect();
-    let key = orphans.first().map_or("", |o| o.key.as_str());
+    let key = orphans.first().map_or("", |o| &*o.key);
     shared.stats.commands(calls.len() as u64);
     // Every script a cleanup may send: reloaded after a SCRIPT FLUSH.
     let scripts: [&redis::Script; 4] = [
@@ -571,7 +635,7 @@ fn clean_orphans(shared: &Shared, mut orphans: Vec<Orphan>, budget: Duration) ->
 /// The owner-checked release of what an orphan's request may have left,
 /// without a marker (nobody awaits its answer).
 fn cleanup_call(orphan: &Orphan) -> redis::Cmd {
-    let channel = &orphan.channel;
+    let channel = &*orphan.channel;
     let mut cmd = redis::cmd("EVALSHA");
     match &orphan.kind {
         OrphanKind::Plain { token } => {
@@ -580,7 +644,7 @@ fn cleanup_call(orphan: &Orphan) -> redis::Cmd {
         OrphanKind::Reentrant { owner, hold } => {
             cmd.arg(script::REENTRANT_RELEASE.get_hash())
                 .arg(1)
-                .arg(&orphan.key)
+                .arg(&*orphan.key)
                 .arg(owner)
                 .arg(hold)
                 .arg(1);
@@ -588,7 +652,7 @@ fn cleanup_call(orphan: &Orphan) -> redis::Cmd {
         OrphanKind::Permit { id } => {
             cmd.arg(script::SEM_RELEASE.get_hash())
                 .arg(1)
-                .arg(&orphan.key)
+                .arg(&*orphan.key)
                 .arg(id)
                 .arg(channel)
                 .arg(1);
@@ -596,7 +660,7 @@ fn cleanup_call(orphan: &Orphan) -> redis::Cmd {
         OrphanKind::Rw { token } => {
             cmd.arg(script::RW_RELEASE.get_hash())
                 .arg(1)
-                .arg(&orphan.key)
+                .arg(&*orphan.key)
                 .arg(token)
                 .arg("x")
                 .arg(channel)
@@ -606,11 +670,14 @@ fn cleanup_call(orphan: &Orphan) -> redis::Cmd {
     cmd
 }
 
-/// Whether a cleanup's reply says it removed something: 1, alone or first.
+/// Whether a cleanup's reply says it removed something: 1 (or, from
+/// `lua/release.lua`, n + 3), alone or first.
 fn cleaned(reply: &redis::Value) -> bool {
     let first = match reply {
         redis::Value::Array(items) => items.first(),
         other => Some(other),
     };
-    matches!(first, Some(redis::Value::Int(1)))
+    // 1 from every release script; `lua/release.lua` also answers n + 3
+    // for a release whose message reached n subscribers.
+    matches!(first, Some(redis::Value::Int(n)) if *n == 1 || *n >= 3)
 }

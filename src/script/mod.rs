@@ -26,8 +26,9 @@ pub(crate) static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/acquire.lua")));
 
 /// `lua/release.lua`: owner-checked delete, marker and PUBLISH. Returns
-/// `{1, n}` released, `{2, 0}` released by an earlier run, `{0, 0}` gone,
-/// `{-1, 0}` other owner.
+/// one integer: `n + 3` released (the message reached `n` subscribers), 1
+/// released (message not sent), 2 released by an earlier run, 0 gone, -1
+/// other owner (-2, -3: the same, marker unreadable).
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SOURCE));
 
 /// The source of `lua/release.lua`, for an `EVAL` where `EVALSHA` cannot

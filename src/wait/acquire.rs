@@ -341,7 +341,7 @@ mod tests {
         // head waits for the handoff instead of asking Redis.
         queues.hold(
             "k",
-            "t",
+            &Arc::from("t"),
             Instant::now() + Duration::from_secs(5),
             crate::wait::queue::Capacity::One,
         );

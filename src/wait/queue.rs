@@ -144,8 +144,8 @@ impl Capacity {
 /// The leases of one key held by threads of one client.
 struct Holds {
     capacity: Capacity,
-    /// Token and local end of each lease.
-    by: Vec<(String, Instant)>,
+    /// Token and local end of each lease (the token shared with the lease).
+    by: Vec<(Arc<str>, Instant)>,
 }
 
 impl<G> Default for Queues<G> {
@@ -170,13 +170,18 @@ pub(crate) enum Turn<G> {
 impl<G: Send + 'static> Queues<G> {
     /// A thread of this client holds `key` under `token` until `until`
     /// (local clock); the key admits `capacity` holders at once.
-    pub(crate) fn hold(&self, key: &str, token: &str, until: Instant, capacity: Capacity) {
+    pub(crate) fn hold(&self, key: &str, token: &Arc<str>, until: Instant, capacity: Capacity) {
         let now = Instant::now();
         let mut held = self.held.lock();
-        let holds = held.entry(key.to_owned()).or_insert_with(|| Holds {
-            capacity,
-            by: Vec::new(),
-        });
+        // Looked up before an entry is made: the key is copied only for a
+        // key nobody of this client held.
+        let holds = match held.get_mut(key) {
+            Some(holds) => holds,
+            None => held.entry(key.to_owned()).or_insert_with(|| Holds {
+                capacity,
+                by: Vec::with_capacity(1),
+            }),
+        };
         holds.capacity = capacity;
         // Leases that ran out by the local clock go here, so the list stays
         // as long as the holders there are.
@@ -185,7 +190,7 @@ impl<G: Send + 'static> Queues<G> {
             .retain(|(held_by, end)| *end > now || held_by == token);
         match holds.by.iter_mut().find(|(held_by, _)| held_by == token) {
             Some(entry) => entry.1 = until,
-            None => holds.by.push((token.to_owned(), until)),
+            None => holds.by.push((token.clone(), until)),
         }
     }
 
@@ -194,7 +199,7 @@ impl<G: Send + 'static> Queues<G> {
     pub(crate) fn unhold(&self, key: &str, token: &str) {
         let mut held = self.held.lock();
         if let Some(holds) = held.get_mut(key) {
-            holds.by.retain(|(held_by, _)| held_by != token);
+            holds.by.retain(|(held_by, _)| &**held_by != token);
             if holds.by.is_empty() {
                 held.remove(key);
             }
@@ -560,7 +565,7 @@ mod tests {
         // A semaphore's permits, all held by this client.
         let soon = Instant::now() + Duration::from_secs(5);
         for held in ["a", "b", "c"] {
-            queues.hold("k", held, soon, Capacity::Limit(3));
+            queues.hold("k", &Arc::from(held), soon, Capacity::Limit(3));
         }
         let orphans = RefCell::new(Vec::new());
         let collect = |h: Handoff| orphans.borrow_mut().push(h.token);
@@ -592,7 +597,7 @@ mod tests {
         let ignore = |_: Handoff| {};
         queues.hold(
             "k",
-            "a",
+            &Arc::from("a"),
             Instant::now() + Duration::from_secs(5),
             Capacity::Limit(3),
         );
@@ -620,7 +625,7 @@ mod tests {
         let ignore = |_: Handoff| {};
         queues.hold(
             "k",
-            "t",
+            &Arc::from("t"),
             Instant::now() + Duration::from_secs(5),
             Capacity::One,
         );
@@ -689,14 +694,14 @@ mod tests {
         let queues = Queues::<Handoff>::default();
         queues.hold(
             "k",
-            "t",
+            &Arc::from("t"),
             Instant::now() + Duration::from_secs(5),
             Capacity::One,
         );
         assert!(queues.held_until("k").is_some());
         queues.hold(
             "k",
-            "t",
+            &Arc::from("t"),
             Instant::now() - Duration::from_millis(1),
             Capacity::One,
         );
@@ -706,7 +711,7 @@ mod tests {
         );
         queues.hold(
             "k",
-            "t",
+            &Arc::from("t"),
             Instant::now() + Duration::from_secs(5),
             Capacity::One,
         );
@@ -721,18 +726,18 @@ mod tests {
         let queues = Queues::<Handoff>::default();
         let soon = Instant::now() + Duration::from_secs(5);
         let later = soon + Duration::from_secs(5);
-        queues.hold("k", "a", later, Capacity::Limit(2));
+        queues.hold("k", &Arc::from("a"), later, Capacity::Limit(2));
         assert!(queues.held_until("k").is_none(), "one of two");
-        queues.hold("k", "b", soon, Capacity::Limit(2));
+        queues.hold("k", &Arc::from("b"), soon, Capacity::Limit(2));
         assert_eq!(queues.held_until("k"), Some(soon), "the first to end");
         queues.hold(
             "k",
-            "b",
+            &Arc::from("b"),
             Instant::now() - Duration::from_millis(1),
             Capacity::Limit(2),
         );
         assert!(queues.held_until("k").is_none(), "b lapsed");
-        queues.hold("k", "c", soon, Capacity::Limit(2));
+        queues.hold("k", &Arc::from("c"), soon, Capacity::Limit(2));
         assert_eq!(queues.held_until("k"), Some(soon), "a and c");
         queues.unhold("k", "a");
         assert!(queues.held_until("k").is_none());

@@ -436,6 +436,12 @@ pub fn watched_lock(
     .expect("lock")
 }
 
+/// A token's secret, which names its release markers (the holder metadata
+/// after the first `|` is left out).
+pub fn secret(token: &str) -> &str {
+    token.split('|').next().unwrap_or(token)
+}
+
 /// The SHA1 a script is sent by (`EVALSHA`), for arming proxy faults on it.
 pub fn sha(lua: &str) -> String {
     redis::Script::new(lua).get_hash().to_owned()
