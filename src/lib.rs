@@ -176,12 +176,13 @@
 //!   in one round trip. A reply lost that way is logged as "release outcome
 //!   unknown" and the token goes to the cleanup below; `NOSCRIPT` sends it
 //!   again by `EVAL`; a failed write releases synchronously; a reply nobody
-//!   reads within three I/O timeouts has the cleanup release the token
+//!   reads within three I/O timeouts (at least 1 s) has the cleanup release
+//!   the token
 //!   (owner-checked, so harmless if the release ran). Only with
 //!   [`Release::Lua`], on a plain connection of the client's own pool that
 //!   the server answered within the last 500 ms, while no thread of the
-//!   client waits for the key and the lock's last release reached no waiter
-//!   elsewhere; otherwise (and on Cluster, with a pool you built, for the
+//!   client waits for the key and the key's last release by this client
+//!   reached no subscriber (a notify-mode waiter elsewhere); otherwise (and on Cluster, with a pool you built, for the
 //!   other lock types) drop releases synchronously. `unlock()` always does,
 //!   and is the call to make when the key must be free when it returns.
 //! * **Failures leave nothing.** An acquisition whose request may have set

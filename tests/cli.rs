@@ -287,7 +287,7 @@ fn the_key_prefix_names_every_key_the_cli_touches() {
     // The command's own `redmutex` calls name keys as its parent does.
     let inherited = redmutex(&server)
         .args(["--key-prefix", "teamA:", "run", "job2", "--", "sh", "-c"])
-        .arg(r#"test "$REDMUTEX_KEY_PREFIX" = teamA: && "$BIN" status --json --tokens job2 | grep -qF "$REDMUTEX_TOKEN""#)
+        .arg(r#"test "$REDMUTEX_KEY_PREFIX" = teamA: && "$BIN" status --json --tokens job2 | grep -qF -e "$REDMUTEX_TOKEN""#)
         .env("BIN", assert_cmd::cargo::cargo_bin("redmutex"))
         .status()
         .expect("run");

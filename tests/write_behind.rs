@@ -388,16 +388,18 @@ fn markers(server: &RedisServer, key: &str) -> usize {
 fn drops_release_synchronously_while_others_wait() {
     let server = RedisServer::start();
     let client = server.lock_client();
-    let lock = DistributedLock::with_options(&client, "wb:waited", options());
+    // A handle per call, as in `DistributedLock::new(&client, key).lock()`:
+    // what the last release found is kept per client and key, not per handle.
+    let lock = || DistributedLock::with_options(&client, "wb:waited", options());
     let mut subscriber = server.conn();
     let _: () = redis::cmd("SUBSCRIBE")
         .arg(client.release_channel("wb:waited"))
         .query(&mut subscriber)
         .expect("SUBSCRIBE");
-    primed(&lock);
+    primed(&lock());
     let after_unlock = markers(&server, "wb:waited");
     assert_eq!(after_unlock, 1, "unlock leaves its marker");
-    drop(lock.lock().expect("lock"));
+    drop(lock().lock().expect("lock"));
     assert_eq!(
         markers(&server, "wb:waited"),
         2,
@@ -408,14 +410,40 @@ fn drops_release_synchronously_while_others_wait() {
         support::numsub(&server, &client.release_channel("wb:waited")) == 0
     }));
     // A synchronous release that reaches nobody turns writing behind on.
-    drop(lock.lock().expect("lock"));
-    drop(lock.lock().expect("lock"));
+    drop(lock().lock().expect("lock"));
+    drop(lock().lock().expect("lock"));
     let before = markers(&server, "wb:waited");
-    drop(lock.lock().expect("lock"));
-    drop(lock.try_lock().expect("read the owed reply"));
+    drop(lock().lock().expect("lock"));
+    drop(lock().try_lock().expect("read the owed reply"));
     assert_eq!(
         markers(&server, "wb:waited"),
         before,
         "written behind: no marker"
     );
+}
+
+/// A connection handed to the caller owes nothing: a release written
+/// behind on it is read first, so the caller's own transaction gets its
+/// own replies only.
+#[test]
+fn a_connection_handed_out_owes_nothing() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let lock = DistributedLock::with_options(&client, "wb:mine", options());
+    primed(&lock);
+    drop(lock.lock().expect("lock"));
+    let mut con = client.connection().expect("connection");
+    let replies: (String, Option<String>) = redis::pipe()
+        .atomic()
+        .cmd("SET")
+        .arg("wb:plain")
+        .arg("v")
+        .cmd("GET")
+        .arg("wb:plain")
+        .query(&mut con)
+        .expect("MULTI/EXEC");
+    assert_eq!(replies, ("OK".to_owned(), Some("v".to_owned())));
+    let single: String = redis::cmd("PING").query(&mut con).expect("PING");
+    assert_eq!(single, "PONG");
+    assert!(!exists(&server, "wb:mine"), "the owed release ran");
 }

@@ -214,10 +214,14 @@ impl Identity {
             out.push_str(secret.hyphenated().encode_lower(&mut text));
             return;
         };
-        // The same 128 bits in 22 characters instead of 36: with the
-        // metadata after it, the value stays in a smaller allocation in
-        // Redis (see the README's memory figures).
-        push_base64url(secret.as_bytes(), out);
+        // The UUID's bytes in 22 characters instead of 36: with the metadata
+        // after it, the value stays in a smaller allocation in Redis (see
+        // the README's memory figures). The first byte's top bit is cleared
+        // so the token never starts with `-` (an option to a command line);
+        // 121 random bits are left.
+        let mut bytes = *secret.as_bytes();
+        bytes[0] &= 0x7f;
+        push_base64url(&bytes, out);
         {
             out.reserve(HOST.len() + f.program.len() + f.label.len() + 36);
             out.push('|');
@@ -588,6 +592,12 @@ mod tests {
         let token = Identity::new(true, None, None).expect("on").token(5);
         let secret = token.split('|').next().expect("a secret");
         assert_eq!(secret.len(), 22, "{token}");
+        // Unmasked, one token in 64 would start with `-`.
+        let identity = Identity::new(true, None, None).expect("on");
+        for _ in 0..1024 {
+            let token = identity.token(5);
+            assert!(!token.starts_with('-'), "{token}");
+        }
         assert!(
             secret
                 .bytes()

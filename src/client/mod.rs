@@ -340,7 +340,26 @@ impl LockClient {
     /// [`Error::Pool`] when no connection can be had within the pool's
     /// connection timeout.
     pub fn connection(&self) -> Result<Connection, Error> {
-        Ok(self.inner.backend.get(self.inner.backend.connect_wait())?)
+        // Handed out owing nothing: a release written behind on it would
+        // otherwise be read (or sent again, after NOSCRIPT) in the middle
+        // of the caller's own commands, a MULTI say.
+        let mut last = None;
+        for _ in 0..2 {
+            let mut con = self.inner.backend.get(self.inner.backend.connect_wait())?;
+            match con.settle() {
+                Ok(()) => return Ok(con),
+                Err(err) => last = Some(err),
+            }
+        }
+        Err(last.map_or_else(
+            || {
+                Error::Redis(redis::RedisError::from((
+                    redis::ErrorKind::Io,
+                    "no connection",
+                )))
+            },
+            Error::Redis,
+        ))
     }
 
     /// The I/O timeout of this client's connections ([`DEFAULT_TIMEOUT`]

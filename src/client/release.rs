@@ -7,6 +7,7 @@
 //! `policy.rs`).
 
 use std::cell::Cell;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -17,7 +18,7 @@ use crate::conn::backend::{Owed, Rewrite};
 use crate::conn::policy::{Op, Replied, marker_ttl};
 use crate::conn::stats::{Stats, Tag};
 use crate::error::{Error, NotHeldReason};
-use crate::renew::watchdog::{Cleanups, Orphan, OrphanKind};
+use crate::renew::watchdog::{Cleanups, Orphan, OrphanKind, Pending};
 use crate::script;
 use crate::wait::backoff::{Jitter, ThreadJitter};
 
@@ -388,38 +389,28 @@ pub(crate) fn release_behind(
     let request =
         script::release_unmarked(&release.key, &release.token, &release.lock.channel, false)
             .get_packed_command();
-    let settled = Arc::new(AtomicBool::new(false));
-    // Should the reply never be read (the connection left idle in the pool,
-    // or closed without a read), the cleanup releases the token itself once
-    // a resend window has passed.
+    let pending = Pending::new(release.key, release.token, release.lock.channel.clone());
     let cleanups = client.watchdog().cleanups();
     let window = marker_ttl(client.timeout());
-    let deferred = Orphan::deferred(
-        release.key.clone(),
-        release.lock.channel.clone(),
-        OrphanKind::Plain {
-            token: release.token.clone(),
-        },
-        window,
-        window,
-        settled.clone(),
-    );
     let owed = Box::new(OwedRelease {
-        release,
+        pending: pending.clone(),
+        lock: release.lock,
         tag,
         counted_lost,
         stats: client.counters_handle(),
         cleanups: cleanups.clone(),
         cleanup_window: window,
         scripts_work: client.behind_flag(),
-        settled,
         rewritten: false,
     });
     if con.write_behind(&request, owed).is_err() {
         return false;
     }
     client.counters().commands(1);
-    if !cleanups.defer(deferred) {
+    // Should the reply never be read (the connection left idle in the pool),
+    // the cleanup releases the token itself once a resend window has
+    // passed.
+    if !cleanups.defer(pending, window) {
         log::debug!(
             "redmutex: the client is shutting down; a release written behind is not checked"
         );
@@ -435,31 +426,60 @@ pub(crate) struct Behind {
     pub(crate) lock: Arc<Releases>,
 }
 
-/// What the releases of one lock handle share.
+/// What the releases of one lock handle share: the key's channel, named
+/// once, and the client's [`Waited`] keys.
 #[derive(Debug)]
 pub(crate) struct Releases {
-    /// The key's release channel.
     pub(crate) channel: Arc<str>,
-    /// The last release reached subscribers: waiters of other clients,
-    /// whose turn a thread taking the key again right behind its release
-    /// (as a release written behind lets it) would always skip. The lock's
-    /// drops then release synchronously, so such a waiter gets its chance,
-    /// until a release reaches nobody again.
-    pub(crate) contended: AtomicBool,
+    pub(crate) waited: Arc<Waited>,
 }
 
 impl Releases {
-    pub(crate) fn new(channel: String) -> Releases {
-        Releases {
-            channel: channel.into(),
-            contended: AtomicBool::new(false),
-        }
+    /// A release of `key` reached `receivers` subscribers.
+    pub(crate) fn reached(&self, key: &Arc<str>, receivers: Option<u64>) {
+        self.waited.reached(key, receivers);
+    }
+}
+
+/// The keys of one client whose last release by it reached a subscriber:
+/// waiters of other clients, whose turn a thread taking the key again right
+/// behind its release (as a release written behind lets it) would always
+/// skip. A drop of such a key releases synchronously, until a release
+/// reaches nobody again. Kept per client and key, not per lock handle, so
+/// handles made per call learn from each other.
+#[derive(Debug, Default)]
+pub(crate) struct Waited(parking_lot::Mutex<HashSet<Arc<str>>>);
+
+/// Past this many keys the set starts over: a pattern subscriber (a
+/// monitor on `redmutex:released:*`) would otherwise add every key locked.
+/// A key forgotten that way is found again by its next release.
+const WAITED_MAX: usize = 4096;
+
+impl Waited {
+    pub(crate) fn is_waited(&self, key: &str) -> bool {
+        let keys = self.0.lock();
+        !keys.is_empty() && keys.contains(key)
     }
 
-    /// A release that reached `receivers` subscribers (`None`: unknown).
-    pub(crate) fn reached(&self, receivers: Option<u64>) {
-        self.contended
-            .store(receivers != Some(0), Ordering::Relaxed);
+    /// `None` (not known: the channel refused by an ACL, say) changes
+    /// nothing, so such a client is not kept from writing behind for good.
+    pub(crate) fn reached(&self, key: &Arc<str>, receivers: Option<u64>) {
+        match receivers {
+            Some(0) => {
+                let mut keys = self.0.lock();
+                if !keys.is_empty() {
+                    keys.remove(&**key);
+                }
+            }
+            Some(_) => {
+                let mut keys = self.0.lock();
+                if keys.len() >= WAITED_MAX {
+                    keys.clear();
+                }
+                keys.insert(key.clone());
+            }
+            None => {}
+        }
     }
 }
 
@@ -469,7 +489,10 @@ impl Releases {
 /// `NOSCRIPT`; the token handed to the cleanup when the reply is lost or
 /// the server refused (a demoted primary answering `READONLY`, say).
 pub(crate) struct OwedRelease {
-    release: Behind,
+    /// Key, token and channel, shared with the deferred check, which this
+    /// tells when the reply is read.
+    pending: Arc<Pending>,
+    lock: Arc<Releases>,
     tag: Tag,
     /// The lease was already counted as lost when it was dropped.
     counted_lost: bool,
@@ -477,8 +500,6 @@ pub(crate) struct OwedRelease {
     cleanups: Cleanups,
     cleanup_window: Duration,
     scripts_work: Arc<AtomicBool>,
-    /// Tells the deferred check that the reply was read.
-    settled: Arc<AtomicBool>,
     /// Already sent again as an `EVAL`, which cannot meet `NOSCRIPT`.
     rewritten: bool,
 }
@@ -486,17 +507,17 @@ pub(crate) struct OwedRelease {
 impl OwedRelease {
     fn clean_up(self) {
         let orphan = Orphan::new(
-            self.release.key.clone(),
-            self.release.lock.channel.clone(),
+            self.pending.key.clone(),
+            self.pending.channel.clone(),
             OrphanKind::Plain {
-                token: self.release.token.clone(),
+                token: self.pending.token.clone(),
             },
             self.cleanup_window,
         );
         if !self.cleanups.clean_up(orphan) {
             log::debug!(
                 "redmutex: the client is gone; {:?} expires after its ttl",
-                self.release.key
+                self.pending.key
             );
         }
     }
@@ -516,16 +537,16 @@ impl Owed for OwedRelease {
             _ => None,
         };
         if outcome.is_some() {
-            self.settled.store(true, Ordering::Release);
+            self.pending.settle();
         }
         match (outcome, reply) {
             (Some(Ok(done)), _) => {
-                self.release.lock.reached(done.receivers());
+                self.lock.reached(&self.pending.key, done.receivers());
                 None
             }
             (Some(Err(reason)), _) => {
-                let err = Error::not_held(&self.release.key, reason);
-                log::warn!("redmutex: releasing {:?} on drop: {err}", self.release.key);
+                let err = Error::not_held(&self.pending.key, reason);
+                log::warn!("redmutex: releasing {:?} on drop: {err}", self.pending.key);
                 self.failed(&err);
                 None
             }
@@ -536,9 +557,9 @@ impl Owed for OwedRelease {
                 // Sent again with the source, behind like the first.
                 self.rewritten = true;
                 let request = script::release_unmarked(
-                    &self.release.key,
-                    &self.release.token,
-                    &self.release.lock.channel,
+                    &self.pending.key,
+                    &self.pending.token,
+                    &self.pending.channel,
                     true,
                 )
                 .get_packed_command();
@@ -549,7 +570,7 @@ impl Owed for OwedRelease {
                 })
             }
             (None, reply) => {
-                self.settled.store(true, Ordering::Release);
+                self.pending.settle();
                 let err = match reply {
                     Value::ServerError(refused) => RedisError::from(refused),
                     other => RedisError::from((
@@ -566,10 +587,10 @@ impl Owed for OwedRelease {
                     // synchronously, which can fall back to WATCH.
                     self.scripts_work.store(false, Ordering::Relaxed);
                 }
-                let err = Error::from_redis(&self.release.key, err);
+                let err = Error::from_redis(&self.pending.key, err);
                 log::warn!(
                     "redmutex: releasing {:?} on drop: {err}; releasing it again in the background",
-                    self.release.key
+                    self.pending.key
                 );
                 self.failed(&err);
                 (*self).clean_up();
@@ -579,14 +600,14 @@ impl Owed for OwedRelease {
     }
 
     fn lost(self: Box<Self>, err: &RedisError) {
-        self.settled.store(true, Ordering::Release);
+        self.pending.settle();
         log::warn!(
             "redmutex: releasing {:?} on drop: release outcome unknown, the connection was lost \
              before its reply ({err}); releasing it again in the background",
-            self.release.key
+            self.pending.key
         );
         self.failed(&Error::OutcomeUnknown {
-            key: self.release.key.to_string(),
+            key: self.pending.key.to_string(),
             operation: Op::Release.name(),
             source: err.clone(),
         });

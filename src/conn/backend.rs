@@ -506,8 +506,10 @@ impl r2d2::ManageConnection for Manager {
     /// No round trip: only the epoch is compared (see the module docs).
     fn is_valid(&self, link: &mut Link) -> RedisResult<()> {
         if link.epoch < self.epoch.load(Ordering::SeqCst) {
-            // Presumed dead: the replies it owes are not waited for.
-            link.broken = true;
+            // Presumed dead. The replies it owes are still read as it
+            // closes (briefly: a dead one fails at once, a silent one
+            // within `DRAIN_WAIT`), so releases that ran are not reported
+            // lost.
             return Err(RedisError::from((
                 redis::ErrorKind::Io,
                 "an older connection, from before the server was found gone",
@@ -900,8 +902,9 @@ impl Connection {
     }
 
     /// Reads the replies this connection owes, before a request that cannot
-    /// go ahead of them (a pipeline).
-    fn settle(&mut self) -> RedisResult<()> {
+    /// go ahead of them (a pipeline), or before it is handed to a caller's
+    /// own commands.
+    pub(crate) fn settle(&mut self) -> RedisResult<()> {
         if let Some(link) = self.owing()
             && let Err(err) = link.settle_owed(2)
         {

@@ -4,12 +4,11 @@
 
 use std::cell::Cell;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
 use crate::client::options::{HandoffBudget, LockOptions, Release, WaitMode, ttl_millis};
-use crate::client::release::{self, Releases};
+use crate::client::release::{self, Releases, Waited};
 use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
 use crate::error::Error;
@@ -42,6 +41,8 @@ pub(crate) struct Handoff {
 #[derive(Default)]
 pub(crate) struct Local {
     pub(crate) queues: Queues<Handoff>,
+    /// The keys whose last release reached a subscriber (see [`Waited`]).
+    pub(crate) waited: Arc<Waited>,
 }
 
 impl std::fmt::Debug for Local {
@@ -411,7 +412,7 @@ impl Lease {
         // queue fair) and the lock's last release reached no subscriber.
         if behind
             && how == Release::Lua
-            && !self.releases.contended.load(Ordering::Relaxed)
+            && !self.releases.waited.is_waited(&self.key)
             && !self.local.queues.has_waiters(&self.key)
             && release::release_behind(
                 &self.client,
@@ -436,7 +437,7 @@ impl Lease {
         );
         match released {
             Ok(receivers) => {
-                self.releases.reached(receivers);
+                self.releases.reached(&self.key, receivers);
                 Ok(())
             }
             Err(err) => {

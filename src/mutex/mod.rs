@@ -80,10 +80,14 @@ impl DistributedLock {
         options: LockOptions,
     ) -> DistributedLock {
         let key: Arc<str> = client.names().own_key(key.into()).into();
+        let local = client.local::<Local>();
         DistributedLock {
             client: client.clone(),
-            local: client.local::<Local>(),
-            releases: Arc::new(Releases::new(client.release_channel(&key))),
+            releases: Arc::new(Releases {
+                channel: client.release_channel(&key).into(),
+                waited: local.waited.clone(),
+            }),
+            local,
             key,
             options,
         }
@@ -236,7 +240,7 @@ impl DistributedLock {
             token,
             self.options.release,
         )
-        .map(|receivers| self.releases.reached(receivers))
+        .map(|receivers| self.releases.reached(&self.key, receivers))
     }
 
     /// Deletes the key whatever it holds, for operators breaking a lock

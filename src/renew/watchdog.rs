@@ -129,8 +129,6 @@ pub(crate) struct Orphan {
     /// The key's release channel, named by the client (its prefix).
     channel: Arc<str>,
     kind: OrphanKind,
-    /// A deferred check ([`Orphan::deferred`]) is dropped once this is set.
-    settled: Option<Arc<AtomicBool>>,
     /// Cleanups go on until then: a request delayed on its way (by a proxy
     /// holding it, say) can still set the key until it arrives.
     until: Instant,
@@ -165,43 +163,10 @@ impl Orphan {
             key: key.into(),
             channel: channel.into(),
             kind,
-            settled: None,
             until: now.checked_add(window).unwrap_or(now),
             next: now,
             step: ORPHAN_FIRST_STEP,
         }
-    }
-
-    /// A check `delay` from now, for a request whose answer is awaited
-    /// elsewhere (a release written behind, whose reply the next user of
-    /// its connection reads): forgotten once `settled` is set; if it is not
-    /// by then, the cleanup releases the token itself (owner-checked, so
-    /// harmless if the request did run), for `window`.
-    pub(crate) fn deferred(
-        key: Arc<str>,
-        channel: Arc<str>,
-        kind: OrphanKind,
-        delay: Duration,
-        window: Duration,
-        settled: Arc<AtomicBool>,
-    ) -> Orphan {
-        let now = Instant::now();
-        let next = now.checked_add(delay).unwrap_or(now);
-        Orphan {
-            key,
-            channel,
-            kind,
-            settled: Some(settled),
-            until: next.checked_add(window).unwrap_or(next),
-            next,
-            step: ORPHAN_FIRST_STEP,
-        }
-    }
-
-    fn is_settled(&self) -> bool {
-        self.settled
-            .as_ref()
-            .is_some_and(|settled| settled.load(Ordering::Acquire))
     }
 }
 
@@ -219,7 +184,73 @@ struct Shared {
     stats: Arc<Stats>,
     registry: Mutex<Registry>,
     changed: Condvar,
+    /// Releases written behind, checked when due ([`Cleanups::defer`]).
+    /// A lock of its own, not the registry's: every such drop takes it.
+    /// Taken after the registry's when both are held, never before.
+    checks: Mutex<Vec<(Instant, Arc<Pending>)>>,
 }
+
+/// A release written behind, until its reply is read (by the next user of
+/// its connection): the key, the token, the channel, shared with the
+/// reply's owner, and whether the reply came.
+pub(crate) struct Pending {
+    pub(crate) key: Arc<str>,
+    pub(crate) token: Arc<str>,
+    pub(crate) channel: Arc<str>,
+    settled: AtomicBool,
+}
+
+impl Pending {
+    pub(crate) fn new(key: Arc<str>, token: Arc<str>, channel: Arc<str>) -> Arc<Pending> {
+        Arc::new(Pending {
+            key,
+            token,
+            channel,
+            settled: AtomicBool::new(false),
+        })
+    }
+
+    /// Its reply was read (or given up and handed to the cleanup).
+    pub(crate) fn settle(&self) {
+        self.settled.store(true, Ordering::Release);
+    }
+
+    fn is_settled(&self) -> bool {
+        self.settled.load(Ordering::Acquire)
+    }
+}
+
+/// Takes out the checks that are due: those whose reply was read are
+/// forgotten, the others become orphans (their release may never have
+/// run; the cleanup's is owner-checked, so it is harmless if it did).
+fn due_checks(shared: &Shared, now: Instant) -> Vec<Orphan> {
+    let mut checks = shared.checks.lock();
+    checks.retain(|(_, pending)| !pending.is_settled());
+    let mut orphans = Vec::new();
+    checks.retain(|(due, pending)| {
+        if *due > now {
+            return true;
+        }
+        log::debug!(
+            "redmutex: the reply to the release of {:?} written behind was not read in time; \
+             releasing it in the background",
+            pending.key
+        );
+        orphans.push(Orphan::new(
+            pending.key.clone(),
+            pending.channel.clone(),
+            OrphanKind::Plain {
+                token: pending.token.clone(),
+            },
+            CHECK_WINDOW,
+        ));
+        false
+    });
+    orphans
+}
+
+/// How long the cleanup of an unread release written behind goes on.
+const CHECK_WINDOW: Duration = Duration::from_secs(1);
 
 /// The client's watchdog: started on first use, stopped when dropped.
 pub(crate) struct Watchdog {
@@ -240,6 +271,7 @@ impl Watchdog {
                     shutdown: false,
                 }),
                 changed: Condvar::new(),
+                checks: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -321,20 +353,26 @@ impl Cleanups {
             .is_some_and(|shared| clean_up(&shared, orphan))
     }
 
-    /// Registers a deferred check ([`Orphan::deferred`]) without waking
-    /// the thread when it is already awake (it looks at least once a
-    /// second): one lock and one push, for every drop that writes behind.
-    pub(crate) fn defer(&self, orphan: Orphan) -> bool {
+    /// Checks `pending` `delay` from now: if its reply has not been read
+    /// by then, the cleanup releases its token. One short lock and one
+    /// push per drop that writes behind; the thread is woken only when it
+    /// had nothing to look at (it looks at least once a second otherwise).
+    pub(crate) fn defer(&self, pending: Arc<Pending>, delay: Duration) -> bool {
         let Some(shared) = self.0.upgrade() else {
             return false;
         };
-        let mut registry = shared.registry.lock();
-        if registry.shutdown {
-            return false;
-        }
-        let idle = registry.entries.is_empty() && registry.orphans.is_empty();
-        registry.orphans.push(orphan);
-        if idle || registry.thread.is_none() {
+        let now = Instant::now();
+        let due = now.checked_add(delay).unwrap_or(now);
+        let first = {
+            let mut checks = shared.checks.lock();
+            checks.push((due, pending));
+            checks.len() == 1
+        };
+        if first {
+            let mut registry = shared.registry.lock();
+            if registry.shutdown {
+                return false;
+            }
             start(&shared, &mut registry);
         }
         true
@@ -401,14 +439,19 @@ fn run(shared: &Shared) {
     loop {
         let (entries, orphans) = {
             let mut registry = shared.registry.lock();
-            while registry.entries.is_empty() && registry.orphans.is_empty() && !registry.shutdown {
+            while registry.entries.is_empty()
+                && registry.orphans.is_empty()
+                && shared.checks.lock().is_empty()
+                && !registry.shutdown
+            {
                 shared.changed.wait(&mut registry);
             }
             if registry.shutdown {
                 return finish(shared, registry);
             }
             let now = Instant::now();
-            registry.orphans.retain(|orphan| !orphan.is_settled());
+            let checked = due_checks(shared, now);
+            registry.orphans.extend(checked);
             let (due, later): (Vec<Orphan>, Vec<Orphan>) =
                 registry.orphans.drain(..).partition(|o| o.next <= now);
             registry.orphans = later;
@@ -432,6 +475,9 @@ fn run(shared: &Shared) {
         registry.entries.retain(|entry| !entry.state.lock().stopped);
         for orphan in &registry.orphans {
             next = next.min(orphan.next);
+        }
+        if let Some(due) = shared.checks.lock().iter().map(|(due, _)| *due).min() {
+            next = next.min(due);
         }
         if registry.shutdown {
             return finish(shared, registry);

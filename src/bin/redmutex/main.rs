@@ -67,7 +67,7 @@ Examples:
   redmutex list 'deploy:*' --json
   redmutex --cluster --url redis://10.0.0.1:7000,redis://10.0.0.2:7000 run job -- ./job.sh
   redmutex --sentinel mymaster --url redis://10.0.0.1:26379,redis://10.0.0.2:26379 status job
-  redmutex release nightly-report --token 1f0c…";
+  redmutex release nightly-report --token \"$REDMUTEX_TOKEN\"";
 
 #[derive(Parser)]
 #[command(
@@ -229,7 +229,12 @@ struct ReleaseArgs {
     key: String,
     /// Release only if the key holds this token (for a semaphore: give
     /// back the permit with this id).
-    #[arg(long, required_unless_present = "force", conflicts_with = "force")]
+    #[arg(
+        long,
+        required_unless_present = "force",
+        conflicts_with = "force",
+        allow_hyphen_values = true
+    )]
     token: Option<String>,
     /// Delete the key whatever holds it, and print what was deleted.
     #[arg(long)]
