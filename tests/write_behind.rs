@@ -42,6 +42,18 @@ fn primed(lock: &DistributedLock) {
     lock.lock().expect("lock").unlock().expect("unlock");
 }
 
+/// A server with the scripts loaded (so a fault armed on the release hits
+/// a command that ran), a proxy, a client through it, and a primed lock.
+fn behind_a_proxy(key: &str) -> (RedisServer, FaultProxy, LockClient, DistributedLock) {
+    let server = RedisServer::start();
+    support::load_scripts(&server);
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy, Duration::from_secs(2));
+    let lock = DistributedLock::with_options(&client, key, options());
+    primed(&lock);
+    (server, proxy, client, lock)
+}
+
 fn release_calls(server: &RedisServer) -> u64 {
     server.command_calls("evalsha") + server.command_calls("eval")
 }
@@ -114,12 +126,7 @@ fn the_next_lock_reads_the_owed_reply_and_takes_the_key() {
 
 #[test]
 fn a_lost_reply_on_an_owed_release_leaves_nothing_behind() {
-    let server = RedisServer::start();
-    support::load_scripts(&server);
-    let proxy = FaultProxy::to(&server);
-    let client = client(&proxy, Duration::from_secs(2));
-    let lock = DistributedLock::with_options(&client, "wb:lost", options());
-    primed(&lock);
+    let (server, proxy, client, lock) = behind_a_proxy("wb:lost");
     let guard = lock.lock().expect("lock");
     // The release runs in Redis, and the connection is cut before its
     // reply gets back.
@@ -138,12 +145,7 @@ fn a_lost_reply_on_an_owed_release_leaves_nothing_behind() {
 
 #[test]
 fn a_lost_owed_release_is_sent_again_in_the_background() {
-    let server = RedisServer::start();
-    support::load_scripts(&server);
-    let proxy = FaultProxy::to(&server);
-    let client = client(&proxy, Duration::from_secs(2));
-    let lock = DistributedLock::with_options(&client, "wb:dropped", options());
-    primed(&lock);
+    let (server, proxy, client, lock) = behind_a_proxy("wb:dropped");
     let guard = lock.lock().expect("lock");
     // The release never reaches Redis: its connection is cut first.
     proxy.drop_request(&sha(RELEASE), 1);
