@@ -18,7 +18,7 @@ use crate::conn::backend::{Owed, Rewrite};
 use crate::conn::policy::{Op, Replied, marker_ttl};
 use crate::conn::stats::{Stats, Tag};
 use crate::error::{Error, NotHeldReason};
-use crate::renew::watchdog::{Cleanups, Orphan, OrphanKind, Pending};
+use crate::renew::watchdog::{Cleanups, Pending};
 use crate::script;
 use crate::wait::backoff::{Jitter, ThreadJitter};
 
@@ -386,15 +386,14 @@ pub(crate) fn release_behind(
     if !con.can_write_behind() {
         return false;
     }
-    let request =
-        script::release_unmarked(&release.key, &release.token, &release.lock.channel, false)
-            .get_packed_command();
-    let pending = Pending::new(release.key, release.token, release.lock.channel.clone());
+    let request = script::release_unmarked(&release.key, &release.token, &release.channel, false)
+        .get_packed_command();
+    let pending = Pending::new(release.key, release.token, release.channel);
     let cleanups = client.watchdog().cleanups();
     let window = marker_ttl(client.timeout());
     let owed = Box::new(OwedRelease {
         pending: pending.clone(),
-        lock: release.lock,
+        waited: release.waited,
         tag,
         counted_lost,
         stats: client.counters_handle(),
@@ -423,22 +422,9 @@ pub(crate) fn release_behind(
 pub(crate) struct Behind {
     pub(crate) key: Arc<str>,
     pub(crate) token: Arc<str>,
-    pub(crate) lock: Arc<Releases>,
-}
-
-/// What the releases of one lock handle share: the key's channel, named
-/// once, and the client's [`Waited`] keys.
-#[derive(Debug)]
-pub(crate) struct Releases {
     pub(crate) channel: Arc<str>,
+    /// The client's [`Waited`] keys, told what the release reached.
     pub(crate) waited: Arc<Waited>,
-}
-
-impl Releases {
-    /// A release of `key` reached `receivers` subscribers.
-    pub(crate) fn reached(&self, key: &Arc<str>, receivers: Option<u64>) {
-        self.waited.reached(key, receivers);
-    }
 }
 
 /// The keys of one client whose last release by it reached a subscriber:
@@ -492,7 +478,7 @@ pub(crate) struct OwedRelease {
     /// Key, token and channel, shared with the deferred check, which this
     /// tells when the reply is read.
     pending: Arc<Pending>,
-    lock: Arc<Releases>,
+    waited: Arc<Waited>,
     tag: Tag,
     /// The lease was already counted as lost when it was dropped.
     counted_lost: bool,
@@ -506,15 +492,10 @@ pub(crate) struct OwedRelease {
 
 impl OwedRelease {
     fn clean_up(self) {
-        let orphan = Orphan::new(
-            self.pending.key.clone(),
-            self.pending.channel.clone(),
-            OrphanKind::Plain {
-                token: self.pending.token.clone(),
-            },
-            self.cleanup_window,
-        );
-        if !self.cleanups.clean_up(orphan) {
+        if !self
+            .cleanups
+            .clean_up(self.pending.orphan(self.cleanup_window))
+        {
             log::debug!(
                 "redmutex: the client is gone; {:?} expires after its ttl",
                 self.pending.key
@@ -541,7 +522,7 @@ impl Owed for OwedRelease {
         }
         match (outcome, reply) {
             (Some(Ok(done)), _) => {
-                self.lock.reached(&self.pending.key, done.receivers());
+                self.waited.reached(&self.pending.key, done.receivers());
                 None
             }
             (Some(Err(reason)), _) => {

@@ -436,8 +436,8 @@ fn not_plain() -> RedisError {
 }
 
 impl Drop for Link {
-    /// The replies still owed are read (each within the I/O timeout) before
-    /// the connection closes: the requests were written, and reading their
+    /// The replies still owed are read (the first that does not come within
+    /// `DRAIN_WAIT` gives up the others) before the connection closes: the requests were written, and reading their
     /// replies before the abortive close makes sure Redis got them, and
     /// tells their owners the outcome. On a broken link they are lost.
     fn drop(&mut self) {
@@ -881,8 +881,7 @@ impl Connection {
         if link.owed.len() >= MAX_OWED
             && let Err(err) = link.settle_owed(2)
         {
-            let err = link.give_up(err);
-            self.note::<()>(Err(err)).ok();
+            let _ = self.fail::<()>(err);
             return Err(owed);
         }
         let LinkKind::Plain(con) = &mut link.kind else {
@@ -894,11 +893,20 @@ impl Connection {
                 Ok(())
             }
             Err(err) => {
-                let err = link.give_up(err);
-                self.note::<()>(Err(err)).ok();
+                let _ = self.fail::<()>(err);
                 Err(owed)
             }
         }
+    }
+
+    /// A failed read or write on a link of this crate's pool: the replies it
+    /// owes are given up and the failure noted like any other.
+    fn fail<T>(&mut self, err: RedisError) -> RedisResult<T> {
+        let err = match &mut self.pooled {
+            Pooled::Own(link) => link.give_up(err),
+            _ => err,
+        };
+        self.note(Err(err))
     }
 
     /// Reads the replies this connection owes, before a request that cannot
@@ -908,8 +916,7 @@ impl Connection {
         if let Some(link) = self.owing()
             && let Err(err) = link.settle_owed(2)
         {
-            let err = link.give_up(err);
-            return self.note(Err(err));
+            return self.fail(err);
         }
         Ok(())
     }

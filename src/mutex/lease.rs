@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
 use crate::client::options::{HandoffBudget, LockOptions, Release, WaitMode, ttl_millis};
-use crate::client::release::{self, Releases, Waited};
+use crate::client::release::{self, Waited};
 use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
 use crate::error::Error;
@@ -98,9 +98,8 @@ pub(crate) struct Lease {
     local: Arc<Local>,
     pub(crate) key: Arc<str>,
     pub(crate) token: Arc<str>,
-    /// Shared with the lock handle: its channel, and whether releases
-    /// reach waiters.
-    releases: Arc<Releases>,
+    /// The key's release channel, named once by the lock handle.
+    channel: Arc<str>,
     pub(crate) release: Release,
     handoff: HandoffPolicy,
     /// Handoffs this token has been through so far.
@@ -132,7 +131,7 @@ impl Lease {
         client: LockClient,
         local: Arc<Local>,
         key: Arc<str>,
-        releases: Arc<Releases>,
+        channel: Arc<str>,
         token: Arc<str>,
         options: &LockOptions,
         sent: Instant,
@@ -163,7 +162,7 @@ impl Lease {
             client,
             local,
             key,
-            releases,
+            channel,
             token,
             release: options.release,
             handoff,
@@ -185,7 +184,7 @@ impl Lease {
         client: LockClient,
         local: Arc<Local>,
         key: Arc<str>,
-        releases: Arc<Releases>,
+        channel: Arc<str>,
         options: &LockOptions,
         handoff: Handoff,
     ) -> Lease {
@@ -193,7 +192,7 @@ impl Lease {
             client,
             local,
             key,
-            releases,
+            channel,
             token: handoff.token,
             release: options.release,
             handoff: HandoffPolicy::of(options),
@@ -409,17 +408,19 @@ impl Lease {
         // Written behind only with nobody known to wait: no thread of this
         // client queued for the key (a release that tells the queue when it
         // has run, and the yield to other clients' waiters, keep the
-        // queue fair) and the lock's last release reached no subscriber.
+        // queue fair) and the key's last release by this client reached no
+        // subscriber.
         if behind
             && how == Release::Lua
-            && !self.releases.waited.is_waited(&self.key)
+            && !self.local.waited.is_waited(&self.key)
             && !self.local.queues.has_waiters(&self.key)
             && release::release_behind(
                 &self.client,
                 release::Behind {
                     key: self.key.clone(),
                     token: self.token.clone(),
-                    lock: self.releases.clone(),
+                    channel: self.channel.clone(),
+                    waited: self.local.waited.clone(),
                 },
                 self.tag,
                 self.is_lost(),
@@ -431,13 +432,13 @@ impl Lease {
             &self.client,
             &self.local,
             &self.key,
-            &self.releases.channel,
+            &self.channel,
             &self.token,
             how,
         );
         match released {
             Ok(receivers) => {
-                self.releases.reached(&self.key, receivers);
+                self.local.waited.reached(&self.key, receivers);
                 Ok(())
             }
             Err(err) => {

@@ -25,7 +25,6 @@ use crate::client::LockClient;
 use crate::client::options::{
     Backoff, HandoffBudget, LockOptions, Release, WaitMode, check_min_replicas, ttl_millis,
 };
-use crate::client::release::Releases;
 use crate::client::{release, replicas};
 use crate::conn::policy::Op;
 use crate::error::Error;
@@ -62,8 +61,8 @@ pub struct DistributedLock {
     local: Arc<Local>,
     /// Shared with every lease of this lock (no copy per acquisition).
     key: Arc<str>,
-    /// The key's channel and what its releases found, shared likewise.
-    releases: Arc<Releases>,
+    /// The key's release channel, named once, shared likewise.
+    channel: Arc<str>,
     options: LockOptions,
 }
 
@@ -83,10 +82,7 @@ impl DistributedLock {
         let local = client.local::<Local>();
         DistributedLock {
             client: client.clone(),
-            releases: Arc::new(Releases {
-                channel: client.release_channel(&key).into(),
-                waited: local.waited.clone(),
-            }),
+            channel: client.release_channel(&key).into(),
             local,
             key,
             options,
@@ -236,11 +232,11 @@ impl DistributedLock {
             &self.client,
             &self.local,
             &self.key,
-            &self.releases.channel,
+            &self.channel,
             token,
             self.options.release,
         )
-        .map(|receivers| self.releases.reached(&self.key, receivers))
+        .map(|receivers| self.local.waited.reached(&self.key, receivers))
     }
 
     /// Deletes the key whatever it holds, for operators breaking a lock
@@ -330,13 +326,13 @@ impl DistributedLock {
                 self.client.clone(),
                 self.local.clone(),
                 self.key.clone(),
-                self.releases.clone(),
+                self.channel.clone(),
                 &self.options,
                 orphan,
             ));
         };
         // Named once per lock handle, like the releases' messages.
-        let subscribe = |waker| self.client.subscribe(&self.releases.channel, waker);
+        let subscribe = |waker| self.client.subscribe(&self.channel, waker);
         let waiting = match self.options.wait_mode {
             WaitMode::Spin => Waiting::Spin,
             WaitMode::Notify => Waiting::Queued(Queued {
@@ -504,7 +500,7 @@ impl DistributedLock {
             self.client.clone(),
             self.local.clone(),
             self.key.clone(),
-            self.releases.clone(),
+            self.channel.clone(),
             token.clone(),
             &self.options,
             sent,
@@ -566,7 +562,7 @@ impl DistributedLock {
             self.client.clone(),
             self.local.clone(),
             self.key.clone(),
-            self.releases.clone(),
+            self.channel.clone(),
             &self.options,
             handoff,
         );

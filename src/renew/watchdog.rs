@@ -218,16 +218,29 @@ impl Pending {
     fn is_settled(&self) -> bool {
         self.settled.load(Ordering::Acquire)
     }
+
+    /// Its token as an orphan, cleaned up for `window`.
+    pub(crate) fn orphan(&self, window: Duration) -> Orphan {
+        Orphan::new(
+            self.key.clone(),
+            self.channel.clone(),
+            OrphanKind::Plain {
+                token: self.token.clone(),
+            },
+            window,
+        )
+    }
 }
 
 /// Takes out the checks that are due: those whose reply was read are
 /// forgotten, the others become orphans (their release may never have
 /// run; the cleanup's is owner-checked, so it is harmless if it did).
 fn due_checks(shared: &Shared, now: Instant) -> Vec<Orphan> {
-    let mut checks = shared.checks.lock();
-    checks.retain(|(_, pending)| !pending.is_settled());
     let mut orphans = Vec::new();
-    checks.retain(|(due, pending)| {
+    shared.checks.lock().retain(|(due, pending)| {
+        if pending.is_settled() {
+            return false;
+        }
         if *due > now {
             return true;
         }
@@ -236,14 +249,7 @@ fn due_checks(shared: &Shared, now: Instant) -> Vec<Orphan> {
              releasing it in the background",
             pending.key
         );
-        orphans.push(Orphan::new(
-            pending.key.clone(),
-            pending.channel.clone(),
-            OrphanKind::Plain {
-                token: pending.token.clone(),
-            },
-            CHECK_WINDOW,
-        ));
+        orphans.push(pending.orphan(CHECK_WINDOW));
         false
     });
     orphans
