@@ -77,7 +77,7 @@ struct Args {
     #[arg(long)]
     no_handoff: bool,
     /// The handoff budget as HANDOFFS/MS (notify mode).
-    #[arg(long, default_value = "32/10", value_parser = parse_budget)]
+    #[arg(long, default_value = "256/10", value_parser = parse_budget)]
     handoff_budget: (u32, u64),
     /// The critical section: none, redis (GET/SET counter) or sleep:MS.
     #[arg(long, default_value = "redis", value_parser = parse_work)]

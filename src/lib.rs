@@ -61,7 +61,7 @@
 //!   the same client is queued for the key, the lease passes to it directly:
 //!   no Redis command, same token. The new guard starts with at least half
 //!   the ttl (the lease is extended first, owner-checked, when less is left).
-//!   A fairness budget (32 consecutive handoffs or 10 ms since the lease was
+//!   A fairness budget (256 consecutive handoffs or 10 ms since the lease was
 //!   taken in Redis, [`LockOptions::handoff_budget`]) then forces a real
 //!   release, and when that release reached other clients' waiters, this
 //!   client's head stands back for a moment so they get the turn.

@@ -187,7 +187,7 @@ fn waiters_of_two_clients_all_make_progress() {
         let stats = client.stats();
         assert!(stats.handoffs > 0, "{stats:?}");
         assert!(
-            stats.handoffs <= 32 * stats.acquired,
+            stats.handoffs <= 256 * stats.acquired,
             "the budget caps handoffs per acquisition: {stats:?}"
         );
     }
@@ -237,8 +237,8 @@ fn handoff_yields_to_a_remote_waiter_within_its_budget() {
     let rounds: u64 = workers.into_iter().map(|w| w.join().expect("worker")).sum();
     let stats = local.stats();
     assert!(stats.handoffs > 0 && rounds > 0);
-    assert!(stats.handoffs <= 32 * stats.acquired, "{stats:?}");
-    // The budget (32 handoffs or 10 ms) bounds the wait; allow a loaded machine.
+    assert!(stats.handoffs <= 256 * stats.acquired, "{stats:?}");
+    // The budget (256 handoffs or 10 ms) bounds the wait; allow a loaded machine.
     let worst = waits.iter().max().copied().unwrap_or_default();
     assert!(worst < Duration::from_millis(500), "remote waits {waits:?}");
 }

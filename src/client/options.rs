@@ -368,7 +368,7 @@ impl HandoffBudget {
         }
     }
 
-    /// Consecutive handoffs at most. Defaults to 32.
+    /// Consecutive handoffs at most. Defaults to 256.
     pub fn max_handoffs(&self) -> u32 {
         self.max_handoffs
     }
@@ -382,7 +382,7 @@ impl HandoffBudget {
 impl Default for HandoffBudget {
     fn default() -> Self {
         HandoffBudget {
-            max_handoffs: 32,
+            max_handoffs: 256,
             max_time: Duration::from_millis(10),
         }
     }
@@ -467,7 +467,7 @@ impl LockOptions {
 
     /// Ends a run of in-process handoffs with a real release in Redis after
     /// `max_handoffs` consecutive handoffs or `max_time` since the lease was
-    /// acquired in Redis, whichever comes first. Defaults to 32 handoffs or
+    /// acquired in Redis, whichever comes first. Defaults to 256 handoffs or
     /// 10 ms. A budget of 0 handoffs disables handoff like
     /// `local_handoff(false)`.
     pub fn handoff_budget(mut self, max_handoffs: u32, max_time: Duration) -> Self {
