@@ -121,6 +121,18 @@
 //!   `PUBLISH`, which the cluster bus carries to every node.
 //! * [`RedLock`] over N independent [`LockClient`]s of any kind.
 //!
+//! **TLS** (`rediss://`, the `tls-rustls` feature; `tls-rustls-webpki-roots`
+//! for Mozilla's roots compiled in) covers every deployment and every
+//! connection a client opens: the pool, the watchdog's renewals, the
+//! subscriber connection (notify waiting stays notify waiting on TLS),
+//! the sentinels and the primary they name, every Cluster node. A CA of
+//! your own and a client certificate for mutual TLS go through
+//! [`LockClientBuilder::tls_ca_file`] and
+//! [`LockClientBuilder::tls_client_cert_files`], an ACL login through the
+//! URL or [`LockClientBuilder::username`] and
+//! [`LockClientBuilder::password`]. The handshake is bounded by the
+//! client's timeout like the TCP connect.
+//!
 //! [`WaitMode::Spin`] polls Redis with exponential backoff and full jitter:
 //! every waiter polls on its own, there is no ordering, and wake-up waits
 //! for the backoff.

@@ -2,6 +2,7 @@
 //! deployment with every setting, the short forms (`open*`), and the
 //! wrappers of pools built by the caller (`new*`).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use redis::cluster::ClusterClient;
@@ -14,8 +15,11 @@ use crate::client::{
     parse_urls,
 };
 use crate::conn::backend::{Backend, SentinelTarget, Target, tcp_settings};
+#[cfg(feature = "tls-rustls")]
+use crate::conn::tls::Tls;
+use crate::conn::tls::{Pem, TlsSettings};
 use crate::error::Error;
-use crate::notify::transport::Source;
+use crate::notify::transport::{Source, TlsRef};
 use crate::script::names::Namespace;
 
 impl LockClient {
@@ -152,8 +156,9 @@ impl LockClient {
     /// Like [`LockClient::open_sentinel`], with how to log in to the primary
     /// (its username, password, database, protocol) and `timeout` instead of
     /// [`DEFAULT_TIMEOUT`]. The sentinels' own credentials go in their URLs.
-    /// For TLS to the primary, build a pool over [`LockedSentinelClient`]
-    /// and use [`LockClient::new_sentinel`].
+    /// With `rediss://` sentinel URLs the primary is spoken to with TLS too;
+    /// for a CA or client certificate of your own, use
+    /// [`LockClient::builder`].
     ///
     /// # Errors
     ///
@@ -267,6 +272,19 @@ pub struct LockClientBuilder {
     holder_metadata: bool,
     program: Option<String>,
     label: Option<String>,
+    tls: TlsSettings,
+    username: Option<String>,
+    password: Option<Password>,
+}
+
+/// A password that never shows in `Debug` output.
+#[derive(Clone)]
+struct Password(String);
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 impl Default for LockClientBuilder {
@@ -282,6 +300,9 @@ impl Default for LockClientBuilder {
             holder_metadata: true,
             program: None,
             label: None,
+            tls: TlsSettings::default(),
+            username: None,
+            password: None,
         }
     }
 }
@@ -407,6 +428,129 @@ impl LockClientBuilder {
         self
     }
 
+    /// The CA certificates (PEM, one or more) that a `rediss://` server's
+    /// certificate must chain to, instead of the system's root certificates
+    /// (or Mozilla's, with the `tls-rustls-webpki-roots` feature). Defaults
+    /// to none: the system's roots. For every connection of the client: the
+    /// pool, the subscriber, a Sentinel's primary, every Cluster node.
+    /// Needs the `tls-rustls` feature.
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.ca = Some(Pem::Bytes(pem.into()));
+        self
+    }
+
+    /// As [`tls_ca_pem`](Self::tls_ca_pem), read from a file when the
+    /// client is built.
+    pub fn tls_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls.ca = Some(Pem::File(path.into()));
+        self
+    }
+
+    /// A client certificate (PEM chain, the client's own first) and its
+    /// private key (PEM: PKCS#8, PKCS#1 or SEC1), for servers that require
+    /// one (`tls-auth-clients yes`, mutual TLS). Defaults to none. Needs
+    /// the `tls-rustls` feature.
+    pub fn tls_client_cert_pem(
+        mut self,
+        cert_chain: impl Into<Vec<u8>>,
+        key: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.tls.client = Some((Pem::Bytes(cert_chain.into()), Pem::Bytes(key.into())));
+        self
+    }
+
+    /// As [`tls_client_cert_pem`](Self::tls_client_cert_pem), read from
+    /// files when the client is built.
+    pub fn tls_client_cert_files(
+        mut self,
+        cert_chain: impl Into<PathBuf>,
+        key: impl Into<PathBuf>,
+    ) -> Self {
+        self.tls.client = Some((Pem::File(cert_chain.into()), Pem::File(key.into())));
+        self
+    }
+
+    /// The ACL user to log in as, instead of the one in the URLs (for
+    /// Sentinel: on the primary; the sentinels' own go in their URLs).
+    /// Defaults to the URL's, or `default`.
+    pub fn username(mut self, username: impl Into<String>) -> Self {
+        self.username = Some(username.into());
+        self
+    }
+
+    /// The password to log in with, instead of the one in the URLs (for
+    /// Sentinel: on the primary). Kept out of `Debug` output. Defaults to
+    /// the URL's, or none.
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.password = Some(Password(password.into()));
+        self
+    }
+
+    /// The login settings with this builder's username and password put in.
+    fn login(&self, settings: &redis::RedisConnectionInfo) -> redis::RedisConnectionInfo {
+        let mut settings = settings.clone();
+        if let Some(username) = &self.username {
+            settings = settings.set_username(username);
+        }
+        if let Some(Password(password)) = &self.password {
+            settings = settings.set_password(password);
+        }
+        settings
+    }
+
+    /// A parsed URL with the TLS certificates and the login put in.
+    fn prepare(
+        &self,
+        client: &redis::Client,
+        tls: TlsRef<'_>,
+        login: bool,
+    ) -> Result<redis::Client, Error> {
+        let info = client.get_connection_info().clone();
+        let info = if login {
+            let settings = self.login(info.redis_settings());
+            info.set_redis_settings(settings)
+        } else {
+            info
+        };
+        match (info.addr(), tls) {
+            #[cfg(feature = "tls-rustls")]
+            (redis::ConnectionAddr::TcpTls { .. }, Some(tls)) => {
+                redis::Client::build_with_tls(info, tls.certificates())
+                    .map_err(|e| Error::InvalidArgument(format!("TLS: {e}")))
+            }
+            _ => redis::Client::open(info)
+                .map_err(|e| Error::InvalidArgument(format!("cannot use the Redis URL: {e}"))),
+        }
+    }
+
+    /// The client's TLS: made when a URL is `rediss://` or a TLS setting
+    /// was given, and refused when the settings cannot apply.
+    #[cfg(feature = "tls-rustls")]
+    fn tls(&self, clients: &[redis::Client]) -> Result<Option<Tls>, Error> {
+        let secure = clients.iter().any(|c| {
+            matches!(
+                c.get_connection_info().addr(),
+                redis::ConnectionAddr::TcpTls { .. }
+            )
+        });
+        if self.tls.is_set() && !secure {
+            return Err(Error::InvalidArgument(
+                "TLS settings (CA, client certificate) were given but no URL is rediss://".into(),
+            ));
+        }
+        secure.then(|| Tls::new(&self.tls)).transpose()
+    }
+
+    #[cfg(not(feature = "tls-rustls"))]
+    fn tls(&self, _clients: &[redis::Client]) -> Result<Option<std::convert::Infallible>, Error> {
+        if self.tls.is_set() {
+            return Err(Error::InvalidArgument(
+                "TLS settings need redmutex's `tls-rustls` cargo feature".into(),
+            ));
+        }
+        Ok(None)
+    }
+
     /// Makes the client. Nothing is sent to Redis.
     ///
     /// # Errors
@@ -415,7 +559,10 @@ impl LockClientBuilder {
     /// not parse, the list of servers is empty, the Sentinel primary's name
     /// is empty, the timeout is out of range, the pool size is 0, the key
     /// prefix holds a brace, or the label is empty, longer than 64 bytes or
-    /// holds `|`, whitespace or a control character.
+    /// holds `|`, whitespace or a control character; for TLS, when a CA,
+    /// certificate or key file cannot be read or holds no usable PEM, when
+    /// TLS settings are given without a `rediss://` URL, or when the
+    /// `tls-rustls` feature is off and TLS is asked for.
     pub fn build(self) -> Result<LockClient, Error> {
         check_timeout(self.timeout)?;
         let identity = Identity::new(
@@ -438,7 +585,9 @@ impl LockClientBuilder {
                 ));
             }
             Servers::Single(url) => {
-                let client = parse_url(url)?;
+                let parsed = parse_url(url)?;
+                let tls = self.tls(std::slice::from_ref(&parsed))?;
+                let client = self.prepare(&parsed, tls.as_ref(), true)?;
                 let info = client
                     .get_connection_info()
                     .clone()
@@ -446,34 +595,60 @@ impl LockClientBuilder {
                 let backend = Backend::own(Target::Single(info), timeout, size);
                 LockClient::build(
                     backend,
-                    notify(Source::servers([&client])),
+                    notify(Source::servers([&client], tls.as_ref())),
                     Some(client),
                     names,
                 )
             }
             Servers::Cluster(urls) => {
-                let seeds = parse_urls(urls)?;
-                let cluster = ClusterClient::builder(
+                let parsed = parse_urls(urls)?;
+                let tls = self.tls(&parsed)?;
+                let seeds = parsed
+                    .iter()
+                    .map(|seed| self.prepare(seed, tls.as_ref(), true))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let builder = ClusterClient::builder(
                     seeds
                         .iter()
                         .map(redis::Client::get_connection_info)
                         .cloned(),
-                )
-                .connection_timeout(timeout)
-                .response_timeout(timeout)
-                .tcp_settings(tcp_settings(timeout))
-                // redis-rs waits at least 1.28 s per retry by default, up
-                // to 16 times: a lock call must fail sooner than that.
-                .retries(CLUSTER_RETRIES)
-                .min_retry_wait(10)
-                .max_retry_wait(500)
-                .build()
-                .map_err(|e| Error::InvalidArgument(format!("cannot use the cluster URLs: {e}")))?;
+                );
+                // Nodes found through `CLUSTER SLOTS` get the same
+                // certificates as the seeds.
+                #[cfg(feature = "tls-rustls")]
+                let builder = match &tls {
+                    Some(tls) => builder.certs(tls.certificates()),
+                    None => builder,
+                };
+                let cluster = builder
+                    .connection_timeout(timeout)
+                    .response_timeout(timeout)
+                    .tcp_settings(tcp_settings(timeout))
+                    // redis-rs waits at least 1.28 s per retry by default, up
+                    // to 16 times: a lock call must fail sooner than that.
+                    .retries(CLUSTER_RETRIES)
+                    .min_retry_wait(10)
+                    .max_retry_wait(500)
+                    .build()
+                    .map_err(|e| {
+                        Error::InvalidArgument(format!("cannot use the cluster URLs: {e}"))
+                    })?;
                 let backend = Backend::own(Target::Cluster(cluster), timeout, size);
-                LockClient::build(backend, notify(Source::servers(&seeds)), None, names)
+                LockClient::build(
+                    backend,
+                    notify(Source::servers(&seeds, tls.as_ref())),
+                    None,
+                    names,
+                )
             }
             Servers::Sentinel { sentinels, master } => {
-                let seeds = parse_urls(sentinels)?;
+                let parsed = parse_urls(sentinels)?;
+                let tls = self.tls(&parsed)?;
+                let seeds = parsed
+                    .iter()
+                    .map(|seed| self.prepare(seed, tls.as_ref(), false))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let primary = self.login(&self.primary);
                 if master.is_empty() {
                     return Err(Error::InvalidArgument(
                         "the name of the primary must not be empty".into(),
@@ -488,11 +663,11 @@ impl LockClientBuilder {
                             .set_tcp_settings(tcp_settings(timeout))
                     })
                     .collect();
-                let target = SentinelTarget::new(infos, master.clone(), self.primary.clone());
+                let target = SentinelTarget::new(infos, master.clone(), primary.clone());
                 let backend = Backend::own(Target::Sentinel(target), timeout, size);
                 LockClient::build(
                     backend,
-                    notify(Source::sentinel(&seeds, master, &self.primary)),
+                    notify(Source::sentinel(&seeds, master, &primary, tls.as_ref())),
                     None,
                     names,
                 )

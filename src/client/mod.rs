@@ -170,7 +170,24 @@ impl LockClient {
     /// already has a subscriber connection (or has been told to, by an
     /// earlier call), it changes nothing.
     pub fn with_notify_client(self, client: &redis::Client) -> LockClient {
-        match Source::servers([client]) {
+        // A `rediss://` client gets the system's roots (or `#insecure`):
+        // redis-rs does not hand out the certificates it was built with.
+        #[cfg(feature = "tls-rustls")]
+        let tls = match client.get_connection_info().addr() {
+            redis::ConnectionAddr::TcpTls { .. } => {
+                match crate::conn::tls::Tls::new(&Default::default()) {
+                    Ok(tls) => Some(tls),
+                    Err(err) => {
+                        log::warn!("redmutex: no TLS for the subscriber connection: {err}");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        #[cfg(not(feature = "tls-rustls"))]
+        let tls = None;
+        match Source::servers([client], tls.as_ref()) {
             Some(source) => {
                 if !self.inner.subscriber.set_source(source) {
                     log::debug!(
@@ -580,8 +597,14 @@ pub(crate) fn check_timeout(timeout: Duration) -> Result<(), Error> {
 
 /// The URL may carry a password: the message does not repeat it.
 pub(crate) fn parse_url(url: &str) -> Result<redis::Client, Error> {
-    redis::Client::open(url)
-        .map_err(|e| Error::InvalidArgument(format!("cannot parse the Redis URL: {e}")))
+    redis::Client::open(url).map_err(|e| {
+        let hint = if cfg!(feature = "tls-rustls") || !url.starts_with("rediss") {
+            ""
+        } else {
+            " (rediss:// needs redmutex's `tls-rustls` cargo feature)"
+        };
+        Error::InvalidArgument(format!("cannot parse the Redis URL: {e}{hint}"))
+    })
 }
 
 pub(crate) fn parse_urls<S: AsRef<str>>(

@@ -100,10 +100,59 @@ fn connect_plain(
     timeout: Duration,
 ) -> RedisResult<redis::Connection> {
     let client = redis::Client::open(info.clone())?;
-    let con = client.get_connection_with_timeout(timeout)?;
+    // Nine tenths for the connect and the handshake: when they fail, the
+    // pool (which waits one whole timeout) is still waiting and reports
+    // why, instead of a bare "timed out waiting for connection".
+    let connecting = timeout.saturating_sub(timeout / 10);
+    let con = client
+        .get_connection_with_timeout(connecting)
+        .map_err(|err| explain(info.addr(), err))?;
     con.set_read_timeout(Some(timeout))?;
     con.set_write_timeout(Some(timeout))?;
     Ok(con)
+}
+
+/// Adds the likely cause to a failed connect when it is the usual TLS
+/// mistake: plain text to a TLS port (the server hangs up on the first
+/// command), TLS to a plain port, a certificate the CA did not sign, or a
+/// server that wants a client certificate.
+fn explain(addr: &redis::ConnectionAddr, err: RedisError) -> RedisError {
+    let text = err.to_string();
+    let lower = text.to_ascii_lowercase();
+    let closed = [
+        "reset by peer",
+        "broken pipe",
+        "end of file",
+        "eof",
+        "closed",
+    ]
+    .iter()
+    .any(|s| lower.contains(s));
+    let hint = match addr {
+        redis::ConnectionAddr::Tcp(..) if closed => {
+            "the server closed the connection at once: if this port speaks TLS, use a rediss:// URL"
+        }
+        redis::ConnectionAddr::TcpTls { .. }
+            if lower.contains("corrupt message")
+                || lower.contains("timed out")
+                || lower.contains("temporarily unavailable") =>
+        {
+            "no TLS answer: if this port speaks plain text, use a redis:// URL"
+        }
+        redis::ConnectionAddr::TcpTls { .. }
+            if lower.contains("certificaterequired") || lower.contains("certificate required") =>
+        {
+            "the server requires a client certificate (tls_client_cert_files, --tls-cert)"
+        }
+        redis::ConnectionAddr::TcpTls { .. } if lower.contains("certificate") => {
+            "the server's certificate was refused: give the CA that signed it (tls_ca_file, --tls-ca)"
+        }
+        redis::ConnectionAddr::TcpTls { .. } if closed => {
+            "the server closed the TLS connection: does it require a client certificate (tls_client_cert_files, --tls-cert)?"
+        }
+        _ => return err,
+    };
+    RedisError::from((err.kind(), "cannot connect", format!("{text} ({hint})")))
 }
 
 /// What a pool of this crate connects to.
@@ -167,7 +216,22 @@ impl SentinelTarget {
                     continue;
                 }
             };
-            let info = redis::ConnectionAddr::Tcp(host, port)
+            // The primary is spoken to as the sentinel was: with TLS and
+            // the same certificates when the sentinel URL is `rediss://`.
+            let addr = match sentinel.addr() {
+                redis::ConnectionAddr::TcpTls {
+                    insecure,
+                    tls_params,
+                    ..
+                } => redis::ConnectionAddr::TcpTls {
+                    host,
+                    port,
+                    insecure: *insecure,
+                    tls_params: tls_params.clone(),
+                },
+                _ => redis::ConnectionAddr::Tcp(host, port),
+            };
+            let info = addr
                 .into_connection_info()?
                 .set_redis_settings(self.primary.clone())
                 .set_tcp_settings(tcp_settings(timeout));

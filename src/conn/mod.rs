@@ -1,4 +1,5 @@
 //! Talking to Redis: the pool and its connections for every deployment,
+//! TLS settings and the TLS socket the subscriber shares between threads,
 //! the resend policy that makes a lost reply safe, the command counters, and
 //! the bounded background-thread helper.
 //!
@@ -14,4 +15,5 @@ pub(crate) mod backend;
 pub(crate) mod histogram;
 pub(crate) mod policy;
 pub(crate) mod stats;
+pub(crate) mod tls;
 pub(crate) mod worker;

@@ -10,7 +10,9 @@
 //! `redis::Connection` cannot be read and written from two threads at
 //! once. Every step is bounded by the client's timeout: connect, `AUTH`,
 //! the sentinel lookup, each write; reads wait one timeout, then the
-//! subscriber's heartbeat speaks.
+//! subscriber's heartbeat speaks. Over TLS (`rediss://`) the same socket
+//! carries one TLS session shared by the halves (`conn::tls`), with the
+//! handshake bounded by the same timeout.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
@@ -21,6 +23,8 @@ use std::time::Duration;
 use redis::{Parser, Value};
 
 use crate::conn::backend::keepalive;
+#[cfg(feature = "tls-rustls")]
+use crate::conn::tls::{Tls, TlsHalf, handshake};
 
 /// The name the subscriber connection gives itself (`CLIENT SETNAME`).
 pub(crate) const CONNECTION_NAME: &str = "redmutex-subscriber";
@@ -31,6 +35,14 @@ pub(crate) enum Target {
     Tcp {
         host: String,
         port: u16,
+    },
+    /// TCP with TLS; the configuration says whether the certificate is
+    /// checked (`#insecure` or not).
+    #[cfg(feature = "tls-rustls")]
+    Tls {
+        host: String,
+        port: u16,
+        config: std::sync::Arc<rustls::ClientConfig>,
     },
     #[cfg(unix)]
     Unix(std::path::PathBuf),
@@ -43,19 +55,41 @@ pub(crate) struct Endpoint {
     password: Option<String>,
 }
 
+/// The client's TLS, when it has any (`rediss://` URLs).
+#[cfg(feature = "tls-rustls")]
+pub(crate) type TlsRef<'a> = Option<&'a Tls>;
+/// Without the `tls-rustls` feature there is no TLS to pass.
+#[cfg(not(feature = "tls-rustls"))]
+pub(crate) type TlsRef<'a> = Option<&'a std::convert::Infallible>;
+
 impl Endpoint {
-    /// `None` for addresses this connection cannot speak to (TLS): waiters
-    /// then use backoff timing.
-    fn of(client: &redis::Client) -> Option<Endpoint> {
+    /// `None` for addresses this connection cannot speak to (a TLS address
+    /// without the client's TLS, which the builder never leaves out):
+    /// waiters then use backoff timing.
+    fn of(client: &redis::Client, tls: TlsRef<'_>) -> Option<Endpoint> {
         let info = client.get_connection_info();
         let target = match info.addr() {
             redis::ConnectionAddr::Tcp(host, port) => Target::Tcp {
                 host: host.clone(),
                 port: *port,
             },
+            #[cfg(feature = "tls-rustls")]
+            redis::ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure,
+                ..
+            } => Target::Tls {
+                host: host.clone(),
+                port: *port,
+                config: tls?.config(*insecure),
+            },
             #[cfg(unix)]
             redis::ConnectionAddr::Unix(path) => Target::Unix(path.clone()),
-            _ => return None,
+            _ => {
+                let _ = tls;
+                return None;
+            }
         };
         let settings = info.redis_settings();
         Some(Endpoint {
@@ -79,30 +113,50 @@ pub(crate) enum Source {
         master: String,
         username: Option<String>,
         password: Option<String>,
+        /// TLS to the primary, as to the sentinels.
+        #[cfg(feature = "tls-rustls")]
+        tls: Option<std::sync::Arc<rustls::ClientConfig>>,
     },
 }
 
 impl Source {
-    /// `None` when no server can be spoken to (TLS only).
+    /// `None` when no server can be spoken to.
     pub(crate) fn servers<'a>(
         clients: impl IntoIterator<Item = &'a redis::Client>,
+        tls: TlsRef<'_>,
     ) -> Option<Source> {
-        let endpoints: Vec<Endpoint> = clients.into_iter().filter_map(Endpoint::of).collect();
+        let endpoints: Vec<Endpoint> = clients
+            .into_iter()
+            .filter_map(|client| Endpoint::of(client, tls))
+            .collect();
         (!endpoints.is_empty()).then_some(Source::Fixed(endpoints))
     }
 
-    /// `None` when no sentinel can be spoken to (TLS only).
+    /// `None` when no sentinel can be spoken to. The primary is spoken to
+    /// with TLS when the first sentinel is (`rediss://`), with the same
+    /// certificate checks.
     pub(crate) fn sentinel<'a>(
         sentinels: impl IntoIterator<Item = &'a redis::Client>,
         master: &str,
         primary: &redis::RedisConnectionInfo,
+        tls: TlsRef<'_>,
     ) -> Option<Source> {
-        let sentinels: Vec<Endpoint> = sentinels.into_iter().filter_map(Endpoint::of).collect();
+        let sentinels: Vec<Endpoint> = sentinels
+            .into_iter()
+            .filter_map(|client| Endpoint::of(client, tls))
+            .collect();
+        #[cfg(feature = "tls-rustls")]
+        let primary_tls = match sentinels.first().map(|s| &s.target) {
+            Some(Target::Tls { config, .. }) => Some(config.clone()),
+            _ => None,
+        };
         (!sentinels.is_empty()).then(|| Source::Sentinel {
             sentinels,
             master: master.to_owned(),
             username: primary.username().map(str::to_owned),
             password: primary.password().map(str::to_owned),
+            #[cfg(feature = "tls-rustls")]
+            tls: primary_tls,
         })
     }
 
@@ -118,14 +172,27 @@ impl Source {
                 master,
                 username,
                 password,
+                #[cfg(feature = "tls-rustls")]
+                tls,
             } => {
                 let mut last = io::Error::new(io::ErrorKind::NotFound, "no sentinel");
                 for i in 0..sentinels.len() {
                     let sentinel = &sentinels[(attempt + i) % sentinels.len()];
                     match ask_sentinel(sentinel, master, timeout) {
                         Ok((host, port)) => {
+                            #[cfg(feature = "tls-rustls")]
+                            let target = match tls {
+                                Some(config) => Target::Tls {
+                                    host,
+                                    port,
+                                    config: config.clone(),
+                                },
+                                None => Target::Tcp { host, port },
+                            };
+                            #[cfg(not(feature = "tls-rustls"))]
+                            let target = Target::Tcp { host, port };
                             return Ok(Endpoint {
-                                target: Target::Tcp { host, port },
+                                target,
                                 username: username.clone(),
                                 password: password.clone(),
                             });
@@ -161,27 +228,44 @@ fn ask_sentinel(sentinel: &Endpoint, master: &str, timeout: Duration) -> io::Res
 
 pub(crate) enum Stream {
     Tcp(TcpStream),
+    #[cfg(feature = "tls-rustls")]
+    Tls(TlsHalf),
     #[cfg(unix)]
     Unix(UnixStream),
+}
+
+/// A TCP connection with the subscriber's socket settings, `timeout` on the
+/// connect.
+fn connect_tcp(host: &str, port: u16, timeout: Duration) -> io::Result<TcpStream> {
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
+    for addr in (host, port).to_socket_addrs()? {
+        match TcpStream::connect_timeout(&addr, timeout) {
+            Ok(stream) => {
+                stream.set_nodelay(true)?;
+                redis::io::tcp::socket2::SockRef::from(&stream)
+                    .set_tcp_keepalive(&keepalive(timeout))?;
+                return Ok(stream);
+            }
+            Err(err) => last = err,
+        }
+    }
+    Err(last)
 }
 
 impl Stream {
     fn connect(target: &Target, timeout: Duration) -> io::Result<Stream> {
         match target {
-            Target::Tcp { host, port } => {
-                let mut last = io::Error::new(io::ErrorKind::NotFound, "no address");
-                for addr in (host.as_str(), *port).to_socket_addrs()? {
-                    match TcpStream::connect_timeout(&addr, timeout) {
-                        Ok(stream) => {
-                            stream.set_nodelay(true)?;
-                            redis::io::tcp::socket2::SockRef::from(&stream)
-                                .set_tcp_keepalive(&keepalive(timeout))?;
-                            return Ok(Stream::Tcp(stream));
-                        }
-                        Err(err) => last = err,
-                    }
-                }
-                Err(last)
+            Target::Tcp { host, port } => Ok(Stream::Tcp(connect_tcp(host, *port, timeout)?)),
+            #[cfg(feature = "tls-rustls")]
+            Target::Tls { host, port, config } => {
+                let tcp = connect_tcp(host, *port, timeout)?;
+                Ok(Stream::Tls(handshake(
+                    tcp,
+                    config.clone(),
+                    host,
+                    *port,
+                    timeout,
+                )?))
             }
             #[cfg(unix)]
             Target::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path)?)),
@@ -191,6 +275,8 @@ impl Stream {
     fn try_clone(&self) -> io::Result<Stream> {
         Ok(match self {
             Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+            #[cfg(feature = "tls-rustls")]
+            Stream::Tls(s) => Stream::Tls(s.try_clone()?),
             #[cfg(unix)]
             Stream::Unix(s) => Stream::Unix(s.try_clone()?),
         })
@@ -202,6 +288,11 @@ impl Stream {
                 s.set_read_timeout(read)?;
                 s.set_write_timeout(write)
             }
+            #[cfg(feature = "tls-rustls")]
+            Stream::Tls(s) => {
+                s.tcp().set_read_timeout(read)?;
+                s.tcp().set_write_timeout(write)
+            }
             #[cfg(unix)]
             Stream::Unix(s) => {
                 s.set_read_timeout(read)?;
@@ -211,8 +302,12 @@ impl Stream {
     }
 
     pub(crate) fn shutdown(&self) {
+        // On TLS too the TCP stream is shut, not the session: a blocked
+        // reader must wake now, and nothing more is to be said.
         let _ = match self {
             Stream::Tcp(s) => s.shutdown(Shutdown::Both),
+            #[cfg(feature = "tls-rustls")]
+            Stream::Tls(s) => s.tcp().shutdown(Shutdown::Both),
             #[cfg(unix)]
             Stream::Unix(s) => s.shutdown(Shutdown::Both),
         };
@@ -223,6 +318,8 @@ impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
             Stream::Tcp(s) => s.read(buf),
+            #[cfg(feature = "tls-rustls")]
+            Stream::Tls(s) => s.read(buf),
             #[cfg(unix)]
             Stream::Unix(s) => s.read(buf),
         }
@@ -233,6 +330,8 @@ impl Write for Stream {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
             Stream::Tcp(s) => s.write(buf),
+            #[cfg(feature = "tls-rustls")]
+            Stream::Tls(s) => s.write(buf),
             #[cfg(unix)]
             Stream::Unix(s) => s.write(buf),
         }
@@ -240,6 +339,8 @@ impl Write for Stream {
     fn flush(&mut self) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.flush(),
+            #[cfg(feature = "tls-rustls")]
+            Stream::Tls(s) => s.flush(),
             #[cfg(unix)]
             Stream::Unix(s) => s.flush(),
         }

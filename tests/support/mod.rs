@@ -9,6 +9,7 @@
 pub mod chaos;
 mod deploy;
 mod proxy;
+pub mod tls;
 #[allow(unused_imports)]
 pub use deploy::*;
 #[allow(unused_imports)]
@@ -54,7 +55,7 @@ pub fn free_port() -> u16 {
 }
 
 /// A free port that is not `taken` (two picks in a row can coincide).
-fn free_port_other_than(taken: u16) -> u16 {
+pub(crate) fn free_port_other_than(taken: u16) -> u16 {
     let mut port = free_port();
     for _ in 0..START_TRIES {
         if port != taken {
@@ -105,14 +106,18 @@ impl RedisServer {
         })
     }
 
-    fn start_in(dir: tempfile::TempDir, config: Option<PathBuf>, extra: &[&str]) -> RedisServer {
+    pub(crate) fn start_in(
+        dir: tempfile::TempDir,
+        config: Option<PathBuf>,
+        extra: &[&str],
+    ) -> RedisServer {
         let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
         RedisServer::start_tries(dir, config, |_| extra.clone())
     }
 
     /// Tries up to [`START_TRIES`] free ports; `extra_for(port)` gives the
     /// extra arguments for one try (ports they name must be fresh too).
-    fn start_tries(
+    pub(crate) fn start_tries(
         dir: tempfile::TempDir,
         config: Option<PathBuf>,
         mut extra_for: impl FnMut(u16) -> Vec<String>,
@@ -274,7 +279,7 @@ impl Drop for RedisServer {
     }
 }
 
-fn temp_dir() -> tempfile::TempDir {
+pub(crate) fn temp_dir() -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix("redmutex-redis-")
         .tempdir()

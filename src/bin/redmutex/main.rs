@@ -44,6 +44,10 @@ const EXIT_CANNOT_EXECUTE: u8 = 126;
 const EXIT_NOT_FOUND: u8 = 127;
 
 const AFTER_HELP: &str = "\
+Environment (besides each option's [env: …]):
+  REDMUTEX_PASSWORD  the password to log in with, instead of the URL's (kept
+                     off the command line, where every user of the host sees it)
+
 Exit codes:
   run      the command's own (128+N if killed by signal N)
   0        status/release: done
@@ -67,6 +71,7 @@ Examples:
   redmutex list 'deploy:*' --json
   redmutex --cluster --url redis://10.0.0.1:7000,redis://10.0.0.2:7000 run job -- ./job.sh
   redmutex --sentinel mymaster --url redis://10.0.0.1:26379,redis://10.0.0.2:26379 status job
+  REDMUTEX_PASSWORD=… redmutex --url rediss://redis.example.com:6380 --user app --tls-ca ca.pem list
   redmutex release nightly-report --token \"$REDMUTEX_TOKEN\"";
 
 #[derive(Parser)]
@@ -108,6 +113,33 @@ struct Cli {
         value_name = "PREFIX"
     )]
     key_prefix: String,
+    /// For rediss:// URLs: the CA certificate(s) (PEM) the server's
+    /// certificate must chain to, instead of the system's roots.
+    #[arg(long, env = "REDMUTEX_TLS_CA", global = true, value_name = "FILE")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// For rediss:// URLs: a client certificate (PEM chain) for servers
+    /// that require one (mutual TLS); needs --tls-key.
+    #[arg(
+        long,
+        env = "REDMUTEX_TLS_CERT",
+        global = true,
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(
+        long,
+        env = "REDMUTEX_TLS_KEY",
+        global = true,
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    tls_key: Option<std::path::PathBuf>,
+    /// The ACL user to log in as (instead of the URL's); the password
+    /// comes from $REDMUTEX_PASSWORD.
+    #[arg(long, env = "REDMUTEX_USER", global = true, value_name = "USER")]
+    user: Option<String>,
     /// Say nothing but errors.
     #[arg(long, short, global = true, conflicts_with = "verbose")]
     quiet: bool,
@@ -310,7 +342,22 @@ fn builder(cli: &Cli) -> LockClientBuilder {
     } else {
         LockClient::builder().url(&cli.url)
     };
-    builder.key_prefix(&cli.key_prefix)
+    let mut builder = builder.key_prefix(&cli.key_prefix);
+    if let Some(ca) = &cli.tls_ca {
+        builder = builder.tls_ca_file(ca);
+    }
+    if let (Some(cert), Some(key)) = (&cli.tls_cert, &cli.tls_key) {
+        builder = builder.tls_client_cert_files(cert, key);
+    }
+    if let Some(user) = &cli.user {
+        builder = builder.username(user);
+    }
+    // From the environment only: a command line is visible to every user
+    // of the host.
+    if let Some(password) = std::env::var_os("REDMUTEX_PASSWORD") {
+        builder = builder.password(password.to_string_lossy());
+    }
+    builder
 }
 
 /// Who holds a token, in a few words: its holder metadata, or (a token

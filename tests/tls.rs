@@ -1,0 +1,704 @@
+//! TLS end to end against a real redis-server with a TLS port: the pool,
+//! the watchdog and the subscriber over `rediss://`, mutual TLS, ACL
+//! logins, and the ways a TLS setup goes wrong (wrong CA, wrong scheme for
+//! the port, a server that never answers the handshake), each a clear error
+//! within the timeout. Certificates are made at test time (`support::tls`).
+#![cfg(feature = "tls-rustls")]
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use redis::Commands;
+use redmutex::{Backoff, DistributedLock, LockClient, LockOptions};
+use support::tls::TlsServer;
+use support::{FaultProxy, wait_until};
+
+const ROLE: &str = "REDMUTEX_TEST_ROLE";
+const URL: &str = "REDMUTEX_TEST_URL";
+const CA: &str = "REDMUTEX_TEST_CA";
+
+/// Subscribers of a key's release channel (no hash tag, no prefix).
+fn subscribers(server: &TlsServer, key: &str) -> u64 {
+    let reply: (String, u64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(format!("redmutex:released:{{{key}}}"))
+        .query(&mut server.server.conn())
+        .expect("PUBSUB NUMSUB");
+    reply.1
+}
+
+fn short(builder: redmutex::LockClientBuilder) -> LockClient {
+    builder
+        .timeout(Duration::from_millis(500))
+        .build()
+        .expect("build a TLS client")
+}
+
+#[test]
+fn lock_and_unlock_over_tls() {
+    let server = TlsServer::start(false);
+    let client = server.builder().build().expect("TLS client");
+    let guard = DistributedLock::new(&client, "tls-plain")
+        .lock()
+        .expect("lock over TLS");
+    let held: Option<String> = server.server.conn().get("tls-plain").expect("GET");
+    assert_eq!(held.as_deref(), Some(guard.token()));
+    assert!(guard.is_held().expect("is_held over TLS"));
+    guard.unlock().expect("unlock over TLS");
+    assert!(!support::exists(&server.server, "tls-plain"));
+    // Dropped guards are released too (written behind on the TLS link).
+    drop(
+        DistributedLock::new(&client, "tls-plain")
+            .lock()
+            .expect("again"),
+    );
+    let lock = DistributedLock::new(&client, "tls-plain");
+    lock.lock()
+        .expect("the dropped guard was released")
+        .unlock()
+        .expect("unlock");
+}
+
+#[test]
+fn insecure_urls_skip_the_certificate_check() {
+    let server = TlsServer::start(false);
+    let url = format!("rediss://127.0.0.1:{}/#insecure", server.tls_port);
+    let client = LockClient::open(&url).expect("an #insecure client");
+    DistributedLock::new(&client, "tls-insecure")
+        .lock()
+        .expect("lock with #insecure")
+        .unlock()
+        .expect("unlock");
+}
+
+#[test]
+fn a_waiter_in_another_process_wakes_on_the_release_message_over_tls() {
+    if std::env::var(ROLE).as_deref() == Ok("waiter") {
+        let url = std::env::var(URL).expect("url");
+        let ca = std::env::var(CA).expect("ca");
+        let client = LockClient::builder()
+            .url(url)
+            .tls_ca_file(ca)
+            .build()
+            .expect("client");
+        // Only a release message explains a prompt acquisition.
+        let options = LockOptions::default()
+            .backoff(Backoff::constant(Duration::from_secs(10)))
+            .wait(Duration::from_secs(30));
+        let guard = DistributedLock::with_options(&client, "tls-wake", options)
+            .lock()
+            .expect("lock");
+        println!("ACQUIRED {}", client.stats().notifications);
+        guard.unlock().expect("unlock");
+        return;
+    }
+    let server = TlsServer::start(false);
+    let holder = server.builder().build().expect("holder");
+    let guard = DistributedLock::new(&holder, "tls-wake")
+        .lock()
+        .expect("lock");
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "a_waiter_in_another_process_wakes_on_the_release_message_over_tls",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(ROLE, "waiter")
+        .env(URL, server.url())
+        .env(CA, server.pki.ca())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn the waiter");
+    let stdout = child.stdout.take().expect("stdout");
+    // Subscribed over TLS: the subscriber connection speaks TLS.
+    assert!(
+        wait_until(Duration::from_secs(10), || subscribers(&server, "tls-wake")
+            >= 1),
+        "the waiter's subscriber connection never subscribed over TLS"
+    );
+    std::thread::sleep(Duration::from_millis(50)); // let it settle into its wait
+    let released = Instant::now();
+    guard.unlock().expect("unlock");
+    let mut seen = None;
+    for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+        if seen.is_none() && line.contains("ACQUIRED ") {
+            seen = Some((line, released.elapsed()));
+        }
+    }
+    let (line, lag) = seen.expect("the waiter acquired");
+    assert!(child.wait().expect("reap").success());
+    assert!(
+        lag < Duration::from_millis(1_000),
+        "woke {lag:?} after the release"
+    );
+    let notifications: u64 = line
+        .split("ACQUIRED ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|count| count.parse().ok())
+        .expect("a count");
+    assert!(notifications >= 1, "woken by a message: {line}");
+}
+
+#[test]
+fn the_watchdog_renews_over_tls() {
+    let server = TlsServer::start(false);
+    let client = server.builder().build().expect("client");
+    let options = LockOptions::default()
+        .ttl(Duration::from_millis(400))
+        .watchdog(true);
+    let guard = DistributedLock::with_options(&client, "tls-dog", options)
+        .lock()
+        .expect("lock");
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_millis(1_200) {
+        let held: Option<String> = server.server.conn().get("tls-dog").expect("GET");
+        assert_eq!(held.as_deref(), Some(guard.token()), "renewed past its ttl");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(client.stats().renewals >= 2, "{:?}", client.stats());
+    assert!(!guard.is_lost());
+    guard.unlock().expect("unlock");
+}
+
+#[test]
+fn a_wrong_ca_is_a_clear_error_within_the_timeout() {
+    let server = TlsServer::start(false);
+    let client = short(
+        LockClient::builder()
+            .url(server.url())
+            .tls_ca_file(server.pki.other_ca()),
+    );
+    let started = Instant::now();
+    let err = DistributedLock::new(&client, "tls-ca")
+        .try_lock()
+        .expect_err("a certificate from another CA");
+    let took = started.elapsed();
+    let text = err.to_string();
+    eprintln!("error: {text}");
+    assert!(
+        text.contains("certificate") || text.contains("UnknownIssuer"),
+        "the error names the TLS failure: {text}"
+    );
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert!(!support::exists(&server.server, "tls-ca"));
+    // The subscriber fails the same way and the client still goes at once.
+    let dropped = Instant::now();
+    drop(client);
+    assert!(dropped.elapsed() < Duration::from_secs(3));
+}
+
+#[test]
+fn a_plain_url_on_the_tls_port_and_the_reverse_are_clear_errors() {
+    let server = TlsServer::start(false);
+    let plain_on_tls =
+        short(LockClient::builder().url(format!("redis://127.0.0.1:{}/", server.tls_port)));
+    let started = Instant::now();
+    let err = DistributedLock::new(&plain_on_tls, "tls-scheme")
+        .try_lock()
+        .expect_err("plain text to a TLS port");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let text = err.to_string();
+    eprintln!("error: {text}");
+    assert!(
+        text.contains("rediss://"),
+        "the error points at TLS: {text}"
+    );
+
+    let tls_on_plain = short(
+        LockClient::builder()
+            .url(format!("rediss://127.0.0.1:{}/", server.server.port()))
+            .tls_ca_file(server.pki.ca()),
+    );
+    let started = Instant::now();
+    let err = DistributedLock::new(&tls_on_plain, "tls-scheme")
+        .try_lock()
+        .expect_err("TLS to a plain port");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let text = err.to_string();
+    eprintln!("error: {text}");
+    assert!(
+        text.contains("redis://"),
+        "the error points at plain text: {text}"
+    );
+    assert!(!support::exists(&server.server, "tls-scheme"));
+}
+
+#[test]
+fn mutual_tls_needs_the_client_certificate() {
+    let server = TlsServer::start(true);
+    let without = short(server.builder());
+    let err = DistributedLock::new(&without, "tls-mutual")
+        .try_lock()
+        .expect_err("no client certificate");
+    assert!(err.is_connection(), "{err:?}");
+    let text = err.to_string();
+    eprintln!("error: {text}");
+    assert!(text.contains("client certificate"), "{text}");
+
+    let with = server.builder_with_cert().build().expect("client");
+    let guard = DistributedLock::new(&with, "tls-mutual")
+        .lock()
+        .expect("lock with a client certificate");
+    // A second client with the certificate waits by notification.
+    let waiter = server.builder_with_cert().build().expect("waiter");
+    let options = LockOptions::default()
+        .backoff(Backoff::constant(Duration::from_secs(10)))
+        .wait(Duration::from_secs(20));
+    let waiting = std::thread::spawn(move || {
+        let guard = DistributedLock::with_options(&waiter, "tls-mutual", options)
+            .lock()
+            .map(|g| g.unlock());
+        (guard.is_ok(), waiter.stats().notifications)
+    });
+    assert!(wait_until(Duration::from_secs(10), || subscribers(
+        &server,
+        "tls-mutual"
+    ) >= 1));
+    guard.unlock().expect("unlock");
+    let (acquired, notifications) = waiting.join().expect("waiter");
+    assert!(acquired);
+    assert!(notifications >= 1);
+}
+
+#[test]
+fn a_server_that_never_answers_the_handshake_fails_within_the_timeout() {
+    let server = TlsServer::start(false);
+    let proxy = FaultProxy::start(server.tls_port);
+    proxy.swallow_new(true);
+    let client = short(
+        LockClient::builder()
+            .url(format!("rediss://127.0.0.1:{}/", proxy.port()))
+            .tls_ca_file(server.pki.ca()),
+    );
+    let started = Instant::now();
+    let err = DistributedLock::new(&client, "tls-silent")
+        .try_lock()
+        .expect_err("no handshake answer");
+    assert!(err.is_connection() || err.is_timeout(), "{err:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let dropped = Instant::now();
+    drop(client);
+    assert!(dropped.elapsed() < Duration::from_secs(3));
+}
+
+#[test]
+fn an_acl_user_logs_in_over_tls_from_the_builder() {
+    let server = TlsServer::start(false);
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "app", "on", ">s3cret", "~*", "&*", "+@all"][..])
+        .query(&mut server.server.conn())
+        .expect("ACL SETUSER");
+    let client = server
+        .builder()
+        .username("app")
+        .password("s3cret")
+        .build()
+        .expect("client");
+    assert!(!format!("{client:?}").contains("s3cret"));
+    DistributedLock::new(&client, "tls-acl")
+        .lock()
+        .expect("lock as app")
+        .unlock()
+        .expect("unlock");
+    let wrong = short(server.builder().username("app").password("nope"));
+    let err = DistributedLock::new(&wrong, "tls-acl")
+        .try_lock()
+        .expect_err("a wrong password");
+    assert!(err.to_string().to_lowercase().contains("pass"), "{err}");
+}
+
+#[test]
+fn tls_settings_are_checked_when_the_client_is_built() {
+    let server = TlsServer::start(false);
+    let missing = LockClient::builder()
+        .url(server.url())
+        .tls_ca_file(server.pki.path("missing.pem"))
+        .build();
+    assert!(
+        matches!(missing, Err(redmutex::Error::InvalidArgument(ref m)) if m.contains("missing.pem"))
+    );
+    let not_pem = LockClient::builder()
+        .url(server.url())
+        .tls_ca_pem("not a certificate")
+        .build();
+    assert!(matches!(not_pem, Err(redmutex::Error::InvalidArgument(_))));
+    let plain_with_ca = LockClient::builder()
+        .url(server.server.url())
+        .tls_ca_file(server.pki.ca())
+        .build();
+    assert!(
+        matches!(plain_with_ca, Err(redmutex::Error::InvalidArgument(ref m)) if m.contains("rediss://"))
+    );
+    let key_without_cert = LockClient::builder()
+        .url(server.url())
+        .tls_client_cert_files(server.pki.client_key(), server.pki.client_key())
+        .build();
+    assert!(matches!(
+        key_without_cert,
+        Err(redmutex::Error::InvalidArgument(_))
+    ));
+}
+
+/// The `redmutex` command over TLS: flags, then the same through the
+/// `REDMUTEX_TLS_*` environment, with mutual TLS and an ACL login.
+#[cfg(feature = "cli")]
+#[test]
+fn the_cli_speaks_tls_with_flags_and_environment() {
+    use assert_cmd::cargo::CommandCargoExt;
+    let server = TlsServer::start(true);
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "ops", "on", ">pw", "~*", "&*", "+@all"][..])
+        .query(&mut server.server.conn())
+        .expect("ACL SETUSER");
+    let redmutex = || {
+        let mut command = Command::cargo_bin("redmutex").expect("the redmutex binary");
+        command
+            .env_remove("REDMUTEX_URL")
+            .env_remove("REDMUTEX_PASSWORD");
+        command
+    };
+    let path = |p: std::path::PathBuf| p.display().to_string();
+    let flags = redmutex()
+        .args(["--url", &server.url(), "--tls-ca", &path(server.pki.ca())])
+        .args(["--tls-cert", &path(server.pki.client_cert())])
+        .args(["--tls-key", &path(server.pki.client_key())])
+        .args(["run", "--no-wait", "tls-cli", "--", "true"])
+        .output()
+        .expect("run over TLS");
+    assert!(
+        flags.status.success(),
+        "{}",
+        String::from_utf8_lossy(&flags.stderr)
+    );
+    let env = redmutex()
+        .env("REDMUTEX_URL", server.url())
+        .env("REDMUTEX_TLS_CA", server.pki.ca())
+        .env("REDMUTEX_TLS_CERT", server.pki.client_cert())
+        .env("REDMUTEX_TLS_KEY", server.pki.client_key())
+        .env("REDMUTEX_USER", "ops")
+        .env("REDMUTEX_PASSWORD", "pw")
+        .args(["status", "tls-cli", "--json"])
+        .output()
+        .expect("status over TLS");
+    assert!(
+        env.status.success(),
+        "{}",
+        String::from_utf8_lossy(&env.stderr)
+    );
+    assert!(String::from_utf8_lossy(&env.stdout).contains("\"held\":false"));
+    // A wrong CA: one line naming the certificate, the "unavailable" code.
+    let wrong = redmutex()
+        .args([
+            "--url",
+            &server.url(),
+            "--tls-ca",
+            &path(server.pki.other_ca()),
+        ])
+        .args(["status", "tls-cli"])
+        .output()
+        .expect("status with a wrong CA");
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    assert_eq!(wrong.status.code(), Some(69), "{stderr}");
+    assert!(stderr.contains("certificate"), "{stderr}");
+    // The password never shows on the command line nor in errors.
+    let refused = redmutex()
+        .env("REDMUTEX_URL", server.url())
+        .env("REDMUTEX_TLS_CA", server.pki.ca())
+        .env("REDMUTEX_TLS_CERT", server.pki.client_cert())
+        .env("REDMUTEX_TLS_KEY", server.pki.client_key())
+        .env("REDMUTEX_USER", "ops")
+        .env("REDMUTEX_PASSWORD", "not-the-password")
+        .args(["status", "tls-cli"])
+        .output()
+        .expect("status with a wrong password");
+    assert!(!refused.status.success());
+    assert!(!String::from_utf8_lossy(&refused.stderr).contains("not-the-password"));
+}
+
+#[test]
+fn sentinel_over_tls_finds_the_tls_primary_and_follows_a_failover() {
+    let set = support::tls::TlsSentinelSet::start();
+    assert_eq!(set.named_port(), Some(set.primary_tls));
+    let holder = set.builder().build().expect("holder");
+    let waiter = set.builder().build().expect("waiter");
+    let guard = DistributedLock::new(&holder, "tls-sentinel")
+        .lock()
+        .expect("lock through TLS sentinels");
+    let held: Option<String> = set.primary.conn().get("tls-sentinel").expect("GET");
+    assert_eq!(held.as_deref(), Some(guard.token()));
+    let options = LockOptions::default()
+        .backoff(Backoff::constant(Duration::from_secs(10)))
+        .wait(Duration::from_secs(20));
+    let waiting = std::thread::spawn(move || {
+        let acquired = DistributedLock::with_options(&waiter, "tls-sentinel", options)
+            .lock()
+            .map(|g| g.unlock());
+        (acquired.is_ok(), waiter.stats().notifications)
+    });
+    // The waiter's subscriber asked the sentinels over TLS, then
+    // subscribed on the primary over TLS.
+    let subscribed = wait_until(Duration::from_secs(10), || {
+        let reply: Option<(String, u64)> = set.primary.try_query(
+            redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg("redmutex:released:{tls-sentinel}"),
+        );
+        reply.is_some_and(|r| r.1 >= 1)
+    });
+    assert!(subscribed, "no subscriber on the primary");
+    guard.unlock().expect("unlock");
+    let (acquired, notifications) = waiting.join().expect("waiter");
+    assert!(acquired && notifications >= 1, "{notifications}");
+
+    let _: () = set.sentinels[0]
+        .try_query(
+            redis::cmd("SENTINEL")
+                .arg("FAILOVER")
+                .arg(support::tls::TlsSentinelSet::MASTER),
+        )
+        .expect("SENTINEL FAILOVER");
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            set.named_port().is_some_and(|p| p != set.primary_tls)
+                && set.primary.role().as_deref() == Some("slave")
+        }),
+        "no failover"
+    );
+    let after = DistributedLock::with_options(
+        &holder,
+        "tls-sentinel",
+        LockOptions::default().wait(Duration::from_secs(20)),
+    )
+    .lock()
+    .expect("lock on the promoted replica, over TLS");
+    let held: Option<String> = set.replica.conn().get("tls-sentinel").expect("GET");
+    assert_eq!(held.as_deref(), Some(after.token()));
+    after.unlock().expect("unlock");
+}
+
+#[test]
+fn a_cluster_over_tls_locks_on_every_primary_and_notifies() {
+    let cluster = support::tls::TlsCluster::start();
+    let client = cluster.builder().build().expect("cluster client");
+    // Keys on every primary: found through CLUSTER SLOTS asked over TLS.
+    let mut primaries = std::collections::HashSet::new();
+    for i in 0..30 {
+        let key = format!("tls-cluster-{i}");
+        let guard = DistributedLock::new(&client, key.as_str())
+            .lock()
+            .expect("lock on a TLS cluster");
+        let node = cluster.node_for(&key).expect("the key's node");
+        let held: Option<String> = node.conn().get(&key).expect("GET");
+        assert_eq!(held.as_deref(), Some(guard.token()));
+        primaries.insert(node.port());
+        guard.unlock().expect("unlock");
+    }
+    assert_eq!(primaries.len(), 3, "keys landed on every primary");
+
+    let waiter = cluster.builder().build().expect("waiter");
+    let guard = DistributedLock::new(&client, "tls-cluster-wake")
+        .lock()
+        .expect("lock");
+    let options = LockOptions::default()
+        .backoff(Backoff::constant(Duration::from_secs(10)))
+        .wait(Duration::from_secs(20));
+    let waiting = std::thread::spawn(move || {
+        let acquired = DistributedLock::with_options(&waiter, "tls-cluster-wake", options)
+            .lock()
+            .map(|g| g.unlock());
+        (acquired.is_ok(), waiter.stats().notifications)
+    });
+    let subscribed = wait_until(Duration::from_secs(10), || {
+        cluster.nodes.iter().any(|n| {
+            let reply: Option<(String, u64)> = n.try_query(
+                redis::cmd("PUBSUB")
+                    .arg("NUMSUB")
+                    .arg("redmutex:released:{tls-cluster-wake}"),
+            );
+            reply.is_some_and(|r| r.1 >= 1)
+        })
+    });
+    assert!(subscribed, "no subscriber on any node");
+    guard.unlock().expect("unlock");
+    let (acquired, notifications) = waiting.join().expect("waiter");
+    assert!(acquired && notifications >= 1, "{notifications}");
+}
+
+/// A half-open TLS subscriber link (the proxy holds the socket and forwards
+/// nothing): the heartbeat finds it silent within two timeouts, the
+/// reconnection's handshake is bounded too, and the waiter asks Redis
+/// instead of sleeping its 60 s backoff step.
+#[test]
+fn a_silent_tls_subscriber_link_is_detected() {
+    let server = TlsServer::start(false);
+    let proxy = FaultProxy::start(server.tls_port);
+    let timeout = Duration::from_millis(500);
+    // The pool goes straight to the server; only the subscriber is proxied
+    // (a `rediss://` notify client: TLS with `#insecure`).
+    let waiter_client = server
+        .builder()
+        .timeout(timeout)
+        .notify(false)
+        .build()
+        .expect("client")
+        .with_notify_client(
+            &redis::Client::open(format!("rediss://127.0.0.1:{}/#insecure", proxy.port()))
+                .expect("url"),
+        );
+    let holder = server.builder().build().expect("holder");
+    let guard = DistributedLock::new(&holder, "tls-silent-sub")
+        .lock()
+        .expect("lock");
+    let waiting = std::thread::spawn({
+        let waiter_client = waiter_client.clone();
+        move || {
+            DistributedLock::with_options(
+                &waiter_client,
+                "tls-silent-sub",
+                LockOptions::default()
+                    .wait(Duration::from_secs(30))
+                    .backoff(Backoff::constant(Duration::from_secs(60))),
+            )
+            .lock()
+            .map(|g| g.token().to_owned())
+        }
+    });
+    assert!(
+        wait_until(Duration::from_secs(5), || subscribers(
+            &server,
+            "tls-silent-sub"
+        ) == 1),
+        "the TLS subscriber never subscribed through the proxy"
+    );
+    proxy.blackhole(true);
+    let released = Instant::now();
+    guard.unlock().expect("unlock");
+    let got = waiting.join().expect("waiter");
+    let waited = released.elapsed();
+    assert!(got.is_ok(), "{got:?}");
+    let bound = timeout * 2 + Duration::from_secs(1);
+    assert!(
+        waited < bound,
+        "the waiter slept {waited:?} after the release"
+    );
+    let dropped = Instant::now();
+    drop(waiter_client);
+    assert!(dropped.elapsed() < Duration::from_secs(3));
+}
+
+#[test]
+fn a_redlock_over_tls_nodes_takes_a_majority() {
+    let nodes: Vec<TlsServer> = (0..3).map(|_| TlsServer::start(false)).collect();
+    let clients: Vec<LockClient> = nodes
+        .iter()
+        .map(|n| n.builder().build().expect("node client"))
+        .collect();
+    let lock = redmutex::RedLock::new(clients, "tls-redlock").expect("redlock");
+    let guard = lock.lock().expect("lock a majority over TLS");
+    let holding = nodes
+        .iter()
+        .filter(|n| support::exists(&n.server, "tls-redlock"))
+        .count();
+    assert!(holding >= 2, "held on {holding} of 3 TLS nodes");
+    guard.unlock().expect("unlock");
+    assert!(
+        nodes
+            .iter()
+            .all(|n| !support::exists(&n.server, "tls-redlock"))
+    );
+}
+
+/// The ids of the connections named `redmutex-subscriber`.
+fn subscriber_ids(server: &TlsServer) -> Vec<u64> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query(&mut server.server.conn())
+        .expect("CLIENT LIST");
+    list.lines()
+        .filter(|line| line.contains("name=redmutex-subscriber"))
+        .filter_map(|line| {
+            line.split(' ')
+                .find_map(|field| field.strip_prefix("id="))
+                .and_then(|id| id.parse().ok())
+        })
+        .collect()
+}
+
+/// The TLS session is shared by the subscriber's reading thread and the
+/// waiters writing `SUBSCRIBE`/`UNSUBSCRIBE`: under churn on several keys
+/// from two clients, every acquisition is exclusive, waiters are woken by
+/// messages, and neither subscriber connection is ever replaced (a
+/// corrupted session would end it).
+#[test]
+fn the_shared_tls_session_survives_subscription_churn() {
+    let server = TlsServer::start(false);
+    let clients: Vec<LockClient> = (0..2)
+        .map(|_| server.builder().build().expect("client"))
+        .collect();
+    // Each client's subscriber up before the churn starts.
+    for (holder, waiter) in [(0, 1), (1, 0)] {
+        let guard = DistributedLock::new(&clients[holder], "tls-churn-warm")
+            .lock()
+            .expect("warm");
+        let waiter = clients[waiter].clone();
+        let waiting = std::thread::spawn(move || {
+            DistributedLock::new(&waiter, "tls-churn-warm")
+                .lock()
+                .map(|g| g.unlock())
+        });
+        assert!(wait_until(Duration::from_secs(10), || subscribers(
+            &server,
+            "tls-churn-warm"
+        ) == 1));
+        guard.unlock().expect("unlock");
+        assert!(waiting.join().expect("warm waiter").is_ok());
+    }
+    let inside = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let before = {
+        let mut ids = Vec::new();
+        assert!(wait_until(Duration::from_secs(10), || {
+            ids = subscriber_ids(&server);
+            ids.len() == 2
+        }));
+        ids
+    };
+    let workers: Vec<_> = (0..8)
+        .map(|t| {
+            let client = clients[t % 2].clone();
+            let inside = inside.clone();
+            std::thread::spawn(move || {
+                for i in 0..40 {
+                    let key = format!("tls-churn-{}", (t + i) % 4);
+                    let guard = DistributedLock::new(&client, key)
+                        .lock()
+                        .expect("lock under churn");
+                    // One per key at a time: 4 keys, so never more than 4.
+                    let now = inside.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    assert!(now < 4, "more holders than keys");
+                    std::thread::sleep(Duration::from_micros(200));
+                    inside.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    guard.unlock().expect("unlock under churn");
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().expect("worker");
+    }
+    let notified: u64 = clients.iter().map(|c| c.stats().notifications).sum();
+    assert!(notified > 0, "no waiter was woken by a message");
+    let mut after = subscriber_ids(&server);
+    after.sort_unstable();
+    let mut before = before;
+    before.sort_unstable();
+    assert_eq!(before, after, "a subscriber connection was replaced");
+}
