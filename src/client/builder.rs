@@ -472,7 +472,8 @@ impl LockClientBuilder {
 
     /// The ACL user to log in as, instead of the one in the URLs (for
     /// Sentinel: on the primary; the sentinels' own go in their URLs).
-    /// Defaults to the URL's, or `default`.
+    /// Needs [`password`](Self::password): `build()` refuses a username
+    /// without one. Defaults to the URL's, or `default`.
     pub fn username(mut self, username: impl Into<String>) -> Self {
         self.username = Some(username.into());
         self
@@ -487,7 +488,12 @@ impl LockClientBuilder {
     }
 
     /// The login settings with this builder's username and password put in.
-    fn login(&self, settings: &redis::RedisConnectionInfo) -> redis::RedisConnectionInfo {
+    /// A username without any password is refused: redis-rs logs in only
+    /// with a password, so it would be dropped without a word.
+    fn login(
+        &self,
+        settings: &redis::RedisConnectionInfo,
+    ) -> Result<redis::RedisConnectionInfo, Error> {
         let mut settings = settings.clone();
         if let Some(username) = &self.username {
             settings = settings.set_username(username);
@@ -495,7 +501,12 @@ impl LockClientBuilder {
         if let Some(Password(password)) = &self.password {
             settings = settings.set_password(password);
         }
-        settings
+        if self.username.is_some() && settings.password().is_none() {
+            return Err(Error::InvalidArgument(
+                "a username needs a password (Redis logs in with AUTH user password)".into(),
+            ));
+        }
+        Ok(settings)
     }
 
     /// A parsed URL with the TLS certificates and the login put in.
@@ -507,7 +518,7 @@ impl LockClientBuilder {
     ) -> Result<redis::Client, Error> {
         let info = client.get_connection_info().clone();
         let info = if login {
-            let settings = self.login(info.redis_settings());
+            let settings = self.login(info.redis_settings())?;
             info.set_redis_settings(settings)
         } else {
             info
@@ -615,9 +626,25 @@ impl LockClientBuilder {
                 );
                 // Nodes found through `CLUSTER SLOTS` get the same
                 // certificates as the seeds.
+                // `certs` alone would make them verified even for an
+                // `#insecure` seed: say which mode the seeds asked for.
                 #[cfg(feature = "tls-rustls")]
                 let builder = match &tls {
-                    Some(tls) => builder.certs(tls.certificates()),
+                    Some(tls) => {
+                        let insecure = seeds.first().is_some_and(|seed| {
+                            matches!(
+                                seed.get_connection_info().addr(),
+                                redis::ConnectionAddr::TcpTls { insecure: true, .. }
+                            )
+                        });
+                        builder
+                            .tls(if insecure {
+                                redis::TlsMode::Insecure
+                            } else {
+                                redis::TlsMode::Secure
+                            })
+                            .certs(tls.certificates())
+                    }
                     None => builder,
                 };
                 let cluster = builder
@@ -648,7 +675,7 @@ impl LockClientBuilder {
                     .iter()
                     .map(|seed| self.prepare(seed, tls.as_ref(), false))
                     .collect::<Result<Vec<_>, _>>()?;
-                let primary = self.login(&self.primary);
+                let primary = self.login(&self.primary)?;
                 if master.is_empty() {
                     return Err(Error::InvalidArgument(
                         "the name of the primary must not be empty".into(),

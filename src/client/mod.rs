@@ -168,7 +168,11 @@ impl LockClient {
     /// built from; for a cluster, any node). The client keeps its identity:
     /// clones made before share the subscriber too. On a client that
     /// already has a subscriber connection (or has been told to, by an
-    /// earlier call), it changes nothing.
+    /// earlier call), it changes nothing. A `rediss://` client is spoken to
+    /// with TLS trusting the system's roots (or none, with `#insecure`) and
+    /// no client certificate: redis-rs does not hand out the certificates
+    /// it was built with. For a private CA or mutual TLS, build the client
+    /// with [`LockClient::builder`].
     pub fn with_notify_client(self, client: &redis::Client) -> LockClient {
         // A `rediss://` client gets the system's roots (or `#insecure`):
         // redis-rs does not hand out the certificates it was built with.

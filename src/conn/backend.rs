@@ -137,12 +137,17 @@ fn explain(addr: &redis::ConnectionAddr, err: RedisError) -> RedisError {
                 || lower.contains("timed out")
                 || lower.contains("temporarily unavailable") =>
         {
-            "no TLS answer: if this port speaks plain text, use a redis:// URL"
+            "no TLS answer within the timeout: if this port speaks plain text, use a redis:// URL"
         }
         redis::ConnectionAddr::TcpTls { .. }
             if lower.contains("certificaterequired") || lower.contains("certificate required") =>
         {
             "the server requires a client certificate (tls_client_cert_files, --tls-cert)"
+        }
+        redis::ConnectionAddr::TcpTls { .. }
+            if lower.contains("alert") && lower.contains("certificate") =>
+        {
+            "the server refused our client certificate: is it signed by a CA the server trusts?"
         }
         redis::ConnectionAddr::TcpTls { .. } if lower.contains("certificate") => {
             "the server's certificate was refused: give the CA that signed it (tls_ca_file, --tls-ca)"

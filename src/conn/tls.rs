@@ -337,6 +337,9 @@ mod imp {
             while session.wants_write() {
                 session.write_tls(&mut tcp).map_err(fail)?;
             }
+            if session.is_handshaking() && !session.wants_read() && !session.wants_write() {
+                return Err(fail(io::Error::other("the TLS handshake stalled")));
+            }
             if session.is_handshaking() && session.wants_read() {
                 let read = session.read_tls(&mut tcp).map_err(fail)?;
                 if read == 0 {
@@ -382,12 +385,19 @@ mod imp {
             let mut session = self.session.lock();
             let mut input = self.raw.get(..n).unwrap_or_default();
             loop {
-                if !input.is_empty() {
-                    session.read_tls(&mut input)?;
+                // Bounded: each turn consumes input, or ends the loop when
+                // rustls takes no more (after `close_notify` it reads
+                // nothing, and whatever follows is ignored).
+                if !input.is_empty() && session.read_tls(&mut input)? == 0 {
+                    self.closed = true;
+                    break;
                 }
-                session
-                    .process_new_packets()
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                if let Err(err) = session.process_new_packets() {
+                    // Tell the server why (the alert rustls queued), if the
+                    // socket still takes it; the connection ends either way.
+                    let _ = flush_tls(&mut session, &mut self.tcp);
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, err));
+                }
                 // Drained after every record batch: rustls refuses more
                 // ciphertext once 16 KiB of plaintext wait unread.
                 match session.reader().read_to_end(&mut self.plain) {
@@ -401,11 +411,22 @@ mod imp {
                 }
             }
             // A key update or an alert to answer.
-            while session.wants_write() {
-                session.write_tls(&mut self.tcp)?;
-            }
-            Ok(())
+            flush_tls(&mut session, &mut self.tcp)
         }
+    }
+
+    /// Writes every TLS record the session has queued. A send interrupted
+    /// by a signal is sent again here: the records are already encrypted,
+    /// so a caller retrying the whole write would encrypt its bytes twice.
+    fn flush_tls(session: &mut ClientConnection, tcp: &mut TcpStream) -> io::Result<()> {
+        while session.wants_write() {
+            match session.write_tls(tcp) {
+                Ok(_) => {}
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(())
     }
 
     impl Read for TlsHalf {
@@ -444,14 +465,168 @@ mod imp {
         fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
             let mut session = self.session.lock();
             let n = session.writer().write(buf)?;
-            while session.wants_write() {
-                session.write_tls(&mut self.tcp)?;
-            }
+            // Once rustls took the bytes they are sent or the connection
+            // fails: an error here ends it (the subscriber reconnects), so
+            // nothing is written twice.
+            flush_tls(&mut session, &mut self.tcp)?;
             Ok(n)
         }
 
         fn flush(&mut self) -> io::Result<()> {
             Ok(())
         }
+    }
+}
+
+/// The shared session against a real rustls server on a loopback socket:
+/// what a Redis server never does on its own (more than 16 KiB of
+/// plaintext in one burst, a key update, bytes after `close_notify`).
+#[cfg(all(test, feature = "tls-rustls"))]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::{Arc, mpsc};
+    use std::time::Duration;
+
+    use rustls::pki_types::PrivateKeyDer;
+    use rustls::pki_types::pem::PemObject;
+
+    use super::{Pem, Tls, TlsHalf, TlsSettings, handshake};
+
+    const WAIT: Duration = Duration::from_secs(5);
+
+    /// A server thread running `serve` on the accepted TLS stream, and
+    /// the client's halves (reader, writer) after the handshake.
+    fn pair(
+        serve: impl FnOnce(&mut rustls::StreamOwned<rustls::ServerConnection, TcpStream>)
+        + Send
+        + 'static,
+    ) -> (TlsHalf, TlsHalf, std::thread::JoinHandle<()>) {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("cert");
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).expect("key pem"),
+        )
+        .expect("server config");
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let server = std::thread::spawn(move || {
+            let (tcp, _) = listener.accept().expect("accept");
+            tcp.set_read_timeout(Some(WAIT)).expect("timeout");
+            let session = rustls::ServerConnection::new(Arc::new(config)).expect("session");
+            let mut stream = rustls::StreamOwned::new(session, tcp);
+            while stream.conn.is_handshaking() {
+                stream
+                    .conn
+                    .complete_io(&mut stream.sock)
+                    .expect("server handshake");
+            }
+            serve(&mut stream);
+        });
+        let tls = Tls::new(&TlsSettings {
+            ca: Some(Pem::Bytes(cert.pem().into_bytes())),
+            client: None,
+        })
+        .expect("client TLS");
+        let tcp = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        let reader = handshake(tcp, tls.config(false), "127.0.0.1", port, WAIT).expect("handshake");
+        reader.tcp().set_read_timeout(Some(WAIT)).expect("timeout");
+        let writer = reader.try_clone().expect("clone");
+        (reader, writer, server)
+    }
+
+    /// Reads until `want` bytes or the end, on another thread, so a reader
+    /// that spins fails the test instead of hanging it.
+    fn read_all(mut reader: TlsHalf, want: usize) -> (Vec<u8>, TlsHalf) {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while got.len() < want {
+                match reader.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = tx.send((got, reader));
+        });
+        rx.recv_timeout(WAIT * 2)
+            .expect("the reader returned in time")
+    }
+
+    #[test]
+    fn a_burst_larger_than_rustls_plaintext_limit_arrives_whole() {
+        let burst: Vec<u8> = (0..100_000u32).map(|i| (i % 251) as u8).collect();
+        let sent = burst.clone();
+        let (reader, _writer, server) = pair(move |stream| {
+            stream.write_all(&sent).expect("send");
+            stream.flush().expect("flush");
+            let mut ack = [0u8; 2];
+            let _ = stream.read_exact(&mut ack);
+        });
+        let (got, _reader) = read_all(reader, burst.len());
+        assert_eq!(got, burst);
+        drop(_writer);
+        drop(_reader);
+        server.join().expect("server");
+    }
+
+    #[test]
+    fn a_key_update_is_answered_and_both_directions_go_on() {
+        let (reader, mut writer, server) = pair(|stream| {
+            stream.write_all(b"before").expect("send");
+            stream.flush().expect("flush");
+            stream.conn.refresh_traffic_keys().expect("key update");
+            stream.write_all(b"after").expect("send");
+            stream.flush().expect("flush");
+            let mut question = [0u8; 8];
+            stream
+                .read_exact(&mut question)
+                .expect("the client's bytes");
+            assert_eq!(&question, b"question");
+            stream.write_all(b"answer").expect("send");
+            stream.flush().expect("flush");
+        });
+        let (got, reader) = read_all(reader, 11);
+        assert_eq!(got, b"beforeafter");
+        writer
+            .write_all(b"question")
+            .expect("write after the key update");
+        let (got, _reader) = read_all(reader, 6);
+        assert_eq!(got, b"answer");
+        server.join().expect("server");
+    }
+
+    #[test]
+    fn bytes_after_close_notify_end_the_stream_without_spinning() {
+        let (reader, _writer, server) = pair(|stream| {
+            // One write: the data, the close and garbage after it, so the
+            // client reads them in one go.
+            // More than rustls takes per `read_tls` (4 KiB) on both sides
+            // of the close, so some calls see only what follows it.
+            stream.conn.writer().write_all(&[b'w'; 9000]).expect("send");
+            stream.conn.send_close_notify();
+            let mut burst = Vec::new();
+            while stream.conn.wants_write() {
+                stream.conn.write_tls(&mut burst).expect("encrypt");
+            }
+            burst.extend_from_slice(&[0x17; 9000]);
+            stream.sock.write_all(&burst).expect("one burst");
+        });
+        let (got, mut reader) = read_all(reader, usize::MAX);
+        assert_eq!(got, vec![b'w'; 9000]);
+        let mut buf = [0u8; 16];
+        assert_eq!(reader.read(&mut buf).expect("the end"), 0);
+        server.join().expect("server");
     }
 }

@@ -346,6 +346,11 @@ fn run(shared: &Shared) {
                 }
                 read_pushes(shared, reader);
             }
+            // A refused certificate or a server that does not speak TLS is
+            // a setting to fix, not an outage to ride out: say it loudly.
+            Err(err) if err.kind() == std::io::ErrorKind::InvalidData => {
+                log::warn!("redmutex: subscriber cannot connect: {err}; waiters poll with backoff")
+            }
             Err(err) => log::debug!("redmutex: subscriber cannot connect: {err}"),
         }
         // The connection is gone: waiters fall back to backoff timing.

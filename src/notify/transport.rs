@@ -48,11 +48,22 @@ pub(crate) enum Target {
     Unix(std::path::PathBuf),
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(crate) struct Endpoint {
     target: Target,
     username: Option<String>,
     password: Option<String>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    // The password is a secret: only whether there is one is shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("target", &self.target)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 /// The client's TLS, when it has any (`rediss://` URLs).

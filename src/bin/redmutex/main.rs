@@ -330,6 +330,11 @@ fn main() -> ExitCode {
 }
 
 fn client(cli: &Cli) -> Result<LockClient, Failure> {
+    if let Err(std::env::VarError::NotUnicode(_)) = std::env::var("REDMUTEX_PASSWORD") {
+        return Err(redis_failure(Error::InvalidArgument(
+            "REDMUTEX_PASSWORD is not valid UTF-8".into(),
+        )));
+    }
     builder(cli).build().map_err(redis_failure)
 }
 
@@ -354,8 +359,12 @@ fn builder(cli: &Cli) -> LockClientBuilder {
     }
     // From the environment only: a command line is visible to every user
     // of the host.
-    if let Some(password) = std::env::var_os("REDMUTEX_PASSWORD") {
-        builder = builder.password(password.to_string_lossy());
+    // An empty one counts as unset (an `export REDMUTEX_PASSWORD=` left
+    // over); one that is not UTF-8 is refused in `client`.
+    if let Ok(password) = std::env::var("REDMUTEX_PASSWORD")
+        && !password.is_empty()
+    {
+        builder = builder.password(password);
     }
     builder
 }
