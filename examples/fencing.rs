@@ -3,11 +3,13 @@
 //!
 //! `cargo run --example fencing` (starts a private redis-server).
 //!
-//! Client A takes the lock (token 33), then pauses longer than its lease (a
-//! GC pause, a swapped-out process). The lease expires; client B takes the
-//! lock (token 34) and writes. A wakes up, still believing it holds the
-//! lock, and writes too. The storage remembers the highest token it has
-//! accepted and refuses A's write, because 33 < 34.
+//! Client A takes the lock (token "33"), then pauses longer than its lease
+//! (a GC pause, a swapped-out process). The lease expires; client B takes
+//! the lock (token "34") and writes. A wakes up, still believing it holds
+//! the lock, and writes too. The storage remembers the highest token it
+//! has accepted and refuses A's write, because A's is lower. (redmutex's
+//! tokens are large numbers, at least the server's clock in microseconds;
+//! only their order matters.)
 
 #[path = "../tests/support/mod.rs"]
 mod support;

@@ -11,7 +11,13 @@
 --
 -- Returns {acquired, pttl, fence}:
 --   {1, 0, fence}  acquired: the key now holds ARGV[1] for ARGV[2] ms. fence
---                  is the counter after INCR (0 without KEYS[2]).
+--                  (0 without KEYS[2]) is the counter after INCR, raised to
+--                  the server's clock in microseconds (TIME) when it is
+--                  below it, and stored back: tokens never go backwards on
+--                  one server, and a primary promoted after a failover
+--                  that lost the last increments still issues larger ones
+--                  than the old primary did, unless its clock is behind
+--                  the old one's by more than the failover took.
 --   {1, 0, fence}  also when the key already held ARGV[1]: an earlier run of
 --                  this same request set it and its reply was lost; fence is
 --                  the counter's value now, which nobody can have moved
@@ -46,6 +52,13 @@ if fence < 1 then
   -- A negative counter: tokens must be positive and increasing. Undone.
   redis.call('DECR', KEYS[2])
   return redis.error_reply('FENCE the counter is negative')
+end
+-- The clock floor (exact: microseconds since 1970 stay below 2^53).
+local now = redis.call('TIME')
+local floor = tonumber(now[1]) * 1000000 + tonumber(now[2])
+if fence < floor then
+  fence = floor
+  redis.call('SET', KEYS[2], string.format('%.0f', fence))
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return {1, 0, fence}

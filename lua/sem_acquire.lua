@@ -9,7 +9,10 @@
 --
 -- KEYS[1]  the semaphore hash
 -- KEYS[2]  (optional) the fencing counter, in the key's hash slot: each
---          permit granted gets the counter after INCR
+--          permit granted gets the counter after INCR, raised to the
+--          server's clock in microseconds when below it and stored back
+--          (so a failover that lost increments cannot make tokens go
+--          backwards; see acquire.lua)
 -- ARGV[1]  this permit's id, chosen by the client before sending (a UUID,
 --          then the holder metadata)
 -- ARGV[2]  the limit this caller opened the semaphore with (>= 1)
@@ -78,7 +81,12 @@ if KEYS[2] then
     redis.call('DECR', KEYS[2])
     return redis.error_reply('FENCE the counter is negative')
   end
-  redis.call('HSET', KEYS[1], 'f:' .. ARGV[1], fence)
+  local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if fence < floor then
+    fence = floor
+    redis.call('SET', KEYS[2], string.format('%.0f', fence))
+  end
+  redis.call('HSET', KEYS[1], 'f:' .. ARGV[1], string.format('%.0f', fence))
 end
 local deadline = now + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], mine, deadline, 'limit', limit)

@@ -80,6 +80,10 @@
 //! [`LockOptions::fencing`] gives every acquisition a strictly increasing
 //! [`LockGuard::fencing_token`] for the protected resource to check: the
 //! only way to make a lease safe against a holder that pauses past it.
+//! Every token is at least the server's clock in microseconds (`TIME`), so
+//! a failover or a restart that lost the counter's last increments still
+//! gives larger tokens, unless the new server's clock is behind the old
+//! one's by more than the failover took.
 //!
 //! ## The family
 //!

@@ -123,14 +123,15 @@ fn auxiliary_keys_land_in_the_key_slot() {
         let token = first.fencing_token().expect("a fencing token");
         first.unlock().expect("unlock");
         let second = lock.lock().expect("fenced lock again");
-        assert!(second.fencing_token().expect("token") > token);
+        let later = second.fencing_token().expect("token");
+        assert!(later > token);
         second.unlock().expect("unlock");
         let primary = cluster.primary_for(&key);
         let fence: u64 = redis::cmd("GET")
             .arg(redmutex::fence_key(&key))
             .query(&mut primary.conn())
             .expect("the counter is on the key's primary");
-        assert_eq!(fence, token + 1);
+        assert_eq!(fence, later, "the counter holds the last token");
     }
 }
 
@@ -250,14 +251,17 @@ fn a_manual_failover_leaves_the_client_working() {
     let cluster = RedisCluster::start(3, 1);
     let client = cluster.lock_client();
     let keys = cluster.key_per_primary("fo");
+    let mut before = Vec::new();
     for key in &keys {
-        DistributedLock::with_options(&client, key.clone(), options())
+        let guard = DistributedLock::with_options(&client, key.clone(), options().fencing(true))
             .lock()
-            .expect("lock before")
-            .unlock()
-            .expect("unlock before");
+            .expect("lock before");
+        before.push(guard.fencing_token().expect("a token"));
+        guard.unlock().expect("unlock before");
     }
-    // Fail over the shard of the first key, with no lock held.
+    // Fail over the shard of the first key, with no lock held; FORCE does
+    // not wait for the replica to catch up (fencing tokens must not go
+    // backwards even if it had not).
     let old = cluster.primary_for_slot(cluster.slot(&keys[0]));
     let replica = cluster
         .replicas_of(&old.id)
@@ -266,8 +270,9 @@ fn a_manual_failover_leaves_the_client_working() {
         .expect("the shard has a replica");
     redis::cmd("CLUSTER")
         .arg("FAILOVER")
+        .arg("FORCE")
         .exec(&mut cluster.node(replica.port).conn())
-        .expect("CLUSTER FAILOVER");
+        .expect("CLUSTER FAILOVER FORCE");
     let promoted = wait_until(Duration::from_secs(30), || {
         // Mid-failover a node may name no primary for the slot: not yet.
         cluster
@@ -281,10 +286,12 @@ fn a_manual_failover_leaves_the_client_working() {
     );
     // The same client (its pooled connections still know the old primary)
     // follows the MOVED and keeps locking, the fenced script included.
-    for key in &keys {
+    for (key, earlier) in keys.iter().zip(&before) {
         let lock = DistributedLock::with_options(&client, key.clone(), options().fencing(true));
         let guard = lock.lock().expect("lock after the failover");
         assert!(guard.is_held().expect("is_held"));
+        let token = guard.fencing_token().expect("a token");
+        assert!(token > *earlier, "{key}: {token} after {earlier}");
         guard.unlock().expect("unlock after the failover");
     }
     assert_eq!(cluster.primary_for(&keys[0]).port(), replica.port);

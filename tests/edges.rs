@@ -167,7 +167,8 @@ fn a_handoff_takes_the_receivers_watchdog_and_never_reaches_a_fenced_waiter() {
             .fencing(true)
             .wait(Duration::from_secs(5)),
     );
-    for round in 1..=3 {
+    let mut last = 0;
+    for _ in 1..=3 {
         let guard = plain.lock().expect("lock");
         let handoffs = client.stats().handoffs;
         let waiter = {
@@ -180,7 +181,9 @@ fn a_handoff_takes_the_receivers_watchdog_and_never_reaches_a_fenced_waiter() {
         std::thread::sleep(Duration::from_millis(50));
         drop(guard);
         let (token, unlocked) = waiter.join().expect("waiter");
-        assert_eq!(token, Some(round), "the fenced waiter has its own number");
+        let token = token.expect("the fenced waiter has its own number");
+        assert!(token > last, "{token} after {last}");
+        last = token;
         assert_eq!(client.stats().handoffs, handoffs, "no handoff to it");
         unlocked.expect("unlock");
     }
@@ -268,12 +271,22 @@ fn a_corrupt_fence_counter_is_named_and_takes_nothing() {
         }
         assert!(!exists(&server, "f"), "case {case}: the lock was not taken");
     }
-    // Mended, it works again.
+    // Mended, it works again: the token is the server's clock in
+    // microseconds when the counter is below it…
     let _: () = con.set(&counter, 41).expect("SET");
     let guard = DistributedLock::with_options(&client, "f", LockOptions::default().fencing(true))
         .lock()
         .expect("lock");
-    assert_eq!(guard.fencing_token(), Some(42));
+    let token = guard.fencing_token().expect("a token");
+    assert!(support::clock_floored(token), "{token}");
+    guard.unlock().expect("unlock");
+    // …and the counter + 1 when the counter is ahead of the clock.
+    let ahead: u64 = 8_000_000_000_000_000;
+    let _: () = con.set(&counter, ahead).expect("SET");
+    let guard = DistributedLock::with_options(&client, "f", LockOptions::default().fencing(true))
+        .lock()
+        .expect("lock");
+    assert_eq!(guard.fencing_token(), Some(ahead + 1));
     guard.unlock().expect("unlock");
     assert_eq!(get(&server, "f"), None);
 }

@@ -235,8 +235,10 @@ impl SemaphoreOptions {
     /// Gives every permit a fencing token
     /// ([`Permit::fencing_token`](crate::Permit::fencing_token)) from one
     /// counter in the semaphore's hash slot (`{KEY}:fence`), incremented in
-    /// the acquire script: strictly increasing across all permits of the
-    /// key, every client and process (while the counter survives).
+    /// the acquire script and raised to the server's clock in microseconds
+    /// when below it: strictly increasing across all permits of the key,
+    /// every client and process, and across a failover or restart that
+    /// lost the counter (see [`LockOptions::fencing`](crate::LockOptions::fencing)).
     /// Defaults to `false`.
     pub fn fencing(mut self, enabled: bool) -> Self {
         self.fencing = enabled;
@@ -506,10 +508,15 @@ impl LockOptions {
     /// (`{KEY}:fence`, or `{TAG}:fence:KEY` for a key with a `{TAG}`), in
     /// the same script as the `SET NX`, and
     /// [`LockGuard::fencing_token`](crate::LockGuard::fencing_token) returns
-    /// it: strictly increasing for the key across all clients and processes
-    /// (as long as the counter survives: it needs persistence, AOF, across
-    /// restarts). A fenced lease is never handed off between threads, since
-    /// each holder must carry its own number. Defaults to `false`.
+    /// it: strictly increasing for the key across all clients and processes.
+    /// Every token is at least the server's clock in microseconds (`TIME`;
+    /// the counter is raised to it and stored back), so a promoted replica
+    /// or a restarted server whose counter lost its last increments still
+    /// issues larger tokens than before, unless its clock is behind the old
+    /// server's by more than the failover or restart took. Tokens are about
+    /// 1.8 × 10^15 (below 2^53): compare them, do not count on their gaps.
+    /// A fenced lease is never handed off between threads, since each
+    /// holder must carry its own number. Defaults to `false`.
     pub fn fencing(mut self, enabled: bool) -> Self {
         self.fencing = enabled;
         self

@@ -315,6 +315,45 @@ impl SentinelSet {
         set
     }
 
+    /// As [`SentinelSet::start`], but the replica replicates through the
+    /// returned proxy, so a test can cut replication (blackhole, then
+    /// reset: what was held is never delivered) and lose the last writes
+    /// in a failover.
+    pub fn start_with_replication_proxy() -> (SentinelSet, super::FaultProxy) {
+        let primary = RedisServer::start();
+        let proxy = super::FaultProxy::to(&primary);
+        let link = proxy.port().to_string();
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &link]);
+        let synced = wait_until(SETTLE_WITHIN, || {
+            replica
+                .try_query::<String>(redis::cmd("INFO").arg("replication"))
+                .is_some_and(|info| info.contains("master_link_status:up"))
+        });
+        assert!(synced, "the replica did not sync through the proxy");
+        let sentinels: Vec<RedisServer> = (0..3).map(|_| start_sentinel(&primary)).collect();
+        let set = SentinelSet {
+            primary,
+            replica,
+            sentinels,
+        };
+        let ready = wait_until(SETTLE_WITHIN, || {
+            set.sentinels.iter().all(|s| {
+                let replicas: Vec<redis::Value> = s
+                    .try_query(redis::cmd("SENTINEL").arg("REPLICAS").arg(Self::MASTER))
+                    .unwrap_or_default();
+                let peers: Vec<redis::Value> = s
+                    .try_query(redis::cmd("SENTINEL").arg("SENTINELS").arg(Self::MASTER))
+                    .unwrap_or_default();
+                replicas.len() == 1 && peers.len() == 2
+            })
+        });
+        assert!(
+            ready,
+            "the sentinels did not find the replica and each other"
+        );
+        (set, proxy)
+    }
+
     pub fn sentinel_urls(&self) -> Vec<String> {
         self.sentinels.iter().map(RedisServer::url).collect()
     }

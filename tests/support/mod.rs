@@ -443,6 +443,12 @@ pub fn watched_lock(
 
 /// A token's secret, which names its release markers (the holder metadata
 /// after the first `|` is left out).
+/// Whether a fencing token is at least a server clock reading in
+/// microseconds (after 2020): tokens are floored by `TIME`.
+pub fn clock_floored(token: u64) -> bool {
+    token > 1_600_000_000_000_000
+}
+
 pub fn secret(token: &str) -> &str {
     token.split('|').next().unwrap_or(token)
 }
