@@ -29,10 +29,16 @@ use crate::wait::acquire::{Attempt, Contender, Waiting, Within, acquire};
 /// succeeds only when a majority (N/2+1) granted it and time is left:
 /// validity = ttl − elapsed − drift (1 % of ttl + 2 ms). A node that does
 /// not answer within the node timeout (default 5 % of the ttl) counts as
-/// failed. After a failed attempt, and on release, every node is released
-/// (owner-checked), also those whose reply came late or never: each node's
-/// request thread releases its node once its own request is done, so a late
-/// `SET` cannot outlive the release.
+/// failed. A round is decided as soon as its majority is; `extend` and
+/// `unlock` return as soon as a majority answered, within the node
+/// timeout. A node that failed or was too slow is known down for a while
+/// (250 ms, doubling up to 5 s) and not waited for; then one request probes
+/// it. Nothing sent to a node outlives its caller unchecked: a request the
+/// node's thread could not start in time is dropped unsent, a grant that
+/// arrives after its round was lost is released by the node's thread at
+/// once, and a request whose reply was lost (or a release for a node known
+/// down) goes to the node's client's cleanup, which releases the key
+/// (owner-checked) once the node answers.
 ///
 /// What RedLock does not promise: it assumes bounded clock drift between the
 /// nodes and no process pauses longer than the validity; a node that
@@ -68,100 +74,236 @@ pub struct RedLock {
 /// One long-lived thread per node, so a round costs no thread start-ups,
 /// and requests to one node run in order: a release queued after a late
 /// acquire runs after it.
+///
+/// A node that failed or did not answer in time is *known down* for a
+/// while (250 ms, doubling up to 5 s while it keeps failing): requests that
+/// can wait for it (acquire, extend) are not queued for it at all, so no
+/// caller waits on it and nothing piles up behind its timeouts to be
+/// replayed when it heals; once the while is over, one request goes
+/// through as a probe. A request that was queued but whose caller gave up
+/// before the node's thread got to it is dropped unsent. What cannot be
+/// dropped (a release) goes to the node's client's cleanup instead when
+/// the node is known down, and is retried there until the node answers.
 struct Nodes {
-    workers: Vec<Mutex<mpsc::Sender<Job>>>,
+    nodes: Vec<Node>,
     /// Whether any node is a Redis Cluster (keys are then checked).
     cluster: bool,
 }
 
+struct Node {
+    worker: Mutex<mpsc::Sender<Job>>,
+    /// The node's client, for releases handed to its cleanup.
+    client: LockClient,
+    health: Arc<Health>,
+}
+
 type Job = Box<dyn FnOnce(&LockClient) + Send>;
+
+/// Whether a node may be asked now (see [`Nodes`]).
+#[derive(Default)]
+struct Health {
+    down: Mutex<Option<Down>>,
+}
+
+struct Down {
+    failures: u32,
+    /// When the next request may go through as a probe.
+    probe_at: Instant,
+}
+
+/// How long a node that failed is left alone, after `failures` failures
+/// in a row: 250 ms, doubling, at most 5 s.
+fn rest(failures: u32) -> Duration {
+    Duration::from_millis(250)
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(5))
+        .min(Duration::from_secs(5))
+}
+
+impl Health {
+    /// Whether a request may be sent now. A down node whose rest is over
+    /// admits one request (the probe) and rests again meanwhile.
+    fn admit(&self, now: Instant) -> bool {
+        let mut down = self.down.lock();
+        match down.as_mut() {
+            None => true,
+            Some(state) if now >= state.probe_at => {
+                state.probe_at = later(now, rest(state.failures));
+                true
+            }
+            Some(_) => false,
+        }
+    }
+
+    fn failed(&self, now: Instant) {
+        let mut down = self.down.lock();
+        let failures = down.as_ref().map_or(0, |d| d.failures).saturating_add(1);
+        *down = Some(Down {
+            failures,
+            probe_at: later(now, rest(failures)),
+        });
+    }
+
+    fn answered(&self) {
+        *self.down.lock() = None;
+    }
+
+    /// Records what a request met: the node answered (whatever it said),
+    /// or the network failed.
+    fn record<T>(&self, result: &Result<T, Error>) {
+        match result {
+            Err(err) if err.is_connection() => self.failed(Instant::now()),
+            _ => self.answered(),
+        }
+    }
+}
+
+/// Where the nodes' answers to one request arrive, as `(node, Sent)`.
+type Results<T> = mpsc::Receiver<(usize, Sent<Result<T, Error>>)>;
+
+/// What a node's thread did with a request.
+enum Sent<T> {
+    /// Not sent: its caller had given up before the thread got to it.
+    Abandoned,
+    Done(T),
+}
 
 impl Nodes {
     fn start(clients: Vec<LockClient>) -> Nodes {
         let cluster = clients
             .iter()
             .any(|c| c.deployment() == crate::conn::backend::Deployment::Cluster);
-        let workers = clients
+        let nodes = clients
             .into_iter()
             .map(|client| {
                 let (tx, rx) = mpsc::channel::<Job>();
+                let own = client.clone();
                 let spawned = std::thread::Builder::new()
                     .name("redmutex-redlock".into())
                     .spawn(move || {
                         // Ends when the last RedLock handle (the sender) goes.
                         while let Ok(job) = rx.recv() {
-                            job(&client);
+                            job(&own);
                         }
                     });
                 if let Err(err) = spawned {
                     log::warn!("redmutex: cannot start a RedLock node thread: {err}");
                 }
-                Mutex::new(tx)
+                Node {
+                    worker: Mutex::new(tx),
+                    client,
+                    health: Arc::new(Health::default()),
+                }
             })
             .collect();
-        Nodes { workers, cluster }
+        Nodes { nodes, cluster }
     }
 
     fn len(&self) -> usize {
-        self.workers.len()
+        self.nodes.len()
     }
 
-    /// Runs `op` on every node's thread; results arrive on the receiver as
-    /// `(node, result)`, in completion order.
-    fn each<T: Send + 'static>(
-        &self,
-        op: impl Fn(&LockClient) -> T + Send + Sync + Clone + 'static,
-    ) -> mpsc::Receiver<(usize, T)> {
-        let (tx, rx) = mpsc::channel();
-        for (node, worker) in self.workers.iter().enumerate() {
-            let (tx, op) = (tx.clone(), op.clone());
-            let job: Job = Box::new(move |client| {
-                let _ = tx.send((node, op(client)));
-            });
-            if worker.lock().send(job).is_err() {
-                log::warn!("redmutex: RedLock node {node} thread is gone");
-            }
+    /// Puts `job` on node `node`'s thread.
+    fn queue(&self, node: usize, job: Job) {
+        if let Some(target) = self.nodes.get(node)
+            && target.worker.lock().send(job).is_err()
+        {
+            log::warn!("redmutex: RedLock node {node} thread is gone");
         }
-        rx
     }
 
-    /// Runs `op` on every node and waits (at most `within`) for all results;
-    /// a node that did not answer gets `None`.
-    fn all<T: Send + 'static>(
+    /// Queues `op` on node `node`'s thread; its result goes to `tx` as
+    /// `(node, Sent)`. Run only if the thread gets to it before `give_up`
+    /// (`None`: always run). The node's health learns from the result.
+    fn send<T: Send + 'static>(
         &self,
-        within: Duration,
-        op: impl Fn(&LockClient) -> T + Send + Sync + Clone + 'static,
-    ) -> Vec<Option<T>> {
-        let rx = self.each(op);
-        let deadline = later(Instant::now(), within);
-        let mut results: Vec<Option<T>> = (0..self.len()).map(|_| None).collect();
-        let mut answered = 0;
-        while answered < self.len() {
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            match rx.recv_timeout(deadline - now) {
-                Ok((node, result)) => {
-                    results[node] = Some(result);
-                    answered += 1;
+        node: usize,
+        give_up: Option<Instant>,
+        tx: &mpsc::Sender<(usize, Sent<Result<T, Error>>)>,
+        op: impl FnOnce(&LockClient) -> Result<T, Error> + Send + 'static,
+    ) {
+        let Some(target) = self.nodes.get(node) else {
+            return;
+        };
+        let (tx, health) = (tx.clone(), target.health.clone());
+        self.queue(
+            node,
+            Box::new(move |client| {
+                if give_up.is_some_and(|at| Instant::now() >= at) {
+                    let _ = tx.send((node, Sent::Abandoned));
+                    return;
                 }
-                Err(_) => break,
-            }
-        }
-        results
+                let result = op(client);
+                health.record(&result);
+                let _ = tx.send((node, Sent::Done(result)));
+            }),
+        );
     }
+
+    /// Releases `token` on every node, owner-checked, and returns the
+    /// results as they come. A node known down gets no request: its
+    /// release goes straight to its client's cleanup (listed in the
+    /// returned `Vec`), which retries until the node answers. A request
+    /// that fails on the way goes there too.
+    fn release_all(
+        &self,
+        key: &str,
+        token: &str,
+    ) -> (Results<()>, Vec<usize>) {
+        let (tx, rx) = mpsc::channel();
+        let now = Instant::now();
+        let mut deferred = Vec::new();
+        for (node, target) in self.nodes.iter().enumerate() {
+            if !target.health.admit(now) {
+                target.client.orphan(
+                    key,
+                    OrphanKind::Plain {
+                        token: token.into(),
+                    },
+                );
+                deferred.push(node);
+                continue;
+            }
+            let (key, token) = (key.to_owned(), token.to_owned());
+            self.send(node, None, &tx, move |client| {
+                release_one(client, &key, &token)
+            });
+        }
+        (rx, deferred)
+    }
+}
+
+/// One node's owner-checked release; a release that may not have run is
+/// handed to the client's cleanup, which finishes it once the node answers.
+fn release_one(client: &LockClient, key: &str, token: &str) -> Result<(), Error> {
+    release::release(client, key, token, Release::Lua)
+        .map(|_| ())
+        .inspect_err(|err| {
+            if err.may_leave_a_lease() {
+                client.orphan(
+                    key,
+                    OrphanKind::Plain {
+                        token: token.into(),
+                    },
+                );
+            }
+        })
 }
 
 impl std::fmt::Debug for Nodes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} nodes", self.workers.len())
+        write!(f, "{} nodes", self.nodes.len())
     }
 }
 
-/// How long release and extend wait for the nodes: beyond every node's own
-/// connection timeouts.
-const NODE_OP_WAIT: Duration = Duration::from_secs(5);
+/// One acquisition round's outcome, decided once under its mutex: a node's
+/// grant that arrives after the round was lost is undone by the node's own
+/// thread at once, and one that arrives while it is open is recorded for
+/// the caller, so no grant is ever left without someone to release it.
+enum RoundState {
+    Open,
+    Won,
+    Lost,
+}
 
 /// How a round's `Quorum` error names a node that refused: the lock is
 /// another owner's there.
@@ -365,34 +507,132 @@ impl RedLock {
         let timeout = self.node_timeout.unwrap_or(ttl / 20).min(ttl);
         let token = self.meter.new_token_local();
         let started = Instant::now();
-        let (key, sent_token) = (self.key.clone(), token.clone());
-        let answers = self.nodes.all(timeout, move |client| {
-            client.counters().commands(1);
-            let previous: Result<Option<Vec<u8>>, Error> =
-                client.run(Op::Acquire, &key, |con, _| {
-                    redis::cmd("SET")
-                        .arg(&key)
-                        .arg(&sent_token)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(millis)
-                        .arg("GET")
-                        .query(con)
-                });
-            match previous {
-                Ok(None) => Reply::Granted,
-                Ok(Some(v)) if v == sent_token.as_bytes() => Reply::Granted,
-                Ok(Some(_)) => Reply::Refused,
-                Err(err) => Reply::Failed(err.to_string()),
+        let give_up = later(started, timeout);
+        let round = Arc::new(Mutex::new(RoundState::Open));
+        let (tx, rx) = mpsc::channel::<(usize, Sent<Reply>)>();
+        let mut answers: Vec<Option<Reply>> = (0..self.nodes.len()).map(|_| None).collect();
+        let mut pending = Vec::new();
+        for (node, target) in self.nodes.nodes.iter().enumerate() {
+            if !target.health.admit(started) {
+                answers[node] = Some(Reply::Failed(
+                    "known down (it failed recently): not asked".into(),
+                ));
+                continue;
             }
-        });
+            pending.push(node);
+            let (key, sent_token, round, tx) =
+                (self.key.clone(), token.clone(), round.clone(), tx.clone());
+            let health = target.health.clone();
+            let job: Job = Box::new(move |client| {
+                if Instant::now() >= give_up {
+                    // Its round is over: never sent, nothing to undo.
+                    let _ = tx.send((node, Sent::Abandoned));
+                    return;
+                }
+                client.counters().commands(1);
+                let previous: Result<Option<Vec<u8>>, Error> =
+                    client.run(Op::Acquire, &key, |con, _| {
+                        redis::cmd("SET")
+                            .arg(&key)
+                            .arg(&sent_token)
+                            .arg("NX")
+                            .arg("PX")
+                            .arg(millis)
+                            .arg("GET")
+                            .query(con)
+                    });
+                health.record(&previous);
+                let reply = match previous {
+                    Ok(None) => Reply::Granted,
+                    Ok(Some(v)) if v == sent_token.as_bytes() => Reply::Granted,
+                    Ok(Some(_)) => Reply::Refused,
+                    Err(err) => {
+                        // It may have set the key: not counted, so released
+                        // by the cleanup once the node answers, whatever
+                        // the round's outcome.
+                        if err.may_leave_a_lease() {
+                            client.orphan(
+                                &key,
+                                OrphanKind::Plain {
+                                    token: sent_token.as_str().into(),
+                                },
+                            );
+                        }
+                        Reply::Failed(err.to_string())
+                    }
+                };
+                // Sent under the round's lock, so the caller either gets
+                // this grant before it decides or the round is decided and
+                // a lost round's grant is undone here.
+                let state = round.lock();
+                if matches!(reply, Reply::Granted) && matches!(*state, RoundState::Lost) {
+                    drop(state);
+                    let _ = release_one(client, &key, &sent_token);
+                    return;
+                }
+                let _ = tx.send((node, Sent::Done(reply)));
+            });
+            self.nodes.queue(node, job);
+        }
+        drop(tx);
+        let quorum = self.quorum();
+        let granted_count = |answers: &[Option<Reply>]| {
+            answers
+                .iter()
+                .filter(|a| matches!(a, Some(Reply::Granted)))
+                .count()
+        };
+        let take = |answers: &mut Vec<Option<Reply>>, (node, sent): (usize, Sent<Reply>)| {
+            let reply = match sent {
+                Sent::Done(reply) => reply,
+                Sent::Abandoned => Reply::Failed(format!("not sent: no turn within {timeout:?}")),
+            };
+            if let Some(slot) = answers.get_mut(node) {
+                *slot = Some(reply);
+            }
+        };
+        // Until the majority is decided, one way or the other: a round
+        // does not wait for nodes it no longer needs.
+        loop {
+            let granted = granted_count(&answers);
+            let open = pending.iter().filter(|n| answers[**n].is_none()).count();
+            if granted >= quorum || granted + open < quorum {
+                break;
+            }
+            let now = Instant::now();
+            if now >= give_up {
+                break;
+            }
+            match rx.recv_timeout(give_up - now) {
+                Ok(result) => take(&mut answers, result),
+                Err(_) => break,
+            }
+        }
         let elapsed = started.elapsed();
-        let granted = answers
-            .iter()
-            .filter(|a| matches!(a, Some(Reply::Granted)))
-            .count();
         let validity = ttl.checked_sub(elapsed + drift(ttl));
-        let won = granted >= self.quorum() && validity.is_some_and(|v| !v.is_zero());
+        let won = granted_count(&answers) >= quorum && validity.is_some_and(|v| !v.is_zero());
+        {
+            let mut state = round.lock();
+            *state = if won {
+                RoundState::Won
+            } else {
+                RoundState::Lost
+            };
+            // Grants sent before the decision: counted for a won round,
+            // released below for a lost one.
+            while let Ok(result) = rx.try_recv() {
+                take(&mut answers, result);
+            }
+        }
+        let now = Instant::now();
+        for node in &pending {
+            // No answer in time (not merely none needed, once the majority
+            // was decided): not asked again for a while.
+            if answers[*node].is_none() && now >= give_up {
+                self.nodes.nodes[*node].health.failed(now);
+            }
+        }
+        let granted = granted_count(&answers);
         if won {
             return Ok(Ok(RedLockGuard {
                 nodes: self.nodes.clone(),
@@ -400,28 +640,28 @@ impl RedLock {
                 token,
                 valid_until: Instant::now() + validity.unwrap_or_default(),
                 ttl,
+                timeout,
                 released: false,
                 meter: self.meter.clone(),
                 tag: self.tag(),
                 held_since: Instant::now(),
             }));
         }
-        // Released on every node, in the background: each node's thread
-        // runs the release after its own acquire, late or not.
-        let (key, sent_token) = (self.key.clone(), token.clone());
-        drop(self.nodes.each(move |client| {
-            let released = release::release(client, &key, &sent_token, Release::Lua);
-            if released.is_err_and(|err| err.may_leave_a_lease()) {
-                // Unreachable now: released as soon as the node answers.
-                client.orphan(
-                    &key,
-                    OrphanKind::Plain {
-                        token: sent_token.as_str().into(),
-                    },
+        // A lost round: the nodes that granted are released now, in the
+        // background (their threads are free); the ones still working
+        // release their own grant when it comes.
+        for (node, answer) in answers.iter().enumerate() {
+            if matches!(answer, Some(Reply::Granted)) {
+                let (key, sent_token) = (self.key.clone(), token.clone());
+                self.nodes.queue(
+                    node,
+                    Box::new(move |client| {
+                        let _ = release_one(client, &key, &sent_token);
+                    }),
                 );
             }
-        }));
-        let failed: Vec<String> = answers
+        }
+        let mut failed: Vec<String> = answers
             .iter()
             .enumerate()
             .filter_map(|(node, answer)| match answer {
@@ -431,14 +671,13 @@ impl RedLock {
                 None => Some(format!("node {node}: no answer within {timeout:?}")),
             })
             .collect();
-        let mut failed = failed;
-        if granted >= self.quorum() {
+        if granted >= quorum {
             failed.push(format!("the round took {elapsed:?} of the {ttl:?} ttl"));
         }
         Ok(Err(Error::Quorum {
             key: self.key.clone(),
             granted,
-            needed: self.quorum(),
+            needed: quorum,
             failed,
         }))
     }
@@ -480,6 +719,8 @@ pub struct RedLockGuard {
     token: String,
     valid_until: Instant,
     ttl: Duration,
+    /// The node timeout: how long extend, unlock and drop wait at most.
+    timeout: Duration,
     released: bool,
     /// Where the stats go (the first node's client), and as what.
     meter: LockClient,
@@ -510,7 +751,10 @@ impl RedLockGuard {
     }
 
     /// Extends the lease to `ttl` on every node (owner-checked, in
-    /// parallel); succeeds when a majority extended in time.
+    /// parallel); succeeds as soon as a majority extended in time. Waits at
+    /// most the node timeout, and never for a node known down (see
+    /// [`RedLock`]): a request its node's thread could not start in time
+    /// is dropped unsent.
     ///
     /// # Errors
     ///
@@ -520,39 +764,80 @@ impl RedLockGuard {
         let millis = ttl_millis(ttl)?;
         let ttl = Duration::from_millis(millis);
         let started = Instant::now();
-        let (key, token) = (self.key.clone(), self.token.clone());
-        let results = settle(self.nodes.all(NODE_OP_WAIT, move |client| {
-            client.counters().commands(1);
-            let reply: i64 = client.run(Op::Extend, &key, |con, _| {
-                script::EXTEND.key(&key).arg(&token).arg(millis).invoke(con)
-            })?;
-            script::owner_checked(reply).map_err(|reason| Error::not_held(&key, reason))
-        }));
-        let elapsed = started.elapsed();
-        let extended = results.iter().filter(|r| r.is_ok()).count();
+        let give_up = later(started, self.timeout);
+        let (tx, rx) = mpsc::channel();
+        let mut results: Vec<Option<Result<(), Error>>> =
+            (0..self.nodes.len()).map(|_| None).collect();
+        let mut pending = 0usize;
+        for (node, target) in self.nodes.nodes.iter().enumerate() {
+            if !target.health.admit(started) {
+                results[node] = Some(Err(known_down()));
+                continue;
+            }
+            pending += 1;
+            let (key, token) = (self.key.clone(), self.token.clone());
+            self.nodes.send(node, Some(give_up), &tx, move |client| {
+                client.counters().commands(1);
+                let reply: i64 = client.run(Op::Extend, &key, |con, _| {
+                    script::EXTEND.key(&key).arg(&token).arg(millis).invoke(con)
+                })?;
+                script::owner_checked(reply).map_err(|reason| Error::not_held(&key, reason))
+            });
+        }
+        drop(tx);
         let quorum = self.nodes.len() / 2 + 1;
-        match ttl.checked_sub(elapsed + drift(ttl)) {
-            Some(validity) if extended >= quorum && !validity.is_zero() => {
+        let extended = |results: &[Option<Result<(), Error>>]| {
+            results.iter().filter(|r| matches!(r, Some(Ok(())))).count()
+        };
+        while pending > 0 {
+            let done = extended(&results);
+            if done >= quorum || done + pending < quorum {
+                break;
+            }
+            let Some(left) = give_up.checked_duration_since(Instant::now()) else {
+                break;
+            };
+            match rx.recv_timeout(left) {
+                Ok((node, sent)) => {
+                    pending -= 1;
+                    results[node] = Some(match sent {
+                        Sent::Done(result) => result,
+                        Sent::Abandoned => Err(no_answer(self.timeout)),
+                    });
+                }
+                Err(_) => break,
+            }
+        }
+        let results = settle(results, self.timeout);
+        let done = results.iter().filter(|r| r.is_ok()).count();
+        match ttl.checked_sub(started.elapsed() + drift(ttl)) {
+            Some(validity) if done >= quorum && !validity.is_zero() => {
                 self.valid_until = started + validity;
                 self.ttl = ttl;
                 Ok(())
             }
             _ => Err(Error::QuorumLost {
                 key: self.key.clone(),
-                extended,
+                extended: done,
                 needed: quorum,
                 failed: failures(&results),
             }),
         }
     }
 
-    /// Releases on every node (owner-checked, in parallel).
+    /// Releases on every node (owner-checked, in parallel), and returns as
+    /// soon as a majority answered (released, or no longer ours): the lock
+    /// is free for others then. Waits at most the node timeout, and never
+    /// for a node known down; the nodes not heard from are released in the
+    /// background (by their node thread, or their client's cleanup once
+    /// they answer), and their keys expire by the ttl at worst.
     ///
     /// # Errors
     ///
-    /// [`Error::NotHeld`] when no node still held our token (the lease had
-    /// run out everywhere); [`Error::NodesUnreachable`] when some nodes
-    /// could not be reached or refused (their keys expire by the ttl).
+    /// [`Error::NotHeld`] when the majority that answered no longer held
+    /// our token (the lease had run out); [`Error::NodesUnreachable`] when
+    /// no majority answered within the node timeout (how many released,
+    /// and what each failed node met).
     pub fn unlock(mut self) -> Result<(), Error> {
         self.release()
     }
@@ -566,57 +851,101 @@ impl RedLockGuard {
     }
 
     fn let_go(&mut self) -> Result<(), Error> {
-        let (key, token) = (self.key.clone(), self.token.clone());
-        let results = settle(self.nodes.all(NODE_OP_WAIT, move |client| {
-            release::release(client, &key, &token, Release::Lua)
-                .map(|_| ())
-                .inspect_err(|err| {
-                    if err.may_leave_a_lease() {
-                        // Released on that node as soon as it answers.
-                        client.orphan(
-                            &key,
-                            OrphanKind::Plain {
-                                token: token.as_str().into(),
-                            },
-                        );
-                    }
+        let started = Instant::now();
+        let give_up = later(started, self.timeout);
+        let (rx, deferred) = self.nodes.release_all(&self.key, &self.token);
+        let mut results: Vec<Option<Result<(), Error>>> =
+            (0..self.nodes.len()).map(|_| None).collect();
+        for node in &deferred {
+            results[*node] = Some(Err(known_down()));
+        }
+        let mut pending = self.nodes.len().saturating_sub(deferred.len());
+        let quorum = self.nodes.len() / 2 + 1;
+        // Released, or not ours any more: either way that node no longer
+        // stands in anyone's way.
+        let answered = |results: &[Option<Result<(), Error>>]| {
+            results
+                .iter()
+                .filter(|r| {
+                    matches!(r, Some(Ok(()))) || matches!(r, Some(Err(e)) if e.is_not_held())
                 })
-        }));
+                .count()
+        };
+        while pending > 0 && answered(&results) < quorum {
+            let Some(left) = give_up.checked_duration_since(Instant::now()) else {
+                break;
+            };
+            match rx.recv_timeout(left) {
+                Ok((node, sent)) => {
+                    pending -= 1;
+                    results[node] = Some(match sent {
+                        Sent::Done(result) => result,
+                        Sent::Abandoned => Err(no_answer(self.timeout)),
+                    });
+                }
+                Err(_) => break,
+            }
+        }
+        let now = Instant::now();
+        for (node, result) in results.iter().enumerate() {
+            // Not heard from by the deadline (not merely not needed once a
+            // majority answered).
+            if result.is_none()
+                && now >= give_up
+                && let Some(target) = self.nodes.nodes.get(node)
+            {
+                // Its release goes on in the background; later requests
+                // do not wait for it meanwhile.
+                target.health.failed(now);
+            }
+        }
+        let heard = answered(&results);
+        let results = settle(results, self.timeout);
         let released = results.iter().filter(|r| r.is_ok()).count();
-        // Every failure but "not held" leaves a node's key in place: the
-        // network (released in the background once the node answers) or a
-        // refusal (an ACL, a demoted node) that the caller must hear of.
-        let unreachable = results
-            .iter()
-            .filter(|r| matches!(r, Err(e) if !e.is_not_held()))
-            .count();
-        if unreachable > 0 {
-            return Err(Error::NodesUnreachable {
-                key: self.key.clone(),
-                released,
-                nodes: self.nodes.len(),
-                failed: failures(&results),
-            });
+        if heard >= quorum {
+            if released == 0 {
+                return Err(Error::not_held(&self.key, NotHeldReason::Expired));
+            }
+            let rest = failures(&results);
+            if !rest.is_empty() {
+                log::debug!(
+                    "redmutex: RedLock {:?} released on a majority; the rest in the background: {}",
+                    self.key,
+                    rest.join("; ")
+                );
+            }
+            return Ok(());
         }
-        if released == 0 {
-            return Err(Error::not_held(&self.key, NotHeldReason::Expired));
-        }
-        Ok(())
+        Err(Error::NodesUnreachable {
+            key: self.key.clone(),
+            released,
+            nodes: self.nodes.len(),
+            failed: failures(&results),
+        })
     }
 }
 
+/// A node not asked because it failed recently.
+fn known_down() -> Error {
+    Error::Redis(redis::RedisError::from((
+        redis::ErrorKind::Io,
+        "known down (it failed recently): not waited for; released in the background once it answers",
+    )))
+}
+
+fn no_answer(timeout: Duration) -> Error {
+    Error::Redis(redis::RedisError::from((
+        redis::ErrorKind::Io,
+        "no answer from the node in time",
+        format!("within {timeout:?}"),
+    )))
+}
+
 /// A node that did not answer in time counts as a connection failure.
-fn settle(results: Vec<Option<Result<(), Error>>>) -> Vec<Result<(), Error>> {
+fn settle(results: Vec<Option<Result<(), Error>>>, timeout: Duration) -> Vec<Result<(), Error>> {
     results
         .into_iter()
-        .map(|r| {
-            r.unwrap_or_else(|| {
-                Err(Error::Redis(redis::RedisError::from((
-                    redis::ErrorKind::Io,
-                    "no answer from the node in time",
-                ))))
-            })
-        })
+        .map(|r| r.unwrap_or_else(|| Err(no_answer(timeout))))
         .collect()
 }
 

@@ -132,9 +132,21 @@ pub(crate) struct Orphan {
     /// Cleanups go on until then: a request delayed on its way (by a proxy
     /// holding it, say) can still set the key until it arrives.
     until: Instant,
+    /// How long `until` reaches past the last time Redis could not be
+    /// reached (and past the first answer after that): a request held on
+    /// an unreachable path arrives when the path heals, however long it
+    /// stayed down, so the window is counted from then.
+    window: Duration,
+    /// Never watched past this, however long Redis stays unreachable.
+    last: Instant,
+    /// The last cleanup could not reach Redis.
+    unreached: bool,
     next: Instant,
     step: Duration,
 }
+
+/// The longest an orphan is watched while its Redis stays unreachable.
+const ORPHAN_MAX_LIFE: Duration = Duration::from_secs(600);
 
 /// What an orphan's request may have left in Redis.
 #[derive(Clone, Debug)]
@@ -159,14 +171,38 @@ impl Orphan {
         window: Duration,
     ) -> Orphan {
         let now = Instant::now();
+        let last = now.checked_add(ORPHAN_MAX_LIFE).unwrap_or(now);
         Orphan {
             key: key.into(),
             channel: channel.into(),
             kind,
-            until: now.checked_add(window).unwrap_or(now),
+            until: now.checked_add(window).unwrap_or(now).min(last),
+            window,
+            last,
+            unreached: false,
             next: now,
             step: ORPHAN_FIRST_STEP,
         }
+    }
+
+    /// Redis could not be reached (or just answered again after that):
+    /// watched for a whole window from now.
+    fn unreached(&mut self, now: Instant) {
+        self.unreached = true;
+        self.extend(now);
+    }
+
+    /// Redis answered the cleanup; after it could not be reached, what it
+    /// held back may still come: a whole window from now.
+    fn answered(&mut self, now: Instant) {
+        if std::mem::take(&mut self.unreached) {
+            self.extend(now);
+        }
+    }
+
+    fn extend(&mut self, now: Instant) {
+        let until = now.checked_add(self.window).unwrap_or(now).min(self.last);
+        self.until = self.until.max(until);
     }
 }
 
@@ -657,6 +693,9 @@ fn clean_orphans(shared: &Shared, mut orphans: Vec<Orphan>, budget: Duration) ->
     match result {
         Ok(replies) => {
             for (orphan, reply) in orphans.iter_mut().zip(replies) {
+                if reply.is_ok() {
+                    orphan.answered(now);
+                }
                 match reply {
                     Ok(reply) if cleaned(&reply) => {
                         shared.stats.orphan_released();
@@ -669,11 +708,23 @@ fn clean_orphans(shared: &Shared, mut orphans: Vec<Orphan>, budget: Duration) ->
                         log::warn!("redmutex: cannot clean up {:?}: {err}", orphan.key);
                         orphan.until = now;
                     }
-                    Err(err) => log::debug!("redmutex: cleanup of {:?} failed: {err}", orphan.key),
+                    Err(err) => {
+                        if err.is_io_error() || err.is_timeout() || err.is_connection_dropped() {
+                            orphan.unreached(now);
+                        }
+                        log::debug!("redmutex: cleanup of {:?} failed: {err}", orphan.key)
+                    }
                 }
             }
         }
-        Err(err) => log::debug!("redmutex: orphan cleanup failed, trying again: {err}"),
+        Err(err) => {
+            if err.is_connection() {
+                for orphan in &mut orphans {
+                    orphan.unreached(now);
+                }
+            }
+            log::debug!("redmutex: orphan cleanup failed, trying again: {err}")
+        }
     }
     for orphan in &mut orphans {
         orphan.next = now + orphan.step;
