@@ -128,6 +128,10 @@ fn main() {
     });
     println!(
         "\nkeys left after the heal: {}",
-        if clean { "none" } else { "some (see the nodes)" }
+        if clean {
+            "none"
+        } else {
+            "some (see the nodes)"
+        }
     );
 }

@@ -83,9 +83,18 @@ fn errors_say_how_many_granted_and_which_failed() {
             failed,
             ..
         }) => {
-            assert_eq!((granted, needed), (1, 2));
-            assert_eq!(failed.len(), 2, "{failed:?}");
-            assert!(failed.iter().any(|f| f.starts_with("node 1")), "{failed:?}");
+            // The round is decided once the majority is out of reach:
+            // node 0's grant may come after that (and is released then).
+            assert!(granted <= 1 && needed == 2, "{granted} of {needed}");
+            assert_eq!(failed.len(), 3 - granted, "{failed:?}");
+            for node in ["node 1", "node 2"] {
+                assert!(
+                    failed
+                        .iter()
+                        .any(|f| f.starts_with(node) && f.ends_with("held by another owner")),
+                    "{failed:?}"
+                );
+            }
         }
         other => panic!("expected Quorum, got {other:?}"),
     }
@@ -98,6 +107,8 @@ fn errors_say_how_many_granted_and_which_failed() {
 
 #[test]
 fn stopped_nodes_time_out_and_keep_nothing() {
+    // Timing-sensitive, or heavy (proxies, blackholes): one at a time.
+    let _serial = support::serial();
     let nodes = RedisServer::start_many(3);
     let ttl = Duration::from_secs(2);
     let lock = RedLock::with_options(clients(&nodes), "stop", LeaseOptions::default().ttl(ttl))
@@ -146,6 +157,8 @@ fn stall(node: &RedisServer, secs: f64) -> std::thread::JoinHandle<()> {
 
 #[test]
 fn validity_shrinks_with_node_latency_and_a_reply_slower_than_the_ttl_never_yields_a_guard() {
+    // Timing-sensitive, or heavy (proxies, blackholes): one at a time.
+    let _serial = support::serial();
     let nodes = RedisServer::start_many(3);
     let ttl = Duration::from_secs(2);
     let lock = RedLock::with_options(clients(&nodes), "slow", LeaseOptions::default().ttl(ttl))
@@ -267,6 +280,8 @@ fn five_with_two_proxied(
 /// the heal nothing is left on any node.
 #[test]
 fn with_two_of_five_blackholed_unlock_returns_at_the_majority() {
+    // Timing-sensitive, or heavy (proxies, blackholes): one at a time.
+    let _serial = support::serial();
     let nodes = RedisServer::start_many(5);
     let proxies: Vec<support::FaultProxy> =
         nodes[3..].iter().map(support::FaultProxy::to).collect();
@@ -319,6 +334,8 @@ fn with_two_of_five_blackholed_unlock_returns_at_the_majority() {
 /// keys of long-failed rounds were found freshly set after the heal.
 #[test]
 fn requests_for_unreachable_nodes_are_not_applied_after_they_heal() {
+    // Timing-sensitive, or heavy (proxies, blackholes): one at a time.
+    let _serial = support::serial();
     let nodes = RedisServer::start_many(5);
     let proxies: Vec<support::FaultProxy> =
         nodes[2..].iter().map(support::FaultProxy::to).collect();

@@ -91,9 +91,12 @@ impl LockClient {
     ///   can share its slot.
     ///
     /// Pool and timeouts as in [`LockClient::open`]; each pooled connection
-    /// keeps one connection per node it has talked to. Cluster-level retries
-    /// (`TRYAGAIN`, `CLUSTERDOWN` during a failover) are few and short, so a
-    /// call fails within a few timeouts instead of riding out a long outage.
+    /// keeps one connection per node it has talked to. A slot that is
+    /// moving (`MOVED`/`ASK` past redis-rs's own retries, `TRYAGAIN` during
+    /// a migration, `CLUSTERDOWN` during a failover) is asked again with
+    /// backoff for up to twice the I/O timeout, and `lock()` keeps trying
+    /// within its wait after that: a migration never surfaces as a raw
+    /// redirection while the call may still wait.
     ///
     /// # Errors
     ///

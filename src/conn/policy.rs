@@ -215,6 +215,8 @@ pub(crate) fn run_within<T>(
     let mut first: Option<Instant> = None;
     let mut window_start = started;
     let mut lost: Option<redis::RedisError> = None;
+    let mut sends = 0u32;
+    let mut moving = Moving::new(window);
     // What the next step may take: the budget left, and for a resend the
     // resend window left.
     let left = |lost: bool, window_start: Instant| {
@@ -227,7 +229,7 @@ pub(crate) fn run_within<T>(
             budget
         }
     };
-    for _ in 0..MAX_SENDS {
+    while sends < MAX_SENDS {
         let wait = left(lost.is_some(), window_start);
         if wait.is_zero() {
             break;
@@ -248,8 +250,41 @@ pub(crate) fn run_within<T>(
             stats.resend();
         }
         let limit = left(lost.is_some(), window_start);
+        sends += 1;
         match con.within(limit, |con| send(con, this)) {
             Ok(value) => return Ok(value),
+            // The slot is moving (MOVED/ASK past redis-rs's own retries,
+            // TRYAGAIN while a multi-key script's keys are split between
+            // two nodes, CLUSTERDOWN during a failover): the node did not
+            // run it. Asked again with backoff (redis-rs refreshes its slot
+            // map on the way) until the slot settles, within the budget
+            // and the resend window: never surfaced while the slot moves.
+            // Safe even after an earlier lost reply: every operation may
+            // be sent twice (see the table).
+            Err(err) if cluster && crate::error::redirected(&err) => {
+                let pause = moving.next().min(left(false, started));
+                if pause.is_zero() {
+                    let source = redis::RedisError::from((
+                        err.kind(),
+                        "the key's slot kept moving",
+                        format!("for {:?}: {err}", started.elapsed()),
+                    ));
+                    // An earlier send whose reply was lost may have run.
+                    if lost.is_some() && op.writes() {
+                        return Err(Error::OutcomeUnknown {
+                            key: key.to_owned(),
+                            operation: op.name(),
+                            source,
+                        });
+                    }
+                    return Err(Error::Redis(source));
+                }
+                log::debug!("redmutex: {} of {key:?} met {err}; asking again", op.name());
+                std::thread::sleep(pause);
+                // Not a send whose reply was lost: the bound here is time.
+                sends = sends.saturating_sub(1);
+                continue;
+            }
             Err(err) if reply_lost(&err) => {
                 log::debug!(
                     "redmutex: {} of {key:?} lost its reply ({err}); sending it again",
@@ -293,6 +328,32 @@ pub(crate) fn run_within<T>(
     }
 }
 
+/// Pauses between attempts while a slot moves: 10 ms, doubling to 200 ms,
+/// for at most `bound` in all.
+struct Moving {
+    started: Instant,
+    bound: Duration,
+    step: Duration,
+}
+
+impl Moving {
+    fn new(bound: Duration) -> Moving {
+        Moving {
+            started: Instant::now(),
+            bound,
+            step: Duration::from_millis(10),
+        }
+    }
+
+    /// The next pause; zero once `bound` is spent.
+    fn next(&mut self) -> Duration {
+        let left = self.bound.saturating_sub(self.started.elapsed());
+        let pause = self.step.min(left);
+        self.step = (self.step * 2).min(Duration::from_millis(200));
+        pause
+    }
+}
+
 /// `EINTR`: a read or write interrupted by a signal (after `SIGSTOP` and
 /// `SIGCONT`, on a socket with a timeout, Linux does not restart it).
 /// redis-rs keeps the `io::Error` out of reach, so it is known by its text:
@@ -316,6 +377,16 @@ mod tests {
         }
         assert_eq!(resend_window(Duration::MAX), Duration::MAX);
         assert!(marker_ttl(Duration::MAX) <= Duration::from_secs(24 * 3600));
+    }
+
+    #[test]
+    fn a_moving_slot_is_asked_again_with_growing_pauses_within_a_bound() {
+        let mut moving = Moving::new(Duration::from_secs(3600));
+        let pauses: Vec<u64> = (0..7).map(|_| moving.next().as_millis() as u64).collect();
+        assert_eq!(pauses, [10, 20, 40, 80, 160, 200, 200]);
+        assert_eq!(Moving::new(Duration::ZERO).next(), Duration::ZERO);
+        let moved = redis::RedisError::from((redis::ErrorKind::Io, "not a redirection"));
+        assert!(!crate::error::redirected(&moved));
     }
 
     #[test]

@@ -244,11 +244,7 @@ impl Nodes {
     /// release goes straight to its client's cleanup (listed in the
     /// returned `Vec`), which retries until the node answers. A request
     /// that fails on the way goes there too.
-    fn release_all(
-        &self,
-        key: &str,
-        token: &str,
-    ) -> (Results<()>, Vec<usize>) {
+    fn release_all(&self, key: &str, token: &str) -> (Results<()>, Vec<usize>) {
         let (tx, rx) = mpsc::channel();
         let now = Instant::now();
         let mut deferred = Vec::new();
@@ -308,6 +304,10 @@ enum RoundState {
 /// How a round's `Quorum` error names a node that refused: the lock is
 /// another owner's there.
 const HELD_ELSEWHERE: &str = "held by another owner";
+
+/// How a round's `Quorum` error names a node whose answer was not waited
+/// for: the others had already put the majority out of reach.
+const NOT_AWAITED: &str = "not waited for: the majority was out of reach without it";
 
 /// What one node said to one request.
 enum Reply {
@@ -426,7 +426,9 @@ impl RedLock {
         let outcome = match &guard {
             Ok(_) => Ok(true),
             Err(Error::Quorum { failed, .. })
-                if failed.iter().all(|f| f.ends_with(HELD_ELSEWHERE)) =>
+                if failed
+                    .iter()
+                    .all(|f| f.ends_with(HELD_ELSEWHERE) || f.ends_with(NOT_AWAITED)) =>
             {
                 Ok(false)
             }
@@ -668,6 +670,7 @@ impl RedLock {
                 Some(Reply::Granted) => None,
                 Some(Reply::Refused) => Some(format!("node {node}: {HELD_ELSEWHERE}")),
                 Some(Reply::Failed(why)) => Some(format!("node {node}: {why}")),
+                None if elapsed < timeout => Some(format!("node {node}: {NOT_AWAITED}")),
                 None => Some(format!("node {node}: no answer within {timeout:?}")),
             })
             .collect();
