@@ -792,25 +792,17 @@ impl RedLockGuard {
         let extended = |results: &[Option<Result<(), Error>>]| {
             results.iter().filter(|r| matches!(r, Some(Ok(())))).count()
         };
-        while pending > 0 {
-            let done = extended(&results);
-            if done >= quorum || done + pending < quorum {
-                break;
-            }
-            let Some(left) = give_up.checked_duration_since(Instant::now()) else {
-                break;
-            };
-            match rx.recv_timeout(left) {
-                Ok((node, sent)) => {
-                    pending -= 1;
-                    results[node] = Some(match sent {
-                        Sent::Done(result) => result,
-                        Sent::Abandoned => Err(no_answer(self.timeout)),
-                    });
-                }
-                Err(_) => break,
-            }
-        }
+        collect(
+            &rx,
+            &mut results,
+            pending,
+            give_up,
+            self.timeout,
+            |r, pending| {
+                let done = extended(r);
+                done >= quorum || done + pending < quorum
+            },
+        );
         let results = settle(results, self.timeout);
         let done = results.iter().filter(|r| r.is_ok()).count();
         match ttl.checked_sub(started.elapsed() + drift(ttl)) {
@@ -862,7 +854,7 @@ impl RedLockGuard {
         for node in &deferred {
             results[*node] = Some(Err(known_down()));
         }
-        let mut pending = self.nodes.len().saturating_sub(deferred.len());
+        let pending = self.nodes.len().saturating_sub(deferred.len());
         let quorum = self.nodes.len() / 2 + 1;
         // Released, or not ours any more: either way that node no longer
         // stands in anyone's way.
@@ -874,21 +866,9 @@ impl RedLockGuard {
                 })
                 .count()
         };
-        while pending > 0 && answered(&results) < quorum {
-            let Some(left) = give_up.checked_duration_since(Instant::now()) else {
-                break;
-            };
-            match rx.recv_timeout(left) {
-                Ok((node, sent)) => {
-                    pending -= 1;
-                    results[node] = Some(match sent {
-                        Sent::Done(result) => result,
-                        Sent::Abandoned => Err(no_answer(self.timeout)),
-                    });
-                }
-                Err(_) => break,
-            }
-        }
+        collect(&rx, &mut results, pending, give_up, self.timeout, |r, _| {
+            answered(r) >= quorum
+        });
         let now = Instant::now();
         for (node, result) in results.iter().enumerate() {
             // Not heard from by the deadline (not merely not needed once a
@@ -925,6 +905,36 @@ impl RedLockGuard {
             nodes: self.nodes.len(),
             failed: failures(&results),
         })
+    }
+}
+
+/// Collects the nodes' answers into `results` until `done(results)` says
+/// enough, every request answered, or `give_up` passed; a request dropped
+/// unsent counts as no answer in `timeout`.
+fn collect(
+    rx: &Results<()>,
+    results: &mut [Option<Result<(), Error>>],
+    mut pending: usize,
+    give_up: Instant,
+    timeout: Duration,
+    done: impl Fn(&[Option<Result<(), Error>>], usize) -> bool,
+) {
+    while pending > 0 && !done(results, pending) {
+        let Some(left) = give_up.checked_duration_since(Instant::now()) else {
+            break;
+        };
+        match rx.recv_timeout(left) {
+            Ok((node, sent)) => {
+                pending -= 1;
+                if let Some(slot) = results.get_mut(node) {
+                    *slot = Some(match sent {
+                        Sent::Done(result) => result,
+                        Sent::Abandoned => Err(no_answer(timeout)),
+                    });
+                }
+            }
+            Err(_) => break,
+        }
     }
 }
 

@@ -298,15 +298,7 @@ impl SentinelSet {
             sentinels,
         };
         let ready = wait_until(SETTLE_WITHIN, || {
-            set.sentinels.iter().all(|s| {
-                let replicas: Vec<redis::Value> = s
-                    .try_query(redis::cmd("SENTINEL").arg("REPLICAS").arg(Self::MASTER))
-                    .unwrap_or_default();
-                let peers: Vec<redis::Value> = s
-                    .try_query(redis::cmd("SENTINEL").arg("SENTINELS").arg(Self::MASTER))
-                    .unwrap_or_default();
-                replicas.len() == 1 && peers.len() == 2
-            })
+            sentinels_know_each_other(&set.sentinels, Self::MASTER)
         });
         assert!(
             ready,
@@ -337,15 +329,7 @@ impl SentinelSet {
             sentinels,
         };
         let ready = wait_until(SETTLE_WITHIN, || {
-            set.sentinels.iter().all(|s| {
-                let replicas: Vec<redis::Value> = s
-                    .try_query(redis::cmd("SENTINEL").arg("REPLICAS").arg(Self::MASTER))
-                    .unwrap_or_default();
-                let peers: Vec<redis::Value> = s
-                    .try_query(redis::cmd("SENTINEL").arg("SENTINELS").arg(Self::MASTER))
-                    .unwrap_or_default();
-                replicas.len() == 1 && peers.len() == 2
-            })
+            sentinels_know_each_other(&set.sentinels, Self::MASTER)
         });
         assert!(
             ready,
@@ -375,6 +359,20 @@ impl SentinelSet {
             Some(port)
         })
     }
+}
+
+/// Whether every sentinel knows `master`'s one replica and the other two
+/// sentinels (so a failover can be agreed on).
+pub(crate) fn sentinels_know_each_other(sentinels: &[RedisServer], master: &str) -> bool {
+    sentinels.iter().all(|s| {
+        let replicas: Vec<redis::Value> = s
+            .try_query(redis::cmd("SENTINEL").arg("REPLICAS").arg(master))
+            .unwrap_or_default();
+        let peers: Vec<redis::Value> = s
+            .try_query(redis::cmd("SENTINEL").arg("SENTINELS").arg(master))
+            .unwrap_or_default();
+        replicas.len() == 1 && peers.len() == 2
+    })
 }
 
 fn start_sentinel(primary: &RedisServer) -> RedisServer {

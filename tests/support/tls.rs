@@ -231,18 +231,11 @@ impl TlsSentinelSet {
             pki,
         };
         let ready = super::wait_until(Duration::from_secs(30), || {
-            set.sentinels.iter().all(|s| {
-                let replicas: Vec<redis::Value> = s
-                    .try_query(redis::cmd("SENTINEL").arg("REPLICAS").arg(Self::MASTER))
-                    .unwrap_or_default();
-                let peers: Vec<redis::Value> = s
-                    .try_query(redis::cmd("SENTINEL").arg("SENTINELS").arg(Self::MASTER))
-                    .unwrap_or_default();
-                replicas.len() == 1 && peers.len() == 2
-            }) && set
-                .replica
-                .try_query::<String>(redis::cmd("INFO").arg("replication"))
-                .is_some_and(|info| info.contains("master_link_status:up"))
+            super::deploy::sentinels_know_each_other(&set.sentinels, Self::MASTER)
+                && set
+                    .replica
+                    .try_query::<String>(redis::cmd("INFO").arg("replication"))
+                    .is_some_and(|info| info.contains("master_link_status:up"))
         });
         assert!(
             ready,
