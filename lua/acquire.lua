@@ -26,7 +26,7 @@
 -- Errors (nothing changed, the lock is not taken):
 --   WRONGTYPE  the lock key holds a non-string value
 --   FENCE ...  the counter cannot be incremented (not an integer, another
---              type, at its maximum, or negative): it is bumped (and a
+--              type, at its maximum, at 2^53 or above, or negative): it is bumped (and a
 --              negative one put back) before the key is set, so a bad
 --              counter never leaves a lock nobody holds
 --
@@ -52,6 +52,11 @@ if fence < 1 then
   -- A negative counter: tokens must be positive and increasing. Undone.
   redis.call('DECR', KEYS[2])
   return redis.error_reply('FENCE the counter is negative')
+end
+if fence >= 9007199254740992 then
+  -- 2^53: past it Lua's numbers (doubles) cannot tell two tokens apart.
+  redis.call('DECR', KEYS[2])
+  return redis.error_reply('FENCE the counter is at 2^53 or above')
 end
 -- The clock floor (exact: microseconds since 1970 stay below 2^53).
 local now = redis.call('TIME')

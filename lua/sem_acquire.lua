@@ -81,6 +81,11 @@ if KEYS[2] then
     redis.call('DECR', KEYS[2])
     return redis.error_reply('FENCE the counter is negative')
   end
+  if fence >= 9007199254740992 then
+    -- 2^53: past it Lua's numbers (doubles) cannot tell two tokens apart.
+    redis.call('DECR', KEYS[2])
+    return redis.error_reply('FENCE the counter is at 2^53 or above')
+  end
   local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
   if fence < floor then
     fence = floor

@@ -273,12 +273,6 @@ impl Error {
     /// A failed release that may have left the key held: its outcome is
     /// unknown, or it was never sent (no connection). Not a refusal Redis
     /// answered (an ACL, a wrong type), which a cleanup would meet again.
-    /// A Redis Cluster slot still moving (or unserved) past the
-    /// operation's own bound: nothing ran, and a later attempt may succeed.
-    pub(crate) fn slot_moving(&self) -> bool {
-        matches!(self, Error::Redis(err) if redirected(err))
-    }
-
     pub(crate) fn may_leave_a_lease(&self) -> bool {
         matches!(self, Error::OutcomeUnknown { .. } | Error::Pool(_))
     }

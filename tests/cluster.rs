@@ -612,6 +612,8 @@ fn migrate(
 /// (14 `Moved`, 10 `TryAgain`).
 #[test]
 fn the_lock_keys_slot_migrates_under_load_without_errors() {
+    // Heavy (4 threads, ten migrations): one at a time with the others.
+    let _serial = support::serial();
     let cluster = RedisCluster::start(3, 0);
     let key = "migrating";
     let slot = cluster.slot(key);

@@ -247,10 +247,15 @@ fn a_corrupt_fence_counter_is_named_and_takes_nothing() {
     let client = server.lock_client();
     let mut con = server.conn();
     let counter = redmutex::fence_key("f");
-    let corrupt: [&dyn Fn(&mut redis::Connection); 4] = [
+    let corrupt: [&dyn Fn(&mut redis::Connection); 5] = [
         &|con| con.hset::<_, _, _, ()>(&counter, "x", 1).expect("HSET"),
         &|con| con.set::<_, _, ()>(&counter, "abc").expect("SET"),
         &|con| con.set::<_, _, ()>(&counter, i64::MAX).expect("SET"),
+        // The next token would be 2^53, past which Lua's numbers are not exact.
+        &|con| {
+            con.set::<_, _, ()>(&counter, (1i64 << 53) - 1)
+                .expect("SET")
+        },
         &|con| con.set::<_, _, ()>(&counter, -5).expect("SET"),
     ];
     for (case, corrupt) in corrupt.iter().enumerate() {

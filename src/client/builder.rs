@@ -93,10 +93,10 @@ impl LockClient {
     /// Pool and timeouts as in [`LockClient::open`]; each pooled connection
     /// keeps one connection per node it has talked to. A slot that is
     /// moving (`MOVED`/`ASK` past redis-rs's own retries, `TRYAGAIN` during
-    /// a migration, `CLUSTERDOWN` during a failover) is asked again with
-    /// backoff for up to twice the I/O timeout, and `lock()` keeps trying
-    /// within its wait after that: a migration never surfaces as a raw
-    /// redirection while the call may still wait.
+    /// a migration, `CLUSTERDOWN` during a failover) is asked again, as a
+    /// resend, with backoff for up to twice the I/O timeout; after that
+    /// the call fails with [`Error::OutcomeUnknown`] (writes) or
+    /// [`Error::Redis`] (reads).
     ///
     /// # Errors
     ///

@@ -217,6 +217,7 @@ pub(crate) fn run_within<T>(
     let mut lost: Option<redis::RedisError> = None;
     let mut sends = 0u32;
     let mut moving = Moving::new(window);
+    let mut redirected_before = false;
     // What the next step may take: the budget left, and for a resend the
     // resend window left.
     let left = |lost: bool, window_start: Instant| {
@@ -242,7 +243,7 @@ pub(crate) fn run_within<T>(
         };
         let now = Instant::now();
         let this = Send {
-            resend: lost.is_some(),
+            resend: lost.is_some() || redirected_before,
             maybe_resent: lost.is_some() || cluster,
             first: *first.get_or_insert(now),
         };
@@ -255,12 +256,15 @@ pub(crate) fn run_within<T>(
             Ok(value) => return Ok(value),
             // The slot is moving (MOVED/ASK past redis-rs's own retries,
             // TRYAGAIN while a multi-key script's keys are split between
-            // two nodes, CLUSTERDOWN during a failover): the node did not
-            // run it. Asked again with backoff (redis-rs refreshes its slot
-            // map on the way) until the slot settles, within the budget
-            // and the resend window: never surfaced while the slot moves.
-            // Safe even after an earlier lost reply: every operation may
-            // be sent twice (see the table).
+            // two nodes, CLUSTERDOWN during a failover): the command that
+            // met it did not run. Asked again with backoff (redis-rs
+            // refreshes its slot map on the way) until the slot settles,
+            // within the budget and the resend window. What came before it
+            // in this send (an acquire script before its `WAIT`), or an
+            // earlier copy redis-rs sent, may have run: the next send is
+            // a resend (every operation may be sent twice, see the table),
+            // and when the slot keeps moving past the bound, an operation
+            // that writes has an unknown outcome, as on any cluster error.
             Err(err) if cluster && crate::error::redirected(&err) => {
                 let pause = moving.next().min(left(false, started));
                 if pause.is_zero() {
@@ -269,8 +273,7 @@ pub(crate) fn run_within<T>(
                         "the key's slot kept moving",
                         format!("for {:?}: {err}", started.elapsed()),
                     ));
-                    // An earlier send whose reply was lost may have run.
-                    if lost.is_some() && op.writes() {
+                    if op.writes() {
                         return Err(Error::OutcomeUnknown {
                             key: key.to_owned(),
                             operation: op.name(),
@@ -283,6 +286,7 @@ pub(crate) fn run_within<T>(
                 std::thread::sleep(pause);
                 // Not a send whose reply was lost: the bound here is time.
                 sends = sends.saturating_sub(1);
+                redirected_before = true;
                 continue;
             }
             Err(err) if reply_lost(&err) => {

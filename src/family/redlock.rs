@@ -103,6 +103,8 @@ type Job = Box<dyn FnOnce(&LockClient) + Send>;
 #[derive(Default)]
 struct Health {
     down: Mutex<Option<Down>>,
+    /// When the node's thread started the request it is still on.
+    busy_since: Mutex<Option<Instant>>,
 }
 
 struct Down {
@@ -120,9 +122,18 @@ fn rest(failures: u32) -> Duration {
 }
 
 impl Health {
-    /// Whether a request may be sent now. A down node whose rest is over
-    /// admits one request (the probe) and rests again meanwhile.
-    fn admit(&self, now: Instant) -> bool {
+    /// Whether a request may be sent now: not while the node's thread has
+    /// been on one request for longer than `patience` (a blackholed link:
+    /// nothing queues behind it), and for a down node only when its rest
+    /// is over (one request, the probe; it rests again meanwhile).
+    fn admit(&self, now: Instant, patience: Duration) -> bool {
+        if self
+            .busy_since
+            .lock()
+            .is_some_and(|since| now.saturating_duration_since(since) > patience)
+        {
+            return false;
+        }
         let mut down = self.down.lock();
         match down.as_mut() {
             None => true,
@@ -145,6 +156,16 @@ impl Health {
 
     fn answered(&self) {
         *self.down.lock() = None;
+    }
+
+    /// Known down and resting now: a queued release is handed to the
+    /// cleanup instead of waiting on the link.
+    fn resting(&self, now: Instant) -> bool {
+        self.down.lock().as_ref().is_some_and(|d| now < d.probe_at)
+    }
+
+    fn busy(&self, since: Option<Instant>) {
+        *self.busy_since.lock() = since;
     }
 
     /// Records what a request met: the node answered (whatever it said),
@@ -177,12 +198,25 @@ impl Nodes {
             .map(|client| {
                 let (tx, rx) = mpsc::channel::<Job>();
                 let own = client.clone();
+                let health = Arc::new(Health::default());
+                let busy = health.clone();
                 let spawned = std::thread::Builder::new()
                     .name("redmutex-redlock".into())
                     .spawn(move || {
                         // Ends when the last RedLock handle (the sender) goes.
                         while let Ok(job) = rx.recv() {
-                            job(&own);
+                            busy.busy(Some(Instant::now()));
+                            // A job that panicked must not take the node's
+                            // thread with it: the node would be lost for
+                            // every later request.
+                            let ran =
+                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                    job(&own)
+                                }));
+                            busy.busy(None);
+                            if ran.is_err() {
+                                log::error!("redmutex: a RedLock node request panicked");
+                            }
                         }
                     });
                 if let Err(err) = spawned {
@@ -191,7 +225,7 @@ impl Nodes {
                 Node {
                     worker: Mutex::new(tx),
                     client,
-                    health: Arc::new(Health::default()),
+                    health,
                 }
             })
             .collect();
@@ -229,6 +263,8 @@ impl Nodes {
             node,
             Box::new(move |client| {
                 if give_up.is_some_and(|at| Instant::now() >= at) {
+                    // The thread reached it too late: the node is slow.
+                    health.failed(Instant::now());
                     let _ = tx.send((node, Sent::Abandoned));
                     return;
                 }
@@ -244,12 +280,12 @@ impl Nodes {
     /// release goes straight to its client's cleanup (listed in the
     /// returned `Vec`), which retries until the node answers. A request
     /// that fails on the way goes there too.
-    fn release_all(&self, key: &str, token: &str) -> (Results<()>, Vec<usize>) {
+    fn release_all(&self, key: &str, token: &str, patience: Duration) -> (Results<()>, Vec<usize>) {
         let (tx, rx) = mpsc::channel();
         let now = Instant::now();
         let mut deferred = Vec::new();
         for (node, target) in self.nodes.iter().enumerate() {
-            if !target.health.admit(now) {
+            if !target.health.admit(now, patience) {
                 target.client.orphan(
                     key,
                     OrphanKind::Plain {
@@ -259,8 +295,19 @@ impl Nodes {
                 deferred.push(node);
                 continue;
             }
-            let (key, token) = (key.to_owned(), token.to_owned());
+            let (key, token, health) = (key.to_owned(), token.to_owned(), target.health.clone());
             self.send(node, None, &tx, move |client| {
+                // Queued behind a request that found the node down: to the
+                // cleanup, without waiting on the link again.
+                if health.resting(Instant::now()) {
+                    client.orphan(
+                        &key,
+                        OrphanKind::Plain {
+                            token: token.as_str().into(),
+                        },
+                    );
+                    return Err(known_down());
+                }
                 release_one(client, &key, &token)
             });
         }
@@ -515,7 +562,7 @@ impl RedLock {
         let mut answers: Vec<Option<Reply>> = (0..self.nodes.len()).map(|_| None).collect();
         let mut pending = Vec::new();
         for (node, target) in self.nodes.nodes.iter().enumerate() {
-            if !target.health.admit(started) {
+            if !target.health.admit(started, timeout) {
                 answers[node] = Some(Reply::Failed(
                     "known down (it failed recently): not asked".into(),
                 ));
@@ -527,7 +574,9 @@ impl RedLock {
             let health = target.health.clone();
             let job: Job = Box::new(move |client| {
                 if Instant::now() >= give_up {
-                    // Its round is over: never sent, nothing to undo.
+                    // Its round is over: never sent, nothing to undo. The
+                    // thread reached it too late: the node is slow.
+                    health.failed(Instant::now());
                     let _ = tx.send((node, Sent::Abandoned));
                     return;
                 }
@@ -640,7 +689,8 @@ impl RedLock {
                 nodes: self.nodes.clone(),
                 key: self.key.clone(),
                 token,
-                valid_until: Instant::now() + validity.unwrap_or_default(),
+                // ttl − drift from the round's start, whatever came after.
+                valid_until: started + elapsed + validity.unwrap_or_default(),
                 ttl,
                 timeout,
                 released: false,
@@ -773,7 +823,7 @@ impl RedLockGuard {
             (0..self.nodes.len()).map(|_| None).collect();
         let mut pending = 0usize;
         for (node, target) in self.nodes.nodes.iter().enumerate() {
-            if !target.health.admit(started) {
+            if !target.health.admit(started, self.timeout) {
                 results[node] = Some(Err(known_down()));
                 continue;
             }
@@ -811,12 +861,17 @@ impl RedLockGuard {
                 self.ttl = ttl;
                 Ok(())
             }
-            _ => Err(Error::QuorumLost {
-                key: self.key.clone(),
-                extended: done,
-                needed: quorum,
-                failed: failures(&results),
-            }),
+            _ => {
+                // Some nodes may have taken the new, shorter ttl: nothing
+                // is promised any more.
+                self.valid_until = Instant::now();
+                Err(Error::QuorumLost {
+                    key: self.key.clone(),
+                    extended: done,
+                    needed: quorum,
+                    failed: failures(&results),
+                })
+            }
         }
     }
 
@@ -848,7 +903,7 @@ impl RedLockGuard {
     fn let_go(&mut self) -> Result<(), Error> {
         let started = Instant::now();
         let give_up = later(started, self.timeout);
-        let (rx, deferred) = self.nodes.release_all(&self.key, &self.token);
+        let (rx, deferred) = self.nodes.release_all(&self.key, &self.token, self.timeout);
         let mut results: Vec<Option<Result<(), Error>>> =
             (0..self.nodes.len()).map(|_| None).collect();
         for node in &deferred {

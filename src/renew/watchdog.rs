@@ -147,9 +147,12 @@ pub(crate) struct Orphan {
 
 /// The longest an orphan is watched while its Redis stays unreachable.
 const ORPHAN_MAX_LIFE: Duration = Duration::from_secs(600);
+/// The most orphans a client watches at once; past it the oldest goes
+/// (its key still expires by its ttl).
+const MAX_ORPHANS: usize = 10_000;
 
 /// What an orphan's request may have left in Redis.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum OrphanKind {
     /// A plain lock's token (`SET`, `lua/acquire.lua`).
     Plain { token: Arc<str> },
@@ -425,6 +428,23 @@ fn clean_up(shared: &Arc<Shared>, orphan: Orphan) -> bool {
     let mut registry = shared.registry.lock();
     if registry.shutdown {
         return false;
+    }
+    // The same token handed over again (a RedLock node down through many
+    // releases, a failed acquisition then its release): watched once, for
+    // the longer of the two windows.
+    if let Some(known) = registry
+        .orphans
+        .iter_mut()
+        .find(|o| o.key == orphan.key && o.kind == orphan.kind)
+    {
+        known.until = known.until.max(orphan.until);
+        return true;
+    }
+    if registry.orphans.len() >= MAX_ORPHANS {
+        registry.orphans.remove(0);
+        log::warn!(
+            "redmutex: more than {MAX_ORPHANS} cleanups pending; the oldest is dropped (its key expires by its ttl)"
+        );
     }
     registry.orphans.push(orphan);
     start(shared, &mut registry);
@@ -718,7 +738,9 @@ fn clean_orphans(shared: &Shared, mut orphans: Vec<Orphan>, budget: Duration) ->
             }
         }
         Err(err) => {
-            if err.is_connection() {
+            // Redis out of reach (no connection, or the reply lost), not a
+            // round cut short by its own budget.
+            if matches!(err, Error::Pool(_) | Error::OutcomeUnknown { .. }) {
                 for orphan in &mut orphans {
                     orphan.unreached(now);
                 }

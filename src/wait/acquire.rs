@@ -137,29 +137,12 @@ where
 {
     match waiting {
         Waiting::Spin => retry_until(&SystemClock, &mut ThreadJitter, backoff, deadline, || {
-            Ok(match attempt(contender, true, deadline)? {
+            Ok(match contender.attempt(true)? {
                 Attempt::Won(won) => Some(won),
                 Attempt::Held(_) => None,
             })
         }),
         Waiting::Queued(queued) => acquire_queued(contender, deadline, backoff, &queued),
-    }
-}
-
-/// One attempt; a Redis Cluster slot that kept moving through it (the
-/// command did not run) counts as held while the caller's deadline allows
-/// another try, so `lock()` rides out a migration within its wait.
-fn attempt<C: Contender>(
-    contender: &mut C,
-    quick: bool,
-    deadline: Option<Instant>,
-) -> Result<Attempt<C::Won>, Error> {
-    match contender.attempt(quick) {
-        Err(err) if err.slot_moving() && !passed(deadline) => {
-            log::debug!("redmutex: {err}; trying again within the wait");
-            Ok(Attempt::Held(None))
-        }
-        other => other,
     }
 }
 
@@ -184,7 +167,7 @@ where
     if queued.barge || (!queues.has_waiters(key) && queues.held_until(key).is_none()) {
         // The quick attempt: Redis does less for it, and an uncontended
         // lock needs no remaining time.
-        if let Attempt::Won(won) = attempt(contender, true, deadline)? {
+        if let Attempt::Won(won) = contender.attempt(true)? {
             return Ok(Some(won));
         }
         if passed(deadline) {
@@ -240,7 +223,7 @@ where
             }
         }
         let seen = pacing.before_attempt(&waiter, || (queued.subscribe)(waiter.waker()), deadline);
-        let left = match attempt(contender, false, deadline)? {
+        let left = match contender.attempt(false)? {
             Attempt::Won(won) => return Ok(Some(won)),
             Attempt::Held(left) => left,
         };
