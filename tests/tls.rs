@@ -42,6 +42,39 @@ fn let_the_waiter_settle() {
 /// attempt).
 const WOKEN: Duration = Duration::from_secs(2);
 
+/// A waiter of `waiter` (a 10 s backoff step) queues for `key`; once
+/// `subscribed()` says its subscription is live, `guard` is released and
+/// the waiter must have the lock within [`WOKEN`]: by the message.
+fn assert_woken_by_the_release(
+    guard: redmutex::LockGuard,
+    waiter: LockClient,
+    key: &'static str,
+    mut subscribed: impl FnMut() -> bool,
+) {
+    let options = LockOptions::default()
+        .backoff(Backoff::constant(Duration::from_secs(10)))
+        .wait(Duration::from_secs(20));
+    let waiting = std::thread::spawn(move || {
+        let acquired = DistributedLock::with_options(&waiter, key, options)
+            .lock()
+            .map(|g| g.unlock());
+        (acquired.is_ok(), Instant::now())
+    });
+    assert!(
+        wait_until(Duration::from_secs(10), &mut subscribed),
+        "the waiter never subscribed"
+    );
+    let_the_waiter_settle();
+    let released = Instant::now();
+    guard.unlock().expect("unlock");
+    let (acquired, at) = waiting.join().expect("waiter");
+    assert!(acquired);
+    assert!(
+        at.duration_since(released) < WOKEN,
+        "not woken by the message"
+    );
+}
+
 fn short(builder: redmutex::LockClientBuilder) -> LockClient {
     builder
         .timeout(Duration::from_millis(500))
@@ -252,28 +285,9 @@ fn mutual_tls_needs_the_client_certificate() {
         .expect("lock with a client certificate");
     // A second client with the certificate waits by notification.
     let waiter = server.builder_with_cert().build().expect("waiter");
-    let options = LockOptions::default()
-        .backoff(Backoff::constant(Duration::from_secs(10)))
-        .wait(Duration::from_secs(20));
-    let waiting = std::thread::spawn(move || {
-        let guard = DistributedLock::with_options(&waiter, "tls-mutual", options)
-            .lock()
-            .map(|g| g.unlock());
-        (guard.is_ok(), Instant::now())
+    assert_woken_by_the_release(guard, waiter, "tls-mutual", || {
+        subscribers(&server, "tls-mutual") >= 1
     });
-    assert!(wait_until(Duration::from_secs(10), || subscribers(
-        &server,
-        "tls-mutual"
-    ) >= 1));
-    let_the_waiter_settle();
-    let released = Instant::now();
-    guard.unlock().expect("unlock");
-    let (acquired, at) = waiting.join().expect("waiter");
-    assert!(acquired);
-    assert!(
-        at.duration_since(released) < WOKEN,
-        "not woken by the message"
-    );
 }
 
 #[test]
@@ -451,18 +465,9 @@ fn sentinel_over_tls_finds_the_tls_primary_and_follows_a_failover() {
         .expect("lock through TLS sentinels");
     let held: Option<String> = set.primary.conn().get("tls-sentinel").expect("GET");
     assert_eq!(held.as_deref(), Some(guard.token()));
-    let options = LockOptions::default()
-        .backoff(Backoff::constant(Duration::from_secs(10)))
-        .wait(Duration::from_secs(20));
-    let waiting = std::thread::spawn(move || {
-        let acquired = DistributedLock::with_options(&waiter, "tls-sentinel", options)
-            .lock()
-            .map(|g| g.unlock());
-        (acquired.is_ok(), Instant::now())
-    });
     // The waiter's subscriber asked the sentinels over TLS, then
     // subscribed on the primary over TLS.
-    let subscribed = wait_until(Duration::from_secs(10), || {
+    assert_woken_by_the_release(guard, waiter, "tls-sentinel", || {
         let reply: Option<(String, u64)> = set.primary.try_query(
             redis::cmd("PUBSUB")
                 .arg("NUMSUB")
@@ -470,16 +475,6 @@ fn sentinel_over_tls_finds_the_tls_primary_and_follows_a_failover() {
         );
         reply.is_some_and(|r| r.1 >= 1)
     });
-    assert!(subscribed, "no subscriber on the primary");
-    let_the_waiter_settle();
-    let released = Instant::now();
-    guard.unlock().expect("unlock");
-    let (acquired, at) = waiting.join().expect("waiter");
-    assert!(acquired);
-    assert!(
-        at.duration_since(released) < WOKEN,
-        "not woken by the message"
-    );
 
     let _: () = set.sentinels[0]
         .try_query(
@@ -545,16 +540,7 @@ fn a_cluster_over_tls_locks_on_every_primary_and_notifies() {
     let guard = DistributedLock::new(&client, "tls-cluster-wake")
         .lock()
         .expect("lock");
-    let options = LockOptions::default()
-        .backoff(Backoff::constant(Duration::from_secs(10)))
-        .wait(Duration::from_secs(20));
-    let waiting = std::thread::spawn(move || {
-        let acquired = DistributedLock::with_options(&waiter, "tls-cluster-wake", options)
-            .lock()
-            .map(|g| g.unlock());
-        (acquired.is_ok(), Instant::now())
-    });
-    let subscribed = wait_until(Duration::from_secs(10), || {
+    assert_woken_by_the_release(guard, waiter, "tls-cluster-wake", || {
         cluster.nodes.iter().any(|n| {
             let reply: Option<(String, u64)> = n.try_query(
                 redis::cmd("PUBSUB")
@@ -564,16 +550,6 @@ fn a_cluster_over_tls_locks_on_every_primary_and_notifies() {
             reply.is_some_and(|r| r.1 >= 1)
         })
     });
-    assert!(subscribed, "no subscriber on any node");
-    let_the_waiter_settle();
-    let released = Instant::now();
-    guard.unlock().expect("unlock");
-    let (acquired, at) = waiting.join().expect("waiter");
-    assert!(acquired);
-    assert!(
-        at.duration_since(released) < WOKEN,
-        "not woken by the message"
-    );
 }
 
 /// A half-open TLS subscriber link (the proxy holds the socket and forwards
