@@ -286,12 +286,7 @@ impl Nodes {
         let mut deferred = Vec::new();
         for (node, target) in self.nodes.iter().enumerate() {
             if !target.health.admit(now, patience) {
-                target.client.orphan(
-                    key,
-                    OrphanKind::Plain {
-                        token: token.into(),
-                    },
-                );
+                clean_up_later(&target.client, key, token);
                 deferred.push(node);
                 continue;
             }
@@ -300,12 +295,7 @@ impl Nodes {
                 // Queued behind a request that found the node down: to the
                 // cleanup, without waiting on the link again.
                 if health.resting(Instant::now()) {
-                    client.orphan(
-                        &key,
-                        OrphanKind::Plain {
-                            token: token.as_str().into(),
-                        },
-                    );
+                    clean_up_later(client, &key, &token);
                     return Err(known_down());
                 }
                 release_one(client, &key, &token)
@@ -315,6 +305,17 @@ impl Nodes {
     }
 }
 
+/// Hands `token` on `key` to the node's client's cleanup, which releases
+/// it (owner-checked) once the node answers.
+fn clean_up_later(client: &LockClient, key: &str, token: &str) {
+    client.orphan(
+        key,
+        OrphanKind::Plain {
+            token: token.into(),
+        },
+    );
+}
+
 /// One node's owner-checked release; a release that may not have run is
 /// handed to the client's cleanup, which finishes it once the node answers.
 fn release_one(client: &LockClient, key: &str, token: &str) -> Result<(), Error> {
@@ -322,12 +323,7 @@ fn release_one(client: &LockClient, key: &str, token: &str) -> Result<(), Error>
         .map(|_| ())
         .inspect_err(|err| {
             if err.may_leave_a_lease() {
-                client.orphan(
-                    key,
-                    OrphanKind::Plain {
-                        token: token.into(),
-                    },
-                );
+                clean_up_later(client, key, token);
             }
         })
 }
@@ -602,12 +598,7 @@ impl RedLock {
                         // by the cleanup once the node answers, whatever
                         // the round's outcome.
                         if err.may_leave_a_lease() {
-                            client.orphan(
-                                &key,
-                                OrphanKind::Plain {
-                                    token: sent_token.as_str().into(),
-                                },
-                            );
+                            clean_up_later(client, &key, &sent_token);
                         }
                         Reply::Failed(err.to_string())
                     }

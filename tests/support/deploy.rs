@@ -291,6 +291,27 @@ impl SentinelSet {
     pub fn start() -> SentinelSet {
         let primary = RedisServer::start();
         let replica = RedisServer::start_replica_of(&primary);
+        SentinelSet::watching(primary, replica)
+    }
+
+    /// As [`SentinelSet::start`], but the replica replicates through the
+    /// returned proxy, so a test can cut replication (blackhole, then
+    /// reset: what was held is never delivered) and lose the last writes
+    /// in a failover.
+    pub fn start_with_replication_proxy() -> (SentinelSet, super::FaultProxy) {
+        let primary = RedisServer::start();
+        let proxy = super::FaultProxy::to(&primary);
+        let link = proxy.port().to_string();
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &link]);
+        assert!(
+            replica.synced(),
+            "the replica did not sync through the proxy"
+        );
+        (SentinelSet::watching(primary, replica), proxy)
+    }
+
+    /// Three sentinels on `primary`, once they know `replica` and each other.
+    fn watching(primary: RedisServer, replica: RedisServer) -> SentinelSet {
         let sentinels: Vec<RedisServer> = (0..3).map(|_| start_sentinel(&primary)).collect();
         let set = SentinelSet {
             primary,
@@ -305,37 +326,6 @@ impl SentinelSet {
             "the sentinels did not find the replica and each other"
         );
         set
-    }
-
-    /// As [`SentinelSet::start`], but the replica replicates through the
-    /// returned proxy, so a test can cut replication (blackhole, then
-    /// reset: what was held is never delivered) and lose the last writes
-    /// in a failover.
-    pub fn start_with_replication_proxy() -> (SentinelSet, super::FaultProxy) {
-        let primary = RedisServer::start();
-        let proxy = super::FaultProxy::to(&primary);
-        let link = proxy.port().to_string();
-        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &link]);
-        let synced = wait_until(SETTLE_WITHIN, || {
-            replica
-                .try_query::<String>(redis::cmd("INFO").arg("replication"))
-                .is_some_and(|info| info.contains("master_link_status:up"))
-        });
-        assert!(synced, "the replica did not sync through the proxy");
-        let sentinels: Vec<RedisServer> = (0..3).map(|_| start_sentinel(&primary)).collect();
-        let set = SentinelSet {
-            primary,
-            replica,
-            sentinels,
-        };
-        let ready = wait_until(SETTLE_WITHIN, || {
-            sentinels_know_each_other(&set.sentinels, Self::MASTER)
-        });
-        assert!(
-            ready,
-            "the sentinels did not find the replica and each other"
-        );
-        (set, proxy)
     }
 
     pub fn sentinel_urls(&self) -> Vec<String> {
@@ -376,19 +366,24 @@ pub(crate) fn sentinels_know_each_other(sentinels: &[RedisServer], master: &str)
 }
 
 fn start_sentinel(primary: &RedisServer) -> RedisServer {
+    let (dir, config) = sentinel_config(SentinelSet::MASTER, primary.port());
+    RedisServer::start_in(dir, Some(config), &["--sentinel"])
+}
+
+/// A temporary directory with a `sentinel.conf` that monitors `master` at
+/// 127.0.0.1:`port` (quorum 2, down after 1 s), for a sentinel to rewrite.
+pub(crate) fn sentinel_config(master: &str, port: u16) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = super::temp_dir();
     let config = dir.path().join("sentinel.conf");
-    let name = SentinelSet::MASTER;
     std::fs::write(
         &config,
         format!(
-            "sentinel monitor {name} 127.0.0.1 {port} 2\n\
-             sentinel down-after-milliseconds {name} 1000\n\
-             sentinel failover-timeout {name} 5000\n\
-             sentinel parallel-syncs {name} 1\n",
-            port = primary.port()
+            "sentinel monitor {master} 127.0.0.1 {port} 2\n\
+             sentinel down-after-milliseconds {master} 1000\n\
+             sentinel failover-timeout {master} 5000\n\
+             sentinel parallel-syncs {master} 1\n"
         ),
     )
     .expect("write sentinel.conf");
-    RedisServer::start_in(dir, Some(config), &["--sentinel"])
+    (dir, config)
 }

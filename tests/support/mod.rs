@@ -218,15 +218,19 @@ impl RedisServer {
     pub fn start_replica_of(primary: &RedisServer) -> RedisServer {
         let port = primary.port.to_string();
         let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
-        let synced = wait_until(READY_WITHIN, || {
-            let info: String = redis::cmd("INFO")
-                .arg("replication")
-                .query(&mut replica.conn())
-                .unwrap_or_default();
-            info.contains("master_link_status:up")
-        });
-        assert!(synced, "the replica did not sync with its primary");
+        assert!(
+            replica.synced(),
+            "the replica did not sync with its primary"
+        );
         replica
+    }
+
+    /// Waits (bounded) until this replica's link to its primary is up.
+    pub fn synced(&self) -> bool {
+        wait_until(READY_WITHIN, || {
+            self.try_query::<String>(redis::cmd("INFO").arg("replication"))
+                .is_some_and(|info| info.contains("master_link_status:up"))
+        })
     }
 
     /// `n` independent masters (for RedLock).

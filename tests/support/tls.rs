@@ -197,19 +197,7 @@ impl TlsSentinelSet {
         let mut sentinel_tls = Vec::new();
         let sentinels: Vec<RedisServer> = (0..3)
             .map(|_| {
-                let dir = temp_dir();
-                let config = dir.path().join("sentinel.conf");
-                let name = Self::MASTER;
-                std::fs::write(
-                    &config,
-                    format!(
-                        "sentinel monitor {name} 127.0.0.1 {primary_tls} 2\n\
-                         sentinel down-after-milliseconds {name} 1000\n\
-                         sentinel failover-timeout {name} 5000\n\
-                         sentinel parallel-syncs {name} 1\n"
-                    ),
-                )
-                .expect("write sentinel.conf");
+                let (dir, config) = super::deploy::sentinel_config(Self::MASTER, primary_tls);
                 let mut tls = 0;
                 let server = RedisServer::start_tries(dir, Some(config), |port| {
                     tls = free_port_other_than(port);
@@ -232,10 +220,7 @@ impl TlsSentinelSet {
         };
         let ready = super::wait_until(Duration::from_secs(30), || {
             super::deploy::sentinels_know_each_other(&set.sentinels, Self::MASTER)
-                && set
-                    .replica
-                    .try_query::<String>(redis::cmd("INFO").arg("replication"))
-                    .is_some_and(|info| info.contains("master_link_status:up"))
+                && set.replica.synced()
         });
         assert!(
             ready,
