@@ -61,6 +61,12 @@
 //!   the same client is queued for the key, the lease passes to it directly:
 //!   no Redis command, same token. The new guard starts with at least half
 //!   the ttl (the lease is extended first, owner-checked, when less is left).
+//!   After a hold shorter than a thread's wake-up (20 µs), a thread that
+//!   asks again before the woken waiter has run takes the lease instead,
+//!   for at most 100 µs after that waiter was first handed one (eventual
+//!   fairness, as in `parking_lot`): a hot lock with a tiny critical
+//!   section is not paid for with a context switch per acquisition, and
+//!   holds longer than that keep the queue's strict order.
 //!   A fairness budget (256 consecutive handoffs or 10 ms since the lease was
 //!   taken in Redis, [`LockOptions::handoff_budget`]) then forces a real
 //!   release, and when that release reached other clients' waiters, this

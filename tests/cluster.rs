@@ -544,67 +544,6 @@ fn force_release_is_safe_against_redis_rs_resends() {
     assert!(gone, "the key was deleted");
 }
 
-/// Moves `slot` from `from` to `to` the way `redis-cli --cluster reshard`
-/// does: IMPORTING, MIGRATING, MIGRATE of its keys in batches, then the new
-/// owner announced to every primary. Pauses between the steps so lock
-/// calls meet each state (ASK, TRYAGAIN, MOVED).
-fn migrate(
-    cluster: &RedisCluster,
-    slot: u16,
-    from: &support::ClusterNode,
-    to: &support::ClusterNode,
-) {
-    let source = cluster.node(from.port);
-    let target = cluster.node(to.port);
-    let setslot = |node: &support::RedisServer, state: &str, id: &str| {
-        redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg(state)
-            .arg(id)
-            .exec(&mut node.conn())
-            .expect("CLUSTER SETSLOT");
-    };
-    setslot(target, "IMPORTING", &from.id);
-    setslot(source, "MIGRATING", &to.id);
-    std::thread::sleep(Duration::from_millis(20));
-    for _ in 0..1000 {
-        let keys: Vec<String> = redis::cmd("CLUSTER")
-            .arg("GETKEYSINSLOT")
-            .arg(slot)
-            .arg(50)
-            .query(&mut source.conn())
-            .expect("GETKEYSINSLOT");
-        if keys.is_empty() {
-            break;
-        }
-        // In batches, as `redis-cli --cluster reshard` does, with a short
-        // pause: a script's keys (the lock key, its fencing counter, a
-        // release marker) are split between the nodes for a while
-        // (TRYAGAIN). The slot holds many keys: every release leaves a
-        // marker for a few seconds.
-        let _: redis::Value = redis::cmd("MIGRATE")
-            .arg("127.0.0.1")
-            .arg(to.port)
-            .arg("")
-            .arg(0)
-            .arg(5000)
-            .arg("REPLACE")
-            .arg("KEYS")
-            .arg(&keys)
-            .query(&mut source.conn())
-            .expect("MIGRATE");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    setslot(target, "NODE", &to.id);
-    setslot(source, "NODE", &to.id);
-    for node in cluster.nodes() {
-        if node.port() != from.port && node.port() != to.port {
-            setslot(node, "NODE", &to.id);
-        }
-    }
-}
-
 /// The lock key's slot (with its fencing counter) migrates back and forth
 /// between two primaries while 4 threads lock and unlock it: no call fails
 /// with a raw redirection (MOVED, ASK, TRYAGAIN), no two holders overlap,
@@ -659,7 +598,9 @@ fn the_lock_keys_slot_migrates_under_load_without_errors() {
     let mut moves = 0;
     let (mut from, mut to) = (first, other);
     for _ in 0..10 {
-        migrate(&cluster, slot, &from, &to);
+        cluster
+            .migrate_slot(slot, &from, &to)
+            .expect("migrate the slot");
         moves += 1;
         std::mem::swap(&mut from, &mut to);
         // A resharding moves a slot once; here it goes back and forth, with

@@ -39,8 +39,10 @@ pub enum WaitMode {
     /// Queue locally and wake on release messages (the default):
     ///
     /// * threads of one [`LockClient`](crate::LockClient) waiting for the
-    ///   same key queue in FIFO order, and only the head of the queue talks
-    ///   to Redis;
+    ///   same key queue in FIFO order (after a hold of under 20 µs, a
+    ///   newcomer may take a lease handed to a waiter that has not woken up
+    ///   yet, for at most 100 µs: see [`LockOptions::local_handoff`]), and
+    ///   only the head of the queue talks to Redis;
     /// * releases publish on a channel derived from the key, and the client's
     ///   one subscriber connection wakes the head, in this process or another;
     /// * the head never waits longer than the holder's remaining ttl or the
@@ -461,7 +463,12 @@ impl LockOptions {
     /// Redis command and the same token, instead of releasing it in Redis.
     /// Only in [`WaitMode::Notify`], and only when the outermost guard goes.
     /// Bounded by [`LockOptions::handoff_budget`], so other processes still
-    /// get their turn. Defaults to `true`.
+    /// get their turn. After a hold shorter than a thread's wake-up (20 µs),
+    /// a thread that asks for the lock before the woken waiter has run
+    /// takes the lease instead, for at most 100 µs after that waiter was
+    /// first handed one (eventual fairness, as in `parking_lot`): the
+    /// waiter keeps its place, and longer holds keep the queue's strict
+    /// order. Defaults to `true`.
     pub fn local_handoff(mut self, enabled: bool) -> Self {
         self.local_handoff = enabled;
         self

@@ -298,6 +298,7 @@ impl RwLock {
                 takes_handoffs: false,
                 // Readers share: a reader must not queue behind a reader.
                 barge: true,
+                intercepts: false,
                 on_orphan: &nothing,
                 subscribe: &subscribe,
             }),

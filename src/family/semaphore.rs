@@ -375,6 +375,7 @@ impl Semaphore {
                 // permits are all out, and a newcomer would only add a
                 // request that fails.
                 barge: false,
+                intercepts: false,
                 on_orphan: &release_orphan,
                 subscribe: &subscribe,
             }),
@@ -878,7 +879,12 @@ impl Permit {
                 loss: self.loss.clone(),
                 generation: self.generation,
             };
-            if self.local.queues.offer(&self.queue_key, gift).is_ok() {
+            if self
+                .local
+                .queues
+                .offer(&self.queue_key, gift, false)
+                .is_ok()
+            {
                 self.client.counters().handoff();
                 return Ok(());
             }

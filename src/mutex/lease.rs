@@ -19,6 +19,11 @@ use crate::renew::watchdog::{OrphanKind, Renewal, WatchEntry};
 use crate::script;
 use crate::wait::queue::{Capacity, Queues};
 
+/// A hold shorter than this hands its lease over as interceptable
+/// ([`Queues::intercept`](crate::wait::queue::Queues::intercept)): about
+/// what waking a sleeping thread costs.
+const SHORT_HOLD: Duration = Duration::from_micros(20);
+
 /// A lease passed from a releasing holder to a waiter of the same client,
 /// without Redis: the key keeps the same token and expiry.
 pub(crate) struct Handoff {
@@ -382,7 +387,15 @@ impl Lease {
                 watch: self.watch.clone(),
                 loss: self.loss.clone(),
             };
-            if self.local.queues.offer(&self.key, handoff).is_ok() {
+            // Interceptable only after a hold shorter than a thread's wake-up:
+            // waking a waiter would cost more than the hold. Longer holds
+            // (a round trip in the critical section) keep the queue's
+            // strict order, at no loss of throughput.
+            let short = self
+                .held_since
+                .get()
+                .is_some_and(|since| since.elapsed() < SHORT_HOLD);
+            if self.local.queues.offer(&self.key, handoff, short).is_ok() {
                 self.client.counters().handoff();
                 return Ok(());
             }

@@ -342,6 +342,8 @@ impl DistributedLock {
                 // token of its own, and no WAIT for replicas of it.
                 takes_handoffs: !self.options.fencing && self.options.min_replicas.is_none(),
                 barge: false,
+                // The same leases a handoff would give this thread.
+                intercepts: !self.options.fencing && self.options.min_replicas.is_none(),
                 on_orphan: &release_orphan,
                 subscribe: &subscribe,
             }),

@@ -103,6 +103,11 @@ pub(crate) struct Queued<'a, G: Send + 'static> {
     /// or hold: a lock that can be shared (readers) must not make a
     /// newcomer queue behind holders it could join.
     pub(crate) barge: bool,
+    /// Take a lease just handed to a waiter that has not taken it yet,
+    /// within [`INTERCEPT_WINDOW`](crate::wait::queue::INTERCEPT_WINDOW)
+    /// ([`Queues::intercept`]): for an exclusive lock whose waiters take
+    /// handoffs.
+    pub(crate) intercepts: bool,
     /// Releases a lease handed to this waiter after it gave up, with nobody
     /// left to take it.
     pub(crate) on_orphan: &'a dyn Fn(G),
@@ -164,6 +169,12 @@ where
 {
     let queues = queued.queues;
     let key = queued.key;
+    if queued.intercepts
+        && let Some(gift) = queues.intercept(key)
+        && let Some(won) = contender.accept(gift)?
+    {
+        return Ok(Some(won));
+    }
     if queued.barge || (!queues.has_waiters(key) && queues.held_until(key).is_none()) {
         // The quick attempt: Redis does less for it, and an uncontended
         // lock needs no remaining time.
@@ -325,6 +336,7 @@ mod tests {
                 key: "k",
                 takes_handoffs: true,
                 barge: false,
+                intercepts: false,
                 on_orphan: &ignore,
                 subscribe: &no_feed,
             }),
@@ -352,7 +364,7 @@ mod tests {
                 barrier.wait();
                 let until = Instant::now() + Duration::from_secs(5);
                 while Instant::now() < until {
-                    if queues.offer("k", 7).is_ok() {
+                    if queues.offer("k", 7, false).is_ok() {
                         return true;
                     }
                     std::thread::sleep(Duration::from_millis(1));
@@ -372,6 +384,7 @@ mod tests {
                 key: "k",
                 takes_handoffs: true,
                 barge: false,
+                intercepts: false,
                 on_orphan: &ignore,
                 subscribe: &no_feed,
             }),

@@ -61,6 +61,14 @@ pub(crate) const YIELD: Duration = Duration::from_millis(5);
 /// The longest a queued waiter sleeps without looking at the queue again.
 const RECHECK: Duration = Duration::from_millis(50);
 
+/// How long after a waiter was first handed a lease a newcomer may still
+/// intercept one ([`Queues::intercept`]): eventual fairness, as in
+/// parking_lot. Within it, a thread that releases and locks again goes on
+/// without waiting for the woken thread to be scheduled; past it, the
+/// lease stays with the waiter, so none loses more than this to
+/// newcomers.
+pub(crate) const INTERCEPT_WINDOW: Duration = Duration::from_micros(100);
+
 struct Slot<G> {
     ticket: u64,
     wake: Arc<Condvar>,
@@ -74,6 +82,11 @@ struct Slot<G> {
     gift: Option<G>,
     /// This waiter took a gift and is about to leave: offer it no other.
     served: bool,
+    /// When this waiter was first handed a lease that a newcomer then
+    /// intercepted ([`INTERCEPT_WINDOW`]); `None` once it takes one.
+    offered_since: Option<Instant>,
+    /// Whether a newcomer may intercept the gift (its giver said so).
+    interceptable: bool,
 }
 
 impl<G> QueueState<G> {
@@ -260,6 +273,8 @@ impl<G: Send + 'static> Queues<G> {
                 takes_handoffs,
                 gift: None,
                 served: false,
+                offered_since: None,
+                interceptable: false,
             });
             ticket
         };
@@ -276,8 +291,9 @@ impl<G: Send + 'static> Queues<G> {
     /// Hands `lease` to the first waiter in `key`'s queue that has not been
     /// handed one yet, if it takes handoffs. Gives the lease back otherwise
     /// (nobody waits, everyone waiting has one, or the next in line must ask
-    /// Redis itself).
-    pub(crate) fn offer(&self, key: &str, lease: G) -> Result<(), G> {
+    /// Redis itself). An `interceptable` lease may go to a newcomer instead
+    /// ([`Queues::intercept`]).
+    pub(crate) fn offer(&self, key: &str, lease: G, interceptable: bool) -> Result<(), G> {
         let queue = match self.by_key.lock().get(key) {
             Some(queue) => queue.clone(),
             None => return Err(lease),
@@ -297,11 +313,42 @@ impl<G: Send + 'static> Queues<G> {
         match state.next_receiver() {
             Some(slot) => {
                 slot.gift = Some(lease);
+                slot.interceptable = interceptable;
+                slot.offered_since.get_or_insert_with(Instant::now);
                 slot.wake.notify_one();
                 Ok(())
             }
             None => Err(lease),
         }
+    }
+
+    /// A newcomer to an exclusive `key` takes the lease handed to a waiter
+    /// that has not taken it yet, if its giver made it interceptable and
+    /// that waiter was first handed one less than [`INTERCEPT_WINDOW`] ago.
+    /// A thread that releases and locks again then goes on at once instead
+    /// of sleeping until the woken waiter is scheduled (a context switch
+    /// per acquisition); the waiter, woken for nothing, waits for the next
+    /// handoff and gets the lease for sure once the window has passed.
+    pub(crate) fn intercept(&self, key: &str) -> Option<G> {
+        let queue = self.by_key.lock().get(key)?.clone();
+        // A semaphore's permits each go to their own waiter.
+        let exclusive = self
+            .held
+            .lock()
+            .get(key)
+            .is_none_or(|holds| holds.capacity == Capacity::One);
+        if !exclusive {
+            return None;
+        }
+        let mut state = queue.state.lock();
+        let slot = state.waiters.iter_mut().find(|slot| slot.gift.is_some())?;
+        let late = slot
+            .offered_since
+            .is_some_and(|since| since.elapsed() >= INTERCEPT_WINDOW);
+        if late || !slot.interceptable {
+            return None;
+        }
+        slot.gift.take()
     }
 
     /// This client released `key` in Redis (or tried to), and the release
@@ -457,6 +504,9 @@ impl<G: Send + 'static> Waiter<'_, G> {
             match state.next_receiver() {
                 Some(slot) => {
                     slot.gift = Some(lease);
+                    // Its giver's say is not known here: kept for the waiter.
+                    slot.interceptable = false;
+                    slot.offered_since.get_or_insert_with(Instant::now);
                     slot.wake.notify_one();
                 }
                 None => orphan = Some(lease),
@@ -503,7 +553,10 @@ fn take_gift<G>(state: &mut QueueState<G>, ticket: u64) -> Option<G> {
         .find(|slot| slot.ticket == ticket)
         .and_then(|slot| {
             let gift = slot.gift.take();
-            slot.served |= gift.is_some();
+            if gift.is_some() {
+                slot.served = true;
+                slot.offered_since = None;
+            }
             gift
         })
 }
@@ -548,10 +601,16 @@ mod tests {
     fn a_handoff_goes_to_the_head_and_on_when_it_leaves() {
         let queues = Queues::<Handoff>::default();
         let ignore = |_: Handoff| {};
-        assert!(queues.offer("k", lease("t")).is_err(), "nobody waits");
+        assert!(
+            queues.offer("k", lease("t"), false).is_err(),
+            "nobody waits"
+        );
         let first = queues.enqueue("k", true, &ignore);
         let second = queues.enqueue("k", true, &ignore);
-        assert!(queues.offer("k", lease("t1")).is_ok(), "the head takes it");
+        assert!(
+            queues.offer("k", lease("t1"), false).is_ok(),
+            "the head takes it"
+        );
         drop(first); // leaves without taking it
         match second.wait_turn(now()) {
             Turn::Gift(handoff) => assert_eq!(handoff.token, "t1"),
@@ -571,10 +630,13 @@ mod tests {
         let collect = |h: Handoff| orphans.borrow_mut().push(h.token);
         let first = queues.enqueue("k", true, &collect);
         let second = queues.enqueue("k", true, &collect);
-        assert!(queues.offer("k", lease("t1")).is_ok());
-        assert!(queues.offer("k", lease("t2")).is_ok(), "the next in line");
+        assert!(queues.offer("k", lease("t1"), false).is_ok());
         assert!(
-            queues.offer("k", lease("t3")).is_err(),
+            queues.offer("k", lease("t2"), false).is_ok(),
+            "the next in line"
+        );
+        assert!(
+            queues.offer("k", lease("t3"), false).is_err(),
             "everyone waiting has one"
         );
         match first.wait_turn(now()) {
@@ -582,7 +644,7 @@ mod tests {
             _ => panic!("the head's gift"),
         }
         assert!(
-            queues.offer("k", lease("t3")).is_err(),
+            queues.offer("k", lease("t3"), false).is_err(),
             "a waiter that took its gift is offered no other"
         );
         drop(first);
@@ -603,7 +665,7 @@ mod tests {
         );
         let first = queues.enqueue("k", true, &ignore);
         let second = queues.enqueue("k", true, &ignore);
-        assert!(queues.offer("k", lease("lost")).is_ok());
+        assert!(queues.offer("k", lease("lost"), false).is_ok());
         assert!(matches!(first.wait_turn(now()), Turn::Gift(_)));
         // Found lost: the first waiter waits on, and is still first in line.
         assert!(
@@ -611,7 +673,7 @@ mod tests {
                 .wait_release(first.wakeups(), Instant::now())
                 .is_none()
         );
-        assert!(queues.offer("k", lease("next")).is_ok());
+        assert!(queues.offer("k", lease("next"), false).is_ok());
         match first.wait_turn(now()) {
             Turn::Gift(handoff) => assert_eq!(handoff.token, "next"),
             _ => panic!("the first in line gets the next one"),
@@ -631,9 +693,9 @@ mod tests {
         );
         let first = queues.enqueue("k", true, &ignore);
         let _second = queues.enqueue("k", true, &ignore);
-        assert!(queues.offer("k", lease("t")).is_ok());
+        assert!(queues.offer("k", lease("t"), false).is_ok());
         assert!(
-            queues.offer("k", lease("u")).is_err(),
+            queues.offer("k", lease("u"), false).is_err(),
             "released in Redis instead"
         );
         drop(first);
@@ -647,7 +709,7 @@ mod tests {
         let plain = queues.enqueue("k", true, &collect);
         let fenced = queues.enqueue("k", false, &collect);
         assert!(
-            queues.offer("k", lease("t")).is_ok(),
+            queues.offer("k", lease("t"), false).is_ok(),
             "the plain head takes it"
         );
         drop(plain);
@@ -656,7 +718,62 @@ mod tests {
             "a fenced waiter was handed a lease"
         );
         assert_eq!(*orphans.borrow(), vec!["t".to_string()], "released instead");
-        assert!(queues.offer("k", lease("u")).is_err(), "nor offered one");
+        assert!(
+            queues.offer("k", lease("u"), false).is_err(),
+            "nor offered one"
+        );
+    }
+
+    #[test]
+    fn a_newcomer_intercepts_a_handoff_only_within_the_window() {
+        let queues = Queues::<Handoff>::default();
+        let ignore = |_: Handoff| {};
+        assert!(queues.intercept("k").is_none(), "nobody waits");
+        let waiter = queues.enqueue("k", true, &ignore);
+        assert!(queues.intercept("k").is_none(), "nothing handed over");
+        assert!(queues.offer("k", lease("t0"), false).is_ok());
+        assert!(queues.intercept("k").is_none(), "its giver said no");
+        assert!(matches!(waiter.wait_turn(now()), Turn::Gift(h) if h.token == "t0"));
+        drop(waiter);
+        let waiter = queues.enqueue("k", true, &ignore);
+        assert!(queues.offer("k", lease("t1"), true).is_ok());
+        let taken = queues.intercept("k").map(|h| h.token);
+        assert_eq!(taken.as_deref(), Some("t1"), "just handed over");
+        assert!(
+            !matches!(waiter.wait_turn(now()), Turn::Gift(_)),
+            "the waiter's lease went to the newcomer"
+        );
+        // Past the window since the waiter was first handed one, the next
+        // lease stays with it, however recent that lease is.
+        std::thread::sleep(INTERCEPT_WINDOW + Duration::from_millis(1));
+        assert!(queues.offer("k", lease("t2"), true).is_ok());
+        assert!(queues.intercept("k").is_none(), "the window has passed");
+        assert!(matches!(waiter.wait_turn(now()), Turn::Gift(h) if h.token == "t2"));
+        // Taking one opens a new window for the next lease.
+        assert!(
+            queues.offer("k", lease("t3"), true).is_err(),
+            "served: leaving"
+        );
+        let next = queues.enqueue("k", true, &ignore);
+        assert!(queues.offer("k", lease("t3"), true).is_ok());
+        assert!(queues.intercept("k").is_some(), "a fresh window");
+        drop((waiter, next));
+    }
+
+    #[test]
+    fn a_semaphores_permits_are_never_intercepted() {
+        let queues = Queues::<Handoff>::default();
+        let ignore = |_: Handoff| {};
+        queues.hold(
+            "k",
+            &Arc::from("a"),
+            Instant::now() + Duration::from_secs(5),
+            Capacity::Limit(2),
+        );
+        let waiter = queues.enqueue("k", true, &ignore);
+        assert!(queues.offer("k", lease("p"), true).is_ok());
+        assert!(queues.intercept("k").is_none());
+        assert!(matches!(waiter.wait_turn(now()), Turn::Gift(h) if h.token == "p"));
     }
 
     #[test]
@@ -665,7 +782,7 @@ mod tests {
         let orphans = RefCell::new(Vec::new());
         let collect = |h: Handoff| orphans.borrow_mut().push(h.token);
         let only = queues.enqueue("k", true, &collect);
-        assert!(queues.offer("k", lease("t")).is_ok(), "offered");
+        assert!(queues.offer("k", lease("t"), false).is_ok(), "offered");
         drop(only);
         assert_eq!(*orphans.borrow(), vec!["t".to_string()]);
         assert!(!queues.has_waiters("k"));

@@ -225,6 +225,79 @@ impl RedisCluster {
         keys
     }
 
+    /// Moves `slot` from the primary `from` to the primary `to` the way
+    /// `redis-cli --cluster reshard` does: IMPORTING, MIGRATING, MIGRATE of
+    /// its keys in batches of 50 with a short pause (a script's keys are
+    /// split between the nodes for a while: TRYAGAIN), then the new owner
+    /// announced to every node.
+    pub fn migrate_slot(
+        &self,
+        slot: u16,
+        from: &ClusterNode,
+        to: &ClusterNode,
+    ) -> Result<(), String> {
+        let source = self.node(from.port);
+        let target = self.node(to.port);
+        let setslot = |node: &RedisServer, state: &str, id: Option<&str>| -> Result<(), String> {
+            let mut con = connect(node)?;
+            redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg(state)
+                .arg(id)
+                .exec(&mut con)
+                .map_err(|e| format!("CLUSTER SETSLOT {slot} {state} on {}: {e}", node.port()))
+        };
+        let attempt = || -> Result<(), String> {
+            setslot(target, "IMPORTING", Some(&from.id))?;
+            setslot(source, "MIGRATING", Some(&to.id))?;
+            std::thread::sleep(Duration::from_millis(20));
+            let mut con = connect(source)?;
+            for _ in 0..1000 {
+                let keys: Vec<String> = redis::cmd("CLUSTER")
+                    .arg("GETKEYSINSLOT")
+                    .arg(slot)
+                    .arg(50)
+                    .query(&mut con)
+                    .map_err(|e| format!("GETKEYSINSLOT: {e}"))?;
+                if keys.is_empty() {
+                    break;
+                }
+                let _: redis::Value = redis::cmd("MIGRATE")
+                    .arg("127.0.0.1")
+                    .arg(to.port)
+                    .arg("")
+                    .arg(0)
+                    .arg(5000)
+                    .arg("REPLACE")
+                    .arg("KEYS")
+                    .arg(&keys)
+                    .query(&mut con)
+                    .map_err(|e| format!("MIGRATE: {e}"))?;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            setslot(target, "NODE", Some(&to.id))?;
+            setslot(source, "NODE", Some(&to.id))
+        };
+        // Once more if a step failed: some keys may be on the target
+        // already, and only finishing keeps them reachable.
+        if let Err(e) = attempt().or_else(|_| attempt()) {
+            // Not left half-way either: a node with the slot IMPORTING
+            // ignores what the bus says of it from then on.
+            let _ = setslot(target, "STABLE", None);
+            let _ = setslot(source, "STABLE", None);
+            return Err(e);
+        }
+        for node in &self.nodes {
+            if node.port() != from.port && node.port() != to.port {
+                // Replicas refuse SETSLOT (they learn the owner through
+                // the bus), as may a node that is busy failing over.
+                let _ = setslot(node, "NODE", Some(&to.id));
+            }
+        }
+        Ok(())
+    }
+
     /// Total keys on all primaries.
     pub fn total_keys(&self) -> u64 {
         self.topology()
@@ -237,6 +310,17 @@ impl RedisCluster {
             })
             .sum()
     }
+}
+
+/// A connection to `node` with short timeouts, or why not.
+fn connect(node: &RedisServer) -> Result<redis::Connection, String> {
+    let client = redis::Client::open(node.url()).map_err(|e| e.to_string())?;
+    let con = client
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .map_err(|e| format!("connect to {}: {e}", node.port()))?;
+    con.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    Ok(con)
 }
 
 /// `id ip:port@bus flags primary ping pong epoch state slots...`
@@ -349,6 +433,192 @@ impl SentinelSet {
             Some(port)
         })
     }
+}
+
+/// Two redis-servers, each behind its own [`FaultProxy`](super::FaultProxy)
+/// that is the address everyone uses (the sentinels monitor it, replicas
+/// announce it with `replica-announce-port`, clients are given it), watched
+/// by three sentinels under [`SentinelSet::MASTER`]. The replica replicates
+/// through the primary's proxy, so [`ProxiedSentinelSet::fail_over_losing_writes`]
+/// can cut replication, let clients write, kill the primary and make the
+/// sentinels promote a replica that misses those writes, as often as
+/// wanted: the killed server comes back as a replica of the new primary,
+/// through its proxy again.
+pub struct ProxiedSentinelSet {
+    pub nodes: [RedisServer; 2],
+    pub proxies: [super::FaultProxy; 2],
+    pub sentinels: Vec<RedisServer>,
+}
+
+impl ProxiedSentinelSet {
+    pub fn start() -> ProxiedSentinelSet {
+        let nodes = [RedisServer::start(), RedisServer::start()];
+        let proxies = [
+            super::FaultProxy::to(&nodes[0]),
+            super::FaultProxy::to(&nodes[1]),
+        ];
+        let mut set = ProxiedSentinelSet {
+            nodes,
+            proxies,
+            sentinels: Vec::new(),
+        };
+        // Node 0 says where it is as a replica too, for after a failover,
+        // and syncs a replica at once (not after Redis 7's 5 s wait).
+        let announce = set.proxies[0].port().to_string();
+        for (name, value) in [
+            ("replica-announce-port", announce.as_str()),
+            ("repl-diskless-sync-delay", "0"),
+        ] {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(name)
+                .arg(value)
+                .query(&mut set.nodes[0].conn())
+                .expect("CONFIG SET");
+        }
+        assert!(
+            set.make_replica(1, 0),
+            "the replica did not sync through the proxy"
+        );
+        let primary = set.proxies[0].port();
+        set.sentinels = (0..3)
+            .map(|_| {
+                let (dir, config) = sentinel_config(SentinelSet::MASTER, primary);
+                RedisServer::start_in(dir, Some(config), &["--sentinel"])
+            })
+            .collect();
+        let ready = wait_until(SETTLE_WITHIN, || {
+            sentinels_know_each_other(&set.sentinels, SentinelSet::MASTER)
+        });
+        assert!(
+            ready,
+            "the sentinels did not find the replica and each other"
+        );
+        set
+    }
+
+    /// Restarts node `i` empty as a replica of node `of`, through `of`'s
+    /// proxy, announcing its own proxy, and waits until it is in sync.
+    fn make_replica(&mut self, i: usize, of: usize) -> bool {
+        let (link, announce) = (
+            self.proxies[of].port().to_string(),
+            self.proxies[i].port().to_string(),
+        );
+        self.nodes[i].restart_with(&[
+            "--replicaof",
+            "127.0.0.1",
+            &link,
+            "--replica-announce-ip",
+            "127.0.0.1",
+            "--replica-announce-port",
+            &announce,
+            // Redis 7 waits 5 s for more replicas before a diskless sync.
+            "--repl-diskless-sync-delay",
+            "0",
+        ]);
+        self.nodes[i].synced()
+    }
+
+    pub fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels.iter().map(RedisServer::url).collect()
+    }
+
+    /// Which node the sentinels name as the primary (the first that
+    /// answers), if one.
+    pub fn primary(&self) -> Option<usize> {
+        let port = self.sentinels.iter().find_map(|s| {
+            let (_host, port): (String, u16) = s.try_query(
+                redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(SentinelSet::MASTER),
+            )?;
+            Some(port)
+        })?;
+        self.proxies.iter().position(|p| p.port() == port)
+    }
+
+    /// Cuts replication from the primary, waits `cut` (clients' writes in
+    /// that time reach the primary only), kills the primary, drops what
+    /// the cut held, and waits until every sentinel names the replica; then
+    /// restarts the killed server as a replica of the new primary. Returns
+    /// what the promoted server missed: replication bytes, and whether the
+    /// integer at `counter` was behind the old primary's, or what went
+    /// wrong.
+    pub fn fail_over_losing_writes(
+        &mut self,
+        cut: Duration,
+        counter: &str,
+    ) -> Result<Lost, String> {
+        let old = self.primary().ok_or("no sentinel names a primary")?;
+        let new = 1 - old;
+        self.proxies[old].cut_replication(true);
+        std::thread::sleep(cut);
+        let value = |node: &RedisServer| -> Option<i64> {
+            node.try_query::<Option<i64>>(redis::cmd("GET").arg(counter))
+                .flatten()
+        };
+        let offset = |node: &RedisServer| -> Option<u64> {
+            let info: String = node.try_query(redis::cmd("INFO").arg("replication"))?;
+            info.lines()
+                .find_map(|l| l.strip_prefix("master_repl_offset:"))
+                .and_then(|n| n.trim().parse().ok())
+        };
+        // Read last, just before the kill: what was written after is lost
+        // too, so these are lower bounds.
+        let (last, written) = (value(&self.nodes[old]), offset(&self.nodes[old]));
+        self.nodes[old].kill();
+        self.proxies[old].reset_replication();
+        self.proxies[old].cut_replication(false);
+        // What the replica has is what it will have when promoted: nothing
+        // reaches it any more.
+        let (kept, received) = (value(&self.nodes[new]), offset(&self.nodes[new]));
+        let port = self.proxies[new].port();
+        let promoted = wait_until(SETTLE_WITHIN, || {
+            self.sentinels.iter().all(|s| {
+                s.try_query::<(String, u16)>(
+                    redis::cmd("SENTINEL")
+                        .arg("GET-MASTER-ADDR-BY-NAME")
+                        .arg(SentinelSet::MASTER),
+                )
+                .is_some_and(|(_, p)| p == port)
+            })
+        });
+        if !promoted {
+            // Back as the primary it was (empty), not as a replica of its
+            // own replica: the sentinels may still promote either.
+            let announce = self.proxies[old].port().to_string();
+            self.nodes[old].restart_with(&[
+                "--replica-announce-ip",
+                "127.0.0.1",
+                "--replica-announce-port",
+                &announce,
+                "--repl-diskless-sync-delay",
+                "0",
+            ]);
+            return Err(format!(
+                "the sentinels did not promote the replica within {SETTLE_WITHIN:?}"
+            ));
+        }
+        if !self.make_replica(old, new) {
+            return Err("the old primary did not sync as a replica".into());
+        }
+        Ok(Lost {
+            replication: match (written, received) {
+                (Some(w), Some(r)) => w.saturating_sub(r),
+                _ => 0,
+            },
+            counter: matches!((last, kept), (Some(l), k) if k.is_none_or(|k| k < l)),
+        })
+    }
+}
+
+/// What a failover lost ([`ProxiedSentinelSet::fail_over_losing_writes`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Lost {
+    /// Replication bytes the promoted replica never got (at least).
+    pub replication: u64,
+    /// Whether the watched counter on the promoted replica was behind.
+    pub counter: bool,
 }
 
 /// Whether every sentinel knows `master`'s one replica and the other two

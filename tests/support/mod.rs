@@ -252,6 +252,12 @@ impl RedisServer {
         }
     }
 
+    /// As [`RedisServer::restart`], with other extra arguments from now on.
+    pub fn restart_with(&mut self, extra: &[&str]) {
+        self.extra = extra.iter().map(|s| s.to_string()).collect();
+        self.restart();
+    }
+
     /// Kills the server and starts a fresh one (no persistence: empty) on the
     /// same port.
     pub fn restart(&mut self) {

@@ -38,6 +38,8 @@ struct Faults {
     latency_down: Duration,
     /// Forward nothing, in either direction, on any connection.
     blackhole: bool,
+    /// Forward nothing on replication links (those that sent `PSYNC`).
+    cut_replication: bool,
     /// New connections are accepted and held, not connected upstream.
     stall_new: bool,
     /// New connections are accepted and never served, even after this is
@@ -114,6 +116,8 @@ struct Link {
     /// A request of this link is to lose its reply: the next bytes from the
     /// server close the link instead of reaching the client.
     doomed: AtomicBool,
+    /// A replica's link to its primary: it sent `PSYNC`.
+    replication: AtomicBool,
 }
 
 impl Link {
@@ -198,6 +202,28 @@ impl FaultProxy {
     /// off; what was held is then delivered.
     pub fn blackhole(&self, on: bool) {
         self.update(|f| f.blackhole = on);
+    }
+
+    /// Holds everything on replication links (a replica's connection
+    /// through this proxy to its primary, known by its `PSYNC`) while on;
+    /// clients' links go on working. Held bytes are delivered when turned
+    /// off, unless [`FaultProxy::reset_replication`] closed the links first:
+    /// then the replica never gets the writes made meanwhile.
+    pub fn cut_replication(&self, on: bool) {
+        self.update(|f| f.cut_replication = on);
+    }
+
+    /// Closes the replication links (see [`FaultProxy::cut_replication`]).
+    pub fn reset_replication(&self) {
+        let links: Vec<Arc<Link>> = self
+            .links()
+            .iter()
+            .filter(|l| l.replication.load(Ordering::SeqCst))
+            .cloned()
+            .collect();
+        for link in links {
+            link.close();
+        }
     }
 
     /// New connections are accepted but their handshake gets no answer
@@ -320,6 +346,7 @@ fn accept_loop(listener: TcpListener, shared: &Arc<Shared>) {
             server: Mutex::new(None),
             closed: AtomicBool::new(false),
             doomed: AtomicBool::new(false),
+            replication: AtomicBool::new(false),
         });
         {
             let mut links = shared.links.lock().unwrap_or_else(|e| e.into_inner());
@@ -392,6 +419,9 @@ fn pump(shared: &Arc<Shared>, link: &Arc<Link>, mut from: TcpStream, direction: 
         match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => {
+                if direction == Direction::Up && contains(&buf[..n], b"PSYNC") {
+                    link.replication.store(true, Ordering::SeqCst);
+                }
                 let latency = {
                     let f = shared.faults();
                     match direction {
@@ -424,7 +454,8 @@ fn deliver(
         if due > now {
             std::thread::sleep(due - now);
         }
-        if !shared.wait_while(link, |f| f.blackhole) {
+        let replication = link.replication.load(Ordering::SeqCst);
+        if !shared.wait_while(link, |f| f.blackhole || (f.cut_replication && replication)) {
             return;
         }
         let mut to = match direction {
