@@ -63,18 +63,20 @@
 //!   the ttl (the lease is extended first, owner-checked, when less is left).
 //!   After a hold shorter than a thread's wake-up (20 µs), a thread that
 //!   asks again before the woken waiter has run takes the lease instead,
-//!   for at most 100 µs after that waiter was first handed one (eventual
-//!   fairness, as in `parking_lot`): a hot lock with a tiny critical
-//!   section is not paid for with a context switch per acquisition, and
-//!   holds longer than that keep the queue's strict order.
+//!   but only in the first 100 µs after that waiter was handed a lease
+//!   (eventual fairness, as in `parking_lot`): a hot lock with a tiny
+//!   critical section is not paid for with a context switch per
+//!   acquisition, and holds longer than 20 µs keep the queue's strict
+//!   order.
 //!   A fairness budget (256 consecutive handoffs or 10 ms since the lease was
 //!   taken in Redis, [`LockOptions::handoff_budget`]) then forces a real
 //!   release, and when that release reached other clients' waiters, this
 //!   client's head stands back for a moment so they get the turn.
-//!   **Trade-off**: handoff makes a hot lock cheap and fair between the
-//!   threads of a process (tens of thousands of acquisitions per second, a
-//!   few Redis commands per hundred), at the price of making other processes
-//!   wait up to one budget; `local_handoff(false)` turns it off.
+//!   **Trade-off**: handoff makes a hot lock cheap and close to fair between
+//!   the threads of a process (hundreds of thousands of acquisitions per
+//!   second with tiny holds, a few Redis commands per hundred), at the price
+//!   of making other processes wait up to one budget; `local_handoff(false)`
+//!   turns it off, interception with it.
 //!   Reentrant holds are unaffected: a handoff happens only when the
 //!   outermost guard goes.
 //!

@@ -174,15 +174,23 @@ fn waiters_of_two_clients_all_make_progress() {
     let started = Instant::now();
     let intervals = hammer(&server, &clients, 4, 100, options);
     assert!(started.elapsed() < Duration::from_secs(30));
-    // Neither client is starved: each gets a fair part of every stretch.
+    // Neither client is starved: the other one's turn comes at least
+    // after every two of its runs (a run: one acquisition in Redis and at
+    // most 256 handoffs, or 10 ms). Counts per stretch are not even: a
+    // client whose holds are short enough for interception passes more
+    // leases in its 10 ms than one whose holds are not.
     let per_client = |c| intervals.iter().filter(|i| i.2 == c).count();
     assert_eq!(per_client(0), 400);
     assert_eq!(per_client(1), 400);
-    let first_half = &intervals[..400];
-    for c in 0..2 {
-        let share = first_half.iter().filter(|i| i.2 == c).count();
-        assert!(share >= 80, "client {c} had {share} of the first 400 holds");
-    }
+    let longest = intervals
+        .chunk_by(|a, b| a.2 == b.2)
+        .map(<[_]>::len)
+        .max()
+        .unwrap_or(0);
+    assert!(
+        longest <= 2 * 257,
+        "one client held {longest} times in a row while the other waited"
+    );
     for client in &clients {
         let stats = client.stats();
         assert!(stats.handoffs > 0, "{stats:?}");
@@ -386,8 +394,8 @@ fn spin_mode_sends_no_release_subscriptions() {
 }
 
 /// After holds too short to be worth a wake-up, a thread that locks again
-/// at once may take the lease handed to a sleeping waiter, for at most
-/// 100 µs per waiter (eventual fairness). The lock stays exclusive, a
+/// at once may take the lease handed to a sleeping waiter, only within
+/// 100 µs of that waiter's lease (eventual fairness). The lock stays exclusive, a
 /// thread that locks now and then among four hot ones gets every turn it
 /// asks for within `lock()`'s wait, and nearly every acquisition passes
 /// inside the process, without Redis.

@@ -41,8 +41,8 @@ pub enum WaitMode {
     /// * threads of one [`LockClient`](crate::LockClient) waiting for the
     ///   same key queue in FIFO order (after a hold of under 20 µs, a
     ///   newcomer may take a lease handed to a waiter that has not woken up
-    ///   yet, for at most 100 µs: see [`LockOptions::local_handoff`]), and
-    ///   only the head of the queue talks to Redis;
+    ///   yet, within 100 µs: see [`LockOptions::local_handoff`]), and only
+    ///   the head of the queue talks to Redis;
     /// * releases publish on a channel derived from the key, and the client's
     ///   one subscriber connection wakes the head, in this process or another;
     /// * the head never waits longer than the holder's remaining ttl or the
@@ -464,11 +464,12 @@ impl LockOptions {
     /// Only in [`WaitMode::Notify`], and only when the outermost guard goes.
     /// Bounded by [`LockOptions::handoff_budget`], so other processes still
     /// get their turn. After a hold shorter than a thread's wake-up (20 µs),
-    /// a thread that asks for the lock before the woken waiter has run
-    /// takes the lease instead, for at most 100 µs after that waiter was
-    /// first handed one (eventual fairness, as in `parking_lot`): the
-    /// waiter keeps its place, and longer holds keep the queue's strict
-    /// order. Defaults to `true`.
+    /// a thread of a handle with handoff on that asks for the lock before
+    /// the woken waiter has run takes the lease instead, but only in the
+    /// first 100 µs after that waiter was handed a lease (eventual
+    /// fairness, as in `parking_lot`): the waiter keeps its place, and
+    /// longer holds keep the queue's strict order. `false` turns both off.
+    /// Defaults to `true`.
     pub fn local_handoff(mut self, enabled: bool) -> Self {
         self.local_handoff = enabled;
         self

@@ -29,7 +29,7 @@ use crate::client::{release, replicas};
 use crate::conn::policy::Op;
 use crate::error::Error;
 use crate::mutex::guard::LockGuard;
-use crate::mutex::lease::{Handoff, Lease, Local, release_and_tell, tag_of};
+use crate::mutex::lease::{Handoff, HandoffPolicy, Lease, Local, release_and_tell, tag_of};
 use crate::renew::watchdog::OrphanKind;
 use crate::script;
 use crate::wait::acquire::{Attempt, Contender, Queued, Waiting, Within, acquire, blocking};
@@ -342,8 +342,11 @@ impl DistributedLock {
                 // token of its own, and no WAIT for replicas of it.
                 takes_handoffs: !self.options.fencing && self.options.min_replicas.is_none(),
                 barge: false,
-                // The same leases a handoff would give this thread.
-                intercepts: !self.options.fencing && self.options.min_replicas.is_none(),
+                // The same leases a handoff would give this thread, and only
+                // with handoffs on for this handle (`local_handoff(false)`
+                // turns both off).
+                intercepts: HandoffPolicy::of(&self.options).enabled
+                    && self.options.min_replicas.is_none(),
                 on_orphan: &release_orphan,
                 subscribe: &subscribe,
             }),

@@ -65,8 +65,8 @@ const RECHECK: Duration = Duration::from_millis(50);
 /// intercept one ([`Queues::intercept`]): eventual fairness, as in
 /// parking_lot. Within it, a thread that releases and locks again goes on
 /// without waiting for the woken thread to be scheduled; past it, the
-/// lease stays with the waiter, so none loses more than this to
-/// newcomers.
+/// lease stays with the waiter: interceptions happen only in this window,
+/// and the waiter then waits at most for the hold under way.
 pub(crate) const INTERCEPT_WINDOW: Duration = Duration::from_micros(100);
 
 struct Slot<G> {
@@ -82,8 +82,8 @@ struct Slot<G> {
     gift: Option<G>,
     /// This waiter took a gift and is about to leave: offer it no other.
     served: bool,
-    /// When this waiter was first handed a lease that a newcomer then
-    /// intercepted ([`INTERCEPT_WINDOW`]); `None` once it takes one.
+    /// When this waiter was first handed a lease since it last took one
+    /// ([`INTERCEPT_WINDOW`]); `None` once it takes one.
     offered_since: Option<Instant>,
     /// Whether a newcomer may intercept the gift (its giver said so).
     interceptable: bool,
@@ -328,10 +328,11 @@ impl<G: Send + 'static> Queues<G> {
     /// A thread that releases and locks again then goes on at once instead
     /// of sleeping until the woken waiter is scheduled (a context switch
     /// per acquisition); the waiter, woken for nothing, waits for the next
-    /// handoff and gets the lease for sure once the window has passed.
+    /// handoff, and once the window has passed no newcomer takes its lease.
     pub(crate) fn intercept(&self, key: &str) -> Option<G> {
         let queue = self.by_key.lock().get(key)?.clone();
-        // A semaphore's permits each go to their own waiter.
+        // A semaphore's permits each go to their own waiter. (Only locks'
+        // queues intercept today; this keeps it true for any other.)
         let exclusive = self
             .held
             .lock()
