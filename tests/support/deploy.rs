@@ -396,20 +396,12 @@ impl SentinelSet {
 
     /// Three sentinels on `primary`, once they know `replica` and each other.
     fn watching(primary: RedisServer, replica: RedisServer) -> SentinelSet {
-        let sentinels: Vec<RedisServer> = (0..3).map(|_| start_sentinel(&primary)).collect();
-        let set = SentinelSet {
+        let sentinels = three_sentinels(primary.port());
+        SentinelSet {
             primary,
             replica,
             sentinels,
-        };
-        let ready = wait_until(SETTLE_WITHIN, || {
-            sentinels_know_each_other(&set.sentinels, Self::MASTER)
-        });
-        assert!(
-            ready,
-            "the sentinels did not find the replica and each other"
-        );
-        set
+        }
     }
 
     pub fn sentinel_urls(&self) -> Vec<String> {
@@ -424,14 +416,9 @@ impl SentinelSet {
 
     /// The primary's port as the first answering sentinel names it.
     pub fn primary_port(&self) -> Option<u16> {
-        self.sentinels.iter().find_map(|s| {
-            let (_host, port): (String, u16) = s.try_query(
-                redis::cmd("SENTINEL")
-                    .arg("GET-MASTER-ADDR-BY-NAME")
-                    .arg(Self::MASTER),
-            )?;
-            Some(port)
-        })
+        self.sentinels
+            .iter()
+            .find_map(|s| named_primary(s, Self::MASTER))
     }
 }
 
@@ -480,20 +467,7 @@ impl ProxiedSentinelSet {
             set.make_replica(1, 0),
             "the replica did not sync through the proxy"
         );
-        let primary = set.proxies[0].port();
-        set.sentinels = (0..3)
-            .map(|_| {
-                let (dir, config) = sentinel_config(SentinelSet::MASTER, primary);
-                RedisServer::start_in(dir, Some(config), &["--sentinel"])
-            })
-            .collect();
-        let ready = wait_until(SETTLE_WITHIN, || {
-            sentinels_know_each_other(&set.sentinels, SentinelSet::MASTER)
-        });
-        assert!(
-            ready,
-            "the sentinels did not find the replica and each other"
-        );
+        set.sentinels = three_sentinels(set.proxies[0].port());
         set
     }
 
@@ -526,14 +500,10 @@ impl ProxiedSentinelSet {
     /// Which node the sentinels name as the primary (the first that
     /// answers), if one.
     pub fn primary(&self) -> Option<usize> {
-        let port = self.sentinels.iter().find_map(|s| {
-            let (_host, port): (String, u16) = s.try_query(
-                redis::cmd("SENTINEL")
-                    .arg("GET-MASTER-ADDR-BY-NAME")
-                    .arg(SentinelSet::MASTER),
-            )?;
-            Some(port)
-        })?;
+        let port = self
+            .sentinels
+            .iter()
+            .find_map(|s| named_primary(s, SentinelSet::MASTER))?;
         self.proxies.iter().position(|p| p.port() == port)
     }
 
@@ -574,14 +544,9 @@ impl ProxiedSentinelSet {
         let (kept, received) = (value(&self.nodes[new]), offset(&self.nodes[new]));
         let port = self.proxies[new].port();
         let promoted = wait_until(SETTLE_WITHIN, || {
-            self.sentinels.iter().all(|s| {
-                s.try_query::<(String, u16)>(
-                    redis::cmd("SENTINEL")
-                        .arg("GET-MASTER-ADDR-BY-NAME")
-                        .arg(SentinelSet::MASTER),
-                )
-                .is_some_and(|(_, p)| p == port)
-            })
+            self.sentinels
+                .iter()
+                .all(|s| named_primary(s, SentinelSet::MASTER) == Some(port))
         });
         if !promoted {
             // Back as the primary it was (empty), not as a replica of its
@@ -635,9 +600,33 @@ pub(crate) fn sentinels_know_each_other(sentinels: &[RedisServer], master: &str)
     })
 }
 
-fn start_sentinel(primary: &RedisServer) -> RedisServer {
-    let (dir, config) = sentinel_config(SentinelSet::MASTER, primary.port());
-    RedisServer::start_in(dir, Some(config), &["--sentinel"])
+/// The port `sentinel` names for `master`'s primary, if it answers.
+pub(crate) fn named_primary(sentinel: &RedisServer, master: &str) -> Option<u16> {
+    let (_host, port): (String, u16) = sentinel.try_query(
+        redis::cmd("SENTINEL")
+            .arg("GET-MASTER-ADDR-BY-NAME")
+            .arg(master),
+    )?;
+    Some(port)
+}
+
+/// Three sentinels watching [`SentinelSet::MASTER`] at 127.0.0.1:`port`,
+/// once they know its replica and each other.
+fn three_sentinels(port: u16) -> Vec<RedisServer> {
+    let sentinels: Vec<RedisServer> = (0..3)
+        .map(|_| {
+            let (dir, config) = sentinel_config(SentinelSet::MASTER, port);
+            RedisServer::start_in(dir, Some(config), &["--sentinel"])
+        })
+        .collect();
+    let ready = wait_until(SETTLE_WITHIN, || {
+        sentinels_know_each_other(&sentinels, SentinelSet::MASTER)
+    });
+    assert!(
+        ready,
+        "the sentinels did not find the replica and each other"
+    );
+    sentinels
 }
 
 /// A temporary directory with a `sentinel.conf` that monitors `master` at

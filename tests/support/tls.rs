@@ -246,14 +246,9 @@ impl TlsSentinelSet {
 
     /// The primary's port as the first answering sentinel names it.
     pub fn named_port(&self) -> Option<u16> {
-        self.sentinels.iter().find_map(|s| {
-            let (_host, port): (String, u16) = s.try_query(
-                redis::cmd("SENTINEL")
-                    .arg("GET-MASTER-ADDR-BY-NAME")
-                    .arg(Self::MASTER),
-            )?;
-            Some(port)
-        })
+        self.sentinels
+            .iter()
+            .find_map(|s| super::deploy::named_primary(s, Self::MASTER))
     }
 }
 
