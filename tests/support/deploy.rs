@@ -472,16 +472,18 @@ impl ProxiedSentinelSet {
     }
 
     /// Restarts node `i` empty as a replica of node `of`, through `of`'s
-    /// proxy, announcing its own proxy, and waits until it is in sync.
+    /// proxy, and waits until it is in sync.
     fn make_replica(&mut self, i: usize, of: usize) -> bool {
-        let (link, announce) = (
-            self.proxies[of].port().to_string(),
-            self.proxies[i].port().to_string(),
-        );
-        self.nodes[i].restart_with(&[
-            "--replicaof",
-            "127.0.0.1",
-            &link,
+        self.restart(i, Some(of));
+        self.nodes[i].synced()
+    }
+
+    /// Restarts node `i` empty, announcing its proxy, as a replica of node
+    /// `of` through `of`'s proxy, or as a primary.
+    fn restart(&mut self, i: usize, of: Option<usize>) {
+        let announce = self.proxies[i].port().to_string();
+        let link = of.map(|of| self.proxies[of].port().to_string());
+        let mut args = vec![
             "--replica-announce-ip",
             "127.0.0.1",
             "--replica-announce-port",
@@ -489,8 +491,11 @@ impl ProxiedSentinelSet {
             // Redis 7 waits 5 s for more replicas before a diskless sync.
             "--repl-diskless-sync-delay",
             "0",
-        ]);
-        self.nodes[i].synced()
+        ];
+        if let Some(link) = &link {
+            args.extend(["--replicaof", "127.0.0.1", link]);
+        }
+        self.nodes[i].restart_with(&args);
     }
 
     pub fn sentinel_urls(&self) -> Vec<String> {
@@ -551,15 +556,7 @@ impl ProxiedSentinelSet {
         if !promoted {
             // Back as the primary it was (empty), not as a replica of its
             // own replica: the sentinels may still promote either.
-            let announce = self.proxies[old].port().to_string();
-            self.nodes[old].restart_with(&[
-                "--replica-announce-ip",
-                "127.0.0.1",
-                "--replica-announce-port",
-                &announce,
-                "--repl-diskless-sync-delay",
-                "0",
-            ]);
+            self.restart(old, None);
             return Err(format!(
                 "the sentinels did not promote the replica within {SETTLE_WITHIN:?}"
             ));
