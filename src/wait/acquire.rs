@@ -169,13 +169,17 @@ where
 {
     let queues = queued.queues;
     let key = queued.key;
+    // Looked up once: the uncontended path pays for one lookup, not two.
+    let waiters = queues.has_waiters(key);
+    // Leases are only handed to waiters: without one, none to intercept.
     if queued.intercepts
+        && waiters
         && let Some(gift) = queues.intercept(key)
         && let Some(won) = contender.accept(gift)?
     {
         return Ok(Some(won));
     }
-    if queued.barge || (!queues.has_waiters(key) && queues.held_until(key).is_none()) {
+    if queued.barge || (!waiters && queues.held_until(key).is_none()) {
         // The quick attempt: Redis does less for it, and an uncontended
         // lock needs no remaining time.
         if let Attempt::Won(won) = contender.attempt(true)? {

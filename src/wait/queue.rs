@@ -582,6 +582,16 @@ mod tests {
         Some(Instant::now())
     }
 
+    /// `token` holds "k" for the next 5 s.
+    fn hold_a_while(queues: &Queues<Handoff>, token: &str, capacity: Capacity) {
+        queues.hold(
+            "k",
+            &Arc::from(token),
+            Instant::now() + Duration::from_secs(5),
+            capacity,
+        );
+    }
+
     #[test]
     fn only_the_first_in_line_is_head() {
         let queues = Queues::<Handoff>::default();
@@ -658,12 +668,7 @@ mod tests {
     fn a_waiter_whose_gift_was_lost_on_the_way_can_be_offered_another() {
         let queues = Queues::<Handoff>::default();
         let ignore = |_: Handoff| {};
-        queues.hold(
-            "k",
-            &Arc::from("a"),
-            Instant::now() + Duration::from_secs(5),
-            Capacity::Limit(3),
-        );
+        hold_a_while(&queues, "a", Capacity::Limit(3));
         let first = queues.enqueue("k", true, &ignore);
         let second = queues.enqueue("k", true, &ignore);
         assert!(queues.offer("k", lease("lost"), false).is_ok());
@@ -686,12 +691,7 @@ mod tests {
     fn a_lock_never_has_two_gifts_pending() {
         let queues = Queues::<Handoff>::default();
         let ignore = |_: Handoff| {};
-        queues.hold(
-            "k",
-            &Arc::from("t"),
-            Instant::now() + Duration::from_secs(5),
-            Capacity::One,
-        );
+        hold_a_while(&queues, "t", Capacity::One);
         let first = queues.enqueue("k", true, &ignore);
         let _second = queues.enqueue("k", true, &ignore);
         assert!(queues.offer("k", lease("t"), false).is_ok());
@@ -765,12 +765,7 @@ mod tests {
     fn a_semaphores_permits_are_never_intercepted() {
         let queues = Queues::<Handoff>::default();
         let ignore = |_: Handoff| {};
-        queues.hold(
-            "k",
-            &Arc::from("a"),
-            Instant::now() + Duration::from_secs(5),
-            Capacity::Limit(2),
-        );
+        hold_a_while(&queues, "a", Capacity::Limit(2));
         let waiter = queues.enqueue("k", true, &ignore);
         assert!(queues.offer("k", lease("p"), true).is_ok());
         assert!(queues.intercept("k").is_none());
@@ -810,12 +805,7 @@ mod tests {
     #[test]
     fn local_holds_expire_by_the_clock() {
         let queues = Queues::<Handoff>::default();
-        queues.hold(
-            "k",
-            &Arc::from("t"),
-            Instant::now() + Duration::from_secs(5),
-            Capacity::One,
-        );
+        hold_a_while(&queues, "t", Capacity::One);
         assert!(queues.held_until("k").is_some());
         queues.hold(
             "k",
@@ -827,12 +817,7 @@ mod tests {
             queues.held_until("k").is_none(),
             "a lapsed hold does not count"
         );
-        queues.hold(
-            "k",
-            &Arc::from("t"),
-            Instant::now() + Duration::from_secs(5),
-            Capacity::One,
-        );
+        hold_a_while(&queues, "t", Capacity::One);
         queues.unhold("k", "older");
         assert!(queues.held_until("k").is_some(), "another token's end");
         queues.unhold("k", "t");

@@ -586,22 +586,46 @@ fn send(server: &RedisServer, cmd: &mut redis::Cmd) {
     let _: Option<redis::Value> = server.try_query(cmd);
 }
 
-fn client_kill() -> redis::Cmd {
-    let mut cmd = redis::cmd("CLIENT");
-    cmd.arg("KILL")
-        .arg("TYPE")
-        .arg("normal")
-        .arg("SKIPME")
-        .arg("yes");
-    cmd
+/// A fault made by a command to the server itself.
+#[derive(Clone, Copy)]
+enum ServerFault {
+    /// `CLIENT KILL TYPE normal`: every client connection cut.
+    ClientKill,
+    /// `DEBUG SLEEP` 50-300 ms: below Cluster's node timeout and
+    /// Sentinel's down-after (1 s), a stall, not a failover.
+    DebugSleep,
+    /// `SCRIPT FLUSH`: every script must be loaded again.
+    ScriptFlush,
 }
 
-fn debug_sleep(dice: &mut Dice) -> redis::Cmd {
-    let mut cmd = redis::cmd("DEBUG");
-    // Below Cluster's node timeout and Sentinel's down-after (1 s): a
-    // stall, not a failover.
-    cmd.arg("SLEEP").arg(0.05 + dice.below(250) as f64 / 1000.0);
-    cmd
+/// Makes `fault` on each of `servers` and counts it once.
+fn server_fault(
+    servers: &[&RedisServer],
+    fault: ServerFault,
+    dice: &mut Dice,
+    report: &mut Report,
+) {
+    let (mut cmd, name) = match fault {
+        ServerFault::ClientKill => {
+            let mut cmd = redis::cmd("CLIENT");
+            cmd.arg("KILL")
+                .arg("TYPE")
+                .arg("normal")
+                .arg("SKIPME")
+                .arg("yes");
+            (cmd, "CLIENT KILL")
+        }
+        ServerFault::DebugSleep => {
+            let mut cmd = redis::cmd("DEBUG");
+            cmd.arg("SLEEP").arg(0.05 + dice.below(250) as f64 / 1000.0);
+            (cmd, "DEBUG SLEEP")
+        }
+        ServerFault::ScriptFlush => (redis::cmd("SCRIPT").arg("FLUSH").clone(), "SCRIPT FLUSH"),
+    };
+    for server in servers {
+        send(server, &mut cmd);
+    }
+    report.fault(name);
 }
 
 /// A fault held for a random while, then healed.
@@ -741,18 +765,9 @@ impl Deploy {
         }
         match self {
             Deploy::Single { server, proxy } => match roll {
-                0..=16 => {
-                    send(server, &mut client_kill());
-                    report.fault("CLIENT KILL");
-                }
-                17..=28 => {
-                    send(server, &mut debug_sleep(dice));
-                    report.fault("DEBUG SLEEP");
-                }
-                29..=40 => {
-                    send(server, redis::cmd("SCRIPT").arg("FLUSH"));
-                    report.fault("SCRIPT FLUSH");
-                }
+                0..=16 => server_fault(&[server], ServerFault::ClientKill, dice, report),
+                17..=28 => server_fault(&[server], ServerFault::DebugSleep, dice, report),
+                29..=40 => server_fault(&[server], ServerFault::ScriptFlush, dice, report),
                 _ => proxy_fault(proxy, (roll - 41) * 42 / 59, dice, shas, report),
             },
             Deploy::RedLock { nodes, proxies } => {
@@ -770,20 +785,12 @@ impl Deploy {
                         report.windows.push((start, wall()));
                         report.fault("2 of 5 nodes blackholed");
                     }
-                    45..=54 => {
-                        send(&nodes[one], &mut debug_sleep(dice));
-                        report.fault("DEBUG SLEEP on a node");
-                    }
+                    45..=54 => server_fault(&[&nodes[one]], ServerFault::DebugSleep, dice, report),
                     55..=59 => {
-                        for node in nodes.iter() {
-                            send(node, redis::cmd("SCRIPT").arg("FLUSH"));
-                        }
-                        report.fault("SCRIPT FLUSH");
+                        let all: Vec<&RedisServer> = nodes.iter().collect();
+                        server_fault(&all, ServerFault::ScriptFlush, dice, report);
                     }
-                    60..=64 => {
-                        send(&nodes[one], &mut client_kill());
-                        report.fault("CLIENT KILL on a node");
-                    }
+                    60..=64 => server_fault(&[&nodes[one]], ServerFault::ClientKill, dice, report),
                     // RedLock acquires with SET NX, never the acquire script:
                     // its lost replies are of that and of the release.
                     _ => {
@@ -860,19 +867,11 @@ impl Deploy {
                             }
                         }
                     }
-                    50..=64 => {
-                        send(server, &mut client_kill());
-                        report.fault("CLIENT KILL");
-                    }
-                    65..=79 => {
-                        send(server, &mut debug_sleep(dice));
-                        report.fault("DEBUG SLEEP");
-                    }
+                    50..=64 => server_fault(&[server], ServerFault::ClientKill, dice, report),
+                    65..=79 => server_fault(&[server], ServerFault::DebugSleep, dice, report),
                     _ => {
-                        for node in cluster.nodes() {
-                            send(node, redis::cmd("SCRIPT").arg("FLUSH"));
-                        }
-                        report.fault("SCRIPT FLUSH");
+                        let all: Vec<&RedisServer> = cluster.nodes().iter().collect();
+                        server_fault(&all, ServerFault::ScriptFlush, dice, report);
                     }
                 }
             }
@@ -905,18 +904,24 @@ impl Deploy {
                             Err(e) => report.fault_errors.push(format!("failover: {e}")),
                         }
                     }
-                    0..=39 => {
-                        send(&set.nodes[primary], &mut client_kill());
-                        report.fault("CLIENT KILL");
-                    }
-                    40..=54 => {
-                        send(&set.nodes[primary], &mut debug_sleep(dice));
-                        report.fault("DEBUG SLEEP");
-                    }
-                    55..=64 => {
-                        send(&set.nodes[primary], redis::cmd("SCRIPT").arg("FLUSH"));
-                        report.fault("SCRIPT FLUSH");
-                    }
+                    0..=39 => server_fault(
+                        &[&set.nodes[primary]],
+                        ServerFault::ClientKill,
+                        dice,
+                        report,
+                    ),
+                    40..=54 => server_fault(
+                        &[&set.nodes[primary]],
+                        ServerFault::DebugSleep,
+                        dice,
+                        report,
+                    ),
+                    55..=64 => server_fault(
+                        &[&set.nodes[primary]],
+                        ServerFault::ScriptFlush,
+                        dice,
+                        report,
+                    ),
                     // No blackholes or stalls: longer than down-after, they
                     // would be failovers the spacing does not allow.
                     _ => proxy_fault(
