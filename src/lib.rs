@@ -276,7 +276,7 @@ mod script;
 mod wait;
 
 pub use client::builder::LockClientBuilder;
-pub use client::holder::Holder;
+pub use client::holder::{Holder, redact};
 pub use client::list::{HeldLock, Listing};
 pub use client::options::{
     Backoff, HandoffBudget, LeaseOptions, LockOptions, Release, SemaphoreOptions, WaitMode,

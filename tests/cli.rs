@@ -1208,3 +1208,113 @@ fn host() -> String {
         .trim()
         .to_owned()
 }
+
+#[test]
+fn a_holder_redis_hands_back_is_untrusted_input() {
+    let server = RedisServer::start();
+    let mut con = server.conn();
+    // Past the year 9999, control characters, a pid out of range: none of
+    // them a holder any writer makes, all of them shown, none a panic.
+    for value in [
+        "SECRETSECRET|host|1|prog|253402300800000|",
+        "SECRETSECRET|ho\u{1b}[2Jst|1|prog|5|",
+        "SECRETSECRET|host|99999999999|prog|5|",
+        "SECRETSECRET|||||||||",
+    ] {
+        let _: () = con.set_ex("odd", value, 60).expect("SET");
+        let status = redmutex(&server)
+            .args(["status", "odd"])
+            .output()
+            .expect("status");
+        let stdout = String::from_utf8_lossy(&status.stdout);
+        assert_eq!(status.status.code(), Some(0), "{value:?}: {status:?}");
+        assert!(stdout.contains("an unreadable holder"), "{stdout}");
+        assert!(!stdout.contains("SECRETSECRET"), "{stdout}");
+        let json = redmutex(&server)
+            .args(["status", "odd", "--json"])
+            .output()
+            .expect("status --json");
+        assert_eq!(json.status.code(), Some(0), "{value:?}: {json:?}");
+        let run = redmutex(&server)
+            .args(["run", "--no-wait", "odd", "--", "true"])
+            .output()
+            .expect("run");
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(1), "{value:?}: {stderr}");
+        assert!(stderr.contains("an unreadable holder"), "{stderr}");
+        assert!(!stderr.contains('\u{1b}'), "{stderr:?}");
+        let list = redmutex(&server).args(["list"]).output().expect("list");
+        assert_eq!(list.status.code(), Some(0), "{value:?}: {list:?}");
+    }
+}
+
+#[test]
+fn tokens_are_shown_only_by_their_public_part_unless_asked() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("token");
+    let run = redmutex(&server)
+        .args(["-v", "run", "secrets", "--", "sh", "-c"])
+        .arg(format!(
+            "printf %s \"$REDMUTEX_TOKEN\" > {}",
+            file.display()
+        ))
+        .output()
+        .expect("run -v");
+    assert!(run.status.success(), "{run:?}");
+    let token = std::fs::read_to_string(&file).expect("the token");
+    let secret = support::secret(&token);
+    assert!(secret.len() >= 16, "{token}");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(said.contains("acquired"), "{said}");
+    assert!(!said.contains(secret), "run -v printed the secret: {said}");
+
+    // A lock held elsewhere, broken by force: what was deleted is named by
+    // its holder, not by its secret.
+    let mut con = server.conn();
+    let _: () = con.set_ex("secrets", &token, 60).expect("SET");
+    let forced = redmutex(&server)
+        .args(["release", "secrets", "--force"])
+        .output()
+        .expect("release --force");
+    let said = String::from_utf8_lossy(&forced.stdout);
+    assert!(forced.status.success(), "{forced:?}");
+    assert!(said.contains("deleted"), "{said}");
+    assert!(
+        !said.contains(secret),
+        "release --force printed the secret: {said}"
+    );
+    for args in [&["status", "secrets"][..], &["status", "secrets", "--json"]] {
+        let _: () = con.set_ex("secrets", &token, 60).expect("SET");
+        let status = redmutex(&server).args(args).output().expect("status");
+        let said = String::from_utf8_lossy(&status.stdout);
+        assert!(!said.contains(secret), "{args:?}: {said}");
+    }
+
+    // Asked for: shown whole.
+    let _: () = con.set_ex("secrets", &token, 60).expect("SET");
+    let forced = redmutex(&server)
+        .args(["--tokens", "release", "secrets", "--force"])
+        .output()
+        .expect("release --force --tokens");
+    assert!(String::from_utf8_lossy(&forced.stdout).contains(&token));
+    let run = redmutex(&server)
+        .args(["-v", "--tokens", "run", "secrets", "--", "true"])
+        .output()
+        .expect("run -v --tokens");
+    let said = String::from_utf8_lossy(&run.stderr);
+    assert!(said.contains("with token "), "{said}");
+    let shown = said
+        .split("with token ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_default();
+    assert!(
+        shown.split('|').next().is_some_and(|s| s.len() >= 16),
+        "{said}"
+    );
+}

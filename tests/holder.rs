@@ -287,3 +287,123 @@ fn a_server_without_time_still_locks() {
     assert!(ms(holder.acquired_at) + 5 >= local);
     guard.unlock().expect("unlock");
 }
+
+/// Every log record of this test binary, to look for secrets in.
+struct Captured(std::sync::Mutex<Vec<String>>);
+
+impl log::Log for Captured {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        if let Ok(mut lines) = self.0.lock() {
+            lines.push(record.args().to_string());
+        }
+    }
+    fn flush(&self) {}
+}
+
+static CAPTURED: Captured = Captured(std::sync::Mutex::new(Vec::new()));
+
+fn captured() -> Vec<String> {
+    // Installed once per binary; a second call finds it there.
+    if log::set_logger(&CAPTURED).is_ok() {
+        log::set_max_level(log::LevelFilter::Trace);
+    }
+    CAPTURED.0.lock().map(|l| l.clone()).unwrap_or_default()
+}
+
+#[test]
+fn no_secret_reaches_debug_output_or_the_logs() {
+    let _ = captured();
+    let server = RedisServer::start();
+    let client = labelled(&server);
+    let mut secrets = Vec::new();
+    let mut shown = Vec::new();
+
+    // Each guard is shown, then its key taken from under it, so dropping
+    // it logs a warning naming the key and what went wrong.
+    let guard = DistributedLock::new(&client, "s:plain")
+        .lock()
+        .expect("lock");
+    secrets.push(support::secret(guard.token()).to_owned());
+    shown.push(format!("{guard:?}"));
+    let _: () = redis::cmd("DEL")
+        .arg("s:plain")
+        .query(&mut server.conn())
+        .expect("DEL");
+    drop(guard);
+
+    let reentrant = ReentrantLock::new(&client, "s:reentrant")
+        .lock()
+        .expect("reentrant");
+    let hash: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg("s:reentrant")
+        .query(&mut server.conn())
+        .expect("HGETALL");
+    for (field, value) in &hash {
+        match field.strip_prefix("h:") {
+            Some(hold) => secrets.push(support::secret(hold).to_owned()),
+            // The owner id, "<process uuid>:<thread>".
+            None => secrets.push(value.split(':').next().unwrap_or(value).to_owned()),
+        }
+    }
+    assert_eq!(secrets.len(), 3, "{hash:?}");
+    shown.push(format!("{reentrant:?}"));
+    let _: () = redis::cmd("DEL")
+        .arg("s:reentrant")
+        .query(&mut server.conn())
+        .expect("DEL");
+    drop(reentrant);
+
+    let write = RwLock::new(&client, "s:rw").write().expect("write");
+    secrets.push(support::secret(write.token()).to_owned());
+    shown.push(format!("{write:?}"));
+    let _: () = redis::cmd("DEL")
+        .arg("s:rw")
+        .query(&mut server.conn())
+        .expect("DEL");
+    drop(write);
+
+    let permit = Semaphore::new(&client, "s:sem", 2)
+        .acquire()
+        .expect("permit");
+    secrets.push(support::secret(permit.id()).to_owned());
+    shown.push(format!("{permit:?}"));
+    let status = Semaphore::new(&client, "s:sem", 2)
+        .status()
+        .expect("status");
+    shown.push(format!("{status:?}"));
+    let _: () = redis::cmd("DEL")
+        .arg("s:sem")
+        .query(&mut server.conn())
+        .expect("DEL");
+    drop(permit);
+
+    let redlock = RedLock::new(vec![client.clone()], "s:red").expect("redlock");
+    let red = redlock.lock().expect("redlock");
+    secrets.push(support::secret(red.token()).to_owned());
+    shown.push(format!("{red:?}"));
+    let _: () = redis::cmd("DEL")
+        .arg("s:red")
+        .query(&mut server.conn())
+        .expect("DEL");
+    drop(red);
+
+    let logs = captured();
+    assert!(
+        logs.iter().any(|line| line.contains("s:plain")),
+        "the drop of a lost lock logs: {logs:?}"
+    );
+    for secret in &secrets {
+        assert!(secret.len() >= 8, "{secret}");
+        for text in shown.iter().chain(&logs) {
+            assert!(!text.contains(secret.as_str()), "a secret in {text:?}");
+        }
+    }
+    assert!(
+        shown[0].contains("|nightly|"),
+        "the public part: {}",
+        shown[0]
+    );
+}

@@ -85,13 +85,19 @@ impl Holder {
         Holder::from_fields(meta.strip_prefix('|')?.split('|'))
     }
 
+    /// Read from Redis, so untrusted: only what a writer of this crate
+    /// makes is accepted (text fields of at most [`MAX_FIELD`] bytes
+    /// without whitespace or control characters, a time before the year
+    /// 10000); anything else is no holder, never a panic later (a time
+    /// formatter refusing year 10000, a control sequence reaching a
+    /// terminal).
     fn from_fields<'a>(mut fields: impl Iterator<Item = &'a str>) -> Option<Holder> {
-        let host = fields.next()?;
+        let host = fields.next().filter(|f| readable(f))?;
         let pid = fields.next()?.parse().ok()?;
-        let program = fields.next()?;
+        let program = fields.next().filter(|f| readable(f))?;
         let at: u64 = fields.next()?.parse().ok()?;
-        let label = fields.next()?;
-        if fields.next().is_some() {
+        let label = fields.next().filter(|f| f.is_empty() || readable(f))?;
+        if fields.next().is_some() || at > MAX_AT_MS {
             return None;
         }
         Some(Holder {
@@ -101,6 +107,47 @@ impl Holder {
             label: (!label.is_empty()).then(|| label.to_owned()),
             acquired_at: UNIX_EPOCH.checked_add(Duration::from_millis(at))?,
         })
+    }
+}
+
+/// The last millisecond of the year 9999 (UTC): the latest acquisition
+/// time a holder may claim. (Later ones are no time any formatter of RFC
+/// 3339 can write.)
+const MAX_AT_MS: u64 = 253_402_300_799_999;
+
+/// A text field as a writer of this crate makes it.
+fn readable(field: &str) -> bool {
+    !field.is_empty()
+        && field.len() <= MAX_FIELD
+        && !field.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
+/// `token` as it may be shown: its public part (the holder metadata after
+/// the secret, `…|HOST|PID|PROGRAM|AT|LABEL`), or `…` alone for a token
+/// without metadata. A token is a capability (whoever has it can extend or
+/// release the lease), so logs, `Debug` output and messages show this
+/// instead; the text after the secret is shown only when it is readable
+/// holder metadata.
+///
+/// ```
+/// use redmutex::redact;
+/// assert_eq!(redact("Zm9vYmFy|web-1|42|reindex|1795000000123|"), "…|web-1|42|reindex|1795000000123|");
+/// assert_eq!(redact("0b5e8f6a-9d0c-4b1e-8a57-2f1d3c4b5a69"), "…");
+/// assert_eq!(redact("secret|\u{1b}[2J|1|p|5|"), "…");
+/// ```
+pub fn redact(token: &str) -> String {
+    match token.find('|') {
+        Some(at) if Holder::from_token(token).is_some() => format!("…{}", &token[at..]),
+        _ => "…".to_owned(),
+    }
+}
+
+/// `token` for a `Debug` implementation: [`redact`]ed.
+pub(crate) struct Redacted<'a>(pub(crate) &'a str);
+
+impl std::fmt::Debug for Redacted<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&redact(self.0))
     }
 }
 
@@ -621,6 +668,57 @@ mod tests {
             assert_eq!(Holder::from_token(odd), None, "{odd:?}");
         }
         assert_eq!(Holder::from_meta("h|1|p|5|l"), None, "no leading |");
+    }
+
+    #[test]
+    fn only_what_a_writer_makes_is_a_holder() {
+        assert!(Holder::from_token("s|h|1|p|253402300799999|").is_some());
+        for odd in [
+            "s|h|1|p|253402300800000|",
+            "s|h|1|p|18446744073709551615|",
+            "s|h|1|p|99999999999999999999999|",
+            "s||1|p|5|",
+            "s|h|1||5|",
+            "s|h\u{1b}[2J|1|p|5|",
+            "s|h|1|p q|5|",
+            "s|h|1|p|5|l\n",
+            "s|h|4294967296|p|5|",
+            "s|h|-1|p|5|",
+        ] {
+            assert_eq!(Holder::from_token(odd), None, "{odd:?}");
+            assert_eq!(redact(odd), "…", "{odd:?}");
+        }
+        let long = format!("s|{}|1|p|5|", "h".repeat(MAX_FIELD + 1));
+        assert_eq!(Holder::from_token(&long), None);
+    }
+
+    proptest::proptest! {
+        /// Whatever Redis hands back, reading it never panics, a holder
+        /// read from it shows and formats, and the secret never shows.
+        #[test]
+        fn any_value_reads_without_panic(value in ".{0,200}", secret in "[A-Za-z0-9_-]{8,22}") {
+            let token = format!("{secret}|{value}");
+            if let Some(holder) = Holder::from_token(&token) {
+                let _ = holder.to_string();
+                proptest::prop_assert!(holder.acquired_at <= UNIX_EPOCH + Duration::from_millis(MAX_AT_MS));
+            }
+            let _ = Holder::from_meta(&value);
+            let shown = redact(&token);
+            proptest::prop_assert!(!shown.contains(&secret) || value.contains(&secret));
+            proptest::prop_assert!(shown.starts_with('…'));
+        }
+
+        #[test]
+        fn numbers_at_the_edges_read_without_panic(pid in proptest::num::u64::ANY, at in proptest::num::u64::ANY) {
+            let token = format!("s|h|{pid}|p|{at}|l");
+            match Holder::from_token(&token) {
+                Some(holder) => {
+                    proptest::prop_assert!(pid <= u64::from(u32::MAX) && at <= MAX_AT_MS);
+                    proptest::prop_assert_eq!(u64::from(holder.pid), pid);
+                }
+                None => proptest::prop_assert!(pid > u64::from(u32::MAX) || at > MAX_AT_MS),
+            }
+        }
     }
 
     #[test]

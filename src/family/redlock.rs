@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 use std::convert::Infallible;
 
 use crate::client::LockClient;
+use crate::client::holder::Redacted;
 use crate::client::options::{Backoff, LeaseOptions, Release, ttl_millis};
 use crate::client::release;
 use crate::conn::policy::Op;
@@ -756,7 +757,6 @@ impl Contender for Rounds<'_> {
 /// A RedLock held on a majority of nodes. Dropping it releases it on every
 /// node (best effort); [`RedLockGuard::unlock`] reports.
 #[must_use = "the lock is released as soon as the guard is dropped"]
-#[derive(Debug)]
 pub struct RedLockGuard {
     nodes: Arc<Nodes>,
     key: String,
@@ -771,6 +771,18 @@ pub struct RedLockGuard {
     tag: Tag,
     /// When this hold began.
     held_since: Instant,
+}
+
+impl std::fmt::Debug for RedLockGuard {
+    // The token is a capability: only its public part is shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedLockGuard")
+            .field("key", &self.key)
+            .field("token", &Redacted(&self.token))
+            .field("nodes", &self.nodes)
+            .field("validity", &self.validity())
+            .finish_non_exhaustive()
+    }
 }
 
 impl RedLockGuard {

@@ -286,7 +286,6 @@ impl Contender for Hold<'_> {
 /// assert_send::<redmutex::ReentrantGuard>();
 /// ```
 #[must_use = "the hold is released as soon as the guard is dropped"]
-#[derive(Debug)]
 pub struct ReentrantGuard {
     client: LockClient,
     key: String,
@@ -302,6 +301,17 @@ pub struct ReentrantGuard {
     /// When this hold began.
     held_since: Instant,
     _thread_bound: PhantomData<Rc<()>>,
+}
+
+impl std::fmt::Debug for ReentrantGuard {
+    // The owner id and the hold id release the hold: neither is shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReentrantGuard")
+            .field("key", &self.key)
+            .field("hold_count", &self.hold_count)
+            .field("released", &self.released)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ReentrantGuard {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
+use crate::client::holder::Redacted;
 use crate::client::options::{Backoff, LeaseOptions, MAX_TTL, WaitMode, ttl_millis};
 use crate::client::release;
 use crate::conn::policy::Op;
@@ -420,7 +421,6 @@ fn release_field(client: &LockClient, key: &str, token: &str, code: &str) -> Res
 /// A read or write hold of an [`RwLock`]. Dropping it releases it (best
 /// effort); [`RwGuard::unlock`] reports the outcome.
 #[must_use = "the lock is released as soon as the guard is dropped"]
-#[derive(Debug)]
 pub struct RwGuard {
     client: LockClient,
     key: String,
@@ -433,6 +433,18 @@ pub struct RwGuard {
     tag: Tag,
     /// When this hold began.
     held_since: Instant,
+}
+
+impl std::fmt::Debug for RwGuard {
+    // The token is a capability: only its public part is shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RwGuard")
+            .field("key", &self.key)
+            .field("token", &Redacted(&self.token))
+            .field("mode", &self.mode)
+            .field("released", &self.released)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RwGuard {

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
-use crate::client::holder::Holder;
+use crate::client::holder::{Holder, Redacted};
 use crate::client::options::{
     Backoff, HandoffBudget, SemaphoreOptions, WaitMode, check_min_replicas, ttl_millis,
 };
@@ -586,7 +586,8 @@ impl std::fmt::Debug for Permit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Permit")
             .field("key", &self.key)
-            .field("id", &self.id)
+            // The id is a capability: only its public part is shown.
+            .field("id", &Redacted(&self.id))
             .field("fence", &self.fence)
             .field("watched", &self.watch.is_some())
             .field("lost", &self.is_lost())
@@ -979,7 +980,7 @@ pub struct SemaphoreStatus {
 }
 
 /// One live permit, as [`Semaphore::status`] saw it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct PermitHolder {
     id: String,
     remaining: Duration,
@@ -1036,6 +1037,17 @@ impl SemaphoreStatus {
             .collect();
         holders.sort_by_key(|h| h.remaining);
         Ok(SemaphoreStatus { limit, holders })
+    }
+}
+
+impl std::fmt::Debug for PermitHolder {
+    // The id is a capability: only its public part is shown.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PermitHolder")
+            .field("id", &Redacted(&self.id))
+            .field("remaining", &self.remaining)
+            .field("fencing_token", &self.fencing_token)
+            .finish()
     }
 }
 

@@ -4,6 +4,7 @@ use std::fmt;
 use std::rc::Rc;
 use std::time::Duration;
 
+use crate::client::holder::Redacted;
 use crate::client::options::Release;
 use crate::conn::policy::Op;
 use crate::error::Error;
@@ -172,7 +173,8 @@ impl fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LockGuard")
             .field("key", &self.key())
-            .field("token", &self.token())
+            // The token is a capability: only its public part is shown.
+            .field("token", &Redacted(self.token()))
             .field("hold_count", &self.hold_count)
             .field("validity", &self.validity())
             .finish()

@@ -17,6 +17,7 @@
 //! | 127 | `run`: the command was not found |
 
 use std::ffi::OsString;
+use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};
 use std::process::{Command, ExitCode, ExitStatus};
 use std::sync::Arc;
@@ -146,6 +147,12 @@ struct Cli {
     /// Say what is happening.
     #[arg(long, short, global = true)]
     verbose: bool,
+    /// Show whole tokens (permit ids), the secrets `release --token`
+    /// takes, in every message and listing; hidden by default (only the
+    /// holder metadata after the secret is shown), since whoever has one
+    /// can extend or release the lock.
+    #[arg(long, global = true)]
+    tokens: bool,
     #[command(subcommand)]
     command: Sub,
 }
@@ -249,10 +256,6 @@ struct StatusArgs {
     /// "token" (a lock) and "id" (each permit).
     #[arg(long)]
     json: bool,
-    /// Show the tokens (permit ids), the secrets `release --token` takes;
-    /// hidden by default, since whoever has one can release the lock.
-    #[arg(long)]
-    tokens: bool,
 }
 
 #[derive(Args)]
@@ -369,15 +372,39 @@ fn builder(cli: &Cli) -> LockClientBuilder {
     builder
 }
 
-/// Who holds a token, in a few words: its holder metadata, or (a token
-/// without any) its first characters.
+/// Who holds a token, in a few words: its holder metadata, never the
+/// secret before it. The token was read from Redis, so anything may be in
+/// it: what is not holder metadata as this crate writes it is shown as
+/// unreadable, and nothing in it can make this panic.
 fn who(token: &str) -> String {
     match Holder::from_token(token) {
-        Some(holder) => format!(
-            "{holder}, since {}",
-            humantime::format_rfc3339_seconds(holder.acquired_at)
-        ),
-        None => format!("{}…", short(token)),
+        Some(holder) => {
+            let mut text = format!("{holder}, since ");
+            // The parser keeps times before the year 10000; should a
+            // formatter still refuse one, it is said so, not a panic.
+            if write!(
+                text,
+                "{}",
+                humantime::format_rfc3339_seconds(holder.acquired_at)
+            )
+            .is_err()
+            {
+                text.push_str("an unreadable time");
+            }
+            text
+        }
+        None if token.contains('|') => "an unreadable holder".into(),
+        None => "a holder without metadata".into(),
+    }
+}
+
+/// A token as a message may show it: whole with `--tokens`, else only its
+/// public part ([`redmutex::redact`]).
+fn shown(cli: &Cli, token: &str) -> String {
+    if cli.tokens {
+        token.to_owned()
+    } else {
+        redmutex::redact(token)
     }
 }
 
@@ -442,10 +469,6 @@ fn holder(client: &LockClient, name: &str) -> Result<Option<(String, i64)>, Fail
         .map_err(|e| redis_failure(Error::Redis(e)))?;
     // -2: released between the two commands.
     Ok((pttl != -2).then_some((token, pttl)))
-}
-
-fn short(token: &str) -> &str {
-    token.get(..8).unwrap_or(token)
 }
 
 fn ttl_text(pttl: i64) -> String {

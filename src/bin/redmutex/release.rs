@@ -23,7 +23,12 @@ pub(super) fn release(cli: &Cli, args: &ReleaseArgs) -> Result<u8, Failure> {
             .force_release()
             .map_err(redis_failure)?;
         match deleted {
-            Some(token) => println!("{}: deleted, it was held by {token}", args.key),
+            Some(token) => println!(
+                "{}: deleted, it was held by {} (token {})",
+                args.key,
+                who(&token),
+                shown(cli, &token)
+            ),
             None => println!("{}: nothing to delete, it was free", args.key),
         }
         return Ok(0);

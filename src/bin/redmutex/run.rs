@@ -454,7 +454,7 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
     };
     verbose(
         cli,
-        format_args!("acquired {what} with token {}", guard.token()),
+        format_args!("acquired {what} with token {}", shown(cli, guard.token())),
     );
 
     let mut command = Command::new(program);

@@ -21,7 +21,7 @@ pub(super) fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
                 .status()
                 .map_err(redis_failure)?;
             let counter = counter()?;
-            semaphore(args, &status, counter, counter_json);
+            semaphore(cli, args, &status, counter, counter_json);
             return Ok(0);
         }
         Kind::Other(what) => {
@@ -45,7 +45,7 @@ pub(super) fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
             ),
             None => ("null".into(), "null".into()),
         };
-        let token = match (&held, args.tokens) {
+        let token = match (&held, cli.tokens) {
             (Some((token, _)), true) => format!(",\"token\":{}", json_string(token)),
             (None, true) => ",\"token\":null".into(),
             (_, false) => String::new(),
@@ -60,7 +60,7 @@ pub(super) fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
         match &held {
             Some((token, pttl)) => {
                 println!("{}: held by {} ({})", args.key, who(token), ttl_text(*pttl));
-                if args.tokens {
+                if cli.tokens {
                     println!("token: {token}");
                 }
             }
@@ -74,6 +74,7 @@ pub(super) fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
 }
 
 fn semaphore(
+    cli: &Cli,
     args: &StatusArgs,
     status: &redmutex::SemaphoreStatus,
     counter: Option<u64>,
@@ -86,7 +87,7 @@ fn semaphore(
             .holders()
             .iter()
             .map(|h| {
-                let id = if args.tokens {
+                let id = if cli.tokens {
                     format!("\"id\":{},", json_string(h.id()))
                 } else {
                     String::new()
@@ -117,7 +118,7 @@ fn semaphore(
         let fence = holder
             .fencing_token()
             .map_or(String::new(), |t| format!(", fencing token {t}"));
-        let id = if args.tokens {
+        let id = if cli.tokens {
             format!(", id {}", holder.id())
         } else {
             String::new()
