@@ -17,13 +17,17 @@
 --    -2, -3  as -1 and nil, but the marker cannot be read (an ACL refuses
 --        it): whether an earlier run of this request released the key
 --        cannot be told
--- Errors with WRONGTYPE when the key holds something other than a hash.
+-- Errors with WRONGTYPE, changing nothing, when the key holds something
+-- other than a hash, or a hash without an owner (another lock type's).
 --
 -- Safe to run twice: the field is removed once; a second run finds it gone
 -- and answers from what is left (or from the marker).
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if owner ~= ARGV[1] then
   local gone = owner == false and redis.call('EXISTS', KEYS[1]) == 0
+  if owner == false and not gone then
+    return redis.error_reply('WRONGTYPE the key is a hash without an owner: another lock type, not a reentrant lock')
+  end
   if KEYS[2] then
     local marked = redis.pcall('EXISTS', KEYS[2])
     if marked == 1 then

@@ -17,7 +17,9 @@
 -- Returns {acquired, wait}:
 --   {1, 0}     acquired
 --   {0, ms}    refused; ms until the earliest deadline that could free it
--- Errors with WRONGTYPE when the key is not a hash.
+-- Errors with WRONGTYPE, changing nothing, when the key is not a hash, or
+-- a hash with a field no read-write lock writes (another lock type's: a
+-- reentrant lock's 'owner', a semaphore's 'limit').
 --
 -- Safe to run twice: a run that finds this token already reading (its
 -- field) or writing (the 'w' field), within its deadline, answers {1, 0}
@@ -33,6 +35,13 @@ elseif tonumber(redis.call('HGET', KEYS[1], 'r:' .. ARGV[1]) or '0') > now then
   return {1, 0}
 end
 local fields = redis.call('HGETALL', KEYS[1])
+-- Another lock type's hash is refused before anything is dropped.
+for i = 1, #fields, 2 do
+  local name, kind = fields[i], string.sub(fields[i], 1, 2)
+  if name ~= 'w' and name ~= 'wexp' and kind ~= 'r:' and kind ~= 'q:' then
+    return redis.error_reply('WRONGTYPE the key is a hash of another lock type (field ' .. name .. '), not a read-write lock')
+  end
+end
 local writer, readers, queued, soonest, latest = false, 0, 0, nil, now
 for i = 1, #fields, 2 do
   local name, value = fields[i], fields[i + 1]

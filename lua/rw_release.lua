@@ -19,7 +19,8 @@
 --   -2, -3  as 0 and -1, but the marker cannot be read (an ACL refuses
 --       it): whether an earlier run of this request released cannot be
 --       told
--- Errors with WRONGTYPE when the key is not a hash.
+-- Errors with WRONGTYPE, changing nothing, when the key is not a hash, or
+-- a hash with a field no read-write lock writes (another lock type's).
 --
 -- Safe to run twice: a field is removed once, and a release that removed
 -- one leaves a marker for a second run to find. The marker and the message
@@ -27,6 +28,15 @@
 -- release into an error.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Another lock type's hash is refused before anything is removed (its
+-- fields are no deadlines: the expiry recomputed below would delete it).
+local before = redis.call('HGETALL', KEYS[1])
+for i = 1, #before, 2 do
+  local name, kind = before[i], string.sub(before[i], 1, 2)
+  if name ~= 'w' and name ~= 'wexp' and kind ~= 'r:' and kind ~= 'q:' then
+    return redis.error_reply('WRONGTYPE the key is a hash of another lock type (field ' .. name .. '), not a read-write lock')
+  end
+end
 local result = 0
 local writer = redis.call('HGET', KEYS[1], 'w')
 if ARGV[2] == 'w' or ARGV[2] == 'x' then

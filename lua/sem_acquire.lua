@@ -23,8 +23,9 @@
 --              permit's fencing token (0 without KEYS[2])
 --   {0, ms, 0} refused: `limit` live permits; ms until the earliest deadline
 -- Errors (nothing changes): `LIMIT <stored>` when live permits exist under
--- another limit; `NOTSEM` when the key is a hash without a limit (another
--- lock type's: its fields are never read as permits or purged); WRONGTYPE when the key is not a hash; `FENCE ...` when
+-- another limit; WRONGTYPE when the key is not a hash, or a hash with no
+-- limit or a field no semaphore writes (another lock type's: its fields
+-- are never read as permits or purged); `FENCE ...` when
 -- the counter cannot be incremented (bumped, and a negative one put back,
 -- before the permit is written).
 --
@@ -40,7 +41,13 @@ end
 local limit = tonumber(ARGV[2])
 local fields = redis.call('HGETALL', KEYS[1])
 if #fields > 0 and not redis.call('HGET', KEYS[1], 'limit') then
-  return redis.error_reply('NOTSEM the key is a hash without a limit: not a semaphore')
+  return redis.error_reply('WRONGTYPE the key is a hash without a limit: another lock type, not a semaphore')
+end
+for i = 1, #fields, 2 do
+  local name, kind = fields[i], string.sub(fields[i], 1, 2)
+  if name ~= 'limit' and kind ~= 'p:' and kind ~= 'f:' then
+    return redis.error_reply('WRONGTYPE the key is a hash of another lock type (field ' .. name .. '), not a semaphore')
+  end
 end
 local held, soonest, latest, stored = 0, nil, now, nil
 for i = 1, #fields, 2 do

@@ -7,7 +7,8 @@
 -- ARGV[2]  the new lease in milliseconds, from now (>= 1)
 --
 -- Returns 1 renewed, 0 not held (gone or past its deadline).
--- Errors with WRONGTYPE when the key is not a hash; nothing changes.
+-- Errors with WRONGTYPE, changing nothing, when the key is not a hash, or a
+-- hash without a limit (another lock type's).
 --
 -- Safe to run twice: a second run sets the same kind of deadline again
 -- (now + lease), which a resend within the lease cannot shorten much.
@@ -15,6 +16,9 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local mine = 'p:' .. ARGV[1]
 if tonumber(redis.call('HGET', KEYS[1], mine) or '0') <= now then
+  if not redis.call('HGET', KEYS[1], 'limit') and redis.call('EXISTS', KEYS[1]) == 1 then
+    return redis.error_reply('WRONGTYPE the key is a hash without a limit: another lock type, not a semaphore')
+  end
   return 0
 end
 local deadline = now + tonumber(ARGV[2])

@@ -16,7 +16,8 @@
 --   {0, 0}   not released: the permit is gone (its lease expired)
 --  {-2, 0}   as 0, but the marker cannot be read (an ACL refuses it):
 --            whether an earlier run released it cannot be told
--- Errors with WRONGTYPE when the key is not a hash; nothing changes.
+-- Errors with WRONGTYPE, changing nothing, when the key is not a hash, or a
+-- hash without a limit (another lock type's).
 --
 -- Safe to run twice, and never adds capacity: a second run finds the field
 -- gone (HDEL of a missing field changes nothing) and answers from the
@@ -41,6 +42,10 @@ if deadline > now then
     receivers = 0
   end
   return {1, receivers}
+end
+if deadline == 0 and not redis.call('HGET', KEYS[1], 'limit')
+    and redis.call('EXISTS', KEYS[1]) == 1 then
+  return redis.error_reply('WRONGTYPE the key is a hash without a limit: another lock type, not a semaphore')
 end
 if deadline > 0 then
   -- Past its deadline: purged here, as any acquire would.

@@ -8,8 +8,8 @@
 --
 -- Returns the previous limit, or 0 when the semaphore has no state (no
 -- permit out: the next acquire sets its own limit anyway).
--- Errors (nothing changes): WRONGTYPE when the key is not a hash;
--- `NOTSEM` when it is a hash without a limit (another lock type's).
+-- Errors with WRONGTYPE, changing nothing, when the key is not a hash, or
+-- a hash without a limit (another lock type's).
 --
 -- Safe to run twice: the second run sets the same limit again.
 if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -17,7 +17,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 end
 local previous = redis.call('HGET', KEYS[1], 'limit')
 if not previous then
-  return redis.error_reply('NOTSEM the key is a hash without a limit: not a semaphore')
+  return redis.error_reply('WRONGTYPE the key is a hash without a limit: another lock type, not a semaphore')
 end
 previous = tonumber(previous) or 0
 redis.call('HSET', KEYS[1], 'limit', ARGV[1])

@@ -6,7 +6,8 @@
 -- Returns {limit, {{id, ms, fence}, ...}}:
 --   limit  the stored limit; 0 when the key does not exist (no permit out);
 --          -1 when the key is a hash without a limit (not a semaphore:
---          a reentrant or read-write lock, say)
+--          a reentrant or read-write lock, say; the caller reports it as
+--          the wrong type)
 --   id     a live permit's id, ms its time left, fence its fencing token
 --          (0 when it has none)
 -- Errors with WRONGTYPE when the key is not a hash.

@@ -50,11 +50,14 @@ pub enum Error {
     /// a URL that does not parse). Nothing was sent to Redis.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
-    /// The key exists but holds a value of another type than this lock
-    /// keeps there (a [`DistributedLock`](crate::DistributedLock)'s key is a
-    /// string; a [`ReentrantLock`](crate::ReentrantLock)'s and an
-    /// [`RwLock`](crate::RwLock)'s a hash): another kind of lock, or other
-    /// data, lives under that name. Nothing was changed in Redis.
+    /// The key exists but holds another lock type's data, or other data
+    /// (a [`DistributedLock`](crate::DistributedLock)'s key is a string; a
+    /// [`ReentrantLock`](crate::ReentrantLock)'s, an
+    /// [`RwLock`](crate::RwLock)'s and a
+    /// [`Semaphore`](crate::Semaphore)'s are hashes, each with fields only
+    /// it writes): another kind of lock, or other data, lives under that
+    /// name. Every lock type's scripts refuse it before changing anything:
+    /// nothing was changed in Redis.
     #[error(
         "key {key:?} holds a value of another type than this lock uses (WRONGTYPE): \
          another kind of lock or other data lives there; pick another key"

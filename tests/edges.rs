@@ -400,3 +400,199 @@ fn a_key_without_a_tag_still_gets_markers_and_messages() {
         );
     }
 }
+
+/// Every lock type, as far as taking a key, extending what it holds and
+/// letting it go: so each can be tried on every other's data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Type {
+    Plain,
+    Reentrant,
+    Read,
+    Write,
+    Semaphore,
+}
+
+const TYPES: [Type; 5] = [
+    Type::Plain,
+    Type::Reentrant,
+    Type::Read,
+    Type::Write,
+    Type::Semaphore,
+];
+
+impl Type {
+    /// Readers and writers keep one layout: each other's data is theirs.
+    fn same_data(self, other: Type) -> bool {
+        self == other
+            || matches!(
+                (self, other),
+                (Type::Read, Type::Write) | (Type::Write, Type::Read)
+            )
+    }
+}
+
+#[derive(Debug)]
+enum Held {
+    Plain(redmutex::LockGuard),
+    Reentrant(redmutex::ReentrantGuard),
+    Rw(redmutex::RwGuard),
+    Permit(redmutex::Permit),
+}
+
+impl Held {
+    fn extend(&mut self, ttl: Duration) -> Option<Result<(), Error>> {
+        Some(match self {
+            Held::Plain(guard) => guard.extend(ttl),
+            Held::Reentrant(guard) => guard.extend(ttl),
+            Held::Permit(permit) => permit.extend(ttl),
+            Held::Rw(_) => return None,
+        })
+    }
+
+    fn unlock(self) -> Result<(), Error> {
+        match self {
+            Held::Plain(guard) => guard.unlock(),
+            Held::Reentrant(guard) => guard.unlock().map(|_| ()),
+            Held::Rw(guard) => guard.unlock(),
+            Held::Permit(permit) => permit.release(),
+        }
+    }
+}
+
+fn take(client: &LockClient, ty: Type, key: &str, ttl: Duration) -> Result<Option<Held>, Error> {
+    let lease = redmutex::LeaseOptions::default().ttl(ttl);
+    Ok(match ty {
+        Type::Plain => DistributedLock::with_options(client, key, LockOptions::default().ttl(ttl))
+            .try_lock()?
+            .map(Held::Plain),
+        Type::Reentrant => ReentrantLock::with_options(client, key, lease)
+            .try_lock()?
+            .map(Held::Reentrant),
+        Type::Read => redmutex::RwLock::with_options(client, key, lease)
+            .try_read()?
+            .map(Held::Rw),
+        Type::Write => redmutex::RwLock::with_options(client, key, lease)
+            .try_write()?
+            .map(Held::Rw),
+        Type::Semaphore => redmutex::Semaphore::with_options(client, key, 3, lease)
+            .try_acquire()?
+            .map(Held::Permit),
+    })
+}
+
+/// What a key holds (its content) and how long it has left.
+fn snapshot(server: &RedisServer, key: &str) -> (Vec<u8>, i64) {
+    let mut con = server.conn();
+    let dump: Vec<u8> = redis::cmd("DUMP").arg(key).query(&mut con).expect("DUMP");
+    let pttl: i64 = con.pttl(key).expect("PTTL");
+    (dump, pttl)
+}
+
+/// Nothing changed: the same content, and no expiry moved (the holder's is
+/// 60 s, what the other type asks for is 5 s).
+fn unchanged(server: &RedisServer, key: &str, before: &(Vec<u8>, i64), what: &str) {
+    let after = snapshot(server, key);
+    assert_eq!(after.0, before.0, "{what}: the content changed");
+    assert!(
+        after.1 > 50_000 && after.1 <= before.1,
+        "{what}: the expiry moved from {} to {} ms",
+        before.1,
+        after.1
+    );
+}
+
+/// On main the read-write lock deleted a reentrant lock's owner and holds
+/// and took the key, and a semaphore's limit (refusing every later caller
+/// of the semaphore); the reentrant lock waited out a read-write lock as
+/// "held". Every lock type's scripts now refuse another's data, changing
+/// nothing, for every pair and every operation.
+#[test]
+fn lock_types_never_touch_each_others_state() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let long = Duration::from_secs(60);
+    let short = Duration::from_secs(5);
+    let mut n = 0;
+    for holder in TYPES {
+        for other in TYPES.into_iter().filter(|t| !holder.same_data(*t)) {
+            n += 1;
+            let key = format!("types:{n}");
+            let what = format!("{other:?} on {holder:?}'s data");
+
+            // Taking it.
+            let held = take(&client, holder, &key, long)
+                .expect("the holder")
+                .expect("free");
+            let before = snapshot(&server, &key);
+            match take(&client, other, &key, short) {
+                Err(Error::WrongType { .. }) => {}
+                Ok(Some(_)) => panic!("{what}: taken"),
+                other => panic!("{what}: {other:?} instead of WrongType"),
+            }
+            unchanged(&server, &key, &before, &what);
+            held.unlock().expect("the holder lets go");
+
+            // Extending and letting go of a hold whose key another type
+            // took meanwhile.
+            let mut stale = take(&client, other, &key, short)
+                .expect("the other type")
+                .expect("free");
+            let _: () = server.conn().del(&key).expect("DEL");
+            let held = take(&client, holder, &key, long)
+                .expect("the holder")
+                .expect("free");
+            let before = snapshot(&server, &key);
+            if let Some(extended) = stale.extend(short) {
+                assert!(
+                    matches!(extended, Err(Error::WrongType { .. })),
+                    "{what}: extend gave {extended:?}"
+                );
+                unchanged(&server, &key, &before, &format!("{what}, extend"));
+            }
+            let released = stale.unlock();
+            assert!(
+                matches!(released, Err(Error::WrongType { .. })),
+                "{what}: unlock gave {released:?}"
+            );
+            unchanged(&server, &key, &before, &format!("{what}, unlock"));
+            held.unlock().expect("the holder lets go");
+        }
+    }
+    assert_eq!(n, 18, "every pair of types with different data");
+}
+
+/// On main a nested reentrant hold with a shorter ttl (or its `extend`)
+/// set the key's expiry with a plain PEXPIRE: the outer hold's lease was
+/// cut to the inner one's, and another owner took the key while the
+/// outer guard still claimed 29 s of validity.
+#[test]
+fn a_nested_reentrant_hold_never_shortens_the_lock() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let long = redmutex::LeaseOptions::default().ttl(Duration::from_secs(30));
+    let short = redmutex::LeaseOptions::default().ttl(Duration::from_millis(300));
+    let outer = ReentrantLock::with_options(&client, "nested", long)
+        .lock()
+        .expect("outer");
+    let mut inner = ReentrantLock::with_options(&client, "nested", short)
+        .lock()
+        .expect("inner");
+    assert_eq!(inner.hold_count(), 2);
+    inner.extend(Duration::from_millis(300)).expect("extend");
+    let pttl: i64 = server.conn().pttl("nested").expect("PTTL");
+    assert!(pttl > 29_000, "the expiry moved to {pttl} ms");
+    inner.unlock().expect("inner");
+    std::thread::sleep(Duration::from_millis(600));
+    let other = LockClient::open(&server.url()).expect("another client");
+    let taken = std::thread::spawn(move || {
+        ReentrantLock::new(&other, "nested")
+            .try_lock()
+            .map(|held| held.is_some())
+    })
+    .join()
+    .expect("the other thread");
+    assert!(matches!(taken, Ok(false)), "another owner got {taken:?}");
+    assert!(outer.validity() > Duration::from_secs(28));
+    assert!(outer.is_held().expect("asked"));
+    outer.unlock().expect("outer");
+}

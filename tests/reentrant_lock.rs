@@ -139,14 +139,16 @@ fn extend_is_owner_checked_and_wrong_types_are_named() {
     let pttl: i64 = con.pttl("ext").expect("PTTL");
     assert!(pttl > 59_000);
     let _: () = con.del("ext").expect("DEL");
-    let _: () = con.hset("ext", "someone", 1).expect("HSET");
+    let _: () = con
+        .hset_multiple("ext", &[("owner", "someone:1"), ("h:x", "1")])
+        .expect("HSET");
     let err = guard.extend(Duration::from_secs(60)).expect_err("taken");
     assert_eq!(err.not_held_reason(), Some(NotHeldReason::OwnedByOther));
     assert_eq!(
         guard.unlock().expect_err("not ours").not_held_reason(),
         Some(NotHeldReason::OwnedByOther)
     );
-    let kept: i64 = con.hget("ext", "someone").expect("HGET");
+    let kept: i64 = con.hget("ext", "h:x").expect("HGET");
     assert_eq!(kept, 1, "the other owner's hold is untouched");
 
     // A plain lock's key is a string: not a reentrant lock.

@@ -306,65 +306,35 @@ fn push_base64url(bytes: &[u8], out: &mut String) {
 /// Each thread draws from its own ChaCha12 generator seeded from the OS
 /// (`getrandom`, once per thread), and caches the process id. A `fork`
 /// copies both into the child, whose tokens would then repeat the
-/// parent's: two holders of one lock. So a `pthread_atfork` child handler
-/// bumps a generation, and a thread whose generator is from another
-/// generation reseeds (and reads its pid) before drawing. Where the
-/// handler cannot be registered (or off Unix), every secret comes from
-/// the OS as before (`Uuid::new_v4`).
+/// parent's: two holders of one lock. So a thread whose generator was
+/// seeded in another process ([`Birth`], see `conn/fork.rs`) reseeds (and
+/// reads its pid) before drawing.
 mod secret {
     use std::cell::RefCell;
-    use std::sync::Once;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
     use rand_chacha::ChaCha12Rng;
     use rand_chacha::rand_core::{RngCore, SeedableRng};
     use uuid::{Builder, Uuid};
 
-    static FORKS: AtomicU64 = AtomicU64::new(0);
-    static WATCHED: AtomicBool = AtomicBool::new(false);
-    static WATCH: Once = Once::new();
+    use crate::conn::fork::Birth;
 
     thread_local! {
-        /// The generation it was seeded in, the pid then, the generator.
-        static DRAW: RefCell<Option<(u64, u32, ChaCha12Rng)>> = const { RefCell::new(None) };
-    }
-
-    #[cfg(unix)]
-    extern "C" fn forked() {
-        // Async-signal-safe: one atomic add, no allocation, no lock.
-        FORKS.fetch_add(1, Ordering::SeqCst);
-    }
-
-    fn watch() {
-        WATCH.call_once(|| {
-            #[cfg(unix)]
-            {
-                // SAFETY: registers a handler that only bumps an atomic;
-                // never unregistered (the function lives as long as the
-                // process).
-                let rc = unsafe { libc::pthread_atfork(None, None, Some(forked)) };
-                WATCHED.store(rc == 0, Ordering::SeqCst);
-            }
-        });
+        /// The process it was seeded in, the generator.
+        static DRAW: RefCell<Option<(Birth, ChaCha12Rng)>> = const { RefCell::new(None) };
     }
 
     /// A random UUID v4 and this process's id.
     pub(super) fn fresh() -> (Uuid, u32) {
-        watch();
-        if !WATCHED.load(Ordering::SeqCst) {
-            return (Uuid::new_v4(), std::process::id());
-        }
-        let generation = FORKS.load(Ordering::SeqCst);
         let drawn = DRAW.try_with(|cell| {
             let mut slot = cell.try_borrow_mut().ok()?;
-            if !matches!(&*slot, Some((g, _, _)) if *g == generation) {
+            if !matches!(&*slot, Some((birth, _)) if birth.is_current()) {
                 let rng = ChaCha12Rng::try_from_os_rng().ok()?;
-                *slot = Some((generation, std::process::id(), rng));
+                *slot = Some((Birth::now(), rng));
             }
-            let (_, pid, rng) = slot.as_mut()?;
+            let (birth, rng) = slot.as_mut()?;
             let mut bytes = [0u8; 16];
             rng.fill_bytes(&mut bytes);
-            Some((Builder::from_random_bytes(bytes).into_uuid(), *pid))
+            Some((Builder::from_random_bytes(bytes).into_uuid(), birth.pid()))
         });
         // A thread being torn down, or no OS randomness to seed from: the
         // OS gives this one.

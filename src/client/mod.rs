@@ -27,6 +27,7 @@ use parking_lot::Mutex;
 use crate::client::holder::{Identity, ServerClock};
 use crate::client::options::LockOptions;
 use crate::conn::backend::{Backend, Connection, Deployment};
+use crate::conn::fork::Birth;
 use crate::conn::policy::{self, Op, Send};
 use crate::conn::stats::{LockStats, Stats};
 use crate::error::Error;
@@ -107,6 +108,10 @@ struct Inner {
     /// first release is always synchronous, and a server that refuses
     /// scripts turns writing behind off again.
     behind_ok: Arc<AtomicBool>,
+    /// The process this client was built in: a forked child inherits a
+    /// copy, whose locks are its parent's and whose connections carry its
+    /// parent's traffic, so there it refuses everything.
+    birth: Birth,
 }
 
 impl Inner {
@@ -131,6 +136,7 @@ impl Inner {
             names,
             clock: ServerClock::default(),
             behind_ok: Arc::new(AtomicBool::new(false)),
+            birth: Birth::now(),
         }
     }
 }
@@ -359,8 +365,10 @@ impl LockClient {
     /// # Errors
     ///
     /// [`Error::Pool`] when no connection can be had within the pool's
-    /// connection timeout.
+    /// connection timeout; [`Error::InvalidArgument`] for a client
+    /// inherited through `fork()` (a child builds its own).
     pub fn connection(&self) -> Result<Connection, Error> {
+        self.check_process()?;
         // Handed out owing nothing: a release written behind on it would
         // otherwise be read (or sent again, after NOSCRIPT) in the middle
         // of the caller's own commands, a MULTI say.
@@ -470,6 +478,7 @@ impl LockClient {
 
     /// A pooled connection, for a request written behind.
     pub(crate) fn pooled(&self) -> Result<Connection, Error> {
+        self.check_process()?;
         Ok(self.inner.backend.get(self.inner.backend.connect_wait())?)
     }
 
@@ -510,7 +519,25 @@ impl LockClient {
     /// `}` and no valid `{tag}`. Without markers a release sent twice (and
     /// redis-rs resends on a cluster by itself) could not tell the truth.
     pub(crate) fn check_key(&self, key: &str) -> Result<(), Error> {
+        self.check_process()?;
         check_cluster_key(self.deployment() == Deployment::Cluster, key)
+    }
+
+    /// Refuses a client inherited through `fork()`: in the child, the
+    /// parent's holds (thread-local tables, queues, guards) would pass for
+    /// the child's own, and its pooled connections are the parent's
+    /// sockets. Checked before anything is sent and before the holds are
+    /// looked at, so an inherited guard's drop changes nothing in Redis.
+    pub(crate) fn check_process(&self) -> Result<(), Error> {
+        if self.inner.birth.is_current() {
+            return Ok(());
+        }
+        Err(Error::InvalidArgument(format!(
+            "this LockClient was built in process {} and inherited through fork(): a forked \
+             child builds its own client (LockClient::open, LockClient::builder); the \
+             parent's locks are never the child's",
+            self.inner.birth.pid()
+        )))
     }
 
     /// Runs one operation on a pooled connection, resent or reported
@@ -521,6 +548,7 @@ impl LockClient {
         key: &str,
         send: impl FnMut(&mut Connection, Send) -> redis::RedisResult<T>,
     ) -> Result<T, Error> {
+        self.check_process()?;
         policy::run(&self.inner.backend, &self.inner.stats, op, key, send)
     }
 

@@ -26,12 +26,15 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::io::tcp::TcpSettings;
 use redis::io::tcp::socket2::TcpKeepalive;
 use redis::sentinel::LockedSentinelClient;
 use redis::{Cmd, ConnectionLike, IntoConnectionInfo, RedisError, RedisResult, Value};
 use scheduled_thread_pool::ScheduledThreadPool;
+
+use crate::conn::fork::Birth;
 
 /// Which kind of Redis deployment a [`LockClient`](crate::LockClient) talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,15 +51,31 @@ pub enum Deployment {
 /// The threads every pool this crate builds shares for opening connections
 /// in the background: a fixed number for the whole process, so that
 /// clients come and go without leaving threads behind (r2d2 would start
-/// three per pool, alive until its reaper's next tick).
-static POOL_THREADS: LazyLock<Arc<ScheduledThreadPool>> = LazyLock::new(|| {
-    Arc::new(
+/// three per pool, alive until its reaper's next tick). Made again in a
+/// forked child, which has none of its parent's threads: a pool built
+/// there on the parent's would never get a connection.
+static POOL_THREADS: Mutex<Option<(Birth, Arc<ScheduledThreadPool>)>> = Mutex::new(None);
+
+fn pool_threads() -> Arc<ScheduledThreadPool> {
+    let mut threads = POOL_THREADS.lock();
+    if let Some((birth, pool)) = &*threads
+        && birth.is_current()
+    {
+        return pool.clone();
+    }
+    let fresh = Arc::new(
         ScheduledThreadPool::builder()
             .num_threads(2)
             .thread_name_pattern(POOL_THREAD_NAME)
             .build(),
-    )
-});
+    );
+    if let Some((_, inherited)) = threads.replace((Birth::now(), fresh.clone())) {
+        // The parent's threads do not exist here: never dropped, since a
+        // drop would wait for them.
+        std::mem::forget(inherited);
+    }
+    fresh
+}
 
 /// The name pattern of the shared pool threads.
 pub(crate) const POOL_THREAD_NAME: &str = "redmutex-pool-{}";
@@ -648,7 +667,7 @@ impl Backend {
             .idle_timeout(None)
             .max_lifetime(None)
             .error_handler(Box::new(QuietErrors))
-            .thread_pool(POOL_THREADS.clone())
+            .thread_pool(pool_threads())
             .build_unchecked(manager);
         Backend {
             pools: Pools::Own(pool, deployment),

@@ -12,6 +12,7 @@
 //! operation is resent only as its `Op` allows.
 
 pub(crate) mod backend;
+pub(crate) mod fork;
 pub(crate) mod histogram;
 pub(crate) mod policy;
 pub(crate) mod stats;

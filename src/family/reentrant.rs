@@ -5,13 +5,16 @@ use std::cell::Cell;
 use std::convert::Infallible;
 use std::marker::PhantomData;
 use std::rc::Rc;
-use std::sync::LazyLock;
+
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
 use crate::client::options::{Backoff, LeaseOptions, ttl_millis};
 use crate::client::release;
+use crate::conn::fork::Birth;
 use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
 use crate::error::{Error, NotHeldReason};
@@ -21,8 +24,10 @@ use crate::script;
 use crate::wait::acquire::{Attempt, Contender, Waiting, Within, acquire, blocking};
 
 /// This process's part of every owner id: one UUID per process, so any
-/// `LockClient` of a thread re-enters what the thread holds.
-static PROCESS_ID: LazyLock<String> = LazyLock::new(|| uuid::Uuid::new_v4().to_string());
+/// `LockClient` of a thread re-enters what the thread holds. Made again in
+/// a forked child (see `conn/fork.rs`): a child with its parent's id would
+/// re-enter, as its own, a lock its parent holds.
+static PROCESS_ID: Mutex<Option<(Birth, Arc<str>)>> = Mutex::new(None);
 
 /// Numbers threads in the order they first use a reentrant lock; never
 /// reused within the process (a `ThreadId` has no stable numeric form).
@@ -32,6 +37,19 @@ thread_local! {
     static THREAD_NUMBER: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
 }
 
+/// This process's id, made when first asked for in this process.
+fn process_id() -> Arc<str> {
+    let mut id = PROCESS_ID.lock();
+    match &*id {
+        Some((birth, id)) if birth.is_current() => id.clone(),
+        _ => {
+            let fresh: Arc<str> = uuid::Uuid::new_v4().to_string().into();
+            *id = Some((Birth::now(), fresh.clone()));
+            fresh
+        }
+    }
+}
+
 /// The owner id of the calling thread: `<process uuid>:<thread number>`.
 fn current_owner() -> String {
     // In a thread-local destructor the number may be gone: a fresh one
@@ -39,7 +57,7 @@ fn current_owner() -> String {
     let thread = THREAD_NUMBER
         .try_with(|n| *n)
         .unwrap_or_else(|_| NEXT_THREAD.fetch_add(1, Ordering::Relaxed));
-    format!("{}:{thread}", *PROCESS_ID)
+    format!("{}:{thread}", process_id())
 }
 
 /// A reentrant lock whose holds live in Redis: the key is a hash whose
@@ -134,7 +152,8 @@ impl ReentrantLock {
     ///
     /// [`Error::Timeout`] after the wait; [`Error::InvalidArgument`] for an
     /// empty key or a bad ttl; [`Error::WrongType`] when the key is not a
-    /// hash (a plain lock's key, say); [`Error::Redis`] or [`Error::Pool`].
+    /// reentrant lock (a plain lock's string, a read-write lock's or a
+    /// semaphore's hash); [`Error::Redis`] or [`Error::Pool`].
     pub fn lock(&self) -> Result<ReentrantGuard, Error> {
         blocking(&self.key, self.options.wait, |within| self.acquire(within))
     }
@@ -475,7 +494,7 @@ mod tests {
     fn owner_ids_name_process_and_thread() {
         let here = current_owner();
         let (process, thread) = here.rsplit_once(':').expect("process:thread");
-        assert_eq!(process, PROCESS_ID.as_str());
+        assert_eq!(process, &*process_id());
         assert!(thread.parse::<u64>().is_ok(), "{thread}");
         let there = std::thread::spawn(current_owner).join().expect("thread");
         assert_ne!(here, there);

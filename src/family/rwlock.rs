@@ -163,8 +163,9 @@ impl RwLock {
     /// # Errors
     ///
     /// [`Error::Timeout`]; [`Error::InvalidArgument`] for an empty key or a
-    /// bad ttl; [`Error::WrongType`] when the key is not a hash;
-    /// [`Error::Redis`] or [`Error::Pool`].
+    /// bad ttl; [`Error::WrongType`] when the key is not a read-write
+    /// lock (a string, another lock type's hash); [`Error::Redis`] or
+    /// [`Error::Pool`].
     pub fn read(&self) -> Result<RwGuard, Error> {
         self.blocking(Mode::Read)
     }

@@ -190,12 +190,7 @@ impl Semaphore {
                 .arg(permits)
                 .invoke(con)
         });
-        match changed {
-            Err(Error::Redis(err)) if err.code() == Some("NOTSEM") => {
-                return Err(not_a_semaphore(&self.key));
-            }
-            other => other?,
-        };
+        changed?;
         // Permits of this client taken before are not passed on any more:
         // a handoff would skip the new limit.
         self.local.generation.fetch_add(1, Ordering::Relaxed);
@@ -209,9 +204,8 @@ impl Semaphore {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidArgument`] when the key is a hash that is not a
-    /// semaphore (a reentrant or read-write lock); [`Error::WrongType`];
-    /// [`Error::Redis`] or [`Error::Pool`].
+    /// [`Error::WrongType`] when the key is not a semaphore (another lock
+    /// type, or other data); [`Error::Redis`] or [`Error::Pool`].
     pub fn status(&self) -> Result<SemaphoreStatus, Error> {
         if self.key.is_empty() {
             return Err(Error::InvalidArgument(
@@ -472,9 +466,6 @@ impl Contender for Take<'_> {
                     err.detail().unwrap_or("another number"),
                     semaphore.permits
                 )));
-            }
-            Err(Error::Redis(err)) if err.code() == Some("NOTSEM") => {
-                return Err(not_a_semaphore(key));
             }
             Err(Error::Redis(err)) if err.code() == Some("FENCE") => {
                 return Err(Error::FenceCounter {
@@ -1020,11 +1011,10 @@ impl SemaphoreStatus {
     ) -> Result<SemaphoreStatus, Error> {
         let limit = match limit {
             0 => None,
-            n => Some(u32::try_from(n).map_err(|_| {
-                Error::InvalidArgument(format!(
-                    "{key:?} is a hash that is not a redmutex semaphore (a reentrant or \
-                     read-write lock?)"
-                ))
+            // -1: a hash without a limit; anything else out of range was
+            // not written by a semaphore either.
+            n => Some(u32::try_from(n).map_err(|_| Error::WrongType {
+                key: key.to_owned(),
             })?),
         };
         let mut holders: Vec<PermitHolder> = live
@@ -1072,10 +1062,4 @@ impl PermitHolder {
     pub fn holder(&self) -> Option<Holder> {
         Holder::from_token(&self.id)
     }
-}
-
-fn not_a_semaphore(key: &str) -> Error {
-    Error::InvalidArgument(format!(
-        "{key:?} is a hash that is not a redmutex semaphore (a reentrant or read-write lock?)"
-    ))
 }
