@@ -176,6 +176,19 @@ pub enum Error {
         /// What Redis said.
         detail: String,
     },
+    /// The server refuses this client: a wrong password or an unknown
+    /// user, a password it requires and none was given (`NOAUTH`), a
+    /// database it does not have (`SELECT`). Definitive: sending again
+    /// meets the same answer, so it is reported at the first connect that
+    /// meets it, not after the pool's timeout. Nothing was sent for the
+    /// lock. Fix the URL, the user or the password.
+    #[error(
+        "the server refuses this client: {detail} (check the URL's user, password and database number)"
+    )]
+    Refused {
+        /// What the server said.
+        detail: String,
+    },
     /// Redis answered with an error, or the connection failed or timed out.
     #[error("redis error: {0}")]
     Redis(#[from] redis::RedisError),
@@ -244,13 +257,14 @@ impl Error {
             Error::OutcomeUnknown { .. } => "outcome_unknown",
             Error::FenceCounter { .. } => "fence_counter",
             Error::Unsupported { .. } => "unsupported",
+            Error::Refused { .. } => "refused",
             Error::Redis(_) => "redis",
             Error::Pool(_) => "pool",
         }
     }
 
     /// Every name [`Error::kind`] returns.
-    pub const KINDS: [&'static str; 14] = [
+    pub const KINDS: [&'static str; 15] = [
         "timeout",
         "not_held",
         "invalid_argument",
@@ -263,6 +277,7 @@ impl Error {
         "outcome_unknown",
         "fence_counter",
         "unsupported",
+        "refused",
         "redis",
         "pool",
     ];
@@ -293,6 +308,11 @@ impl Error {
         if let Some(refused) = unsupported(&err) {
             return refused;
         }
+        if refusal(&err) {
+            return Error::Refused {
+                detail: err.to_string(),
+            };
+        }
         if wrong_type {
             Error::WrongType {
                 key: key.to_owned(),
@@ -318,6 +338,19 @@ impl Error {
 /// renamed away or disabled) as [`Error::Unsupported`], naming what needs
 /// it. The command was refused, so nothing ran. (A command refused inside
 /// a script stays [`Error::Redis`]: the script may have written before it.)
+/// Whether the server refused this client for good, at a connect or at its
+/// first command: authentication (a wrong password, an unknown user, none
+/// given where one is required), an ACL that refuses the connection, a
+/// database number it does not have. Not what a retry can fix (an I/O
+/// error, `LOADING`).
+pub(crate) fn refusal(err: &redis::RedisError) -> bool {
+    matches!(err.kind(), redis::ErrorKind::AuthenticationFailed)
+        || matches!(err.code(), Some("NOAUTH" | "WRONGPASS"))
+        || err
+            .detail()
+            .is_some_and(|detail| detail.contains("DB index is out of range"))
+}
+
 fn unsupported(err: &redis::RedisError) -> Option<Error> {
     let detail = err.detail()?;
     let command = detail

@@ -397,3 +397,73 @@ fn redlock_nodes_with_different_prefixes_are_refused() {
         "{result:?}"
     );
 }
+
+/// On main a wrong password waited out the pool's timeout (2 s) and came
+/// back as `Error::Pool("timed out waiting for connection: …")`. A
+/// definitive refusal is its own error, known after one connect.
+#[test]
+fn definitive_refusals_fail_fast_with_their_own_error() {
+    let server = RedisServer::start();
+    set_user(&server, "locker", "on >pw ~* &* +@all");
+    // From here on the default user needs a password too.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("requirepass")
+        .arg("secret")
+        .query(&mut server.conn())
+        .expect("CONFIG SET");
+    let mut admin = redis::Client::open(format!("redis://:secret@127.0.0.1:{}/", server.port()))
+        .expect("url")
+        .get_connection()
+        .expect("admin");
+    let port = server.port();
+    for (what, url) in [
+        (
+            "a wrong password",
+            format!("redis://:wrong@127.0.0.1:{port}/"),
+        ),
+        (
+            "an unknown user",
+            format!("redis://nobody:pw@127.0.0.1:{port}/"),
+        ),
+        (
+            "a user's wrong password",
+            format!("redis://locker:wrong@127.0.0.1:{port}/"),
+        ),
+        ("no password (NOAUTH)", format!("redis://127.0.0.1:{port}/")),
+        (
+            "a database it does not have",
+            format!("redis://:secret@127.0.0.1:{port}/99"),
+        ),
+    ] {
+        let client = LockClient::open(&url).expect("client");
+        for attempt in 0..2 {
+            let started = Instant::now();
+            let got = DistributedLock::new(&client, "locks:refused").try_lock();
+            let took = started.elapsed();
+            assert!(
+                matches!(got, Err(redmutex::Error::Refused { .. })),
+                "{what}, attempt {attempt}: {got:?}"
+            );
+            // One connect and one round trip, well within the pool's
+            // timeout (2 s) it used to wait out.
+            assert!(took < Duration::from_secs(1), "{what}: {took:?}");
+            if let Err(err) = got {
+                assert!(!err.is_connection(), "{what}: a retry cannot fix it");
+                assert_eq!(err.kind(), "refused");
+            }
+        }
+    }
+    let left: bool = redis::cmd("EXISTS")
+        .arg("locks:refused")
+        .query(&mut admin)
+        .expect("EXISTS");
+    assert!(!left, "nothing was taken");
+    // The right password still works on the same server.
+    let client = LockClient::open(&format!("redis://:secret@127.0.0.1:{port}/")).expect("client");
+    DistributedLock::new(&client, "locks:fine")
+        .lock()
+        .expect("lock")
+        .unlock()
+        .expect("unlock");
+}

@@ -35,6 +35,7 @@ use redis::{Cmd, ConnectionLike, IntoConnectionInfo, RedisError, RedisResult, Va
 use scheduled_thread_pool::ScheduledThreadPool;
 
 use crate::conn::fork::Birth;
+use crate::error::Error;
 
 /// Which kind of Redis deployment a [`LockClient`](crate::LockClient) talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -293,6 +294,7 @@ pub(crate) struct Manager {
     /// Bumped when a connection finds the server gone: idle connections
     /// opened before are presumed dead.
     epoch: Arc<AtomicU64>,
+    refusals: Arc<Refusals>,
 }
 
 impl Manager {
@@ -301,6 +303,7 @@ impl Manager {
             target,
             timeout,
             epoch: Arc::new(AtomicU64::new(0)),
+            refusals: Arc::default(),
         }
     }
 
@@ -312,6 +315,43 @@ impl Manager {
         }
     }
 }
+
+/// The last connect the server refused for good (a wrong password, an
+/// unknown user, a database it does not have: [`crate::error::refusal`]),
+/// until a connect succeeds. r2d2 opens connections on its own threads
+/// and retries a failed one until its caller's timeout, reporting only
+/// "timed out": a caller waiting for a connection looks here instead, and
+/// is told at once.
+#[derive(Default)]
+pub(crate) struct Refusals(Mutex<Option<(Instant, String)>>);
+
+impl Refusals {
+    fn note(&self, result: &RedisResult<Link>) {
+        match result {
+            Err(err) if crate::error::refusal(err) => {
+                *self.0.lock() = Some((Instant::now(), err.to_string()));
+            }
+            Ok(_) => {
+                let mut last = self.0.lock();
+                if last.is_some() {
+                    *last = None;
+                }
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// What the server said to a connect refused since `since`.
+    fn since(&self, since: Instant) -> Option<String> {
+        match &*self.0.lock() {
+            Some((at, detail)) if *at >= since => Some(detail.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// How often a caller waiting for a connection looks for a refusal.
+const REFUSAL_LOOK: Duration = Duration::from_millis(20);
 
 /// A reply a connection still owes: its request was written behind (sent
 /// without waiting, [`Connection::write_behind`]), and whoever uses the
@@ -567,11 +607,8 @@ impl Drop for Link {
 /// (the first that does not come gives the others up).
 const DRAIN_WAIT: Duration = Duration::from_millis(250);
 
-impl r2d2::ManageConnection for Manager {
-    type Connection = Link;
-    type Error = RedisError;
-
-    fn connect(&self) -> RedisResult<Link> {
+impl Manager {
+    fn open(&self) -> RedisResult<Link> {
         // Read first: a connection opened while the epoch moves is treated
         // as older, at worst discarded once.
         let epoch = self.epoch.load(Ordering::SeqCst);
@@ -589,6 +626,17 @@ impl r2d2::ManageConnection for Manager {
             answered: coarse_millis(),
             pid: std::process::id(),
         })
+    }
+}
+
+impl r2d2::ManageConnection for Manager {
+    type Connection = Link;
+    type Error = RedisError;
+
+    fn connect(&self) -> RedisResult<Link> {
+        let link = self.open();
+        self.refusals.note(&link);
+        link
     }
 
     /// No round trip: only the epoch is compared (see the module docs).
@@ -627,7 +675,7 @@ impl r2d2::HandleError<RedisError> for QuietErrors {
 #[derive(Clone)]
 enum Pools {
     /// Built by this crate: see the module docs.
-    Own(r2d2::Pool<Manager>, Deployment),
+    Own(r2d2::Pool<Manager>, Deployment, Arc<Refusals>),
     /// Pools the caller built.
     Single(r2d2::Pool<redis::Client>),
     Cluster(r2d2::Pool<ClusterClient>),
@@ -656,6 +704,7 @@ impl Backend {
         let connect_wait = timeout.saturating_mul(u32::try_from(steps).unwrap_or(u32::MAX));
         let manager = Manager::new(target, timeout);
         let deployment = manager.deployment();
+        let refusals = manager.refusals.clone();
         let pool = r2d2::Pool::builder()
             .max_size(size)
             .min_idle(Some(0))
@@ -670,7 +719,7 @@ impl Backend {
             .thread_pool(pool_threads())
             .build_unchecked(manager);
         Backend {
-            pools: Pools::Own(pool, deployment),
+            pools: Pools::Own(pool, deployment, refusals),
             timeout,
             connect_wait,
         }
@@ -704,7 +753,7 @@ impl Backend {
 
     pub(crate) fn deployment(&self) -> Deployment {
         match &self.pools {
-            Pools::Own(_, deployment) => *deployment,
+            Pools::Own(_, deployment, _) => *deployment,
             Pools::Single(_) => Deployment::Single,
             Pools::Cluster(_) => Deployment::Cluster,
             Pools::Sentinel(_) => Deployment::Sentinel,
@@ -727,7 +776,7 @@ impl Backend {
     /// [`Connection::can_write_behind`]): this crate's own pool, not on a
     /// cluster. Asked before a connection is checked out for it.
     pub(crate) fn writes_behind(&self) -> bool {
-        matches!(&self.pools, Pools::Own(_, deployment) if *deployment != Deployment::Cluster)
+        matches!(&self.pools, Pools::Own(_, deployment, _) if *deployment != Deployment::Cluster)
     }
 
     /// The caller's own single-node pool, if this client was made from one.
@@ -740,12 +789,21 @@ impl Backend {
 
     /// A pooled connection, waiting at most `wait` (and never longer than
     /// the pool's own connection timeout).
-    pub(crate) fn get(&self, wait: Duration) -> Result<Connection, r2d2::Error> {
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Refused`] as soon as a connect of this crate's pool meets a
+    /// definitive refusal (a wrong password, say: within one connect, not
+    /// after the wait); [`Error::Pool`] when the wait runs out.
+    pub(crate) fn get(&self, wait: Duration) -> Result<Connection, Error> {
         let wait = wait.max(Duration::from_millis(1));
         let pooled = match &self.pools {
-            Pools::Own(pool, _) => Pooled::Own(Box::new(
-                pool.get_timeout(wait.min(pool.connection_timeout()))?,
-            )),
+            Pools::Own(pool, _, refusals) => Pooled::Own(Box::new(get_own(
+                pool,
+                refusals,
+                wait.min(pool.connection_timeout()),
+                self.connect_wait,
+            )?)),
             Pools::Single(pool) => {
                 Pooled::Single(pool.get_timeout(wait.min(pool.connection_timeout()))?)
             }
@@ -765,10 +823,39 @@ impl Backend {
 
     pub(crate) fn state(&self) -> r2d2::State {
         match &self.pools {
-            Pools::Own(pool, _) => pool.state(),
+            Pools::Own(pool, _, _) => pool.state(),
             Pools::Single(pool) => pool.state(),
             Pools::Cluster(pool) => pool.state(),
             Pools::Sentinel(pool) => pool.state(),
+        }
+    }
+}
+
+/// A connection of this crate's pool, waiting at most `wait`, and not at
+/// all once a connect was refused for good: since `connect_wait` before
+/// the call (a refusal met by an earlier caller, r2d2 retrying in the
+/// background) or during it. Asked in slices only while no connection is
+/// idle; an idle one is handed out at once.
+fn get_own(
+    pool: &r2d2::Pool<Manager>,
+    refusals: &Refusals,
+    wait: Duration,
+    connect_wait: Duration,
+) -> Result<r2d2::PooledConnection<Manager>, Error> {
+    let started = Instant::now();
+    let recent = started.checked_sub(connect_wait).unwrap_or(started);
+    loop {
+        let left = wait.saturating_sub(started.elapsed());
+        match pool.get_timeout(left.clamp(Duration::from_millis(1), REFUSAL_LOOK)) {
+            Ok(link) => return Ok(link),
+            Err(err) => {
+                if let Some(detail) = refusals.since(recent) {
+                    return Err(Error::Refused { detail });
+                }
+                if started.elapsed() >= wait {
+                    return Err(Error::Pool(err));
+                }
+            }
         }
     }
 }

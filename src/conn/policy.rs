@@ -162,9 +162,10 @@ pub(crate) fn refusal(err: &redis::RedisError) -> bool {
     matches!(
         err.code(),
         Some("WRONGTYPE" | "NOPERM" | "FENCE" | "NOREPLICAS")
-    ) || err
-        .detail()
-        .is_some_and(|detail| detail.starts_with("unknown command '"))
+    ) || crate::error::refusal(err)
+        || err
+            .detail()
+            .is_some_and(|detail| detail.starts_with("unknown command '"))
 }
 
 /// The window in which an operation is resent: twice the I/O timeout from
@@ -237,8 +238,8 @@ pub(crate) fn run_within<T>(
         }
         let mut con = match backend.get(wait.min(backend.connect_wait())) {
             Ok(con) => con,
-            // Nothing was sent yet: a plain pool error.
-            Err(err) if lost.is_none() => return Err(Error::Pool(err)),
+            // Nothing was sent yet: a plain pool error (or a refusal).
+            Err(err) if lost.is_none() => return Err(err),
             Err(_) => break,
         };
         let now = Instant::now();
