@@ -479,7 +479,7 @@ impl LockClient {
     /// A pooled connection, for a request written behind.
     pub(crate) fn pooled(&self) -> Result<Connection, Error> {
         self.check_process()?;
-        Ok(self.inner.backend.get(self.inner.backend.connect_wait())?)
+        self.inner.backend.get(self.inner.backend.connect_wait())
     }
 
     /// Whether a dropped guard may write its release behind (see
