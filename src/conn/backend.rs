@@ -532,6 +532,22 @@ impl Link {
         Ok(())
     }
 
+    /// Reads what this link owes (two rounds: a rewrite after `NOSCRIPT`
+    /// too) with its timeouts cut to `limit`, then set back to `timeout`.
+    /// A reply not there in time gives the link up.
+    fn settle_within(&mut self, limit: Duration, timeout: Duration) {
+        if self.set_timeouts(Some(limit.min(timeout))).is_err() {
+            self.broken = true;
+            return;
+        }
+        if let Err(err) = self.settle_owed(2) {
+            self.give_up(err);
+        }
+        if !self.broken && self.set_timeouts(Some(timeout)).is_err() {
+            self.broken = true;
+        }
+    }
+
     /// After a failed read or write the connection is never reused, and
     /// the replies it still owes are lost.
     fn give_up(&mut self, err: RedisError) -> RedisError {
@@ -819,6 +835,43 @@ impl Backend {
             timeout: self.timeout,
             limit: self.timeout,
         })
+    }
+
+    /// Reads the replies the idle connections of this crate's pool owe
+    /// (releases written behind, and what they lead to: an `EVAL` after
+    /// `NOSCRIPT` is read in the same call), each within what is left of
+    /// `budget` (a reply not there by then gives its connection up, and
+    /// its owner hands the token to the cleanup). For a client gone quiet
+    /// with replies owed: nobody else would read them. Returns how many
+    /// connections owed replies.
+    pub(crate) fn settle_idle(&self, budget: Duration) -> usize {
+        let Pools::Own(pool, _, _) = &self.pools else {
+            return 0;
+        };
+        // Held together while they are read: the pool hands out the most
+        // recently returned first, so one at a time would come back each
+        // time.
+        let mut idle = Vec::new();
+        let most = usize::try_from(pool.max_size()).unwrap_or(usize::MAX);
+        while idle.len() < most {
+            match pool.try_get() {
+                Some(link) => idle.push(link),
+                None => break,
+            }
+        }
+        let started = Instant::now();
+        let mut owing = 0;
+        for link in &mut idle {
+            if link.owed.is_empty() {
+                continue;
+            }
+            owing += 1;
+            let left = budget
+                .saturating_sub(started.elapsed())
+                .max(Duration::from_millis(1));
+            link.settle_within(left, self.timeout);
+        }
+        owing
     }
 
     pub(crate) fn state(&self) -> r2d2::State {

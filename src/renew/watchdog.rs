@@ -83,6 +83,13 @@ impl WatchEntry {
         self.state.lock().stopped = true;
     }
 
+    /// What the lease has left by the local clock, unless it is no longer
+    /// renewed.
+    fn left(&self) -> Option<Duration> {
+        let state = self.state.lock();
+        (!state.stopped).then(|| remaining(state.sent, state.ttl, Instant::now()))
+    }
+
     /// The lease's current expiry by the local clock.
     pub(crate) fn lease(&self) -> (Instant, Duration) {
         let state = self.state.lock();
@@ -226,7 +233,7 @@ struct Shared {
     /// Releases written behind, checked when due ([`Cleanups::defer`]).
     /// A lock of its own, not the registry's: every such drop takes it.
     /// Taken after the registry's when both are held, never before.
-    checks: Mutex<Vec<(Instant, Arc<Pending>)>>,
+    checks: Mutex<Checks>,
 }
 
 /// A release written behind, until its reply is read (by the next user of
@@ -271,28 +278,76 @@ impl Pending {
     }
 }
 
+/// The releases written behind being checked, and when the thread will
+/// look at them next.
+#[derive(Default)]
+struct Checks {
+    list: Vec<Check>,
+    /// When the thread wakes by itself; `None` while it sleeps with no
+    /// deadline (nothing to look at). A check due sooner wakes it.
+    wake_at: Option<Instant>,
+}
+
+/// A release written behind, until its reply is read or it is handed to
+/// the cleanup.
+struct Check {
+    pending: Arc<Pending>,
+    /// When to look at it next.
+    due: Instant,
+    /// Looked at once already: the idle connections were read.
+    looked: bool,
+    /// When the cleanup takes it over, should its reply still be unread.
+    last: Instant,
+}
+
+/// What the due checks ask for.
+#[derive(Default)]
+struct DueChecks {
+    /// Replies unread past [`CHECK_WINDOW`]'s resend window: released by
+    /// the cleanup (their release may never have run; the cleanup's is
+    /// owner-checked, so it is harmless if it did).
+    orphans: Vec<Orphan>,
+    /// Replies unread [`LOOK_AFTER`] after their write: the idle
+    /// connections owing replies are to be read now.
+    look: bool,
+}
+
 /// Takes out the checks that are due: those whose reply was read are
-/// forgotten, the others become orphans (their release may never have
-/// run; the cleanup's is owner-checked, so it is harmless if it did).
-fn due_checks(shared: &Shared, now: Instant) -> Vec<Orphan> {
-    let mut orphans = Vec::new();
-    shared.checks.lock().retain(|(due, pending)| {
-        if pending.is_settled() {
+/// forgotten; a first look at an unread one asks for the idle connections
+/// to be read (the client went quiet with a reply owed, a `NOSCRIPT` to
+/// act on, say); one still unread at its last moment becomes an orphan.
+fn due_checks(shared: &Shared, now: Instant) -> DueChecks {
+    let mut due = DueChecks::default();
+    shared.checks.lock().list.retain_mut(|check| {
+        if check.pending.is_settled() {
             return false;
         }
-        if *due > now {
+        if check.due > now {
+            return true;
+        }
+        if !check.looked {
+            check.looked = true;
+            check.due = check.last;
+            due.look = true;
             return true;
         }
         log::debug!(
             "redmutex: the reply to the release of {:?} written behind was not read in time; \
              releasing it in the background",
-            pending.key
+            check.pending.key
         );
-        orphans.push(pending.orphan(CHECK_WINDOW));
+        due.orphans.push(check.pending.orphan(CHECK_WINDOW));
         false
     });
-    orphans
+    due
 }
+
+/// How soon after a release is written behind its reply is looked for,
+/// when nobody used its connection since: idle connections owing replies
+/// are read then, so a reply that asks for something (`NOSCRIPT`: the
+/// release sent again as `EVAL`) is acted on within this and a round trip
+/// or two, not a resend window later.
+pub(crate) const LOOK_AFTER: Duration = Duration::from_millis(20);
 
 /// How long the cleanup of an unread release written behind goes on.
 const CHECK_WINDOW: Duration = Duration::from_secs(1);
@@ -316,7 +371,7 @@ impl Watchdog {
                     shutdown: false,
                 }),
                 changed: Condvar::new(),
-                checks: Mutex::new(Vec::new()),
+                checks: Mutex::default(),
             }),
         }
     }
@@ -398,22 +453,34 @@ impl Cleanups {
             .is_some_and(|shared| clean_up(&shared, orphan))
     }
 
-    /// Checks `pending` `delay` from now: if its reply has not been read
-    /// by then, the cleanup releases its token. One short lock and one
-    /// push per drop that writes behind; the thread is woken only when it
-    /// had nothing to look at (it looks at least once a second otherwise).
+    /// Checks `pending`: [`LOOK_AFTER`] from now, if its reply has not
+    /// been read, the idle connections owing replies are read; `delay`
+    /// from now, if it still has not, the cleanup releases its token. One
+    /// short lock and one push per drop that writes behind; the thread is
+    /// woken only when it would otherwise sleep past this check's first
+    /// look (once per sleep: it then plans to wake for this one).
     pub(crate) fn defer(&self, pending: Arc<Pending>, delay: Duration) -> bool {
         let Some(shared) = self.0.upgrade() else {
             return false;
         };
         let now = Instant::now();
         let due = now.checked_add(delay).unwrap_or(now);
-        let first = {
+        let look = now.checked_add(LOOK_AFTER).unwrap_or(due).min(due);
+        let wake = {
             let mut checks = shared.checks.lock();
-            checks.push((due, pending));
-            checks.len() == 1
+            checks.list.push(Check {
+                pending,
+                due: look,
+                looked: false,
+                last: due,
+            });
+            let wake = checks.wake_at.is_none_or(|at| at > look);
+            if wake {
+                checks.wake_at = Some(look);
+            }
+            wake
         };
-        if first {
+        if wake {
             let mut registry = shared.registry.lock();
             if registry.shutdown {
                 return false;
@@ -504,13 +571,17 @@ fn finish(shared: &Shared, mut registry: parking_lot::MutexGuard<'_, Registry>) 
 
 fn run(shared: &Shared) {
     loop {
+        let look;
         let (entries, orphans) = {
             let mut registry = shared.registry.lock();
-            while registry.entries.is_empty()
-                && registry.orphans.is_empty()
-                && shared.checks.lock().is_empty()
-                && !registry.shutdown
-            {
+            while registry.entries.is_empty() && registry.orphans.is_empty() && !registry.shutdown {
+                let mut checks = shared.checks.lock();
+                if !checks.list.is_empty() {
+                    break;
+                }
+                // Asleep with no deadline: the next check wakes it.
+                checks.wake_at = None;
+                drop(checks);
                 shared.changed.wait(&mut registry);
             }
             if registry.shutdown {
@@ -518,13 +589,24 @@ fn run(shared: &Shared) {
             }
             let now = Instant::now();
             let checked = due_checks(shared, now);
-            registry.orphans.extend(checked);
+            look = checked.look;
+            registry.orphans.extend(checked.orphans);
             let (due, later): (Vec<Orphan>, Vec<Orphan>) =
                 registry.orphans.drain(..).partition(|o| o.next <= now);
             registry.orphans = later;
             registry.cleaning = due.len();
             (registry.entries.clone(), due)
         };
+        if look {
+            // Bounded like a cleanup round: renewals come first.
+            let budget = entries
+                .iter()
+                .filter_map(|entry| entry.left())
+                .min()
+                .map_or(IDLE, |left| left / 4)
+                .max(Duration::from_millis(10));
+            shared.backend.settle_idle(budget);
+        }
         let mut next = renew_due(shared, &entries);
         if !orphans.is_empty() {
             let budget = next
@@ -543,13 +625,21 @@ fn run(shared: &Shared) {
         for orphan in &registry.orphans {
             next = next.min(orphan.next);
         }
-        if let Some(due) = shared.checks.lock().iter().map(|(due, _)| *due).min() {
-            next = next.min(due);
-        }
         if registry.shutdown {
             return finish(shared, registry);
         }
-        let sleep_until = next.min(Instant::now() + IDLE);
+        // Planned under the checks' lock and slept on under the registry's,
+        // which a check that must wake the thread takes to notify: none is
+        // missed between the two.
+        let sleep_until = {
+            let mut checks = shared.checks.lock();
+            if let Some(due) = checks.list.iter().map(|check| check.due).min() {
+                next = next.min(due);
+            }
+            let sleep_until = next.min(Instant::now() + IDLE);
+            checks.wake_at = Some(sleep_until);
+            sleep_until
+        };
         shared.changed.wait_until(&mut registry, sleep_until);
     }
 }
