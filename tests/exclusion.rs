@@ -257,3 +257,98 @@ fn a_sigkilled_holder_frees_the_lock_after_its_ttl() {
     );
     assert_ne!(guard.token(), token);
 }
+
+/// On main a lease Redis no longer held was handed on locally: the key
+/// deleted (another client's `force_release`) and taken by a second
+/// client while thread A held it and thread W of the same client waited,
+/// A's unlock handed it to W, and W's guard claimed nearly its whole ttl
+/// (and `is_lost()` false) beside the second client: two holders, the
+/// second made by the crate. A lease passed on is now checked in Redis:
+/// W's guard reads as lost within a millisecond and a round trip, its
+/// unlock says `NotHeld`, and it is not passed on again.
+#[test]
+fn a_lease_redis_no_longer_holds_is_found_lost_when_passed_on_and_passed_no_further() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    // A budget long enough for the holds here (the default's 10 ms would
+    // release in Redis instead of handing on).
+    let options = LockOptions::default()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(5))
+        .handoff_budget(256, Duration::from_secs(10));
+    // Whether the waiters are queued when A lets go cannot be seen from
+    // outside: tried until A's unlock handed the lease on (almost always
+    // the first time).
+    for attempt in 0..20 {
+        let key = format!("passed:{attempt}");
+        let lock = DistributedLock::with_options(&client, &key, options.clone());
+        let held = lock.lock().expect("A");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiters: Vec<_> = (0..2)
+            .map(|n| {
+                let lock = lock.clone();
+                let tx = tx.clone();
+                std::thread::spawn(move || {
+                    let got = lock.try_lock_for(Duration::from_secs(2)).expect("wait");
+                    let Some(guard) = got else {
+                        let _ = tx.send((n, None));
+                        return;
+                    };
+                    let lost = support::wait_until(Duration::from_secs(2), || guard.is_lost());
+                    let validity = guard.validity();
+                    let unlocked = guard.unlock();
+                    let _ = tx.send((n, Some((lost, validity, unlocked))));
+                })
+            })
+            .collect();
+        drop(tx);
+        std::thread::sleep(Duration::from_millis(50));
+
+        // The key deleted and taken elsewhere while A still holds it.
+        let breaker = server.lock_client();
+        let deleted = DistributedLock::new(&breaker, &key)
+            .force_release()
+            .expect("force_release");
+        assert_eq!(deleted.as_deref(), Some(held.token()));
+        let other = server.lock_client();
+        let theirs = DistributedLock::new(&other, &key)
+            .try_lock()
+            .expect("try_lock")
+            .expect("the second client takes it");
+
+        // A knows nothing yet (nothing asked Redis since it acquired): its
+        // unlock hands the lease on, if a waiter is queued.
+        let handed_on = held.unlock().is_ok();
+        let outcomes: Vec<_> = rx.iter().collect();
+        for waiter in waiters {
+            waiter.join().expect("waiter");
+        }
+        let handed: Vec<_> = outcomes.iter().filter_map(|(_, got)| got.as_ref()).collect();
+        assert_eq!(
+            support::get(&server, &key).as_deref(),
+            Some(theirs.token()),
+            "the second client still holds it"
+        );
+        theirs.unlock().expect("theirs");
+        if !handed_on {
+            assert!(handed.is_empty(), "{outcomes:?}");
+            continue;
+        }
+        assert_eq!(handed.len(), 1, "passed on once, not again: {outcomes:?}");
+        let (lost, validity, unlocked) = handed[0];
+        assert!(*lost, "the receiver's guard never read as lost");
+        assert_eq!(*validity, Duration::ZERO);
+        assert!(
+            matches!(
+                unlocked,
+                Err(redmutex::Error::NotHeld {
+                    reason: redmutex::NotHeldReason::OwnedByOther,
+                    ..
+                })
+            ),
+            "{unlocked:?}"
+        );
+        return;
+    }
+    panic!("A's unlock never handed the lease on in 20 tries");
+}

@@ -464,10 +464,10 @@ fn another_lock_types_hash_is_refused_and_left_alone() {
         .expect("HSET");
     let mut sem = Semaphore::with_options(&client, "other", 2, options());
     let err = sem.try_acquire().expect_err("not a semaphore");
-    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    assert!(matches!(err, Error::WrongType { .. }), "{err:?}");
     let err = sem.set_permits(3).expect_err("not a semaphore");
-    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
-    assert!(matches!(sem.status(), Err(Error::InvalidArgument(_))));
+    assert!(matches!(err, Error::WrongType { .. }), "{err:?}");
+    assert!(matches!(sem.status(), Err(Error::WrongType { .. })));
     let fields: std::collections::HashMap<String, String> =
         server.conn().hgetall("other").expect("HGETALL");
     assert_eq!(fields.len(), 2, "untouched: {fields:?}");
@@ -629,4 +629,117 @@ fn a_try_asks_redis_even_when_the_client_counts_every_permit_as_its_own() {
         .expect("try_for")
         .expect("free in Redis, asked at the deadline");
     drop((a, b, c, d, e));
+}
+
+/// Options whose handoff budget outlasts the holds in these tests.
+fn passing() -> SemaphoreOptions {
+    SemaphoreOptions::from(options())
+        .handoff_budget(redmutex::HandoffBudget::new(256, Duration::from_secs(10)))
+}
+
+/// On main a permit released by a `Semaphore` of 5 went to a queued thread
+/// of the same client calling a `Semaphore` of 1 on the same key: four
+/// such threads held "one" permit each at once, where Redis refuses the
+/// limit-1 handle ("has a limit of 5 permits, not 1"). A permit now passes
+/// only to a handle opened with the limit it was granted under.
+#[test]
+fn a_permit_passes_only_to_a_handle_of_its_limit() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let five = Semaphore::with_options(&client, "sem:limits", 5, passing());
+    let held: Vec<_> = (0..5)
+        .map(|_| five.try_acquire().expect("try").expect("a permit"))
+        .collect();
+    let inside = std::sync::Arc::new(AtomicUsize::new(0));
+    let most = std::sync::Arc::new(AtomicUsize::new(0));
+    let small: Vec<_> = (0..4)
+        .map(|_| {
+            let one = Semaphore::with_options(&client, "sem:limits", 1, passing());
+            let (inside, most) = (inside.clone(), most.clone());
+            std::thread::spawn(move || match one.try_acquire_for(Duration::from_secs(2)) {
+                Ok(Some(permit)) => {
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(300));
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    drop(permit);
+                    "permit".to_owned()
+                }
+                Ok(None) => "none".to_owned(),
+                Err(err) => err.to_string(),
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    for permit in held {
+        permit.release().expect("release");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let outcomes: Vec<String> = small
+        .into_iter()
+        .map(|t| t.join().expect("thread"))
+        .collect();
+    assert!(
+        most.load(Ordering::SeqCst) <= 1,
+        "a semaphore of 1 had {} holders at once: {outcomes:?}",
+        most.load(Ordering::SeqCst)
+    );
+}
+
+/// On main a limit lowered by another client was ignored by the permits
+/// this client passed between its threads for up to a whole handoff
+/// budget. The check of a permit passed on reads the stored limit: once it
+/// differs, the permit is given back in Redis instead of passed on.
+#[test]
+fn a_limit_lowered_elsewhere_stops_handoffs() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let elsewhere = server.lock_client();
+    // Whether the waiters are queued when the first permit goes cannot be
+    // seen from outside: tried until it was handed on.
+    for attempt in 0..20 {
+        let key = format!("sem:lowered:{attempt}");
+        let three = Semaphore::with_options(&client, &key, 3, passing());
+        let mut held: Vec<_> = (0..3)
+            .map(|_| three.try_acquire().expect("try").expect("a permit"))
+            .collect();
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let three = three.clone();
+                std::thread::spawn(move || match three.try_acquire_for(Duration::from_secs(2)) {
+                    // Held long enough for its check to come back, then
+                    // let go: passed on only if the check allows.
+                    Ok(Some(permit)) => {
+                        std::thread::sleep(Duration::from_millis(300));
+                        drop(permit);
+                        true
+                    }
+                    _ => false,
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(50));
+        Semaphore::new(&elsewhere, &key, 3)
+            .set_permits(1)
+            .expect("the limit lowered elsewhere");
+        let handoffs = client.stats().handoffs;
+        held.pop().map(|permit| permit.release()).transpose().expect("release");
+        let got = waiters
+            .into_iter()
+            .map(|w| w.join().expect("waiter"))
+            .filter(|got| *got)
+            .count();
+        drop(held);
+        if client.stats().handoffs == handoffs {
+            // Released in Redis: nobody was queued yet.
+            continue;
+        }
+        assert_eq!(
+            got, 1,
+            "after the limit was lowered to 1 (with 3 out), a permit was passed on twice"
+        );
+        return;
+    }
+    panic!("no permit was handed on in 20 tries");
 }

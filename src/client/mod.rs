@@ -33,6 +33,7 @@ use crate::conn::stats::{LockStats, Stats};
 use crate::error::Error;
 use crate::notify::subscriber::{Subscriber, Subscription};
 use crate::notify::transport::Source;
+use crate::renew::verify::Verifier;
 use crate::renew::watchdog::{Orphan, OrphanKind, Watchdog};
 use crate::script::names::Namespace;
 use crate::wait::queue::{Feed, Waker};
@@ -92,6 +93,8 @@ struct Inner {
     /// subscriptions.
     subscriber: Subscriber,
     watchdog: Watchdog,
+    /// Checks in Redis the leases passed between this client's threads.
+    verifier: Verifier,
     /// The server of a single-node client of [`LockClient::open`], and the
     /// plain pool [`LockClient::pool`] builds for it when asked.
     single: Option<redis::Client>,
@@ -125,6 +128,7 @@ impl Inner {
         let watchdog = Watchdog::new(backend.clone(), stats.clone());
         Inner {
             watchdog,
+            verifier: Verifier::new(backend.clone(), stats.clone()),
             id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
             subscriber: Subscriber::new(notify, stats.clone(), backend.timeout()),
             backend,
@@ -462,6 +466,11 @@ impl LockClient {
 
     pub(crate) fn watchdog(&self) -> &Watchdog {
         &self.inner.watchdog
+    }
+
+    /// The checks of leases passed between this client's threads.
+    pub(crate) fn verifier(&self) -> &Verifier {
+        &self.inner.verifier
     }
 
     /// The counters, for what outlives this call (a reply owed on a

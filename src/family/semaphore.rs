@@ -22,6 +22,7 @@ use crate::conn::stats::{LockKind, Tag};
 use crate::error::{Error, NotHeldReason};
 use crate::lease::loss::{LossReason, LossSignal, LossState};
 use crate::lease::remaining;
+use crate::renew::verify::{Chain, Probe};
 use crate::renew::watchdog::{OrphanKind, Renewal, WatchEntry};
 use crate::script;
 use crate::wait::acquire::{Attempt, Contender, Queued, Waiting, Within, acquire, blocking};
@@ -52,6 +53,8 @@ struct PermitGift {
     loss: Arc<LossState>,
     /// The generation the permit was taken under.
     generation: u64,
+    /// Its checks in Redis, once it has been passed on.
+    chain: Option<Arc<Chain>>,
 }
 
 impl std::fmt::Debug for Local {
@@ -296,9 +299,11 @@ impl Semaphore {
     }
 
     /// The key of this semaphore's wait queue in the client, apart from a
-    /// plain lock's of the same name.
+    /// plain lock's of the same name, and one per limit: a permit is
+    /// passed on only to a handle opened with the limit it was granted
+    /// under (a handle with another one asks Redis, which refuses it).
     fn queue_key(&self) -> String {
-        format!("{}\u{0}sem", self.key)
+        format!("{}\u{0}sem\u{0}{}", self.key, self.permits)
     }
 
     /// Whether a released permit may go straight to a queued thread: with
@@ -560,6 +565,8 @@ pub struct Permit {
     acquired_at: Instant,
     /// The client's handoff generation when this permit was taken.
     generation: u64,
+    /// Its checks in Redis, once it has been passed on.
+    chain: Option<Arc<Chain>>,
     /// Whether threads of this client queue for the key (notify waiting):
     /// then the permit counts in the client's holds of the key.
     queued: bool,
@@ -607,6 +614,7 @@ impl Permit {
             watch: None,
             loss: Arc::default(),
             generation: semaphore.local.generation.load(Ordering::Relaxed),
+            chain: None,
         };
         let mut permit = Permit::handed_over(semaphore, fresh);
         permit.fence = fence;
@@ -629,38 +637,31 @@ impl Permit {
         let now = Instant::now();
         let cap = options.max_hold.and_then(|cap| now.checked_add(cap));
         let (mut sent, mut ttl) = (gift.sent, gift.ttl);
-        let (watch, loss) = match (gift.watch, options.watchdog) {
-            (None, true) => {
-                let entry = client.watchdog().watch(
-                    Renewal::Permit,
-                    semaphore.tag(),
-                    &Arc::from(semaphore.key.as_str()),
-                    &Arc::from(gift.id.as_str()),
-                    sent,
-                    ttl,
-                    cap,
-                );
-                let loss = entry.loss.clone();
-                if let Some(reason) = gift.loss.reason() {
-                    loss.lose(reason);
-                }
-                (Some(entry), loss)
-            }
+        // The loss signal stays the permit's own, shared with every holder
+        // it passed through and with its checks.
+        let loss = gift.loss;
+        let watch = match (gift.watch, options.watchdog) {
+            (None, true) => Some(client.watchdog().watch(
+                Renewal::Permit,
+                semaphore.tag(),
+                &Arc::from(semaphore.key.as_str()),
+                &Arc::from(gift.id.as_str()),
+                sent,
+                ttl,
+                cap,
+                loss.clone(),
+            )),
             (Some(entry), false) => {
                 (sent, ttl) = entry.lease();
-                client.watchdog().unwatch(&entry);
                 // Unwatched from here on: a loss already found stays found.
-                let loss = Arc::new(LossState::default());
-                if let Some(reason) = entry.loss.reason() {
-                    loss.lose(reason);
-                }
-                (None, loss)
+                client.watchdog().unwatch(&entry);
+                None
             }
             (Some(entry), true) => {
                 entry.set_cap(cap);
-                (Some(entry), gift.loss)
+                Some(entry)
             }
-            (None, false) => (None, gift.loss),
+            (None, false) => None,
         };
         Permit {
             client: client.clone(),
@@ -680,6 +681,7 @@ impl Permit {
             handoffs: gift.handoffs,
             acquired_at: gift.acquired_at,
             generation: gift.generation,
+            chain: gift.chain,
             queued: options.wait_mode == WaitMode::Notify,
             limit: semaphore.permits,
             tag: semaphore.tag(),
@@ -703,6 +705,9 @@ impl Permit {
     /// Marks the permit done without touching Redis (it was lost).
     fn abandon(&mut self) {
         self.released = true;
+        if let Some(chain) = &self.chain {
+            chain.end();
+        }
         self.client
             .counters()
             .hold_ended(self.tag, self.held_since, true, Ok(()));
@@ -721,6 +726,7 @@ impl Permit {
             return false;
         };
         self.generation == self.local.generation.load(Ordering::Relaxed)
+            && self.chain.as_ref().is_none_or(|chain| chain.may_pass())
             && self.handoffs < budget.max_handoffs
             && self.acquired_at.elapsed() < budget.max_time
             && !self.is_lost()
@@ -861,6 +867,14 @@ impl Permit {
 
     fn let_go(&mut self) -> Result<(), Error> {
         if self.may_hand_off() {
+            let chain = self.chain.clone().unwrap_or_else(|| {
+                Chain::new(
+                    Arc::from(self.key.as_str()),
+                    Arc::from(self.id.as_str()),
+                    Probe::Permit { limit: self.limit },
+                    self.loss.clone(),
+                )
+            });
             let gift = PermitGift {
                 id: self.id.clone(),
                 sent: self.sent,
@@ -870,6 +884,7 @@ impl Permit {
                 watch: self.watch.clone(),
                 loss: self.loss.clone(),
                 generation: self.generation,
+                chain: Some(chain.clone()),
             };
             if self
                 .local
@@ -878,8 +893,17 @@ impl Permit {
                 .is_ok()
             {
                 self.client.counters().handoff();
+                // Checked in Redis while it is passed on: a permit gone
+                // there, or a limit changed elsewhere, stops its handoffs
+                // within a millisecond and a round trip.
+                self.client.verifier().verify(&chain);
                 return Ok(());
             }
+        }
+        // Given back in Redis, or found lost, from here: checks answered
+        // after this are no news.
+        if let Some(chain) = &self.chain {
+            chain.end();
         }
         // No renewal starts from here on; one in flight is ignored.
         if let Some(entry) = &self.watch {

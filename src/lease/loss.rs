@@ -120,6 +120,15 @@ impl LossState {
         true
     }
 
+    /// The lease is no longer renewed: it carries no local expiry from
+    /// here on (an unwatched lease is found lost only by what Redis says),
+    /// but one already passed stays a loss.
+    pub(crate) fn forget_deadline(&self) {
+        let mut loss = self.inner.lock();
+        loss.settle(Instant::now());
+        loss.deadline = None;
+    }
+
     /// Blocks until the lease is found lost or `until` passes.
     fn wait_until(&self, until: Option<Instant>) -> Option<LossReason> {
         let mut loss = self.inner.lock();

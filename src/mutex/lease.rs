@@ -15,6 +15,7 @@ use crate::error::Error;
 use crate::lease::loss::{LossReason, LossState};
 use crate::lease::remaining;
 use crate::mutex::holds;
+use crate::renew::verify::{Chain, Probe};
 use crate::renew::watchdog::{OrphanKind, Renewal, WatchEntry};
 use crate::script;
 use crate::wait::queue::{Capacity, Queues};
@@ -39,6 +40,8 @@ pub(crate) struct Handoff {
     pub(crate) watch: Option<Arc<WatchEntry>>,
     /// The lease's loss signal, which goes along with it.
     pub(crate) loss: Arc<LossState>,
+    /// Its checks in Redis while it is passed on ([`Chain`]).
+    pub(crate) chain: Arc<Chain>,
 }
 
 /// The plain lock's state in one client ([`LockClient::local`]): its wait
@@ -122,6 +125,8 @@ pub(crate) struct Lease {
     /// lease's timing).
     watch: Option<Arc<WatchEntry>>,
     pub(crate) loss: Arc<LossState>,
+    /// Its checks in Redis, once it has been passed on.
+    chain: Option<Arc<Chain>>,
     /// For the client's stats: the lock type and key class.
     tag: Tag,
     /// When this holder got the lease (acquired, or a handoff accepted);
@@ -148,6 +153,7 @@ impl Lease {
         if handoff.queued {
             local.queues.hold(&key, &token, sent + ttl, Capacity::One);
         }
+        let loss: Arc<LossState> = Arc::default();
         let watch = options.watchdog.then(|| {
             let cap = options.max_hold.and_then(|cap| sent.checked_add(cap));
             client.watchdog().watch(
@@ -158,11 +164,9 @@ impl Lease {
                 sent,
                 ttl,
                 cap,
+                loss.clone(),
             )
         });
-        let loss = watch
-            .as_ref()
-            .map_or_else(Arc::default, |entry| entry.loss.clone());
         Lease {
             client,
             local,
@@ -179,6 +183,7 @@ impl Lease {
             fence,
             watch,
             loss,
+            chain: None,
             tag: tag_of(options),
             held_since: Cell::new(Some(Instant::now())),
         }
@@ -209,6 +214,7 @@ impl Lease {
             fence: None,
             watch: handoff.watch,
             loss: handoff.loss,
+            chain: Some(handoff.chain),
             tag: tag_of(options),
             held_since: Cell::new(None),
         }
@@ -221,7 +227,9 @@ impl Lease {
 
     /// Applies a receiver's options to a lease handed over to it: its
     /// watchdog setting (renewals start or stop; a cap counts from now) and
-    /// its release method. The giver's options no longer apply.
+    /// its release method. The giver's options no longer apply. The loss
+    /// signal stays the lease's own, shared with every holder it passed
+    /// through and with its checks.
     pub(crate) fn adopt(&mut self, options: &LockOptions) {
         let now = Instant::now();
         let cap = options.max_hold.and_then(|cap| now.checked_add(cap));
@@ -235,22 +243,17 @@ impl Lease {
                     self.sent.get(),
                     self.ttl.get(),
                     cap,
+                    self.loss.clone(),
                 );
-                self.loss = entry.loss.clone();
                 self.watch = Some(entry);
             }
             (Some(entry), false) => {
                 let (sent, ttl) = entry.lease();
+                // Unwatched from here on: no local expiry in the signal,
+                // but a loss already found stays found.
                 self.client.watchdog().unwatch(entry);
                 self.sent.set(sent);
                 self.ttl.set(ttl);
-                // Unwatched from here on: no local expiry in the signal,
-                // but a loss already found stays found.
-                let loss = Arc::new(LossState::default());
-                if let Some(reason) = entry.loss.reason() {
-                    loss.lose(reason);
-                }
-                self.loss = loss;
                 self.watch = None;
             }
             (Some(entry), true) => entry.set_cap(cap),
@@ -278,6 +281,9 @@ impl Lease {
     /// Marks the lease done without touching Redis (it was lost).
     pub(crate) fn abandon(&self) {
         if !self.released.replace(true) {
+            if let Some(chain) = &self.chain {
+                chain.end();
+            }
             self.client
                 .counters()
                 .hold_ended(self.tag, self.held_since.get(), true, Ok(()));
@@ -378,6 +384,14 @@ impl Lease {
         holds::leave(self.client.id(), &self.key, self);
         if self.may_hand_off() {
             let (sent, ttl) = self.timing();
+            let chain = self.chain.clone().unwrap_or_else(|| {
+                Chain::new(
+                    self.key.clone(),
+                    self.token.clone(),
+                    Probe::Plain,
+                    self.loss.clone(),
+                )
+            });
             let handoff = Handoff {
                 token: self.token.clone(),
                 sent,
@@ -386,6 +400,7 @@ impl Lease {
                 acquired_at: self.acquired_at,
                 watch: self.watch.clone(),
                 loss: self.loss.clone(),
+                chain: chain.clone(),
             };
             // Interceptable only after a hold shorter than a thread's wake-up:
             // waking a waiter would cost more than the hold. Longer holds
@@ -397,8 +412,17 @@ impl Lease {
                 .is_some_and(|since| since.elapsed() < SHORT_HOLD);
             if self.local.queues.offer(&self.key, handoff, short).is_ok() {
                 self.client.counters().handoff();
+                // Passed on without Redis: checked there, so a lease Redis
+                // no longer holds is found lost within a millisecond and a
+                // round trip, and passed on no further.
+                self.client.verifier().verify(&chain);
                 return Ok(());
             }
+        }
+        // Released in Redis, or found lost, from here: checks answered
+        // after this are no news.
+        if let Some(chain) = &self.chain {
+            chain.end();
         }
         // No renewal starts from here on; one in flight is ignored.
         if let Some(entry) = &self.watch {

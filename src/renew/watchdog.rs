@@ -83,6 +83,14 @@ impl WatchEntry {
         self.state.lock().stopped = true;
     }
 
+    /// A renewal found the lease gone: lost, and renewals stop. (Also when
+    /// they had stopped meanwhile: a lease passed to a holder that does
+    /// not renew is just as lost.)
+    fn lost(&self, reason: LossReason) {
+        self.state.lock().stopped = true;
+        self.loss.lose(reason);
+    }
+
     /// What the lease has left by the local clock, unless it is no longer
     /// renewed.
     fn left(&self) -> Option<Duration> {
@@ -377,7 +385,9 @@ impl Watchdog {
     }
 
     /// Starts renewing a lease acquired by a request sent at `sent`; `token`
-    /// is a permit's id for [`Renewal::Permit`].
+    /// is a permit's id for [`Renewal::Permit`]. `loss` is the lease's own
+    /// signal (kept by every holder it passes to): it now also reads as
+    /// lost from the lease's local expiry on, which renewals move.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn watch(
         &self,
@@ -388,8 +398,8 @@ impl Watchdog {
         sent: Instant,
         ttl: Duration,
         cap: Option<Instant>,
+        loss: Arc<LossState>,
     ) -> Arc<WatchEntry> {
-        let loss = Arc::new(LossState::default());
         loss.expire_at(local_expiry(sent, ttl), LossReason::Unreachable);
         let entry = Arc::new(WatchEntry {
             key: key.clone(),
@@ -411,9 +421,12 @@ impl Watchdog {
         entry
     }
 
-    /// Stops renewing `entry` and forgets it.
+    /// Stops renewing `entry` and forgets it. Its lease's signal keeps a
+    /// local expiry already passed, and no other (see
+    /// [`LossState::forget_deadline`]).
     pub(crate) fn unwatch(&self, entry: &Arc<WatchEntry>) {
         entry.stop();
+        entry.loss.forget_deadline();
         self.shared
             .registry
             .lock()
@@ -710,15 +723,11 @@ fn renew_due(shared: &Shared, entries: &[Arc<WatchEntry>]) -> Instant {
                             d.entry.renewed(sent, d.ttl, d.generation);
                             next = next.min(sent + d.ttl / 3);
                         }
-                        Err(reason) => {
-                            d.entry.loss.lose(reason.into());
-                            d.entry.stop();
-                        }
+                        Err(reason) => d.entry.lost(reason.into()),
                     },
                     // This key alone holds something else now: taken.
                     Err(err) if err.code() == Some("WRONGTYPE") => {
-                        d.entry.loss.lose(LossReason::OwnedByOther);
-                        d.entry.stop();
+                        d.entry.lost(LossReason::OwnedByOther);
                     }
                     Err(err) => {
                         log::warn!("redmutex: renewing {:?} failed: {err}", d.entry.key);

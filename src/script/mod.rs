@@ -105,6 +105,11 @@ pub(crate) static SEM_EXTEND: LazyLock<Script> =
 pub(crate) static SEM_STATUS: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/sem_status.lua")));
 
+/// `lua/sem_check.lua`: whether a permit is in place, and the stored
+/// limit. Returns `{live, limit}`; reads only.
+pub(crate) static SEM_CHECK: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/sem_check.lua")));
+
 /// `lua/sem_set_limit.lua`: change a semaphore's limit. Returns the
 /// previous one (0: no state).
 pub(crate) static SEM_SET_LIMIT: LazyLock<Script> =

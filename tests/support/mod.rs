@@ -469,9 +469,10 @@ pub fn sha(lua: &str) -> String {
 }
 
 /// Every script of the crate, by file name.
-pub const SCRIPTS: [(&str, &str); 15] = [
+pub const SCRIPTS: [(&str, &str); 16] = [
     ("inspect", include_str!("../../lua/inspect.lua")),
     ("sem_status", include_str!("../../lua/sem_status.lua")),
+    ("sem_check", include_str!("../../lua/sem_check.lua")),
     ("sem_set_limit", include_str!("../../lua/sem_set_limit.lua")),
     ("sem_acquire", include_str!("../../lua/sem_acquire.lua")),
     ("sem_release", include_str!("../../lua/sem_release.lua")),

@@ -1,0 +1,386 @@
+//! Verification of leases passed between threads of one client.
+//!
+//! A lease handed from a releasing thread to a queued one (a lock's
+//! handoff, a newcomer's interception, a semaphore permit passed on) costs
+//! no Redis command: that is why a hot key reaches hundreds of thousands
+//! of acquisitions a second. But nothing local can tell that Redis no
+//! longer holds it: the key deleted (`force_release`, an operator), taken
+//! after an early expiry, lost in a restart without persistence or in a
+//! failover. Handed on regardless, it would make a second holder beside
+//! the client that took the key in Redis, made by this crate.
+//!
+//! So every lease that has been handed on (a *chain*) is checked in Redis
+//! while handoffs go on: each handoff asks for a check, and this client's
+//! verifier thread sends it, owner-checked and read-only, no sooner than
+//! [`MIN_GAP`] after the chain's last one and at once otherwise; checks
+//! due together go in one pipeline. When Redis says the lease is not ours
+//! any more, its loss signal fires: every holder sharing it reads as lost
+//! (`is_lost()`, zero `validity()`), it is never handed on again, and its
+//! release reports `NotHeld`. For a semaphore permit the check also reads
+//! the stored limit: a limit changed elsewhere stops the permit's
+//! handoffs (a handoff is an admission, which the new limit must decide).
+//!
+//! The bound: a chain is found lost within [`MIN_GAP`] + one round trip
+//! after the first handoff that follows the loss (on a hot chain, after
+//! the loss itself), while the verifier's connection answers. A chain
+//! costs at most one command per [`MIN_GAP`], and only while it is handed
+//! on; a lease that stays with one holder is checked by nothing here (the
+//! watchdog's renewals, when on, are its checks).
+//!
+//! A check sent twice, or late, is harmless: it only reads. A reply that
+//! comes after the chain ended (released in Redis, abandoned) is ignored,
+//! so a released lease never reads as lost.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::conn::backend::Backend;
+use crate::conn::policy::{self, Op};
+use crate::conn::stats::Stats;
+use crate::conn::worker::{STOP_WAIT, Worker};
+use crate::lease::loss::{LossReason, LossState};
+use crate::script;
+
+/// The verifier thread's name.
+pub(crate) const THREAD_NAME: &str = "redmutex-check";
+
+/// The least time between two checks of one chain.
+pub(crate) const MIN_GAP: Duration = Duration::from_millis(1);
+
+/// What a chain is in Redis, and so how it is checked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Probe {
+    /// A string key holding the token (`GET`).
+    Plain,
+    /// A semaphore permit granted under this limit
+    /// (`lua/sem_check.lua`).
+    Permit { limit: u32 },
+}
+
+/// One lease as it passes between threads of a client: shared by every
+/// holder along the way.
+pub(crate) struct Chain {
+    key: Arc<str>,
+    /// The token, or the permit's id.
+    token: Arc<str>,
+    probe: Probe,
+    /// The lease's own loss signal, which every holder reads.
+    loss: Arc<LossState>,
+    /// A check was asked for and not sent yet.
+    requested: AtomicBool,
+    /// The stored limit differs from the permit's: no more handoffs.
+    stale: AtomicBool,
+    state: Mutex<ChainState>,
+}
+
+#[derive(Default)]
+struct ChainState {
+    /// Released in Redis or abandoned: replies are no news any more.
+    done: bool,
+    /// When the last check was sent.
+    sent: Option<Instant>,
+}
+
+impl Chain {
+    pub(crate) fn new(
+        key: Arc<str>,
+        token: Arc<str>,
+        probe: Probe,
+        loss: Arc<LossState>,
+    ) -> Arc<Chain> {
+        Arc::new(Chain {
+            key,
+            token,
+            probe,
+            loss,
+            requested: AtomicBool::new(false),
+            stale: AtomicBool::new(false),
+            state: Mutex::default(),
+        })
+    }
+
+    /// Whether the lease may still be handed on, as far as checks tell:
+    /// not found lost, and (a permit) under the limit it was granted
+    /// with.
+    pub(crate) fn may_pass(&self) -> bool {
+        !self.stale.load(Ordering::Acquire) && self.loss.reason().is_none()
+    }
+
+    /// The chain ends: the lease is released in Redis (called before the
+    /// release is sent) or given up. A check answered after this is not
+    /// applied.
+    pub(crate) fn end(&self) {
+        self.state.lock().done = true;
+    }
+
+    /// What a check's reply says.
+    fn apply(&self, reply: &redis::RedisResult<redis::Value>) {
+        let verdict = match (self.probe, reply) {
+            (Probe::Plain, Ok(redis::Value::BulkString(value))) => {
+                (value.as_slice() != self.token.as_bytes()).then_some(LossReason::OwnedByOther)
+            }
+            (Probe::Plain, Ok(redis::Value::Nil)) => Some(LossReason::Expired),
+            (Probe::Permit { limit }, Ok(value)) => {
+                match redis::from_redis_value_ref::<(i64, i64)>(value) {
+                    Ok((live, stored)) => {
+                        if u32::try_from(stored).ok() != Some(limit) {
+                            self.stale.store(true, Ordering::Release);
+                        }
+                        (live != 1).then_some(LossReason::Expired)
+                    }
+                    // Not what the script answers: no verdict.
+                    Err(_) => None,
+                }
+            }
+            // Another type's value, or another owner's data: taken.
+            (_, Err(err)) if err.code() == Some("WRONGTYPE") => Some(LossReason::OwnedByOther),
+            // Failed on the way (or a reply of no known shape): no news;
+            // the next handoff asks again.
+            _ => None,
+        };
+        let Some(reason) = verdict else {
+            return;
+        };
+        // Under the chain's lock: an end that came first wins.
+        let state = self.state.lock();
+        if !state.done {
+            self.loss.lose(reason);
+            log::debug!(
+                "redmutex: a lease of {:?} passed between threads was found lost in Redis: {reason}",
+                self.key
+            );
+        }
+    }
+
+    fn call(&self) -> redis::Cmd {
+        match self.probe {
+            Probe::Plain => {
+                let mut cmd = redis::cmd("GET");
+                cmd.arg(&*self.key);
+                cmd
+            }
+            Probe::Permit { .. } => {
+                let mut cmd = redis::cmd("EVALSHA");
+                cmd.arg(script::SEM_CHECK.get_hash())
+                    .arg(1)
+                    .arg(&*self.key)
+                    .arg(&*self.token);
+                cmd
+            }
+        }
+    }
+}
+
+/// A client's verifier: one thread, started at the first handoff, ended
+/// with the client (bounded join).
+pub(crate) struct Verifier {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    backend: Backend,
+    stats: Arc<Stats>,
+    queue: Mutex<Queue>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// Chains asked to be checked.
+    asked: Vec<Arc<Chain>>,
+    thread: Option<Worker>,
+    shutdown: bool,
+}
+
+impl Verifier {
+    pub(crate) fn new(backend: Backend, stats: Arc<Stats>) -> Verifier {
+        Verifier {
+            shared: Arc::new(Shared {
+                backend,
+                stats,
+                queue: Mutex::default(),
+                wake: Condvar::new(),
+            }),
+        }
+    }
+
+    /// A handoff of `chain` happened: check it in Redis, within
+    /// [`MIN_GAP`] of its last check. One atomic swap when a check is
+    /// already asked for (the common case on a hot chain).
+    pub(crate) fn verify(&self, chain: &Arc<Chain>) {
+        if chain.requested.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut queue = self.shared.queue.lock();
+        if queue.shutdown {
+            return;
+        }
+        queue.asked.push(chain.clone());
+        if queue.thread.is_none() {
+            let shared = self.shared.clone();
+            match Worker::spawn(THREAD_NAME, move || run(&shared)) {
+                Ok(worker) => queue.thread = Some(worker),
+                Err(err) => {
+                    log::warn!("redmutex: cannot start the verifier thread: {err}");
+                    queue.asked.clear();
+                    chain.requested.store(false, Ordering::Release);
+                    return;
+                }
+            }
+        }
+        self.shared.wake.notify_one();
+    }
+}
+
+impl Drop for Verifier {
+    fn drop(&mut self) {
+        let thread = {
+            let mut queue = self.shared.queue.lock();
+            queue.shutdown = true;
+            self.shared.wake.notify_all();
+            queue.thread.take()
+        };
+        if let Some(thread) = thread {
+            thread.stop_within(STOP_WAIT);
+        }
+    }
+}
+
+fn run(shared: &Shared) {
+    loop {
+        let due = {
+            let mut queue = shared.queue.lock();
+            loop {
+                if queue.shutdown {
+                    return;
+                }
+                if queue.asked.is_empty() {
+                    shared.wake.wait(&mut queue);
+                    continue;
+                }
+                let now = Instant::now();
+                let next = |chain: &Arc<Chain>| {
+                    chain
+                        .state
+                        .lock()
+                        .sent
+                        .and_then(|sent| sent.checked_add(MIN_GAP))
+                        .unwrap_or(now)
+                };
+                let (due, later): (Vec<_>, Vec<_>) =
+                    queue.asked.drain(..).partition(|chain| next(chain) <= now);
+                let soonest = later.iter().map(next).min();
+                queue.asked = later;
+                if !due.is_empty() {
+                    break due;
+                }
+                if let Some(soonest) = soonest {
+                    shared.wake.wait_until(&mut queue, soonest);
+                }
+            }
+        };
+        let now = Instant::now();
+        // Asked again from here on: a handoff during this round queues the
+        // chain for the next.
+        for chain in &due {
+            chain.requested.store(false, Ordering::Release);
+            chain.state.lock().sent = Some(now);
+        }
+        check(shared, &due);
+    }
+}
+
+/// One pipeline of checks, within one I/O timeout; sent again on a fresh
+/// connection after a lost reply (they only read).
+fn check(shared: &Shared, due: &[Arc<Chain>]) {
+    let calls: Vec<redis::Cmd> = due.iter().map(|chain| chain.call()).collect();
+    let key = due.first().map_or("", |chain| &*chain.key);
+    shared.stats.commands(calls.len() as u64);
+    let replies = policy::run_within(
+        &shared.backend,
+        &shared.stats,
+        Op::Read,
+        key,
+        shared.backend.timeout(),
+        |con, _| script::pipelined(con, &calls, &[&script::SEM_CHECK], &shared.stats),
+    );
+    match replies {
+        Ok(replies) => {
+            for (chain, reply) in due.iter().zip(replies) {
+                chain.apply(&reply);
+            }
+        }
+        Err(err) => log::debug!("redmutex: checking leases passed between threads failed: {err}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chain(probe: Probe) -> Arc<Chain> {
+        Chain::new(
+            Arc::from("k"),
+            Arc::from("mine"),
+            probe,
+            Arc::new(LossState::default()),
+        )
+    }
+
+    fn bulk(text: &str) -> redis::RedisResult<redis::Value> {
+        Ok(redis::Value::BulkString(text.as_bytes().to_vec()))
+    }
+
+    #[test]
+    fn a_plain_check_reads_our_token_or_a_loss() {
+        let ours = chain(Probe::Plain);
+        ours.apply(&bulk("mine"));
+        assert!(ours.may_pass());
+        let taken = chain(Probe::Plain);
+        taken.apply(&bulk("theirs"));
+        assert_eq!(taken.loss.reason(), Some(LossReason::OwnedByOther));
+        assert!(!taken.may_pass());
+        let gone = chain(Probe::Plain);
+        gone.apply(&Ok(redis::Value::Nil));
+        assert_eq!(gone.loss.reason(), Some(LossReason::Expired));
+        let failed = chain(Probe::Plain);
+        failed.apply(&Err(redis::RedisError::from(std::io::Error::from(
+            std::io::ErrorKind::TimedOut,
+        ))));
+        assert!(failed.may_pass(), "no news is not a loss");
+    }
+
+    #[test]
+    fn a_reply_after_the_chain_ended_is_no_news() {
+        let released = chain(Probe::Plain);
+        released.end();
+        released.apply(&Ok(redis::Value::Nil));
+        assert_eq!(released.loss.reason(), None);
+    }
+
+    #[test]
+    fn a_permit_check_reads_its_place_and_the_limit() {
+        let reply = |live: i64, limit: i64| {
+            Ok(redis::Value::Array(vec![
+                redis::Value::Int(live),
+                redis::Value::Int(limit),
+            ]))
+        };
+        let fine = chain(Probe::Permit { limit: 3 });
+        fine.apply(&reply(1, 3));
+        assert!(fine.may_pass());
+        let lowered = chain(Probe::Permit { limit: 3 });
+        lowered.apply(&reply(1, 1));
+        assert!(!lowered.may_pass(), "a limit changed elsewhere");
+        assert_eq!(lowered.loss.reason(), None, "the permit itself is fine");
+        let gone = chain(Probe::Permit { limit: 3 });
+        gone.apply(&reply(0, 3));
+        assert_eq!(gone.loss.reason(), Some(LossReason::Expired));
+        let garbage = chain(Probe::Permit { limit: 3 });
+        garbage.apply(&bulk("what"));
+        assert!(garbage.may_pass());
+    }
+}
