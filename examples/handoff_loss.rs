@@ -150,10 +150,7 @@ fn main() {
     }
     let elapsed = started.elapsed();
     stop.store(true, Ordering::Relaxed);
-    let acquisitions: u64 = workers
-        .into_iter()
-        .map(|w| w.join().expect("worker"))
-        .sum();
+    let acquisitions: u64 = workers.into_iter().map(|w| w.join().expect("worker")).sum();
     took.sort();
     let at = |q: f64| {
         let i = ((took.len() as f64 - 1.0) * q).round() as usize;

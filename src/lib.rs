@@ -79,6 +79,14 @@
 //!   turns it off, interception with it.
 //!   Reentrant holds are unaffected: a handoff happens only when the
 //!   outermost guard goes.
+//!   A lease passed on is checked in Redis (read-only, owner-checked, by a
+//!   thread of the client, 1 ms after Redis last vouched for it): one that
+//!   Redis no longer holds (deleted, expired early, lost in a restart or
+//!   failover) reads as lost on every holder within 1 ms and a round trip
+//!   of the first handoff after the loss, is never passed on again, and its
+//!   `unlock()` reports [`Error::NotHeld`]. A semaphore permit passed on is
+//!   checked with the stored limit, and passes only to a handle opened with
+//!   its limit.
 //!
 //! ## Watchdog and fencing
 //!

@@ -323,7 +323,10 @@ fn a_lease_redis_no_longer_holds_is_found_lost_when_passed_on_and_passed_no_furt
         for waiter in waiters {
             waiter.join().expect("waiter");
         }
-        let handed: Vec<_> = outcomes.iter().filter_map(|(_, got)| got.as_ref()).collect();
+        let handed: Vec<_> = outcomes
+            .iter()
+            .filter_map(|(_, got)| got.as_ref())
+            .collect();
         assert_eq!(
             support::get(&server, &key).as_deref(),
             Some(theirs.token()),

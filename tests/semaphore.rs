@@ -707,16 +707,18 @@ fn a_limit_lowered_elsewhere_stops_handoffs() {
         let waiters: Vec<_> = (0..2)
             .map(|_| {
                 let three = three.clone();
-                std::thread::spawn(move || match three.try_acquire_for(Duration::from_secs(2)) {
-                    // Held long enough for its check to come back, then
-                    // let go: passed on only if the check allows.
-                    Ok(Some(permit)) => {
-                        std::thread::sleep(Duration::from_millis(300));
-                        drop(permit);
-                        true
-                    }
-                    _ => false,
-                })
+                std::thread::spawn(
+                    move || match three.try_acquire_for(Duration::from_secs(2)) {
+                        // Held long enough for its check to come back, then
+                        // let go: passed on only if the check allows.
+                        Ok(Some(permit)) => {
+                            std::thread::sleep(Duration::from_millis(300));
+                            drop(permit);
+                            true
+                        }
+                        _ => false,
+                    },
+                )
             })
             .collect();
         std::thread::sleep(Duration::from_millis(50));
@@ -724,7 +726,10 @@ fn a_limit_lowered_elsewhere_stops_handoffs() {
             .set_permits(1)
             .expect("the limit lowered elsewhere");
         let handoffs = client.stats().handoffs;
-        held.pop().map(|permit| permit.release()).transpose().expect("release");
+        held.pop()
+            .map(|permit| permit.release())
+            .transpose()
+            .expect("release");
         let got = waiters
             .into_iter()
             .map(|w| w.join().expect("waiter"))

@@ -24,6 +24,7 @@ fn threads() -> HashMap<String, usize> {
         let kind = [
             "redmutex-sub",
             "redmutex-dog",
+            "redmutex-check",
             "redmutex-pool",
             "r2d2-worker",
         ]
@@ -40,8 +41,26 @@ fn count(name: &str) -> usize {
 }
 
 /// Starts every thread a client can have: pool connections, the watchdog
-/// (a watched lease), the subscriber (a waiter on a key held elsewhere).
+/// (a watched lease), the subscriber (a waiter on a key held elsewhere),
+/// the verifier (a lease handed from one thread to another).
 fn use_fully(server: &RedisServer, client: &LockClient, key: &str) {
+    let passed = DistributedLock::new(client, format!("{key}-passed"));
+    // Until a handoff happened (the waiter queued in time): almost always
+    // the first try.
+    for _ in 0..20 {
+        let handoffs = client.stats().handoffs;
+        let held = passed.lock().expect("lock");
+        let waiter = {
+            let passed = passed.clone();
+            std::thread::spawn(move || drop(passed.lock().expect("handed over")))
+        };
+        std::thread::sleep(Duration::from_millis(5));
+        drop(held);
+        waiter.join().expect("waiter");
+        if client.stats().handoffs > handoffs {
+            break;
+        }
+    }
     let guard = DistributedLock::with_options(
         client,
         key,
@@ -78,6 +97,7 @@ fn dropped_clients_leave_no_threads_and_drop_is_bounded() {
     }
     assert!(count("redmutex-dog") >= 40, "{:?}", threads());
     assert!(count("redmutex-sub") >= 40, "{:?}", threads());
+    assert!(count("redmutex-check") >= 40, "{:?}", threads());
     let started = Instant::now();
     drop(clients);
     assert!(
@@ -89,6 +109,7 @@ fn dropped_clients_leave_no_threads_and_drop_is_bounded() {
         let now = threads();
         !now.contains_key("redmutex-dog")
             && !now.contains_key("redmutex-sub")
+            && !now.contains_key("redmutex-check")
             && !now.contains_key("r2d2-worker")
     });
     assert!(gone, "threads left: {:?}", threads());

@@ -12,15 +12,18 @@
 //!
 //! A `pthread_atfork` child handler bumps a generation (one atomic add,
 //! async-signal-safe); a [`Birth`] records the generation and the process
-//! id it was made in. The process id alone would do after a `fork` that
-//! did not run the handler (a raw `clone` system call), so both are
-//! compared.
+//! id it was made in. Asking whether a birth is current is on every lock
+//! call's path, so it reads the generation alone (an atomic load: the
+//! process id is a system call on current C libraries); only where the
+//! handler could not be registered is the process id compared instead.
 
 use std::sync::Once;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 static FORKS: AtomicU64 = AtomicU64::new(0);
 static WATCH: Once = Once::new();
+/// The handler is registered: the generation tells a fork.
+static WATCHED: AtomicBool = AtomicBool::new(false);
 
 #[cfg(unix)]
 extern "C" fn forked() {
@@ -37,6 +40,7 @@ fn watch() {
             // SAFETY: registers a handler that only bumps an atomic; never
             // unregistered (the function lives as long as the process).
             let rc = unsafe { libc::pthread_atfork(None, None, Some(forked)) };
+            WATCHED.store(rc == 0, Ordering::SeqCst);
             if rc != 0 {
                 log::debug!(
                     "redmutex: pthread_atfork failed ({rc}); a fork is told by the process id alone"
@@ -72,7 +76,8 @@ impl Birth {
     /// Whether this is still the process it was made in (not a child
     /// forked since).
     pub(crate) fn is_current(&self) -> bool {
-        self.generation == FORKS.load(Ordering::SeqCst) && self.pid == std::process::id()
+        self.generation == FORKS.load(Ordering::Acquire)
+            && (WATCHED.load(Ordering::Relaxed) || self.pid == std::process::id())
     }
 
     /// The process id it was made in.

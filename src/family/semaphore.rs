@@ -538,6 +538,7 @@ impl Contender for Take<'_> {
         let semaphore = self.semaphore;
         semaphore.client.counters().handed_over(semaphore.tag());
         permit.held_since = Some(Instant::now());
+        permit.passed_on();
         Ok(Some(permit))
     }
 }
@@ -689,6 +690,24 @@ impl Permit {
         }
     }
 
+    /// A permit passed on by another thread is checked in Redis (its chain
+    /// made at its first handoff): a permit gone there, or a limit changed
+    /// elsewhere, stops its handoffs within a millisecond and a round trip
+    /// of this one.
+    fn passed_on(&mut self) {
+        let chain = self.chain.take().unwrap_or_else(|| {
+            Chain::new(
+                Arc::from(self.key.as_str()),
+                Arc::from(self.id.as_str()),
+                Probe::Permit { limit: self.limit },
+                self.loss.clone(),
+                self.acquired_at,
+            )
+        });
+        self.client.verifier().verify(&chain);
+        self.chain = Some(chain);
+    }
+
     /// Counts this permit among the client's holds of the key until the
     /// lease a request sent at `sent` for `ttl` gave it (local clock).
     fn count_held(&self, sent: Instant, ttl: Duration) {
@@ -705,7 +724,7 @@ impl Permit {
     /// Marks the permit done without touching Redis (it was lost).
     fn abandon(&mut self) {
         self.released = true;
-        if let Some(chain) = &self.chain {
+        if let Some(chain) = self.chain.take() {
             chain.end();
         }
         self.client
@@ -867,14 +886,6 @@ impl Permit {
 
     fn let_go(&mut self) -> Result<(), Error> {
         if self.may_hand_off() {
-            let chain = self.chain.clone().unwrap_or_else(|| {
-                Chain::new(
-                    Arc::from(self.key.as_str()),
-                    Arc::from(self.id.as_str()),
-                    Probe::Permit { limit: self.limit },
-                    self.loss.clone(),
-                )
-            });
             let gift = PermitGift {
                 id: self.id.clone(),
                 sent: self.sent,
@@ -884,25 +895,21 @@ impl Permit {
                 watch: self.watch.clone(),
                 loss: self.loss.clone(),
                 generation: self.generation,
-                chain: Some(chain.clone()),
+                chain: self.chain.take(),
             };
-            if self
-                .local
-                .queues
-                .offer(&self.queue_key, gift, false)
-                .is_ok()
-            {
-                self.client.counters().handoff();
-                // Checked in Redis while it is passed on: a permit gone
-                // there, or a limit changed elsewhere, stops its handoffs
-                // within a millisecond and a round trip.
-                self.client.verifier().verify(&chain);
-                return Ok(());
+            // Passed on without Redis: its receiver has it checked there
+            // (`Permit::passed_on`).
+            match self.local.queues.offer(&self.queue_key, gift, false) {
+                Ok(()) => {
+                    self.client.counters().handoff();
+                    return Ok(());
+                }
+                Err(gift) => self.chain = gift.chain,
             }
         }
         // Given back in Redis, or found lost, from here: checks answered
         // after this are no news.
-        if let Some(chain) = &self.chain {
+        if let Some(chain) = self.chain.take() {
             chain.end();
         }
         // No renewal starts from here on; one in flight is ignored.

@@ -40,8 +40,9 @@ pub(crate) struct Handoff {
     pub(crate) watch: Option<Arc<WatchEntry>>,
     /// The lease's loss signal, which goes along with it.
     pub(crate) loss: Arc<LossState>,
-    /// Its checks in Redis while it is passed on ([`Chain`]).
-    pub(crate) chain: Arc<Chain>,
+    /// Its checks in Redis while it is passed on ([`Chain`]): made by its
+    /// first receiver, then passed along.
+    pub(crate) chain: Option<Arc<Chain>>,
 }
 
 /// The plain lock's state in one client ([`LockClient::local`]): its wait
@@ -125,8 +126,9 @@ pub(crate) struct Lease {
     /// lease's timing).
     watch: Option<Arc<WatchEntry>>,
     pub(crate) loss: Arc<LossState>,
-    /// Its checks in Redis, once it has been passed on.
-    chain: Option<Arc<Chain>>,
+    /// Its checks in Redis, once it has been passed on (moved, not
+    /// cloned, from holder to holder).
+    chain: Cell<Option<Arc<Chain>>>,
     /// For the client's stats: the lock type and key class.
     tag: Tag,
     /// When this holder got the lease (acquired, or a handoff accepted);
@@ -183,7 +185,7 @@ impl Lease {
             fence,
             watch,
             loss,
-            chain: None,
+            chain: Cell::new(None),
             tag: tag_of(options),
             held_since: Cell::new(Some(Instant::now())),
         }
@@ -214,15 +216,29 @@ impl Lease {
             fence: None,
             watch: handoff.watch,
             loss: handoff.loss,
-            chain: Some(handoff.chain),
+            chain: Cell::new(handoff.chain),
             tag: tag_of(options),
             held_since: Cell::new(None),
         }
     }
 
-    /// A handed-over lease was accepted: its hold begins now.
+    /// A handed-over lease was accepted: its hold begins now, and it is
+    /// checked in Redis (its chain made at its first handoff), so a lease
+    /// Redis no longer holds is found lost within a millisecond and a round
+    /// trip of its handoff, and passed on no further.
     pub(crate) fn accepted(&self) {
         self.held_since.set(Some(Instant::now()));
+        let chain = self.chain.take().unwrap_or_else(|| {
+            Chain::new(
+                self.key.clone(),
+                self.token.clone(),
+                Probe::Plain,
+                self.loss.clone(),
+                self.acquired_at,
+            )
+        });
+        self.client.verifier().verify(&chain);
+        self.chain.set(Some(chain));
     }
 
     /// Applies a receiver's options to a lease handed over to it: its
@@ -281,7 +297,7 @@ impl Lease {
     /// Marks the lease done without touching Redis (it was lost).
     pub(crate) fn abandon(&self) {
         if !self.released.replace(true) {
-            if let Some(chain) = &self.chain {
+            if let Some(chain) = self.chain.take() {
                 chain.end();
             }
             self.client
@@ -384,14 +400,6 @@ impl Lease {
         holds::leave(self.client.id(), &self.key, self);
         if self.may_hand_off() {
             let (sent, ttl) = self.timing();
-            let chain = self.chain.clone().unwrap_or_else(|| {
-                Chain::new(
-                    self.key.clone(),
-                    self.token.clone(),
-                    Probe::Plain,
-                    self.loss.clone(),
-                )
-            });
             let handoff = Handoff {
                 token: self.token.clone(),
                 sent,
@@ -400,7 +408,7 @@ impl Lease {
                 acquired_at: self.acquired_at,
                 watch: self.watch.clone(),
                 loss: self.loss.clone(),
-                chain: chain.clone(),
+                chain: self.chain.take(),
             };
             // Interceptable only after a hold shorter than a thread's wake-up:
             // waking a waiter would cost more than the hold. Longer holds
@@ -410,18 +418,19 @@ impl Lease {
                 .held_since
                 .get()
                 .is_some_and(|since| since.elapsed() < SHORT_HOLD);
-            if self.local.queues.offer(&self.key, handoff, short).is_ok() {
-                self.client.counters().handoff();
-                // Passed on without Redis: checked there, so a lease Redis
-                // no longer holds is found lost within a millisecond and a
-                // round trip, and passed on no further.
-                self.client.verifier().verify(&chain);
-                return Ok(());
+            // Passed on without Redis: its receiver has it checked there
+            // (`Lease::accepted`).
+            match self.local.queues.offer(&self.key, handoff, short) {
+                Ok(()) => {
+                    self.client.counters().handoff();
+                    return Ok(());
+                }
+                Err(handoff) => self.chain.set(handoff.chain),
             }
         }
         // Released in Redis, or found lost, from here: checks answered
         // after this are no news.
-        if let Some(chain) = &self.chain {
+        if let Some(chain) = self.chain.take() {
             chain.end();
         }
         // No renewal starts from here on; one in flight is ignored.

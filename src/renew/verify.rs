@@ -11,9 +11,12 @@
 //!
 //! So every lease that has been handed on (a *chain*) is checked in Redis
 //! while handoffs go on: each handoff asks for a check, and this client's
-//! verifier thread sends it, owner-checked and read-only, no sooner than
-//! [`MIN_GAP`] after the chain's last one and at once otherwise; checks
-//! due together go in one pipeline. When Redis says the lease is not ours
+//! verifier thread sends it, owner-checked and read-only, [`MIN_GAP`] after
+//! Redis last vouched for the lease (its acquisition, or the chain's last
+//! check), or at once when that is past; checks due together go in one
+//! pipeline. A chain that ends (released in Redis, whose owner-checked
+//! release answers for it) before its check is due costs no check: a hot
+//! chain of a few hundred handoffs in under a millisecond costs none. When Redis says the lease is not ours
 //! any more, its loss signal fires: every holder sharing it reads as lost
 //! (`is_lost()`, zero `validity()`), it is never handed on again, and its
 //! release reports `NotHeld`. For a semaphore permit the check also reads
@@ -22,10 +25,12 @@
 //!
 //! The bound: a chain is found lost within [`MIN_GAP`] + one round trip
 //! after the first handoff that follows the loss (on a hot chain, after
-//! the loss itself), while the verifier's connection answers. A chain
-//! costs at most one command per [`MIN_GAP`], and only while it is handed
-//! on; a lease that stays with one holder is checked by nothing here (the
-//! watchdog's renewals, when on, are its checks).
+//! the loss itself), while the verifier's connection answers and its
+//! thread gets a processor; or its release in Redis, the chain's end,
+//! says so sooner. A chain costs at most one command per [`MIN_GAP`], and
+//! only while it is handed on; a lease that stays with one holder is
+//! checked by nothing here (the watchdog's renewals, when on, are its
+//! checks).
 //!
 //! A check sent twice, or late, is harmless: it only reads. A reply that
 //! comes after the chain ended (released in Redis, abandoned) is ignored,
@@ -76,20 +81,23 @@ pub(crate) struct Chain {
     state: Mutex<ChainState>,
 }
 
-#[derive(Default)]
 struct ChainState {
     /// Released in Redis or abandoned: replies are no news any more.
     done: bool,
-    /// When the last check was sent.
-    sent: Option<Instant>,
+    /// When Redis last vouched for the lease: the request that acquired it
+    /// left, or the last check did.
+    vouched: Instant,
 }
 
 impl Chain {
+    /// The chain of a lease whose acquisition (or last renewal) left at
+    /// `vouched`: the first check is due [`MIN_GAP`] after that.
     pub(crate) fn new(
         key: Arc<str>,
         token: Arc<str>,
         probe: Probe,
         loss: Arc<LossState>,
+        vouched: Instant,
     ) -> Arc<Chain> {
         Arc::new(Chain {
             key,
@@ -98,8 +106,17 @@ impl Chain {
             loss,
             requested: AtomicBool::new(false),
             stale: AtomicBool::new(false),
-            state: Mutex::default(),
+            state: Mutex::new(ChainState {
+                done: false,
+                vouched,
+            }),
         })
+    }
+
+    /// When its next check is due.
+    fn due(&self) -> Instant {
+        let vouched = self.state.lock().vouched;
+        vouched.checked_add(MIN_GAP).unwrap_or(vouched)
     }
 
     /// Whether the lease may still be handed on, as far as checks tell:
@@ -189,8 +206,11 @@ struct Shared {
 
 #[derive(Default)]
 struct Queue {
-    /// Chains asked to be checked.
-    asked: Vec<Arc<Chain>>,
+    /// Chains asked to be checked, and when each is due.
+    asked: Vec<(Instant, Arc<Chain>)>,
+    /// When the thread wakes by itself; `None` while it sleeps with no
+    /// deadline. A chain due sooner wakes it.
+    wake_at: Option<Instant>,
     thread: Option<Worker>,
     shutdown: bool,
 }
@@ -207,18 +227,25 @@ impl Verifier {
         }
     }
 
-    /// A handoff of `chain` happened: check it in Redis, within
-    /// [`MIN_GAP`] of its last check. One atomic swap when a check is
-    /// already asked for (the common case on a hot chain).
+    /// A handoff of `chain` happened: check it in Redis, [`MIN_GAP`] after
+    /// Redis last vouched for it (at once when that is past). One atomic
+    /// load when a check is already asked for (the common case on a hot
+    /// chain); otherwise one short lock, and the thread woken only when
+    /// it would sleep past this chain's check.
     pub(crate) fn verify(&self, chain: &Arc<Chain>) {
-        if chain.requested.swap(true, Ordering::AcqRel) {
+        if chain.requested.load(Ordering::Acquire) || chain.requested.swap(true, Ordering::AcqRel) {
             return;
         }
+        let due = chain.due();
         let mut queue = self.shared.queue.lock();
         if queue.shutdown {
             return;
         }
-        queue.asked.push(chain.clone());
+        queue.asked.push((due, chain.clone()));
+        let wake = queue.wake_at.is_none_or(|at| at > due);
+        if wake {
+            queue.wake_at = Some(due);
+        }
         if queue.thread.is_none() {
             let shared = self.shared.clone();
             match Worker::spawn(THREAD_NAME, move || run(&shared)) {
@@ -231,7 +258,9 @@ impl Verifier {
                 }
             }
         }
-        self.shared.wake.notify_one();
+        if wake {
+            self.shared.wake.notify_one();
+        }
     }
 }
 
@@ -250,46 +279,52 @@ impl Drop for Verifier {
 }
 
 fn run(shared: &Shared) {
+    let mut due: Vec<Arc<Chain>> = Vec::new();
     loop {
-        let due = {
+        due.clear();
+        {
             let mut queue = shared.queue.lock();
             loop {
                 if queue.shutdown {
                     return;
                 }
-                if queue.asked.is_empty() {
-                    shared.wake.wait(&mut queue);
-                    continue;
-                }
                 let now = Instant::now();
-                let next = |chain: &Arc<Chain>| {
-                    chain
-                        .state
-                        .lock()
-                        .sent
-                        .and_then(|sent| sent.checked_add(MIN_GAP))
-                        .unwrap_or(now)
-                };
-                let (due, later): (Vec<_>, Vec<_>) =
-                    queue.asked.drain(..).partition(|chain| next(chain) <= now);
-                let soonest = later.iter().map(next).min();
-                queue.asked = later;
+                let mut soonest: Option<Instant> = None;
+                queue.asked.retain(|(at, chain)| {
+                    if *at > now {
+                        soonest = Some(soonest.map_or(*at, |s| s.min(*at)));
+                        return true;
+                    }
+                    due.push(chain.clone());
+                    false
+                });
                 if !due.is_empty() {
-                    break due;
+                    break;
                 }
-                if let Some(soonest) = soonest {
-                    shared.wake.wait_until(&mut queue, soonest);
+                // Planned and slept on under the queue's lock, which a
+                // chain due sooner takes to wake it: none is missed.
+                queue.wake_at = soonest;
+                match soonest {
+                    Some(at) => {
+                        shared.wake.wait_until(&mut queue, at);
+                    }
+                    None => shared.wake.wait(&mut queue),
                 }
             }
-        };
+        }
         let now = Instant::now();
         // Asked again from here on: a handoff during this round queues the
-        // chain for the next.
-        for chain in &due {
+        // chain for the next. A chain that ended meanwhile needs no check:
+        // its release in Redis answered for it.
+        due.retain(|chain| {
             chain.requested.store(false, Ordering::Release);
-            chain.state.lock().sent = Some(now);
+            let mut state = chain.state.lock();
+            state.vouched = now;
+            !state.done
+        });
+        if !due.is_empty() {
+            check(shared, &due);
         }
-        check(shared, &due);
     }
 }
 
@@ -327,6 +362,7 @@ mod tests {
             Arc::from("mine"),
             probe,
             Arc::new(LossState::default()),
+            Instant::now(),
         )
     }
 
