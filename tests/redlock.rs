@@ -404,3 +404,57 @@ fn requests_for_unreachable_nodes_are_not_applied_after_they_heal() {
         );
     }
 }
+
+/// On main `unlock()` said `Ok(())` while another client held the RedLock:
+/// A's key lived on on node 2 (its `SET` arrived late there), expired on
+/// nodes 0 and 1, and client B took the RedLock on those two; A's unlock
+/// heard node 2 release and one of B's nodes, and called that a release.
+/// `Ok` now needs a majority that held our token, and the answer is the
+/// same whichever nodes answer first.
+#[test]
+fn unlock_and_extend_tell_the_truth_when_another_client_holds_the_majority() {
+    let nodes = RedisServer::start_many(3);
+    let options = LeaseOptions::default().ttl(Duration::from_secs(30));
+    let a = RedLock::with_options(clients(&nodes), "truth", options).expect("A");
+    let b = RedLock::with_options(clients(&nodes), "truth", options).expect("B");
+    for round in 0..3 {
+        let mut held = a.lock().expect("A locks");
+        // A's key lives on on node 2 only; nodes 0 and 1 lose it.
+        for node in &nodes[..2] {
+            let _: () = node.conn().del("truth").expect("DEL");
+        }
+        let theirs = b.try_lock().expect("B tries").expect("B takes 0 and 1");
+        assert_eq!(value(&nodes[2], "truth").as_deref(), Some(held.token()));
+        let extended = held.extend(Duration::from_secs(30));
+        assert!(
+            matches!(
+                extended,
+                Err(Error::NotHeld {
+                    reason: redmutex::NotHeldReason::OwnedByOther,
+                    ..
+                })
+            ),
+            "round {round}: extend gave {extended:?}"
+        );
+        let unlocked = held.unlock();
+        assert!(
+            matches!(
+                unlocked,
+                Err(Error::NotHeld {
+                    reason: redmutex::NotHeldReason::OwnedByOther,
+                    ..
+                })
+            ),
+            "round {round}: unlock gave {unlocked:?}"
+        );
+        // Nothing of B's was touched; A's stray key on node 2 is gone.
+        for node in &nodes[..2] {
+            assert_eq!(value(node, "truth").as_deref(), Some(theirs.token()));
+        }
+        assert!(wait_until(Duration::from_secs(2), || value(
+            &nodes[2], "truth"
+        )
+        .is_none()));
+        theirs.unlock().expect("B unlocks");
+    }
+}

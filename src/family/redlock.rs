@@ -810,12 +810,18 @@ impl RedLockGuard {
     /// parallel); succeeds as soon as a majority extended in time. Waits at
     /// most the node timeout, and never for a node known down (see
     /// [`RedLock`]): a request its node's thread could not start in time
-    /// is dropped unsent.
+    /// is dropped unsent. When no majority extended, the answer does not
+    /// depend on which nodes answered first: every node is waited for
+    /// (within the node timeout).
     ///
     /// # Errors
     ///
-    /// [`Error::QuorumLost`] when fewer than a majority extended: the lock must
-    /// be considered lost; [`Error::InvalidArgument`] for a bad ttl.
+    /// [`Error::NotHeld`] when no majority still held our token but a
+    /// majority answered: [`NotHeldReason::OwnedByOther`] when any node
+    /// holds another owner's token, [`NotHeldReason::Expired`] when none
+    /// does; [`Error::QuorumLost`] when no majority answered in time, or
+    /// the extension took the whole ttl: either way the lock must be
+    /// considered lost; [`Error::InvalidArgument`] for a bad ttl.
     pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         let millis = ttl_millis(ttl)?;
         let ttl = Duration::from_millis(millis);
@@ -841,56 +847,48 @@ impl RedLockGuard {
             });
         }
         drop(tx);
-        let quorum = self.nodes.len() / 2 + 1;
-        let extended = |results: &[Option<Result<(), Error>>]| {
-            results.iter().filter(|r| matches!(r, Some(Ok(())))).count()
-        };
-        collect(
-            &rx,
-            &mut results,
-            pending,
-            give_up,
-            self.timeout,
-            |r, pending| {
-                let done = extended(r);
-                done >= quorum || done + pending < quorum
-            },
-        );
+        let tally = collect(&rx, &mut results, pending, give_up, self.timeout);
         let results = settle(results, self.timeout);
-        let done = results.iter().filter(|r| r.is_ok()).count();
-        match ttl.checked_sub(started.elapsed() + drift(ttl)) {
-            Some(validity) if done >= quorum && !validity.is_zero() => {
-                self.valid_until = started + validity;
-                self.ttl = ttl;
-                Ok(())
-            }
-            _ => {
-                // Some nodes may have taken the new, shorter ttl: nothing
-                // is promised any more.
-                self.valid_until = Instant::now();
-                Err(Error::QuorumLost {
-                    key: self.key.clone(),
-                    extended: done,
-                    needed: quorum,
-                    failed: failures(&results),
-                })
-            }
+        let verdict = tally.verdict();
+        let validity = ttl.checked_sub(started.elapsed() + drift(ttl));
+        if let (Verdict::Confirmed, Some(validity)) = (verdict, validity)
+            && !validity.is_zero()
+        {
+            self.valid_until = started + validity;
+            self.ttl = ttl;
+            return Ok(());
+        }
+        // Some nodes may have taken the new, shorter ttl: nothing is
+        // promised any more.
+        self.valid_until = Instant::now();
+        match verdict {
+            Verdict::NotHeld(reason) => Err(Error::not_held(&self.key, reason)),
+            Verdict::Confirmed | Verdict::Unheard => Err(Error::QuorumLost {
+                key: self.key.clone(),
+                extended: tally.confirmed,
+                needed: tally.quorum,
+                failed: failures(&results),
+            }),
         }
     }
 
     /// Releases on every node (owner-checked, in parallel), and returns as
-    /// soon as a majority answered (released, or no longer ours): the lock
-    /// is free for others then. Waits at most the node timeout, and never
-    /// for a node known down; the nodes not heard from are released in the
-    /// background (by their node thread, or their client's cleanup once
-    /// they answer), and their keys expire by the ttl at worst.
+    /// soon as a majority released our token: the lock is free for others
+    /// then. Waits at most the node timeout, and never for a node known
+    /// down; the nodes not heard from are released in the background (by
+    /// their node thread, or their client's cleanup once they answer), and
+    /// their keys expire by the ttl at worst. When no majority released,
+    /// every node is waited for (within the node timeout), so the answer
+    /// does not depend on which nodes answered first.
     ///
     /// # Errors
     ///
-    /// [`Error::NotHeld`] when the majority that answered no longer held
-    /// our token (the lease had run out); [`Error::NodesUnreachable`] when
-    /// no majority answered within the node timeout (how many released,
-    /// and what each failed node met).
+    /// [`Error::NotHeld`] when no majority still held our token but a
+    /// majority answered: [`NotHeldReason::OwnedByOther`] when any node
+    /// holds another owner's token (another client may hold the RedLock),
+    /// [`NotHeldReason::Expired`] when none does (the lease had run out);
+    /// [`Error::NodesUnreachable`] when no majority answered within the
+    /// node timeout (how many released, and what each failed node met).
     pub fn unlock(mut self) -> Result<(), Error> {
         self.release()
     }
@@ -913,20 +911,7 @@ impl RedLockGuard {
             results[*node] = Some(Err(known_down()));
         }
         let pending = self.nodes.len().saturating_sub(deferred.len());
-        let quorum = self.nodes.len() / 2 + 1;
-        // Released, or not ours any more: either way that node no longer
-        // stands in anyone's way.
-        let answered = |results: &[Option<Result<(), Error>>]| {
-            results
-                .iter()
-                .filter(|r| {
-                    matches!(r, Some(Ok(()))) || matches!(r, Some(Err(e)) if e.is_not_held())
-                })
-                .count()
-        };
-        collect(&rx, &mut results, pending, give_up, self.timeout, |r, _| {
-            answered(r) >= quorum
-        });
+        let tally = collect(&rx, &mut results, pending, give_up, self.timeout);
         let now = Instant::now();
         for (node, result) in results.iter().enumerate() {
             // Not heard from by the deadline (not merely not needed once a
@@ -940,60 +925,162 @@ impl RedLockGuard {
                 target.health.failed(now);
             }
         }
-        let heard = answered(&results);
         let results = settle(results, self.timeout);
-        let released = results.iter().filter(|r| r.is_ok()).count();
-        if heard >= quorum {
-            if released == 0 {
-                return Err(Error::not_held(&self.key, NotHeldReason::Expired));
+        match tally.verdict() {
+            Verdict::Confirmed => {
+                let rest = failures(&results);
+                if !rest.is_empty() {
+                    log::debug!(
+                        "redmutex: RedLock {:?} released on a majority; the rest in the background: {}",
+                        self.key,
+                        rest.join("; ")
+                    );
+                }
+                Ok(())
             }
-            let rest = failures(&results);
-            if !rest.is_empty() {
-                log::debug!(
-                    "redmutex: RedLock {:?} released on a majority; the rest in the background: {}",
-                    self.key,
-                    rest.join("; ")
-                );
-            }
-            return Ok(());
+            Verdict::NotHeld(reason) => Err(Error::not_held(&self.key, reason)),
+            Verdict::Unheard => Err(Error::NodesUnreachable {
+                key: self.key.clone(),
+                released: tally.confirmed,
+                nodes: self.nodes.len(),
+                failed: failures(&results),
+            }),
         }
-        Err(Error::NodesUnreachable {
-            key: self.key.clone(),
-            released,
-            nodes: self.nodes.len(),
-            failed: failures(&results),
-        })
     }
 }
 
-/// Collects the nodes' answers into `results` until `done(results)` says
-/// enough, every request answered, or `give_up` passed; a request dropped
-/// unsent counts as no answer in `timeout`.
+/// One node's answer to an owner-checked release or extension.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Answer {
+    /// It held our token, and released or extended it.
+    Confirmed,
+    /// The key was gone.
+    Expired,
+    /// The key held another owner's token (or another type's data).
+    Taken,
+    /// No answer: unreachable, too slow, or an error reply.
+    Failed,
+}
+
+impl Answer {
+    fn of(result: &Result<(), Error>) -> Answer {
+        match result {
+            Ok(()) => Answer::Confirmed,
+            Err(err) => match err.not_held_reason() {
+                Some(NotHeldReason::Expired) => Answer::Expired,
+                Some(_) => Answer::Taken,
+                None if matches!(err, Error::WrongType { .. }) => Answer::Taken,
+                None => Answer::Failed,
+            },
+        }
+    }
+}
+
+/// What the nodes' answers to a release or an extension say about the
+/// lock as a whole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    /// A majority held our token and did as asked.
+    Confirmed,
+    /// No majority held our token, and a majority answered: another
+    /// owner's token on any node is `OwnedByOther`, else `Expired`.
+    NotHeld(NotHeldReason),
+    /// No majority answered.
+    Unheard,
+}
+
+/// The answers so far to a request sent to `nodes` nodes, and the verdict
+/// they give. Decided on every answer that can arrive, never on the order
+/// they arrive in: the caller stops waiting only once the verdict is
+/// [`Tally::is_final`], that is, no answer still to come could change it.
+#[derive(Clone, Copy, Debug)]
+struct Tally {
+    quorum: usize,
+    confirmed: usize,
+    expired: usize,
+    taken: usize,
+    /// Nodes whose answer may still come.
+    pending: usize,
+}
+
+impl Tally {
+    fn new(nodes: usize, pending: usize) -> Tally {
+        Tally {
+            quorum: nodes / 2 + 1,
+            confirmed: 0,
+            expired: 0,
+            taken: 0,
+            pending: pending.min(nodes),
+        }
+    }
+
+    fn record(&mut self, answer: Answer) {
+        self.pending = self.pending.saturating_sub(1);
+        match answer {
+            Answer::Confirmed => self.confirmed += 1,
+            Answer::Expired => self.expired += 1,
+            Answer::Taken => self.taken += 1,
+            Answer::Failed => {}
+        }
+    }
+
+    fn verdict(&self) -> Verdict {
+        if self.confirmed >= self.quorum {
+            Verdict::Confirmed
+        } else if self.confirmed + self.expired + self.taken >= self.quorum {
+            Verdict::NotHeld(if self.taken > 0 {
+                NotHeldReason::OwnedByOther
+            } else {
+                NotHeldReason::Expired
+            })
+        } else {
+            Verdict::Unheard
+        }
+    }
+
+    /// Whether every way the pending answers could go gives the verdict
+    /// there is now: a majority confirmed; or none can, a majority answered
+    /// and one of them was another owner's; or nothing is pending.
+    fn is_final(&self) -> bool {
+        self.pending == 0
+            || self.confirmed >= self.quorum
+            || (self.confirmed + self.pending < self.quorum
+                && self.taken > 0
+                && self.confirmed + self.expired + self.taken >= self.quorum)
+    }
+}
+
+/// Collects the nodes' answers to a release or an extension into
+/// `results` until the verdict is final, or `give_up` passed; a request
+/// dropped unsent counts as no answer in `timeout`. Returns the tally
+/// (the nodes not heard from by then count as failed).
 fn collect(
     rx: &Results<()>,
     results: &mut [Option<Result<(), Error>>],
-    mut pending: usize,
+    pending: usize,
     give_up: Instant,
     timeout: Duration,
-    done: impl Fn(&[Option<Result<(), Error>>], usize) -> bool,
-) {
-    while pending > 0 && !done(results, pending) {
+) -> Tally {
+    let mut tally = Tally::new(results.len(), pending);
+    while !tally.is_final() {
         let Some(left) = give_up.checked_duration_since(Instant::now()) else {
             break;
         };
         match rx.recv_timeout(left) {
             Ok((node, sent)) => {
-                pending -= 1;
+                let result = match sent {
+                    Sent::Done(result) => result,
+                    Sent::Abandoned => Err(no_answer(timeout)),
+                };
+                tally.record(Answer::of(&result));
                 if let Some(slot) = results.get_mut(node) {
-                    *slot = Some(match sent {
-                        Sent::Done(result) => result,
-                        Sent::Abandoned => Err(no_answer(timeout)),
-                    });
+                    *slot = Some(result);
                 }
             }
             Err(_) => break,
         }
     }
+    tally
 }
 
 /// A node not asked because it failed recently.
@@ -1035,5 +1122,140 @@ impl Drop for RedLockGuard {
         {
             log::warn!("redmutex: releasing RedLock {:?} on drop: {err}", self.key);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// What the docs promise, written without [`Tally`]: `Ok` only when a
+    /// majority of all nodes confirmed our token; otherwise, when a
+    /// majority answered, `NotHeld`, `OwnedByOther` if any node answered
+    /// with another owner's token and `Expired` if none did; otherwise no
+    /// majority was heard.
+    fn oracle(nodes: usize, answers: &[Answer]) -> Verdict {
+        let confirmed = answers.iter().filter(|a| **a == Answer::Confirmed).count();
+        let answered = answers.iter().filter(|a| **a != Answer::Failed).count();
+        if confirmed * 2 > nodes {
+            Verdict::Confirmed
+        } else if answered * 2 > nodes {
+            if answers.contains(&Answer::Taken) {
+                Verdict::NotHeld(NotHeldReason::OwnedByOther)
+            } else {
+                Verdict::NotHeld(NotHeldReason::Expired)
+            }
+        } else {
+            Verdict::Unheard
+        }
+    }
+
+    fn answer() -> impl Strategy<Value = Answer> {
+        prop_oneof![
+            Just(Answer::Confirmed),
+            Just(Answer::Expired),
+            Just(Answer::Taken),
+            Just(Answer::Failed),
+        ]
+    }
+
+    /// One node as the caller sees it: asked or known down (not asked),
+    /// its answer, and when it arrives on a fake clock (`None`: never).
+    fn node() -> impl Strategy<Value = (bool, Answer, Option<u32>)> {
+        (
+            proptest::bool::weighted(0.9),
+            answer(),
+            proptest::option::of(0u32..100),
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(4096))]
+
+        /// The loop in `collect`, run against simulated nodes on a fake
+        /// clock with the node timeout at 60: whatever the answers, their
+        /// times and the order of answers arriving together, the verdict
+        /// is the oracle's over every answer that arrived in time.
+        #[test]
+        fn the_verdict_never_depends_on_the_order_of_answers(
+            nodes in proptest::collection::vec(node(), 1..8),
+            shuffle in proptest::collection::vec(any::<u32>(), 8),
+        ) {
+            let give_up = 60u32;
+            let asked = nodes.iter().filter(|(asked, _, _)| *asked).count();
+            // Arrivals in time order, ties broken by the shuffle.
+            let mut arrivals: Vec<(u32, u32, Answer)> = nodes
+                .iter()
+                .enumerate()
+                .filter_map(|(i, (asked, answer, at))| {
+                    let at = (*at)?;
+                    asked.then_some((at, shuffle[i % shuffle.len()], *answer))
+                })
+                .collect();
+            arrivals.sort_by_key(|(at, tie, _)| (*at, *tie));
+
+            let mut tally = Tally::new(nodes.len(), asked);
+            for (at, _, answer) in &arrivals {
+                if tally.is_final() || *at >= give_up {
+                    break;
+                }
+                tally.record(*answer);
+            }
+            let in_time: Vec<Answer> = arrivals
+                .iter()
+                .filter(|(at, _, _)| *at < give_up)
+                .map(|(_, _, answer)| *answer)
+                .collect();
+            prop_assert_eq!(tally.verdict(), oracle(nodes.len(), &in_time));
+        }
+
+        /// A verdict called final stays: no answer still to come changes it.
+        #[test]
+        fn a_final_verdict_stays(
+            n in 1usize..8,
+            first in proptest::collection::vec(answer(), 0..8),
+            rest in proptest::collection::vec(answer(), 0..8),
+        ) {
+            let first: Vec<Answer> = first.into_iter().take(n).collect();
+            let mut tally = Tally::new(n, n);
+            for answer in &first {
+                tally.record(*answer);
+            }
+            if tally.is_final() {
+                let verdict = tally.verdict();
+                let mut later = tally;
+                for answer in rest.iter().take(n - first.len()) {
+                    later.record(*answer);
+                    prop_assert_eq!(later.verdict(), verdict);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_case_of_a_late_node_and_another_owner() {
+        // A's key lived on on node 2 (its SET arrived late), expired on
+        // nodes 0 and 1, and client B took them: A's unlock hears node 2
+        // release and one of B's nodes first. On main that was `Ok`.
+        let mut tally = Tally::new(3, 3);
+        tally.record(Answer::Confirmed);
+        tally.record(Answer::Taken);
+        assert!(!tally.is_final(), "the third node could still confirm");
+        tally.record(Answer::Taken);
+        assert!(tally.is_final());
+        assert_eq!(
+            tally.verdict(),
+            Verdict::NotHeld(NotHeldReason::OwnedByOther)
+        );
+        // Heard in the other order: the same.
+        let mut tally = Tally::new(3, 3);
+        tally.record(Answer::Taken);
+        tally.record(Answer::Taken);
+        assert!(tally.is_final(), "no majority can confirm any more");
+        assert_eq!(
+            tally.verdict(),
+            Verdict::NotHeld(NotHeldReason::OwnedByOther)
+        );
     }
 }
