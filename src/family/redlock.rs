@@ -1,5 +1,6 @@
 //! `RedLock`: one lock over N independent Redis masters, granted by a
-//! majority (seeds 000 §2.5 and 002), with the corrections careful
+//! majority (the Redis documentation's distributed-lock page), with the
+//! corrections careful
 //! implementations made: a per-node timeout far below the ttl, parallel
 //! requests, validity = ttl − elapsed − drift, and a failed attempt released
 //! on every node, including those whose reply was late or lost.
@@ -31,8 +32,9 @@ use crate::wait::acquire::{Attempt, Contender, Waiting, Within, acquire};
 /// validity = ttl − elapsed − drift (1 % of ttl + 2 ms). A node that does
 /// not answer within the node timeout (default 5 % of the ttl) counts as
 /// failed. A round is decided as soon as its majority is; `extend` and
-/// `unlock` return as soon as a majority answered, within the node
-/// timeout. A node that failed or was too slow is known down for a while
+/// `unlock` return `Ok` as soon as a majority held our token, and
+/// otherwise an answer that does not depend on which nodes answered first,
+/// within the node timeout. A node that failed or was too slow is known down for a while
 /// (250 ms, doubling up to 5 s) and not waited for; then one request probes
 /// it. Nothing sent to a node outlives its caller unchecked: a request the
 /// node's thread could not start in time is dropped unsent, a grant that
