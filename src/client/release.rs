@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use redis::{ConnectionLike, RedisError, RedisResult, Value, pipe};
 
-use crate::conn::backend::{Owed, Rewrite};
+use crate::conn::ledger::{Owed, Rewrite};
 use crate::conn::policy::{Op, Replied, marker_ttl};
 use crate::conn::stats::{Stats, Tag};
 use crate::error::{Error, NotHeldReason};

@@ -35,6 +35,7 @@ use redis::{Cmd, ConnectionLike, IntoConnectionInfo, RedisError, RedisResult, Va
 use scheduled_thread_pool::ScheduledThreadPool;
 
 use crate::conn::fork::Birth;
+use crate::conn::ledger::{Ledger, Owed, PlainWire};
 use crate::error::Error;
 
 /// Which kind of Redis deployment a [`LockClient`](crate::LockClient) talks to.
@@ -353,32 +354,6 @@ impl Refusals {
 /// How often a caller waiting for a connection looks for a refusal.
 const REFUSAL_LOOK: Duration = Duration::from_millis(20);
 
-/// A reply a connection still owes: its request was written behind (sent
-/// without waiting, [`Connection::write_behind`]), and whoever uses the
-/// connection next reads it, in order, before its own.
-pub(crate) trait Owed: std::marker::Send {
-    /// The reply came (an error reply as [`Value::ServerError`]). Returns
-    /// a request to write behind in its stead when the reply asks for it to
-    /// be sent again (`NOSCRIPT`: a script missing from the cache).
-    fn replied(self: Box<Self>, reply: Value) -> Option<Rewrite>;
-
-    /// The reply will never be read: the connection was lost or given up
-    /// first, so whether the request ran is unknown.
-    fn lost(self: Box<Self>, err: &RedisError);
-}
-
-/// A request to write behind again, with what its reply is owed to.
-pub(crate) struct Rewrite {
-    pub(crate) request: Vec<u8>,
-    pub(crate) owed: Box<dyn Owed>,
-}
-
-/// At most this many replies are owed on one connection: writing behind on
-/// a connection owing that many reads them first, so a thread dropping
-/// thousands of guards in a row keeps memory (ours and the server's output
-/// buffer) bounded.
-pub(crate) const MAX_OWED: usize = 32;
-
 /// Requests are written behind only on a connection the server answered on
 /// this recently. A write into a connection the server closed earlier (an
 /// idle `timeout`, a restart) succeeds locally and is lost; a synchronous
@@ -419,7 +394,7 @@ pub(crate) struct Link {
     epoch: u64,
     epochs: Arc<AtomicU64>,
     /// Replies to requests written behind, oldest first (plain links only).
-    owed: Vec<Box<dyn Owed>>,
+    owed: Ledger,
     /// When the server last answered on this connection (or it was opened),
     /// by [`coarse_millis`].
     answered: u64,
@@ -448,88 +423,43 @@ impl Link {
         }
     }
 
-    /// Sends `request` and reads first the replies owed, then its own: the
-    /// request goes out before anything is read, so the owed replies and
-    /// this one share a round trip (Redis answers in order).
+    /// Sends `request` and reads first the replies owed, then its own
+    /// ([`Ledger::after_owed`]); a failure gives the link up.
     fn after_owed(&mut self, request: &[u8]) -> RedisResult<Value> {
         let LinkKind::Plain(con) = &mut self.kind else {
             return self.connection().req_packed_command(request);
         };
-        if let Err(err) = con.send_packed_command(request) {
-            return Err(self.give_up(err));
+        let result = self.owed.after_owed(&mut PlainWire(con), request);
+        if result.is_err() {
+            self.broken = true;
         }
-        // One round only: a rewrite written now goes out after `request`,
-        // so its reply comes after this request's and stays owed.
-        if let Err(err) = self.settle_owed(1) {
-            return Err(self.give_up(err));
-        }
-        let LinkKind::Plain(con) = &mut self.kind else {
-            return Err(self.give_up(not_plain()));
-        };
-        loop {
-            match con.recv_response() {
-                // RESP3 pushes are no replies.
-                Ok(Value::Push { .. }) => continue,
-                Ok(reply) => return Ok(reply),
-                Err(err) => return Err(self.give_up(err)),
-            }
-        }
+        result
     }
 
-    /// Reads the replies owed, oldest first, and hands each to its owner,
-    /// in up to `rounds` rounds. A rewrite (a resend after `NOSCRIPT`) is
-    /// written behind again and owed in turn, read by the next round; it
-    /// cannot ask for another (it is an `EVAL`), so two rounds settle
-    /// everything when nothing else was written after the owed requests.
+    /// Writes `request` behind ([`Ledger::write_behind`]); `None` for the
+    /// error when the link cannot (not a plain connection).
+    #[allow(clippy::type_complexity)]
+    fn write_behind(
+        &mut self,
+        request: &[u8],
+        owed: Box<dyn Owed>,
+    ) -> Result<(), (Box<dyn Owed>, Option<RedisError>)> {
+        let LinkKind::Plain(con) = &mut self.kind else {
+            return Err((owed, None));
+        };
+        self.owed
+            .write_behind(&mut PlainWire(con), request, owed)
+            .map_err(|(owed, err)| (owed, Some(err)))
+    }
+
+    /// Reads the replies owed, in up to `rounds` rounds
+    /// ([`Ledger::settle`]).
     fn settle_owed(&mut self, rounds: usize) -> RedisResult<()> {
-        for _ in 0..rounds {
-            if self.owed.is_empty() {
-                break;
-            }
-            let mut owed = std::mem::take(&mut self.owed);
-            let mut pending = owed.drain(..);
-            while let Some(entry) = pending.next() {
-                let LinkKind::Plain(con) = &mut self.kind else {
-                    entry.lost(&not_plain());
-                    continue;
-                };
-                let reply = loop {
-                    match con.recv_response() {
-                        Ok(Value::Push { .. }) => continue,
-                        other => break other,
-                    }
-                };
-                match reply {
-                    Ok(reply) => {
-                        if let Some(rewrite) = entry.replied(reply) {
-                            match con.send_packed_command(&rewrite.request) {
-                                Ok(()) => self.owed.push(rewrite.owed),
-                                Err(err) => {
-                                    rewrite.owed.lost(&err);
-                                    for rest in pending.by_ref() {
-                                        rest.lost(&err);
-                                    }
-                                    return Err(err);
-                                }
-                            }
-                        }
-                    }
-                    Err(err) => {
-                        entry.lost(&err);
-                        for rest in pending.by_ref() {
-                            rest.lost(&err);
-                        }
-                        return Err(err);
-                    }
-                }
-            }
-            drop(pending);
-            // Keep the allocation for the next requests written behind.
-            if self.owed.is_empty() {
-                self.owed = owed;
-            }
+        match &mut self.kind {
+            LinkKind::Plain(con) => self.owed.settle(&mut PlainWire(con), rounds),
+            LinkKind::Cluster(_) if self.owed.is_empty() => Ok(()),
+            LinkKind::Cluster(_) => Err(not_plain()),
         }
-        Ok(())
     }
 
     /// Reads what this link owes (two rounds: a rewrite after `NOSCRIPT`
@@ -552,9 +482,7 @@ impl Link {
     /// the replies it still owes are lost.
     fn give_up(&mut self, err: RedisError) -> RedisError {
         self.broken = true;
-        for entry in self.owed.drain(..) {
-            entry.lost(&err);
-        }
+        self.owed.give_up(&err);
         err
     }
 
@@ -591,7 +519,7 @@ impl Drop for Link {
         if std::process::id() != self.pid {
             // A forked child: the replies are the parent's to read, and the
             // releases the parent's to settle.
-            self.owed.clear();
+            self.owed.forget();
             return;
         }
         if self.broken {
@@ -638,7 +566,7 @@ impl Manager {
             broken: false,
             epoch,
             epochs: self.epoch.clone(),
-            owed: Vec::new(),
+            owed: Ledger::default(),
             answered: coarse_millis(),
             pid: std::process::id(),
         })
@@ -1106,21 +1034,10 @@ impl Connection {
         let Pooled::Own(link) = &mut self.pooled else {
             return Err(owed);
         };
-        if link.owed.len() >= MAX_OWED
-            && let Err(err) = link.settle_owed(2)
-        {
-            let _ = self.fail::<()>(err);
-            return Err(owed);
-        }
-        let LinkKind::Plain(con) = &mut link.kind else {
-            return Err(owed);
-        };
-        match con.send_packed_command(request) {
-            Ok(()) => {
-                link.owed.push(owed);
-                Ok(())
-            }
-            Err(err) => {
+        match link.write_behind(request, owed) {
+            Ok(()) => Ok(()),
+            Err((owed, None)) => Err(owed),
+            Err((owed, Some(err))) => {
                 let _ = self.fail::<()>(err);
                 Err(owed)
             }

@@ -14,6 +14,7 @@
 pub(crate) mod backend;
 pub(crate) mod fork;
 pub(crate) mod histogram;
+pub(crate) mod ledger;
 pub(crate) mod policy;
 pub(crate) mod stats;
 pub(crate) mod tls;

@@ -15,3 +15,4 @@ pub(crate) mod acquire;
 pub(crate) mod backoff;
 pub(crate) mod pacing;
 pub(crate) mod queue;
+pub(crate) mod sync;

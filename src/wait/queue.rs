@@ -11,7 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use crate::wait::sync::{Condvar, Mutex, now};
 
 /// A subscription to the release messages of a key, kept by its queue
 /// while anyone waits (the subscriber's handle, seen from here).
@@ -184,7 +184,7 @@ impl<G: Send + 'static> Queues<G> {
     /// A thread of this client holds `key` under `token` until `until`
     /// (local clock); the key admits `capacity` holders at once.
     pub(crate) fn hold(&self, key: &str, token: &Arc<str>, until: Instant, capacity: Capacity) {
-        let now = Instant::now();
+        let now = now();
         let mut held = self.held.lock();
         // Looked up before an entry is made: the key is copied only for a
         // key nobody of this client held.
@@ -222,7 +222,7 @@ impl<G: Send + 'static> Queues<G> {
     /// While threads of this client fill `key`'s capacity now: until when
     /// (the first of their leases to end by the local clock).
     pub(crate) fn held_until(&self, key: &str) -> Option<Instant> {
-        let now = Instant::now();
+        let now = now();
         let held = self.held.lock();
         let holds = held.get(key)?;
         let mut live = holds.by.iter().filter(|(_, end)| *end > now);
@@ -314,7 +314,7 @@ impl<G: Send + 'static> Queues<G> {
             Some(slot) => {
                 slot.gift = Some(lease);
                 slot.interceptable = interceptable;
-                slot.offered_since.get_or_insert_with(Instant::now);
+                slot.offered_since.get_or_insert_with(now);
                 slot.wake.notify_one();
                 Ok(())
             }
@@ -345,7 +345,7 @@ impl<G: Send + 'static> Queues<G> {
         let slot = state.waiters.iter_mut().find(|slot| slot.gift.is_some())?;
         let late = slot
             .offered_since
-            .is_some_and(|since| since.elapsed() >= INTERCEPT_WINDOW);
+            .is_some_and(|since| now().saturating_duration_since(since) >= INTERCEPT_WINDOW);
         if late || !slot.interceptable {
             return None;
         }
@@ -415,7 +415,7 @@ impl<G: Send + 'static> Waiter<'_, G> {
             if state.head() == Some(self.ticket) {
                 return Turn::Head;
             }
-            let now = Instant::now();
+            let now = now();
             if deadline.is_some_and(|d| now >= d) {
                 return Turn::TimedOut;
             }
@@ -507,7 +507,7 @@ impl<G: Send + 'static> Waiter<'_, G> {
                     slot.gift = Some(lease);
                     // Its giver's say is not known here: kept for the waiter.
                     slot.interceptable = false;
-                    slot.offered_since.get_or_insert_with(Instant::now);
+                    slot.offered_since.get_or_insert_with(now);
                     slot.wake.notify_one();
                 }
                 None => orphan = Some(lease),
@@ -562,7 +562,7 @@ fn take_gift<G>(state: &mut QueueState<G>, ticket: u64) -> Option<G> {
         })
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::cell::RefCell;
@@ -846,5 +846,295 @@ mod tests {
         assert!(queues.held_until("k").is_none());
         queues.unhold("k", "c");
         assert!(queues.held.lock().is_empty(), "nothing kept for a free key");
+    }
+}
+
+/// Model checking (`RUSTFLAGS="--cfg loom" cargo test --lib --release
+/// model`): the queue's own code, over every interleaving of its threads
+/// (up to a preemption bound), with loom's locks and a virtual clock.
+/// Redis is a mutex-guarded slot here; the threads run the acquire loop's
+/// steps as `wait/acquire.rs` does. A timed wait never times out under
+/// loom, so a waiter only a timeout would wake is a deadlock: the check of
+/// "no waiter sleeps while a gift waits for it".
+#[cfg(all(loom, test))]
+mod model {
+    use super::*;
+    use loom::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A lease, as the queue passes it: its token.
+    struct Gift(Arc<str>);
+
+    /// Redis, for one key: the tokens that hold it, at most `limit`.
+    struct Redis {
+        held: loom::sync::Mutex<Vec<Arc<str>>>,
+        limit: usize,
+    }
+
+    impl Redis {
+        fn try_take(&self, token: &str) -> Option<Gift> {
+            let mut held = self.held.lock().unwrap();
+            (held.len() < self.limit).then(|| {
+                let token: Arc<str> = Arc::from(token);
+                held.push(token.clone());
+                Gift(token)
+            })
+        }
+
+        fn give_back(&self, token: &str) {
+            let mut held = self.held.lock().unwrap();
+            let before = held.len();
+            held.retain(|t| &**t != token);
+            assert_eq!(
+                held.len() + 1,
+                before,
+                "released a lease Redis did not hold"
+            );
+        }
+    }
+
+    /// One client's state, shared by its threads.
+    struct World {
+        queues: Queues<Gift>,
+        redis: Redis,
+        capacity: Capacity,
+        /// Holders inside the critical section now, and the most seen.
+        inside: AtomicUsize,
+        most: AtomicUsize,
+    }
+
+    const K: &str = "k";
+
+    fn far() -> Instant {
+        now() + Duration::from_secs(3600)
+    }
+
+    impl World {
+        fn new(capacity: Capacity) -> Arc<World> {
+            Arc::new(World {
+                queues: Queues::default(),
+                redis: Redis {
+                    held: loom::sync::Mutex::new(Vec::new()),
+                    limit: capacity.holders(),
+                },
+                capacity,
+                inside: AtomicUsize::new(0),
+                most: AtomicUsize::new(0),
+            })
+        }
+
+        fn exclusive(&self) -> bool {
+            self.capacity == Capacity::One
+        }
+
+        /// What the acquire loop does, step for step, for one thread.
+        fn acquire(&self, me: &str, orphan: &dyn Fn(Gift)) -> Gift {
+            let queues = &self.queues;
+            if self.exclusive()
+                && queues.has_waiters(K)
+                && let Some(gift) = queues.intercept(K)
+            {
+                return gift;
+            }
+            if !queues.has_waiters(K)
+                && queues.held_until(K).is_none()
+                && let Some(gift) = self.taken(me)
+            {
+                return gift;
+            }
+            let waiter = queues.enqueue(K, true, orphan);
+            loop {
+                match waiter.wait_turn(None) {
+                    Turn::Gift(gift) => return gift,
+                    Turn::TimedOut => unreachable!("no deadline"),
+                    Turn::Head => {}
+                }
+                let seen = waiter.wakeups();
+                if queues.held_until(K).is_some() {
+                    if let Some(gift) = waiter.wait_release(seen, far()) {
+                        return gift;
+                    }
+                    continue;
+                }
+                if let Some(gift) = self.taken(me) {
+                    return gift;
+                }
+                if let Some(gift) = waiter.wait_release(seen, far()) {
+                    return gift;
+                }
+            }
+        }
+
+        /// Taken in Redis: counted among this client's holds.
+        fn taken(&self, me: &str) -> Option<Gift> {
+            let gift = self.redis.try_take(me)?;
+            self.queues.hold(K, &gift.0, far(), self.capacity);
+            Some(gift)
+        }
+
+        /// What a release does: passed on, or given back in Redis.
+        fn release(&self, gift: Gift, interceptable: bool) {
+            if let Err(gift) = self.queues.offer(K, gift, interceptable) {
+                self.give_back(gift);
+            }
+        }
+
+        /// Given back in Redis (a release, or a gift nobody took).
+        fn give_back(&self, gift: Gift) {
+            self.queues.unhold(K, &gift.0);
+            self.redis.give_back(&gift.0);
+            self.queues.released(K, None);
+        }
+
+        fn hold(&self, limit: usize) {
+            let inside = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(inside, Ordering::SeqCst);
+            assert!(
+                inside <= limit,
+                "{inside} holders of a key that admits {limit}"
+            );
+            loom::thread::yield_now();
+            self.inside.fetch_sub(1, Ordering::SeqCst);
+        }
+
+        /// A thread that takes the lease once, holds it, lets it go.
+        fn worker(self: &Arc<World>, me: &'static str, interceptable: bool) {
+            let world = self.clone();
+            let orphan = move |gift: Gift| world.give_back(gift);
+            let gift = self.acquire(me, &orphan);
+            self.hold(self.capacity.holders());
+            self.release(gift, interceptable);
+        }
+
+        /// A thread that queues and gives up at once (its deadline passed):
+        /// a gift handed to it meanwhile must go on or back to Redis.
+        fn leaver(self: &Arc<World>) {
+            let world = self.clone();
+            let orphan = move |gift: Gift| world.give_back(gift);
+            let waiter = self.queues.enqueue(K, true, &orphan);
+            loom::thread::yield_now();
+            drop(waiter);
+        }
+
+        /// Afterwards: every lease back in Redis, no hold or waiter left.
+        fn settled(&self) {
+            assert!(
+                self.redis.held.lock().unwrap().is_empty(),
+                "a lease never given back"
+            );
+            assert!(
+                self.queues.held.lock().is_empty(),
+                "a local hold left behind"
+            );
+            assert!(!self.queues.has_waiters(K), "a waiter left in the queue");
+            assert_eq!(self.inside.load(Ordering::SeqCst), 0);
+        }
+    }
+
+    /// Runs `model` over the interleavings loom explores, up to
+    /// `preemptions` preemptions (as tokio's loom tests bound theirs), and
+    /// returns how many executions were checked.
+    fn check(preemptions: usize, model: impl Fn() + Sync + Send + 'static) -> usize {
+        // Counted outside loom (not a modelled object), per test.
+        let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = runs.clone();
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(preemptions);
+        builder.check(move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            model();
+        });
+        runs.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn report(name: &str, runs: usize) {
+        println!("{name}: {runs} executions checked");
+    }
+
+    /// Three threads of one client take a lock: never two holders, every
+    /// lease given back or passed on exactly once, no waiter left asleep
+    /// with a gift, whatever the interleaving (interception included).
+    #[test]
+    fn model_a_lock_never_has_two_local_holders_and_loses_no_gift() {
+        let runs = check(3, || {
+            let world = World::new(Capacity::One);
+            let threads: Vec<_> = [("a", true), ("b", false)]
+                .into_iter()
+                .map(|(me, interceptable)| {
+                    let world = world.clone();
+                    loom::thread::spawn(move || world.worker(me, interceptable))
+                })
+                .collect();
+            world.worker("c", true);
+            for thread in threads {
+                thread.join().unwrap();
+            }
+            world.settled();
+        });
+        report("lock, 3 threads", runs);
+    }
+
+    /// A waiter that leaves (its deadline passed) while leases are handed
+    /// around: its gift goes to the next waiter or back to Redis.
+    #[test]
+    fn model_a_waiter_leaving_passes_its_gift_on() {
+        let runs = check(3, || {
+            let world = World::new(Capacity::One);
+            let leaver = {
+                let world = world.clone();
+                loom::thread::spawn(move || world.leaver())
+            };
+            let other = {
+                let world = world.clone();
+                loom::thread::spawn(move || world.worker("b", false))
+            };
+            world.worker("a", true);
+            leaver.join().unwrap();
+            other.join().unwrap();
+            world.settled();
+        });
+        report("lock with a waiter leaving", runs);
+    }
+
+    /// The interception window passing while a gift waits: whether a
+    /// newcomer takes it or its waiter does, one holder at a time.
+    #[test]
+    fn model_interception_either_side_of_its_window() {
+        let runs = check(3, || {
+            let world = World::new(Capacity::One);
+            let clock = loom::thread::spawn(|| {
+                crate::wait::sync::advance(INTERCEPT_WINDOW + Duration::from_micros(1));
+            });
+            let other = {
+                let world = world.clone();
+                loom::thread::spawn(move || world.worker("b", true))
+            };
+            world.worker("a", true);
+            clock.join().unwrap();
+            other.join().unwrap();
+            world.settled();
+        });
+        report("lock with the clock moving", runs);
+    }
+
+    /// A semaphore of 2 and three threads: never more than 2 holders,
+    /// permits passed on or given back, none lost.
+    #[test]
+    fn model_a_semaphore_never_exceeds_its_limit() {
+        let runs = check(2, || {
+            let world = World::new(Capacity::Limit(2));
+            let threads: Vec<_> = ["a", "b"]
+                .into_iter()
+                .map(|me| {
+                    let world = world.clone();
+                    loom::thread::spawn(move || world.worker(me, false))
+                })
+                .collect();
+            world.worker("c", false);
+            for thread in threads {
+                thread.join().unwrap();
+            }
+            world.settled();
+        });
+        report("semaphore of 2, 3 threads", runs);
     }
 }
