@@ -152,8 +152,9 @@ pub enum Error {
         source: redis::RedisError,
     },
     /// The key's fencing counter ([`fence_key`](crate::fence_key)) cannot be
-    /// incremented: it holds a non-integer, another type, or `i64::MAX`.
-    /// Checked before the lock is taken: nothing was changed.
+    /// incremented: it holds a non-integer, another type, or `i64::MAX`, or
+    /// the ACL user may not use it (`NOPERM`: the rule lacks the `{KEY}`
+    /// keys). Checked before the lock is taken: nothing was changed.
     #[error("the fencing counter {counter:?} of lock {key:?} is unusable: {detail}")]
     FenceCounter {
         /// The lock key.

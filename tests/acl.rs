@@ -467,3 +467,203 @@ fn definitive_refusals_fail_fast_with_their_own_error() {
         .unlock()
         .expect("unlock");
 }
+
+/// One lock type's round as a documented user makes it: take it, use what
+/// the type offers (extend, re-enter, renew), let it go. `Err` is the first
+/// error met; the key it names must then hold nothing of ours.
+fn round(client: &LockClient, kind: &str, key: &str) -> Result<(), redmutex::Error> {
+    let options = LockOptions::default().wait(Duration::from_secs(2));
+    let lease = redmutex::LeaseOptions::default().wait(Duration::from_secs(2));
+    match kind {
+        "lock (Lua)" | "lock (WATCH)" => {
+            let release = if kind == "lock (Lua)" {
+                Release::Lua
+            } else {
+                Release::Watch
+            };
+            let lock = DistributedLock::with_options(client, key, options.release(release));
+            let mut guard = lock.lock()?;
+            guard.extend(Duration::from_secs(10))?;
+            assert!(guard.is_held()?);
+            guard.unlock()?;
+            // And once more by drop (written behind after the first).
+            drop(lock.lock()?);
+        }
+        "fenced lock" => {
+            let guard = DistributedLock::with_options(client, key, options.fencing(true)).lock()?;
+            assert!(guard.fencing_token().is_some());
+            guard.unlock()?;
+        }
+        "watched lock" => {
+            let guard = DistributedLock::with_options(
+                client,
+                key,
+                options.ttl(Duration::from_millis(300)).watchdog(true),
+            )
+            .lock()?;
+            let renewals = client.stats().renewals;
+            assert!(wait_until(Duration::from_secs(5), || {
+                client.stats().renewals > renewals + 1
+            }));
+            assert!(!guard.is_lost(), "renewals refused");
+            guard.unlock()?;
+        }
+        "reentrant" => {
+            let lock = ReentrantLock::with_options(client, key, lease);
+            let outer = lock.lock()?;
+            let mut inner = lock.lock()?;
+            inner.extend(Duration::from_secs(10))?;
+            inner.unlock()?;
+            outer.unlock()?;
+        }
+        "read" => RwLock::with_options(client, key, lease).read()?.unlock()?,
+        "write" => RwLock::with_options(client, key, lease).write()?.unlock()?,
+        "semaphore" | "fenced semaphore" => {
+            let options = redmutex::SemaphoreOptions::from(lease).fencing(kind != "semaphore");
+            let mut permit =
+                redmutex::Semaphore::with_options(client, key, 2, options).acquire()?;
+            permit.extend(Duration::from_secs(10))?;
+            permit.release()?;
+        }
+        "RedLock" => {
+            let lock = RedLock::with_options(vec![client.clone()], key, lease)?;
+            let mut guard = lock.lock()?;
+            guard.extend(Duration::from_secs(10))?;
+            guard.unlock()?;
+        }
+        "force release" => {
+            let lock = DistributedLock::with_options(client, key, options);
+            let guard = lock.lock()?;
+            lock.force_release()?;
+            drop(guard);
+        }
+        other => unreachable!("{other}"),
+    }
+    Ok(())
+}
+
+/// Every configuration the README documents, every lock type and both
+/// release mechanisms. What works must work; what a configuration cannot
+/// serve (fencing without the `{locks:*` keys) must be refused at the
+/// first call with an error that says so, never a lock left held for its
+/// ttl, never a pool timeout or an unknown outcome.
+#[test]
+fn every_documented_acl_configuration_with_every_lock_type() {
+    let server = RedisServer::start();
+    const KINDS: [&str; 11] = [
+        "lock (Lua)",
+        "lock (WATCH)",
+        "fenced lock",
+        "watched lock",
+        "reentrant",
+        "read",
+        "write",
+        "semaphore",
+        "fenced semaphore",
+        "RedLock",
+        "force release",
+    ];
+    let configurations: [(&str, String, Option<&str>); 4] = [
+        ("the full rule", RULE.to_owned(), None),
+        (
+            "without the {locks:* keys",
+            RULE.replace("~{locks:*", ""),
+            None,
+        ),
+        (
+            "without channels",
+            RULE.replace("&redmutex:released:*", ""),
+            None,
+        ),
+        ("the key prefix", PREFIX_RULE.to_owned(), Some("teamA:")),
+    ];
+    let mut table = Vec::new();
+    for (n, (name, rule, prefix)) in configurations.iter().enumerate() {
+        let user = format!("user{n}");
+        set_user(&server, &user, rule);
+        let url = format!("redis://{user}:secret@127.0.0.1:{}/", server.port());
+        let mut builder = LockClient::builder().url(&url);
+        if let Some(prefix) = prefix {
+            builder = builder.key_prefix(*prefix);
+        }
+        let client = builder.build().expect("client");
+        for (i, kind) in KINDS.iter().enumerate() {
+            let name_of_key = format!("locks:m{n}:{i}");
+            let key = client.key(&name_of_key);
+            let started = Instant::now();
+            let outcome = round(&client, kind, &name_of_key);
+            let took = started.elapsed();
+            let fencing = kind.starts_with("fenced");
+            let cannot_serve = *name == "without the {locks:* keys" && fencing;
+            match &outcome {
+                Ok(()) => assert!(!cannot_serve, "{name}, {kind}: fencing without its counter"),
+                Err(err) => {
+                    assert!(cannot_serve, "{name}, {kind}: {err}");
+                    // Refused at once and said why, not a timeout.
+                    assert!(
+                        !err.is_connection() && !err.is_timeout() && !err.is_outcome_unknown(),
+                        "{name}, {kind}: {err}"
+                    );
+                    assert!(took < Duration::from_secs(2), "{name}, {kind}: {took:?}");
+                    assert!(
+                        matches!(err, redmutex::Error::FenceCounter { detail, .. } if detail.contains("NOPERM")),
+                        "{name}, {kind}: not named as the counter's ACL: {err}"
+                    );
+                }
+            }
+            // Nothing of ours is left holding the key.
+            assert!(
+                wait_until(Duration::from_secs(2), || !exists(&server, &key)),
+                "{name}, {kind}: {key} still held"
+            );
+            table.push(format!(
+                "{name} | {kind} | {}",
+                match &outcome {
+                    Ok(()) => "works".to_owned(),
+                    Err(err) => format!("refused: {err}"),
+                }
+            ));
+        }
+    }
+    println!("{}", table.join("\n"));
+}
+
+/// Without its marker a force release is a bare `GETDEL`, which must not
+/// run twice: a lost reply is `OutcomeUnknown`, and the request is not
+/// sent again (a second `GETDEL` could delete a lock taken in between).
+#[test]
+fn a_force_release_without_its_marker_is_sent_once() {
+    let server = RedisServer::start();
+    let rule = RULE.replace("~{locks:*", "");
+    set_user(&server, "nomarks", &rule);
+    let proxy = support::FaultProxy::to(&server);
+    let url = format!("redis://nomarks:secret@127.0.0.1:{}/", proxy.port());
+    let client = LockClient::open(&url).expect("client");
+    let lock = DistributedLock::new(&client, "locks:f");
+    // Held elsewhere; the first force release learns that markers are
+    // refused and deletes it with GETDEL.
+    let _: () = redis::cmd("SET")
+        .arg("locks:f")
+        .arg("someone")
+        .query(&mut server.conn())
+        .expect("SET");
+    assert_eq!(
+        lock.force_release().expect("force").as_deref(),
+        Some("someone")
+    );
+    let _: () = redis::cmd("SET")
+        .arg("locks:f")
+        .arg("another")
+        .query(&mut server.conn())
+        .expect("SET");
+    let getdels = server.command_calls("getdel");
+    proxy.lose_reply("GETDEL", 1);
+    let result = lock.force_release();
+    assert_eq!(proxy.lost_replies(), 1, "the fault fired");
+    assert!(
+        matches!(&result, Err(err) if err.is_outcome_unknown()),
+        "{result:?}"
+    );
+    assert_eq!(server.command_calls("getdel"), getdels + 1, "sent once");
+    assert!(!exists(&server, "locks:f"), "the one send deleted it");
+}

@@ -479,6 +479,12 @@ impl Contender for Take<'_> {
                     detail: err.detail().unwrap_or("unusable").to_owned(),
                 });
             }
+            Err(Error::Redis(err)) if err.code() == Some("NOPERM") && fence_key.is_some() => {
+                return Err(crate::mutex::fence_refused(
+                    key,
+                    &fence_key.unwrap_or_default(),
+                ));
+            }
             Err(err) => {
                 if granted.get() || err.is_outcome_unknown() {
                     // The permit may have been written: take it out again.

@@ -270,14 +270,56 @@ impl DistributedLock {
         // deliver a copy of the request much later than the first, and the
         // copy must still find the marker rather than delete a new lock.
         let millis = FORCE_MARKER_MILLIS;
+        let cluster = self.client.deployment() == crate::conn::backend::Deployment::Cluster;
+        // Without its marker (an ACL without the `{KEY}:released:*` keys) a
+        // force release is a bare GETDEL, which must not run twice (the
+        // second could delete a lock taken in between): sent once, and
+        // never on a cluster, where redis-rs may send it again by itself.
+        let markerless = std::cell::Cell::new(!self.client.markers_allowed());
+        let unsent = std::cell::Cell::new(false);
         self.client.counters().commands(1);
-        let token: Option<String> = self.client.run(Op::ForceRelease, key, |con, _| {
-            script::FORCE_RELEASE
-                .key(key)
-                .key(&marker)
-                .arg(millis)
-                .invoke(con)
+        let token: Option<String> = self.client.run(Op::ForceRelease, key, |con, send| {
+            if !markerless.get() {
+                match script::FORCE_RELEASE
+                    .key(key)
+                    .key(&marker)
+                    .arg(millis)
+                    .invoke(con)
+                {
+                    Err(err) if err.code() == Some("NOPERM") => {
+                        self.client.refuse_markers();
+                        markerless.set(true);
+                    }
+                    other => return other,
+                }
+            }
+            if cluster || send.resend {
+                unsent.set(true);
+                return Ok(None);
+            }
+            self.client.counters().commands(1);
+            redis::cmd("GETDEL").arg(key).query(con)
         })?;
+        if unsent.get() {
+            return Err(if cluster {
+                Error::Unsupported {
+                    command: "the {KEY}:released:* keys (NOPERM)".into(),
+                    needed_by: "force_release on Redis Cluster (only its marker makes a request \
+                                redis-rs may send twice safe; see the README's ACL rules)",
+                    detail: format!("no marker can be written for {key:?}"),
+                }
+            } else {
+                Error::OutcomeUnknown {
+                    key: key.to_owned(),
+                    operation: Op::ForceRelease.name(),
+                    source: redis::RedisError::from((
+                        redis::ErrorKind::Io,
+                        "the reply to a force release without a marker was lost; it is not sent \
+                         twice",
+                    )),
+                }
+            });
+        }
         if let Some(token) = &token {
             self.local.queues.unhold(key, token);
         }
@@ -545,6 +587,9 @@ impl DistributedLock {
                     detail: err.detail().unwrap_or("unusable").to_owned(),
                 }
             }
+            (Error::Redis(err), Some(counter)) if err.code() == Some("NOPERM") => {
+                fence_refused(key, counter)
+            }
             (err, _) => err,
         });
         let ((acquired, pttl, fence), short) = self.settle(result, token, &set)?;
@@ -599,6 +644,19 @@ impl DistributedLock {
             // Dropping the lease releases it (or passes it on).
             Err(err) => Err(err),
         }
+    }
+}
+
+/// A fenced acquisition the ACL refused: the user may use the lock's key
+/// (a plain lock works) but not its fencing counter, outside the key's
+/// pattern unless the rule has the `{KEY}` keys. Nothing was taken.
+pub(crate) fn fence_refused(key: &str, counter: &str) -> Error {
+    Error::FenceCounter {
+        key: key.to_owned(),
+        counter: counter.to_owned(),
+        detail: "NOPERM: the ACL user may not use it; fencing needs the {KEY}:fence keys \
+                 (see the README's ACL rules)"
+            .to_owned(),
     }
 }
 
