@@ -270,6 +270,27 @@ fn a_sigkilled_holder_frees_the_lock_after_its_ttl() {
 fn a_lease_redis_no_longer_holds_is_found_lost_when_passed_on_and_passed_no_further() {
     let server = RedisServer::start();
     let client = server.lock_client();
+    passed_on_after_its_loss(&server, &client, || {});
+}
+
+/// The same, with the reply to the lease's check in Redis (a `GET`) lost:
+/// the check only reads, so it is sent again and still finds the loss.
+#[test]
+fn a_lost_reply_to_a_lease_check_is_sent_again() {
+    let server = RedisServer::start();
+    let proxy = support::FaultProxy::to(&server);
+    let client = LockClient::open(&proxy.url()).expect("client");
+    passed_on_after_its_loss(&server, &client, || {
+        proxy.lose_reply("*2\r\n$3\r\nGET\r\n", 1);
+    });
+    assert!(proxy.lost_replies() >= 1, "the fault fired");
+}
+
+/// Thread A of `client` holds a key with two threads of the client queued
+/// behind it; the key is deleted and taken by another client; `arm` runs;
+/// A's unlock hands the lease on. The receiver must find it lost, say
+/// `NotHeld` and pass it on no further.
+fn passed_on_after_its_loss(server: &RedisServer, client: &LockClient, arm: impl Fn()) {
     // A budget long enough for the holds here (the default's 10 ms would
     // release in Redis instead of handing on).
     let options = LockOptions::default()
@@ -281,7 +302,7 @@ fn a_lease_redis_no_longer_holds_is_found_lost_when_passed_on_and_passed_no_furt
     // the first time).
     for attempt in 0..20 {
         let key = format!("passed:{attempt}");
-        let lock = DistributedLock::with_options(&client, &key, options.clone());
+        let lock = DistributedLock::with_options(client, &key, options.clone());
         let held = lock.lock().expect("A");
         let (tx, rx) = std::sync::mpsc::channel();
         let waiters: Vec<_> = (0..2)
@@ -318,6 +339,7 @@ fn a_lease_redis_no_longer_holds_is_found_lost_when_passed_on_and_passed_no_furt
 
         // A knows nothing yet (nothing asked Redis since it acquired): its
         // unlock hands the lease on, if a waiter is queued.
+        arm();
         let handed_on = held.unlock().is_ok();
         let outcomes: Vec<_> = rx.iter().collect();
         for waiter in waiters {
@@ -328,7 +350,7 @@ fn a_lease_redis_no_longer_holds_is_found_lost_when_passed_on_and_passed_no_furt
             .filter_map(|(_, got)| got.as_ref())
             .collect();
         assert_eq!(
-            support::get(&server, &key).as_deref(),
+            support::get(server, &key).as_deref(),
             Some(theirs.token()),
             "the second client still holds it"
         );

@@ -569,3 +569,46 @@ fn describe(
         first.remaining().as_secs_f64()
     )))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Whatever a key holds, the CLI shows it without panicking and
+        /// without the token's secret, and its JSON stays JSON.
+        #[test]
+        fn any_value_is_shown_without_a_panic_or_its_secret(
+            secret in "[A-Za-z0-9_-]{16,22}",
+            rest in ".{0,120}",
+            at in proptest::num::u64::ANY,
+        ) {
+            for token in [
+                format!("{secret}|{rest}"),
+                format!("{secret}|host|1|prog|{at}|"),
+                secret.clone(),
+            ] {
+                let shown = who(&token);
+                prop_assert!(!shown.contains(&secret));
+                let escape = shown.contains('\u{1b}');
+                prop_assert!(!escape, "a control sequence shown");
+                let json = holder_json(Holder::from_token(&token).as_ref());
+                prop_assert!(serde_json::from_str::<serde_json::Value>(&json).is_ok(), "{}", json);
+            }
+        }
+    }
+
+    #[test]
+    fn a_holder_past_the_year_9999_is_unreadable_not_a_panic() {
+        assert_eq!(
+            who("SECRET|host|1|prog|253402300800000|"),
+            "an unreadable holder"
+        );
+        assert!(who("SECRET|host|1|prog|253402300799999|").contains("9999-12-31"));
+        assert_eq!(
+            who("0b5e8f6a-9d0c-4b1e-8a57-2f1d3c4b5a69"),
+            "a holder without metadata"
+        );
+    }
+}
