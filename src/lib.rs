@@ -189,6 +189,12 @@
 //!   connection reset, timed out or was interrupted after Redis ran it) is
 //!   applied at most once and answered as its first send would have been,
 //!   or reported as [`Error::OutcomeUnknown`]. See below.
+//! * **No second holder made here**: a lease passed between threads is
+//!   checked in Redis and found lost within 1 ms and a round trip of the
+//!   first handoff after Redis lost it (see the handoff above); lock types
+//!   refuse each other's keys ([`Error::WrongType`], nothing changed); a
+//!   client inherited through `fork()` refuses every call in the child
+//!   (build a new one there), whose reentrant owner id is its own.
 //!
 //! ## Failure model
 //!
@@ -208,8 +214,9 @@
 //!   in one round trip. A reply lost that way is logged as "release outcome
 //!   unknown" and the token goes to the cleanup below; `NOSCRIPT` sends it
 //!   again by `EVAL`; a failed write releases synchronously; a reply nobody
-//!   reads within three I/O timeouts (at least 1 s) has the cleanup release
-//!   the token
+//!   reads within 20 ms has the client read its idle connections, and one
+//!   still unread within three I/O timeouts (at least 1 s) has the cleanup
+//!   release the token
 //!   (owner-checked, so harmless if the release ran). Only with
 //!   [`Release::Lua`], on a plain connection of the client's own pool that
 //!   the server answered within the last 500 ms, while no thread of the
