@@ -339,8 +339,11 @@ impl LockClient {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] on a cluster or sentinel client, which has
-    /// no such pool: use [`LockClient::connection`] (any deployment).
+    /// no such pool: use [`LockClient::connection`] (any deployment); and
+    /// for a client inherited through `fork()`, whose pool holds its
+    /// parent's sockets.
     pub fn pool(&self) -> Result<&r2d2::Pool<redis::Client>, Error> {
+        self.check_process()?;
         if let Some(pool) = self.inner.backend.user_pool() {
             return Ok(pool);
         }
@@ -530,6 +533,12 @@ impl LockClient {
     pub(crate) fn check_key(&self, key: &str) -> Result<(), Error> {
         self.check_process()?;
         check_cluster_key(self.deployment() == Deployment::Cluster, key)
+    }
+
+    /// Whether this client was built in another process than this one (a
+    /// forked child's copy of its parent's).
+    pub(crate) fn inherited(&self) -> bool {
+        !self.inner.birth.is_current()
     }
 
     /// Refuses a client inherited through `fork()`: in the child, the

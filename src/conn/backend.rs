@@ -295,7 +295,6 @@ pub(crate) struct Manager {
     /// Bumped when a connection finds the server gone: idle connections
     /// opened before are presumed dead.
     epoch: Arc<AtomicU64>,
-    refusals: Arc<Refusals>,
 }
 
 impl Manager {
@@ -304,7 +303,6 @@ impl Manager {
             target,
             timeout,
             epoch: Arc::new(AtomicU64::new(0)),
-            refusals: Arc::default(),
         }
     }
 
@@ -316,43 +314,6 @@ impl Manager {
         }
     }
 }
-
-/// The last connect the server refused for good (a wrong password, an
-/// unknown user, a database it does not have: [`crate::error::refusal`]),
-/// until a connect succeeds. r2d2 opens connections on its own threads
-/// and retries a failed one until its caller's timeout, reporting only
-/// "timed out": a caller waiting for a connection looks here instead, and
-/// is told at once.
-#[derive(Default)]
-pub(crate) struct Refusals(Mutex<Option<(Instant, String)>>);
-
-impl Refusals {
-    fn note(&self, result: &RedisResult<Link>) {
-        match result {
-            Err(err) if crate::error::refusal(err) => {
-                *self.0.lock() = Some((Instant::now(), err.to_string()));
-            }
-            Ok(_) => {
-                let mut last = self.0.lock();
-                if last.is_some() {
-                    *last = None;
-                }
-            }
-            Err(_) => {}
-        }
-    }
-
-    /// What the server said to a connect refused since `since`.
-    fn since(&self, since: Instant) -> Option<String> {
-        match &*self.0.lock() {
-            Some((at, detail)) if *at >= since => Some(detail.clone()),
-            _ => None,
-        }
-    }
-}
-
-/// How often a caller waiting for a connection looks for a refusal.
-const REFUSAL_LOOK: Duration = Duration::from_millis(20);
 
 /// Requests are written behind only on a connection the server answered on
 /// this recently. A write into a connection the server closed earlier (an
@@ -406,20 +367,30 @@ pub(crate) struct Link {
 enum LinkKind {
     Plain(redis::Connection),
     Cluster(Box<ClusterConnection>),
+    /// A connect the server refused for good (a wrong password, an unknown
+    /// user, a database it does not have: [`crate::error::refusal`]), with
+    /// what it said. Handed to the caller waiting for a connection like
+    /// any other, so that caller learns it at once (r2d2 tells waiters of
+    /// nothing else, and would retry a failed connect until their
+    /// timeout); never used for a request, and dropped when checked in.
+    Refused(String),
 }
 
 impl Link {
-    fn connection(&mut self) -> &mut dyn ConnectionLike {
+    /// The connection; `None` for a refused connect (never handed out).
+    fn connection(&mut self) -> Option<&mut dyn ConnectionLike> {
         match &mut self.kind {
-            LinkKind::Plain(con) => con,
-            LinkKind::Cluster(con) => &mut **con,
+            LinkKind::Plain(con) => Some(con),
+            LinkKind::Cluster(con) => Some(&mut **con),
+            LinkKind::Refused(_) => None,
         }
     }
 
-    fn connection_ref(&self) -> &dyn ConnectionLike {
+    fn connection_ref(&self) -> Option<&dyn ConnectionLike> {
         match &self.kind {
-            LinkKind::Plain(con) => con,
-            LinkKind::Cluster(con) => &**con,
+            LinkKind::Plain(con) => Some(con),
+            LinkKind::Cluster(con) => Some(&**con),
+            LinkKind::Refused(_) => None,
         }
     }
 
@@ -427,7 +398,10 @@ impl Link {
     /// ([`Ledger::after_owed`]); a failure gives the link up.
     fn after_owed(&mut self, request: &[u8]) -> RedisResult<Value> {
         let LinkKind::Plain(con) = &mut self.kind else {
-            return self.connection().req_packed_command(request);
+            return match self.connection() {
+                Some(con) => con.req_packed_command(request),
+                None => Err(refused_link()),
+            };
         };
         let result = self.owed.after_owed(&mut PlainWire(con), request);
         if result.is_err() {
@@ -457,8 +431,8 @@ impl Link {
     fn settle_owed(&mut self, rounds: usize) -> RedisResult<()> {
         match &mut self.kind {
             LinkKind::Plain(con) => self.owed.settle(&mut PlainWire(con), rounds),
-            LinkKind::Cluster(_) if self.owed.is_empty() => Ok(()),
-            LinkKind::Cluster(_) => Err(not_plain()),
+            _ if self.owed.is_empty() => Ok(()),
+            _ => Err(not_plain()),
         }
     }
 
@@ -496,8 +470,16 @@ impl Link {
                 con.set_read_timeout(timeout)?;
                 con.set_write_timeout(timeout)
             }
+            LinkKind::Refused(_) => Ok(()),
         }
     }
+}
+
+fn refused_link() -> RedisError {
+    RedisError::from((
+        redis::ErrorKind::Client,
+        "a refused connect is no connection",
+    ))
 }
 
 fn not_plain() -> RedisError {
@@ -578,9 +560,19 @@ impl r2d2::ManageConnection for Manager {
     type Error = RedisError;
 
     fn connect(&self) -> RedisResult<Link> {
-        let link = self.open();
-        self.refusals.note(&link);
-        link
+        match self.open() {
+            Err(err) if crate::error::refusal(&err) => Ok(Link {
+                kind: LinkKind::Refused(err.to_string()),
+                // Never checked in again: dropped at once.
+                broken: true,
+                epoch: self.epoch.load(Ordering::SeqCst),
+                epochs: self.epoch.clone(),
+                owed: Ledger::default(),
+                answered: coarse_millis(),
+                pid: std::process::id(),
+            }),
+            other => other,
+        }
     }
 
     /// No round trip: only the epoch is compared (see the module docs).
@@ -599,7 +591,7 @@ impl r2d2::ManageConnection for Manager {
     }
 
     fn has_broken(&self, link: &mut Link) -> bool {
-        link.broken || !link.connection_ref().is_open()
+        link.broken || !link.connection_ref().is_some_and(|con| con.is_open())
     }
 }
 
@@ -619,7 +611,7 @@ impl r2d2::HandleError<RedisError> for QuietErrors {
 #[derive(Clone)]
 enum Pools {
     /// Built by this crate: see the module docs.
-    Own(r2d2::Pool<Manager>, Deployment, Arc<Refusals>),
+    Own(r2d2::Pool<Manager>, Deployment),
     /// Pools the caller built.
     Single(r2d2::Pool<redis::Client>),
     Cluster(r2d2::Pool<ClusterClient>),
@@ -648,7 +640,6 @@ impl Backend {
         let connect_wait = timeout.saturating_mul(u32::try_from(steps).unwrap_or(u32::MAX));
         let manager = Manager::new(target, timeout);
         let deployment = manager.deployment();
-        let refusals = manager.refusals.clone();
         let pool = r2d2::Pool::builder()
             .max_size(size)
             .min_idle(Some(0))
@@ -663,7 +654,7 @@ impl Backend {
             .thread_pool(pool_threads())
             .build_unchecked(manager);
         Backend {
-            pools: Pools::Own(pool, deployment, refusals),
+            pools: Pools::Own(pool, deployment),
             timeout,
             connect_wait,
         }
@@ -697,7 +688,7 @@ impl Backend {
 
     pub(crate) fn deployment(&self) -> Deployment {
         match &self.pools {
-            Pools::Own(_, deployment, _) => *deployment,
+            Pools::Own(_, deployment) => *deployment,
             Pools::Single(_) => Deployment::Single,
             Pools::Cluster(_) => Deployment::Cluster,
             Pools::Sentinel(_) => Deployment::Sentinel,
@@ -720,7 +711,7 @@ impl Backend {
     /// [`Connection::can_write_behind`]): this crate's own pool, not on a
     /// cluster. Asked before a connection is checked out for it.
     pub(crate) fn writes_behind(&self) -> bool {
-        matches!(&self.pools, Pools::Own(_, deployment, _) if *deployment != Deployment::Cluster)
+        matches!(&self.pools, Pools::Own(_, deployment) if *deployment != Deployment::Cluster)
     }
 
     /// The caller's own single-node pool, if this client was made from one.
@@ -738,16 +729,22 @@ impl Backend {
     ///
     /// [`Error::Refused`] as soon as a connect of this crate's pool meets a
     /// definitive refusal (a wrong password, say: within one connect, not
-    /// after the wait); [`Error::Pool`] when the wait runs out.
+    /// after the wait; r2d2 does not retry it); [`Error::Pool`] when the
+    /// wait runs out.
     pub(crate) fn get(&self, wait: Duration) -> Result<Connection, Error> {
         let wait = wait.max(Duration::from_millis(1));
         let pooled = match &self.pools {
-            Pools::Own(pool, _, refusals) => Pooled::Own(Box::new(get_own(
-                pool,
-                refusals,
-                wait.min(pool.connection_timeout()),
-                self.connect_wait,
-            )?)),
+            Pools::Own(pool, _) => {
+                let link = pool.get_timeout(wait.min(pool.connection_timeout()))?;
+                // A connect refused for good came to this caller: said at
+                // once (the link is dropped as it goes back).
+                if let LinkKind::Refused(detail) = &link.kind {
+                    return Err(Error::Refused {
+                        detail: detail.clone(),
+                    });
+                }
+                Pooled::Own(Box::new(link))
+            }
             Pools::Single(pool) => {
                 Pooled::Single(pool.get_timeout(wait.min(pool.connection_timeout()))?)
             }
@@ -773,7 +770,7 @@ impl Backend {
     /// with replies owed: nobody else would read them. Returns how many
     /// connections owed replies.
     pub(crate) fn settle_idle(&self, budget: Duration) -> usize {
-        let Pools::Own(pool, _, _) = &self.pools else {
+        let Pools::Own(pool, _) = &self.pools else {
             return 0;
         };
         // Held together while they are read: the pool hands out the most
@@ -787,56 +784,25 @@ impl Backend {
                 None => break,
             }
         }
+        // Those owing nothing go back at once: nobody waits for them while
+        // an owing one is read.
+        idle.retain(|link| !link.owed.is_empty());
         let started = Instant::now();
-        let mut owing = 0;
         for link in &mut idle {
-            if link.owed.is_empty() {
-                continue;
-            }
-            owing += 1;
             let left = budget
                 .saturating_sub(started.elapsed())
                 .max(Duration::from_millis(1));
             link.settle_within(left, self.timeout);
         }
-        owing
+        idle.len()
     }
 
     pub(crate) fn state(&self) -> r2d2::State {
         match &self.pools {
-            Pools::Own(pool, _, _) => pool.state(),
+            Pools::Own(pool, _) => pool.state(),
             Pools::Single(pool) => pool.state(),
             Pools::Cluster(pool) => pool.state(),
             Pools::Sentinel(pool) => pool.state(),
-        }
-    }
-}
-
-/// A connection of this crate's pool, waiting at most `wait`, and not at
-/// all once a connect was refused for good: since `connect_wait` before
-/// the call (a refusal met by an earlier caller, r2d2 retrying in the
-/// background) or during it. Asked in slices only while no connection is
-/// idle; an idle one is handed out at once.
-fn get_own(
-    pool: &r2d2::Pool<Manager>,
-    refusals: &Refusals,
-    wait: Duration,
-    connect_wait: Duration,
-) -> Result<r2d2::PooledConnection<Manager>, Error> {
-    let started = Instant::now();
-    let recent = started.checked_sub(connect_wait).unwrap_or(started);
-    loop {
-        let left = wait.saturating_sub(started.elapsed());
-        match pool.get_timeout(left.clamp(Duration::from_millis(1), REFUSAL_LOOK)) {
-            Ok(link) => return Ok(link),
-            Err(err) => {
-                if let Some(detail) = refusals.since(recent) {
-                    return Err(Error::Refused { detail });
-                }
-                if started.elapsed() >= wait {
-                    return Err(Error::Pool(err));
-                }
-            }
         }
     }
 }
@@ -868,21 +834,23 @@ enum Pooled {
 }
 
 impl Connection {
-    fn inner(&mut self) -> &mut dyn ConnectionLike {
+    /// The connection under this one; `None` only for a refused connect,
+    /// which `Backend::get` never wraps in a `Connection`.
+    fn inner(&mut self) -> Option<&mut dyn ConnectionLike> {
         match &mut self.pooled {
             Pooled::Own(link) => link.connection(),
-            Pooled::Single(con) => &mut **con,
-            Pooled::Cluster(con) => &mut ***con,
-            Pooled::Sentinel(con) => &mut **con,
+            Pooled::Single(con) => Some(&mut **con),
+            Pooled::Cluster(con) => Some(&mut ***con),
+            Pooled::Sentinel(con) => Some(&mut **con),
         }
     }
 
-    fn inner_ref(&self) -> &dyn ConnectionLike {
+    fn inner_ref(&self) -> Option<&dyn ConnectionLike> {
         match &self.pooled {
             Pooled::Own(link) => link.connection_ref(),
-            Pooled::Single(con) => &**con,
-            Pooled::Cluster(con) => &***con,
-            Pooled::Sentinel(con) => &**con,
+            Pooled::Single(con) => Some(&**con),
+            Pooled::Cluster(con) => Some(&***con),
+            Pooled::Sentinel(con) => Some(&**con),
         }
     }
 
@@ -891,7 +859,7 @@ impl Connection {
         match &mut self.pooled {
             Pooled::Own(link) => match &mut link.kind {
                 LinkKind::Cluster(con) => Some(&mut **con),
-                LinkKind::Plain(_) => None,
+                LinkKind::Plain(_) | LinkKind::Refused(_) => None,
             },
             Pooled::Cluster(con) => Some(&mut ***con),
             _ => None,
@@ -1070,7 +1038,7 @@ impl Connection {
     pub(crate) fn is_broken(&self) -> bool {
         match &self.pooled {
             Pooled::Own(link) => link.broken,
-            _ => !self.inner_ref().is_open(),
+            _ => !self.inner_ref().is_some_and(|con| con.is_open()),
         }
     }
 }
@@ -1079,7 +1047,10 @@ impl ConnectionLike for Connection {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
         let result = match self.owing() {
             Some(link) => link.after_owed(cmd),
-            None => self.inner().req_packed_command(cmd),
+            None => match self.inner() {
+                Some(con) => con.req_packed_command(cmd),
+                None => Err(refused_link()),
+            },
         };
         self.note(result)
     }
@@ -1093,7 +1064,10 @@ impl ConnectionLike for Connection {
         // Pipelines are rare on the hot path: the owed replies are read
         // first rather than interleaved with the pipeline's.
         self.settle()?;
-        let result = self.inner().req_packed_commands(cmd, offset, count);
+        let result = match self.inner() {
+            Some(con) => con.req_packed_commands(cmd, offset, count),
+            None => Err(refused_link()),
+        };
         self.note(result)
     }
 
@@ -1106,24 +1080,28 @@ impl ConnectionLike for Connection {
             return self.note(result);
         }
         // The cluster connection routes by the parsed command here.
-        let result = self.inner().req_command(cmd);
+        let result = match self.inner() {
+            Some(con) => con.req_command(cmd),
+            None => Err(refused_link()),
+        };
         self.note(result)
     }
 
     fn get_db(&self) -> i64 {
-        self.inner_ref().get_db()
+        self.inner_ref().map_or(0, |con| con.get_db())
     }
 
     fn supports_pipelining(&self) -> bool {
-        self.inner_ref().supports_pipelining()
+        self.inner_ref()
+            .is_some_and(|con| con.supports_pipelining())
     }
 
     fn check_connection(&mut self) -> bool {
-        self.settle().is_ok() && self.inner().check_connection()
+        self.settle().is_ok() && self.inner().is_some_and(|con| con.check_connection())
     }
 
     fn is_open(&self) -> bool {
-        !self.is_broken() && self.inner_ref().is_open()
+        !self.is_broken() && self.inner_ref().is_some_and(|con| con.is_open())
     }
 }
 
@@ -1133,6 +1111,7 @@ impl std::fmt::Debug for Connection {
             Pooled::Own(link) => match link.kind {
                 LinkKind::Plain(_) => "plain",
                 LinkKind::Cluster(_) => "cluster",
+                LinkKind::Refused(_) => "refused",
             },
             Pooled::Single(_) => "plain (caller's pool)",
             Pooled::Cluster(_) => "cluster (caller's pool)",

@@ -1064,21 +1064,31 @@ fn collect(
     timeout: Duration,
 ) -> Tally {
     let mut tally = Tally::new(results.len(), pending);
+    let mut take = |tally: &mut Tally, (node, sent): (usize, Sent<Result<(), Error>>)| {
+        let result = match sent {
+            Sent::Done(result) => result,
+            Sent::Abandoned => Err(no_answer(timeout)),
+        };
+        tally.record(Answer::of(&result));
+        if let Some(slot) = results.get_mut(node) {
+            *slot = Some(result);
+        }
+    };
     while !tally.is_final() {
         let Some(left) = give_up.checked_duration_since(Instant::now()) else {
             break;
         };
         match rx.recv_timeout(left) {
-            Ok((node, sent)) => {
-                let result = match sent {
-                    Sent::Done(result) => result,
-                    Sent::Abandoned => Err(no_answer(timeout)),
-                };
-                tally.record(Answer::of(&result));
-                if let Some(slot) = results.get_mut(node) {
-                    *slot = Some(result);
-                }
-            }
+            Ok(answer) => take(&mut tally, answer),
+            Err(_) => break,
+        }
+    }
+    // Answers that came in time but were not read by then (this thread
+    // stopped, say) count too: what the nodes said is the answer, not
+    // how soon this thread looked.
+    while !tally.is_final() {
+        match rx.try_recv() {
+            Ok(answer) => take(&mut tally, answer),
             Err(_) => break,
         }
     }
@@ -1119,6 +1129,10 @@ fn failures(results: &[Result<(), Error>]) -> Vec<String> {
 
 impl Drop for RedLockGuard {
     fn drop(&mut self) {
+        // A forked child's copy of its parent's RedLock: not the child's.
+        if self.meter.inherited() {
+            self.released = true;
+        }
         if !self.released
             && let Err(err) = self.release()
         {

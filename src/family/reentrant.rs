@@ -37,17 +37,45 @@ thread_local! {
     static THREAD_NUMBER: u64 = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
 }
 
+thread_local! {
+    /// This thread's copy of [`PROCESS_ID`]: the shared one is locked
+    /// only on a thread's first call, and again after a fork.
+    static PROCESS_ID_HERE: std::cell::RefCell<Option<(Birth, Arc<str>)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// This process's id, made when first asked for in this process.
 fn process_id() -> Arc<str> {
-    let mut id = PROCESS_ID.lock();
-    match &*id {
-        Some((birth, id)) if birth.is_current() => id.clone(),
-        _ => {
-            let fresh: Arc<str> = uuid::Uuid::new_v4().to_string().into();
-            *id = Some((Birth::now(), fresh.clone()));
-            fresh
-        }
+    let cached = PROCESS_ID_HERE
+        .try_with(|here| {
+            here.try_borrow().ok().and_then(|here| {
+                here.as_ref()
+                    .filter(|(birth, _)| birth.is_current())
+                    .map(|(_, id)| id.clone())
+            })
+        })
+        .ok()
+        .flatten();
+    if let Some(id) = cached {
+        return id;
     }
+    let id = {
+        let mut shared = PROCESS_ID.lock();
+        match &*shared {
+            Some((birth, id)) if birth.is_current() => id.clone(),
+            _ => {
+                let fresh: Arc<str> = uuid::Uuid::new_v4().to_string().into();
+                *shared = Some((Birth::now(), fresh.clone()));
+                fresh
+            }
+        }
+    };
+    let _ = PROCESS_ID_HERE.try_with(|here| {
+        if let Ok(mut here) = here.try_borrow_mut() {
+            *here = Some((Birth::now(), id.clone()));
+        }
+    });
+    id
 }
 
 /// The owner id of the calling thread: `<process uuid>:<thread number>`.
@@ -475,6 +503,10 @@ impl ReentrantGuard {
 
 impl Drop for ReentrantGuard {
     fn drop(&mut self) {
+        // A forked child's copy of its parent's hold: not the child's.
+        if self.client.inherited() {
+            self.released = true;
+        }
         if !self.released
             && let Err(err) = self.release()
         {

@@ -515,6 +515,10 @@ impl RwGuard {
 
 impl Drop for RwGuard {
     fn drop(&mut self) {
+        // A forked child's copy of its parent's hold: not the child's.
+        if self.client.inherited() {
+            self.released = true;
+        }
         if !self.released
             && let Err(err) = self.release()
         {

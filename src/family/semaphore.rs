@@ -55,6 +55,9 @@ struct PermitGift {
     generation: u64,
     /// Its checks in Redis, once it has been passed on.
     chain: Option<Arc<Chain>>,
+    /// The limit it was granted under: only a handle opened with that
+    /// limit may take it.
+    limit: u32,
 }
 
 impl std::fmt::Debug for Local {
@@ -299,11 +302,11 @@ impl Semaphore {
     }
 
     /// The key of this semaphore's wait queue in the client, apart from a
-    /// plain lock's of the same name, and one per limit: a permit is
-    /// passed on only to a handle opened with the limit it was granted
-    /// under (a handle with another one asks Redis, which refuses it).
+    /// plain lock's of the same name. One queue for every limit a handle
+    /// may be opened with: a waiter takes a permit handed over only if it
+    /// was granted under its own limit (`Take::accept`).
     fn queue_key(&self) -> String {
-        format!("{}\u{0}sem\u{0}{}", self.key, self.permits)
+        format!("{}\u{0}sem", self.key)
     }
 
     /// Whether a released permit may go straight to a queued thread: with
@@ -529,6 +532,13 @@ impl Contender for Take<'_> {
             }
             return Ok(None);
         }
+        if permit.limit != self.semaphore.permits {
+            // Granted under another limit: taking it would skip the check
+            // Redis makes of ours. Passed on (to a waiter of its limit) or
+            // given back; this waiter asks Redis itself.
+            drop(permit);
+            return Ok(None);
+        }
         let ttl = Duration::from_millis(self.millis);
         if permit.validity() < ttl / 2 {
             match permit.extend(ttl) {
@@ -577,7 +587,8 @@ pub struct Permit {
     /// Whether threads of this client queue for the key (notify waiting):
     /// then the permit counts in the client's holds of the key.
     queued: bool,
-    /// The semaphore's limit, as this client opened it.
+    /// The limit it was granted under (its granting handle's, as Redis
+    /// checked it); only a handle opened with it may take it over.
     limit: u32,
     /// For the client's stats: the lock type and key class.
     tag: Tag,
@@ -622,6 +633,7 @@ impl Permit {
             loss: Arc::default(),
             generation: semaphore.local.generation.load(Ordering::Relaxed),
             chain: None,
+            limit: semaphore.permits,
         };
         let mut permit = Permit::handed_over(semaphore, fresh);
         permit.fence = fence;
@@ -690,7 +702,7 @@ impl Permit {
             generation: gift.generation,
             chain: gift.chain,
             queued: options.wait_mode == WaitMode::Notify,
-            limit: semaphore.permits,
+            limit: gift.limit,
             tag: semaphore.tag(),
             held_since: None,
         }
@@ -902,6 +914,7 @@ impl Permit {
                 loss: self.loss.clone(),
                 generation: self.generation,
                 chain: self.chain.take(),
+                limit: self.limit,
             };
             // Passed on without Redis: its receiver has it checked there
             // (`Permit::passed_on`).
@@ -918,9 +931,10 @@ impl Permit {
         if let Some(chain) = self.chain.take() {
             chain.end();
         }
-        // No renewal starts from here on; one in flight is ignored.
+        // No renewal starts from here on; one in flight is ignored, even
+        // if it finds the key gone (this release may have gone first).
         if let Some(entry) = &self.watch {
-            self.client.watchdog().unwatch(entry);
+            self.client.watchdog().end(entry);
         }
         // Before the release: once it is out, the wake-up it causes must
         // find the head free to ask Redis.
@@ -944,6 +958,10 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
+        // A forked child's copy of its parent's permit: not the child's.
+        if self.client.inherited() {
+            self.released = true;
+        }
         if !self.released
             && let Err(err) = self.give_back()
         {

@@ -433,9 +433,10 @@ impl Lease {
         if let Some(chain) = self.chain.take() {
             chain.end();
         }
-        // No renewal starts from here on; one in flight is ignored.
+        // No renewal starts from here on; one in flight is ignored, even
+        // if it finds the key gone (this release may have gone first).
         if let Some(entry) = &self.watch {
-            self.client.watchdog().unwatch(entry);
+            self.client.watchdog().end(entry);
         }
         // Unheld before the release, so a queued head woken by the release
         // message asks Redis instead of waiting for a handoff.
@@ -513,6 +514,13 @@ pub(crate) fn tag_of(options: &LockOptions) -> Tag {
 impl Drop for Lease {
     fn drop(&mut self) {
         if self.released.get() {
+            return;
+        }
+        // A forked child's copy of its parent's lease: nothing of it is the
+        // child's to release, pass on or count (not even a lock to take:
+        // a parent thread may have held one at the fork).
+        if self.client.inherited() {
+            self.released.set(true);
             return;
         }
         match self.release_on_drop() {

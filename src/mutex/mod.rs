@@ -286,10 +286,9 @@ impl DistributedLock {
                     .arg(millis)
                     .invoke(con)
                 {
-                    Err(err) if err.code() == Some("NOPERM") => {
-                        self.client.refuse_markers();
-                        markerless.set(true);
-                    }
+                    // The marker, or the key itself: the GETDEL below
+                    // tells which.
+                    Err(err) if err.code() == Some("NOPERM") => markerless.set(true),
                     other => return other,
                 }
             }
@@ -298,12 +297,15 @@ impl DistributedLock {
                 return Ok(None);
             }
             self.client.counters().commands(1);
-            redis::cmd("GETDEL").arg(key).query(con)
+            let deleted: Option<String> = redis::cmd("GETDEL").arg(key).query(con)?;
+            // The key was allowed: the markers were what the ACL refused.
+            self.client.refuse_markers();
+            Ok(deleted)
         })?;
         if unsent.get() {
             return Err(if cluster {
                 Error::Unsupported {
-                    command: "the {KEY}:released:* keys (NOPERM)".into(),
+                    command: "the key or its {KEY}:released:* marker (NOPERM)".into(),
                     needed_by: "force_release on Redis Cluster (only its marker makes a request \
                                 redis-rs may send twice safe; see the README's ACL rules)",
                     detail: format!("no marker can be written for {key:?}"),

@@ -27,7 +27,8 @@
 //! after the first handoff that follows the loss (on a hot chain, after
 //! the loss itself), while the verifier's connection answers and its
 //! thread gets a processor; or its release in Redis, the chain's end,
-//! says so sooner. A chain costs at most one command per [`MIN_GAP`], and
+//! says so sooner. One client's checks go one pipeline at a time, so with
+//! a round trip longer than [`MIN_GAP`] the bound is two round trips. A chain costs at most one command per [`MIN_GAP`], and
 //! only while it is handed on; a lease that stays with one holder is
 //! checked by nothing here (the watchdog's renewals, when on, are its
 //! checks).

@@ -61,6 +61,9 @@ pub(crate) struct WatchEntry {
 
 struct EntryState {
     stopped: bool,
+    /// Its lease is being released: what a renewal in flight finds is no
+    /// news of a holder (it may find the key this release deleted).
+    ended: bool,
     /// When the request that set the current expiry was sent, and its ttl.
     sent: Instant,
     ttl: Duration,
@@ -85,10 +88,13 @@ impl WatchEntry {
 
     /// A renewal found the lease gone: lost, and renewals stop. (Also when
     /// they had stopped meanwhile: a lease passed to a holder that does
-    /// not renew is just as lost.)
+    /// not renew is just as lost; not once its release began.)
     fn lost(&self, reason: LossReason) {
-        self.state.lock().stopped = true;
-        self.loss.lose(reason);
+        let mut state = self.state.lock();
+        state.stopped = true;
+        if !state.ended {
+            self.loss.lose(reason);
+        }
     }
 
     /// What the lease has left by the local clock, unless it is no longer
@@ -409,6 +415,7 @@ impl Watchdog {
             loss,
             state: Mutex::new(EntryState {
                 stopped: false,
+                ended: false,
                 sent,
                 ttl,
                 cap,
@@ -419,6 +426,13 @@ impl Watchdog {
         registry.entries.push(entry.clone());
         self.start(&mut registry);
         entry
+    }
+
+    /// [`Watchdog::unwatch`] for a lease being released: a renewal in
+    /// flight that finds the key gone afterwards does not mark it lost.
+    pub(crate) fn end(&self, entry: &Arc<WatchEntry>) {
+        entry.state.lock().ended = true;
+        self.unwatch(entry);
     }
 
     /// Stops renewing `entry` and forgets it. Its lease's signal keeps a
@@ -610,8 +624,9 @@ fn run(shared: &Shared) {
             registry.cleaning = due.len();
             (registry.entries.clone(), due)
         };
+        let mut next = renew_due(shared, &entries);
         if look {
-            // Bounded like a cleanup round: renewals come first.
+            // After the renewals, and bounded like a cleanup round.
             let budget = entries
                 .iter()
                 .filter_map(|entry| entry.left())
@@ -620,7 +635,6 @@ fn run(shared: &Shared) {
                 .max(Duration::from_millis(10));
             shared.backend.settle_idle(budget);
         }
-        let mut next = renew_due(shared, &entries);
         if !orphans.is_empty() {
             let budget = next
                 .saturating_duration_since(Instant::now())

@@ -398,14 +398,29 @@ fn who(token: &str) -> String {
     }
 }
 
-/// A token as a message may show it: whole with `--tokens`, else only its
-/// public part ([`redmutex::redact`]).
+/// A token as a message may show it: whole with `--tokens` (control
+/// characters escaped: it was read from Redis), else only its public part
+/// ([`redmutex::redact`]).
 fn shown(cli: &Cli, token: &str) -> String {
     if cli.tokens {
-        token.to_owned()
+        printable(token)
     } else {
         redmutex::redact(token)
     }
+}
+
+/// `text` with control characters escaped (`\u{1b}`), so a value read
+/// from Redis cannot drive the terminal.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// A holder as JSON: {"host", "pid", "program", "label", "acquired_at_ms"},

@@ -61,7 +61,7 @@ pub(super) fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
             Some((token, pttl)) => {
                 println!("{}: held by {} ({})", args.key, who(token), ttl_text(*pttl));
                 if cli.tokens {
-                    println!("token: {token}");
+                    println!("token: {}", printable(token));
                 }
             }
             None => println!("{}: free", args.key),
@@ -119,7 +119,7 @@ fn semaphore(
             .fencing_token()
             .map_or(String::new(), |t| format!(", fencing token {t}"));
         let id = if cli.tokens {
-            format!(", id {}", holder.id())
+            format!(", id {}", printable(holder.id()))
         } else {
             String::new()
         };
