@@ -197,6 +197,7 @@ impl Ledger {
 #[cfg(all(loom, test))]
 mod model {
     use super::*;
+    use crate::wait::sync::check;
     use loom::sync::atomic::{AtomicBool, Ordering};
     use loom::sync::{Arc, Mutex};
     use std::collections::VecDeque;
@@ -381,19 +382,6 @@ mod model {
             }
             assert_eq!(outcomes.len(), ids.len(), "{outcomes:?}");
         }
-    }
-
-    fn check(preemptions: usize, model: impl Fn() + Sync + Send + 'static) -> usize {
-        // Counted outside loom (not a modelled object), per test.
-        let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counted = runs.clone();
-        let mut builder = loom::model::Builder::new();
-        builder.preemption_bound = Some(preemptions);
-        builder.check(move || {
-            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            model();
-        });
-        runs.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Three threads on one pool, the script cache flushed at any moment.

@@ -859,6 +859,7 @@ mod tests {
 #[cfg(all(loom, test))]
 mod model {
     use super::*;
+    use crate::wait::sync::check;
     use loom::sync::atomic::{AtomicUsize, Ordering};
 
     /// A lease, as the queue passes it: its token.
@@ -1028,22 +1029,6 @@ mod model {
             assert!(!self.queues.has_waiters(K), "a waiter left in the queue");
             assert_eq!(self.inside.load(Ordering::SeqCst), 0);
         }
-    }
-
-    /// Runs `model` over the interleavings loom explores, up to
-    /// `preemptions` preemptions (as tokio's loom tests bound theirs), and
-    /// returns how many executions were checked.
-    fn check(preemptions: usize, model: impl Fn() + Sync + Send + 'static) -> usize {
-        // Counted outside loom (not a modelled object), per test.
-        let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counted = runs.clone();
-        let mut builder = loom::model::Builder::new();
-        builder.preemption_bound = Some(preemptions);
-        builder.check(move || {
-            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            model();
-        });
-        runs.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn report(name: &str, runs: usize) {

@@ -115,6 +115,22 @@ mod model {
         base() + Duration::from_micros(CLOCK.load(Ordering::SeqCst))
     }
 
+    /// Runs `model` over the interleavings loom explores, up to
+    /// `preemptions` preemptions (as tokio's loom tests bound theirs), and
+    /// returns how many executions were checked.
+    pub(crate) fn check(preemptions: usize, model: impl Fn() + Sync + Send + 'static) -> usize {
+        // Counted outside loom (not a modelled object), per call.
+        let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = runs.clone();
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(preemptions);
+        builder.check(move || {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            model();
+        });
+        runs.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Moves the virtual clock on (a model thread's step).
     pub(crate) fn advance(by: Duration) {
         let micros = u64::try_from(by.as_micros()).unwrap_or(u64::MAX);
