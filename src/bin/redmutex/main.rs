@@ -10,7 +10,7 @@
 //! | 2 | bad usage: unknown option, missing `--` or command, zero ttl |
 //! | 3 | `list`: cut short by `--timeout` (what was found is printed) |
 //! | 69 | Redis unreachable or failing (`EX_UNAVAILABLE`) |
-//! | 75 | `run`: the lock was lost, or could not be renewed, while the command ran; it was terminated (`EX_TEMPFAIL`) |
+//! | 75 | `run`: the lock was lost, or could not be renewed, while the command ran (or its job was stopped, or during `--min-hold`); it was terminated (`EX_TEMPFAIL`) |
 //! | 124 | `run --max-run`: the command ran too long and was terminated |
 //! | 128+N | `run`: signal N arrived while waiting for the lock; the command was not run |
 //! | 126 | `run`: the command cannot be executed |
@@ -28,6 +28,7 @@ mod list;
 mod release;
 mod run;
 mod status;
+mod supervise;
 
 use clap::{Args, Parser, Subcommand};
 use redmutex::{
@@ -56,8 +57,9 @@ Exit codes:
   2        bad usage
   3        list: cut short by --timeout (what was found is printed)
   69       Redis unreachable or failing
-  75       the lock was lost, or could not be renewed, while the command ran; the
-           command was terminated before the lease ran out
+  75       the lock was lost, or could not be renewed, while the command ran (or
+           while its job was stopped, or during --min-hold); the command was
+           terminated before the lease ran out
   124      run --max-run: the command ran too long and was terminated
   128+N    signal N arrived while waiting for the lock: the command was not run
   126      the command cannot be executed
@@ -231,6 +233,13 @@ struct RunArgs {
     /// nothing): the job is already running somewhere.
     #[arg(long, conflicts_with = "conflict_exit_code")]
     quiet_if_held: bool,
+    /// The command daemonizes (forks a server and exits): keep the lock,
+    /// renewed, while any process it started is alive, and end them all
+    /// if the lock is lost (Linux). Without it, the lock is released when
+    /// the command itself exits, whatever it left running (flock(1) keeps
+    /// it while a process holds the descriptor).
+    #[arg(long)]
+    daemon: bool,
     /// Terminate the command after this long (SIGTERM to its process
     /// group, SIGKILL after --kill-after), release, and exit 124.
     #[arg(long, value_parser = parse_duration, value_name = "D")]

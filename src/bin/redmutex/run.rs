@@ -77,6 +77,12 @@ impl Forwarded {
         let pending = Arc::new(AtomicUsize::new(0));
         let last = Arc::new(AtomicUsize::new(0));
         for signal in FORWARDED {
+            // Ignored on entry (SIGHUP under `nohup`, SIGINT and SIGQUIT
+            // in a script's background job): left ignored, and not passed
+            // on (the command inherits the disposition).
+            if supervise::ignored_on_entry(signal) {
+                continue;
+            }
             let (pending, last) = (pending.clone(), last.clone());
             // SAFETY: the handler only stores to atomics, which is
             // async-signal-safe.
@@ -103,10 +109,7 @@ impl Forwarded {
 
 /// Signals the command's whole process group (its children included:
 /// the grandchildren of `sh -c` go too).
-fn signal_group(pgid: u32, signal: i32) {
-    let Ok(pgid) = libc::pid_t::try_from(pgid) else {
-        return;
-    };
+fn signal_group(pgid: libc::pid_t, signal: i32) {
     // SAFETY: kill(2) on the process group of a child we spawned as its
     // leader; a group whose members are gone gets ESRCH, which is ignored.
     unsafe {
@@ -148,14 +151,49 @@ impl Foreground {
         }
     }
 
-    fn give_back(&self) {
+    /// At the end: the terminal back to `redmutex`'s group if the
+    /// command's group (`command`, when it was started) has it, and the
+    /// SIGTTOU disposition found at start.
+    fn give_back(&self, command: Option<libc::pid_t>) {
         if let Some(pgrp) = self.ours {
             // SAFETY: SIGTTOU is ignored since `ours`, so a background
             // group may set the terminal's group; then the disposition
             // found at start is put back.
             unsafe {
-                libc::tcsetpgrp(libc::STDIN_FILENO, pgrp);
+                let current = libc::tcgetpgrp(libc::STDIN_FILENO);
+                if command.is_none_or(|pgid| current == pgid) {
+                    libc::tcsetpgrp(libc::STDIN_FILENO, pgrp);
+                }
                 libc::signal(libc::SIGTTOU, self.ttou);
+            }
+        }
+    }
+
+    /// The command's group stopped with the terminal: back to ours, so the
+    /// job stops as one and the shell can take it.
+    fn take_back(&self, command: libc::pid_t) {
+        if self.ours.is_some() {
+            // SAFETY: SIGTTOU is ignored (see `ours`); only when the
+            // command's group has the terminal.
+            unsafe {
+                if libc::tcgetpgrp(libc::STDIN_FILENO) == command {
+                    libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpgrp());
+                }
+            }
+        }
+    }
+
+    /// The job is in the terminal's foreground again (`fg`): the command's
+    /// group gets the terminal, as at the start. In the background (`bg`)
+    /// it does not: a read of the terminal stops it, and the job with it.
+    fn hand_over(&self, command: libc::pid_t) {
+        if self.ours.is_some() {
+            // SAFETY: SIGTTOU is ignored (see `ours`); only while our group
+            // has the terminal.
+            unsafe {
+                if libc::tcgetpgrp(libc::STDIN_FILENO) == libc::getpgrp() {
+                    libc::tcsetpgrp(libc::STDIN_FILENO, command);
+                }
             }
         }
     }
@@ -276,6 +314,14 @@ impl Held {
         }
     }
 
+    /// Whether Redis still holds it (owner-checked).
+    fn is_held(&self) -> Result<bool, Error> {
+        match self {
+            Held::Lock(guard) => guard.is_held(),
+            Held::Permit(permit) => permit.is_held(),
+        }
+    }
+
     fn unlock(self) -> Result<(), Error> {
         match self {
             Held::Lock(guard) => guard.unlock(),
@@ -328,6 +374,9 @@ enum Ending {
     Lost(redmutex::LossReason),
     /// The command ran longer than `--max-run`.
     MaxRun,
+    /// The lease was found lost when the stopped job was continued, and
+    /// could not be taken again: the command was killed still stopped.
+    LostWhileStopped,
 }
 
 /// The key of a run without one: the same for the same command line (and
@@ -350,6 +399,9 @@ fn derived_key(command: &[OsString], limit: Option<u32>) -> String {
 }
 
 pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
+    // First, while `redmutex` has one thread: the process that kills the
+    // command if `redmutex` dies (see `supervise::Watcher`).
+    let watcher = supervise::Watcher::start();
     let key = match &args.key {
         Some(key) if key.is_empty() => {
             return Err(fail(EXIT_USAGE, "the lock key must not be empty"));
@@ -479,10 +531,19 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
     }
     let foreground = Foreground::ours();
     isolate(&mut command, &foreground);
-    let mut child = match command.spawn() {
+    // A daemon the command forks away stays a child of ours, to be seen
+    // and ended (Linux).
+    if args.daemon && !supervise::become_subreaper() {
+        let _ = guard.unlock();
+        return Err(fail(
+            EXIT_UNAVAILABLE,
+            "--daemon needs Linux (a child subreaper) to follow a command's daemons",
+        ));
+    }
+    let child = match command.spawn() {
         Ok(child) => child,
         Err(err) => {
-            foreground.give_back();
+            foreground.give_back(None);
             let name = program.to_string_lossy();
             let _ = guard.unlock();
             return Err(match err.kind() {
@@ -496,51 +557,174 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
             });
         }
     };
+    let Ok(pid) = libc::pid_t::try_from(child.id()) else {
+        return Err(fail(EXIT_UNAVAILABLE, "the command's pid is out of range"));
+    };
+    if let Some(watcher) = &watcher {
+        watcher.guard_group(pid);
+    }
+    let mut job = Job {
+        cli,
+        args,
+        what: &what,
+        target: &target,
+        pid,
+        watcher: watcher.as_ref(),
+        foreground: &foreground,
+        forwarded: &forwarded,
+        control: supervise::JobControl::install(),
+        lost: guard.loss_signal(),
+        guard,
+        kill_after,
+        ending: Ending::Running,
+        terminated_at: None,
+        killed: false,
+        stop_asked: false,
+        daemons: Vec::new(),
+    };
     let started = Instant::now();
-    let pgid = child.id();
-    let lost = guard.loss_signal();
-    let mut ending = Ending::Running;
-    let mut terminated_at: Option<Instant> = None;
-    let mut killed = false;
-    let mut stop_asked = false;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) => {}
-            Err(err) => {
-                signal_group(pgid, libc::SIGKILL);
-                foreground.give_back();
-                let _ = guard.unlock();
-                return Err(fail(
-                    EXIT_UNAVAILABLE,
-                    format!("waiting for the command: {err}"),
-                ));
+    let status = match job.supervise(started) {
+        Ok(status) => status,
+        Err(err) => {
+            job.kill(libc::SIGKILL);
+            foreground.give_back(Some(pid));
+            let _ = job.guard.unlock();
+            return Err(fail(
+                EXIT_UNAVAILABLE,
+                format!("waiting for the command: {err}"),
+            ));
+        }
+    };
+    foreground.give_back(Some(pid));
+    if !matches!(job.ending, Ending::Running) {
+        // Whatever the command left in its group does not run on unlocked.
+        job.kill(libc::SIGKILL);
+    } else if args.daemon {
+        job.follow_daemons();
+        if !matches!(job.ending, Ending::Running) {
+            job.kill(libc::SIGKILL);
+        }
+    }
+    if matches!(job.ending, Ending::Running | Ending::MaxRun)
+        && !job.stop_asked
+        && let Some(reason) = hold_at_least(cli, args, started, &job.lost, &forwarded)
+    {
+        eprintln!("redmutex: lost {what} during --min-hold ({reason})");
+        let _ = job.guard.unlock();
+        return Ok(EXIT_LOST);
+    }
+    match job.ending {
+        Ending::Lost(_) | Ending::LowValidity(_) | Ending::LostWhileStopped => {
+            let _ = job.guard.unlock();
+            Ok(EXIT_LOST)
+        }
+        Ending::MaxRun => {
+            let _ = job.guard.unlock();
+            Ok(EXIT_MAX_RUN)
+        }
+        Ending::Running => {
+            match job.guard.unlock() {
+                Ok(()) => verbose(cli, format_args!("released {what}")),
+                Err(err) => say(cli, format_args!("releasing {what}: {err}")),
             }
+            Ok(exit_code_of(status))
         }
-        if let Some(signal) = forwarded.take() {
-            verbose(cli, format_args!("passing signal {signal} to the command"));
-            signal_group(pgid, signal);
-            // Asked to stop: no --min-hold after the command ends.
-            stop_asked = true;
+    }
+}
+
+/// The command under way, and what `redmutex` does about it.
+struct Job<'a> {
+    cli: &'a Cli,
+    args: &'a RunArgs,
+    what: &'a str,
+    target: &'a Target,
+    /// The command's pid, and its process group's.
+    pid: libc::pid_t,
+    watcher: Option<&'a supervise::Watcher>,
+    foreground: &'a Foreground,
+    forwarded: &'a Forwarded,
+    control: supervise::JobControl,
+    /// What is held (taken again after a stop, when it was lost and
+    /// could be), and its loss signal.
+    guard: Held,
+    lost: redmutex::LossSignal,
+    kill_after: Duration,
+    ending: Ending,
+    terminated_at: Option<Instant>,
+    killed: bool,
+    /// A signal was passed on: no --min-hold after the command ends.
+    stop_asked: bool,
+    /// Processes the command left outside its group (with --daemon).
+    daemons: Vec<libc::pid_t>,
+}
+
+impl Job<'_> {
+    /// Watches the command until it exits: its stops and `redmutex`'s
+    /// (job control), the signals to pass on, the lease, `--max-run`.
+    fn supervise(&mut self, started: Instant) -> std::io::Result<ExitStatus> {
+        loop {
+            match supervise::poll(self.pid)? {
+                supervise::Child::Exited(status) => return Ok(status),
+                // Stopped by the terminal (^Z while it has it, a read or
+                // write from the background): the whole job stops.
+                supervise::Child::Stopped(signal) => self.suspend(signal),
+                supervise::Child::Running => {}
+            }
+            if let Some(signal) = self.control.stop_asked() {
+                // ^Z sent to `redmutex` (the command did not have the
+                // terminal), or a `kill -TSTP`: the command first.
+                if let Some(status) = supervise::stop_group(self.pid, self.pid)? {
+                    return Ok(status);
+                }
+                self.suspend(signal);
+            }
+            if self.control.continued() {
+                // `fg` of a job that ran in the background: the terminal
+                // goes on to the command.
+                self.foreground.hand_over(self.pid);
+            }
+            if let Some(signal) = self.forwarded() {
+                verbose(
+                    self.cli,
+                    format_args!("passing signal {signal} to the command"),
+                );
+                self.kill(signal);
+                // Asked to stop: no --min-hold after the command ends.
+                self.stop_asked = true;
+            }
+            self.watch_lease(Some(started));
+            // Wakes at once on a loss, else polls the child and signals.
+            self.lost.wait_timeout(Duration::from_millis(25));
         }
-        let validity = guard.validity();
+    }
+
+    fn forwarded(&self) -> Option<i32> {
+        self.forwarded.take()
+    }
+
+    /// The lease, watched while the command (or its daemons) runs: a loss
+    /// or a lease running low terminates the command, `--max-run` too,
+    /// and a SIGKILL follows when it does not go in time.
+    fn watch_lease(&mut self, started: Option<Instant>) {
+        let validity = self.guard.validity();
         // The lease is watched after --max-run fired too: a loss while the
         // command is being terminated ends it as fast as any loss does.
-        if matches!(ending, Ending::Running | Ending::MaxRun) {
-            let next = if let Some(reason) = lost.reason() {
+        if matches!(self.ending, Ending::Running | Ending::MaxRun) {
+            let next = if let Some(reason) = self.lost.reason() {
                 Ending::Lost(reason)
-            } else if validity <= kill_after {
+            } else if validity <= self.kill_after {
                 Ending::LowValidity(validity)
-            } else if matches!(ending, Ending::Running)
-                && args.max_run.is_some_and(|d| started.elapsed() >= d)
+            } else if matches!(self.ending, Ending::Running)
+                && started.is_some_and(|at| self.args.max_run.is_some_and(|d| at.elapsed() >= d))
             {
                 Ending::MaxRun
             } else {
                 Ending::Running
             };
             if !matches!(next, Ending::Running) {
+                let what = self.what;
                 match &next {
-                    Ending::Running => {}
+                    Ending::Running | Ending::LostWhileStopped => {}
                     Ending::MaxRun => {
                         eprintln!("redmutex: the command ran longer than --max-run; terminating it")
                     }
@@ -552,17 +736,18 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
                          terminating the command before it runs out"
                     ),
                 }
-                signal_group(pgid, libc::SIGTERM);
+                self.kill(libc::SIGTERM);
                 // A loss after --max-run keeps the first SIGTERM's time:
                 // its grace is the shorter one.
-                terminated_at.get_or_insert_with(Instant::now);
-                ending = next;
+                self.terminated_at.get_or_insert_with(Instant::now);
+                self.ending = next;
             }
         }
         // A lease running low: SIGKILL with a quarter of --kill-after left.
         // A lease already lost (validity reads zero): a quarter of it as
         // grace after the SIGTERM.
-        let due = match (&ending, terminated_at) {
+        let kill_after = self.kill_after;
+        let due = match (&self.ending, self.terminated_at) {
             (Ending::LowValidity(_), Some(at)) => {
                 validity <= kill_after / 4 || at.elapsed() >= kill_after
             }
@@ -570,51 +755,132 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
             (Ending::MaxRun, Some(at)) => at.elapsed() >= kill_after,
             _ => false,
         };
-        if due && !killed {
+        if due && !self.killed {
             eprintln!(
                 "redmutex: the command is still running with {validity:?} of the lease left; killing it"
             );
-            signal_group(pgid, libc::SIGKILL);
-            killed = true;
+            self.kill(libc::SIGKILL);
+            self.killed = true;
         }
-        // Wakes at once on a loss, else polls the child and signals.
-        lost.wait_timeout(Duration::from_millis(25));
-    };
-    foreground.give_back();
-    if !matches!(ending, Ending::Running) {
-        // Whatever the command left in its group does not run on unlocked.
-        signal_group(pgid, libc::SIGKILL);
     }
-    if matches!(ending, Ending::Running | Ending::MaxRun) && !stop_asked {
-        hold_at_least(cli, args, started, &lost, &forwarded);
+
+    /// Signals the command's whole process group (its children included:
+    /// the grandchildren of `sh -c` go too), and the daemons it left.
+    fn kill(&self, signal: i32) {
+        signal_group(self.pid, signal);
+        for daemon in &self.daemons {
+            // SAFETY: kill(2) of a process the command started (our child
+            // as its subreaper); one already gone gets ESRCH.
+            unsafe { libc::kill(*daemon, signal) };
+        }
     }
-    if matches!(ending, Ending::Lost(_) | Ending::LowValidity(_)) {
-        let _ = guard.unlock();
-        return Ok(EXIT_LOST);
+
+    /// The command is stopped: `redmutex`'s own job stops too, so the
+    /// shell says so and gets its prompt back. When it is continued (`fg`,
+    /// `bg`), the lease is checked before the command runs again.
+    fn suspend(&mut self, signal: i32) {
+        verbose(
+            self.cli,
+            format_args!("the command stopped; stopping the job"),
+        );
+        // The terminal back to our group while the command has it: the
+        // shell takes it from there.
+        self.foreground.take_back(self.pid);
+        self.control.stop_job(signal);
+        self.resume();
     }
-    if matches!(ending, Ending::MaxRun) {
-        let _ = guard.unlock();
-        return Ok(EXIT_MAX_RUN);
+
+    /// After a stop: the command runs again only under a live lease. One
+    /// lost meanwhile (expired, taken, or run out by the local clock) is
+    /// taken again when it can be (free, and no fencing token the command
+    /// already has would be wrong); otherwise the command is killed before
+    /// it runs another instruction.
+    fn resume(&mut self) {
+        let lost = self.lost.reason().or_else(|| match self.guard.is_held() {
+            Ok(false) => Some(redmutex::LossReason::Expired),
+            // Unreachable: not known lost; the renewals' bound applies.
+            _ => None,
+        });
+        if let Some(reason) = lost {
+            let again = if self.args.fencing {
+                None
+            } else {
+                self.target.try_once().ok().flatten()
+            };
+            match again {
+                Some(guard) => {
+                    say(
+                        self.cli,
+                        format_args!(
+                            "{} was lost while the job was stopped ({reason}); taken again \
+                             (REDMUTEX_TOKEN now names the old token)",
+                            self.what
+                        ),
+                    );
+                    self.lost = guard.loss_signal();
+                    let old = std::mem::replace(&mut self.guard, guard);
+                    let _ = old.unlock();
+                }
+                None => {
+                    eprintln!(
+                        "redmutex: lost {} while the job was stopped ({reason}); killing the command",
+                        self.what
+                    );
+                    // Still stopped: it never runs on the lost lease.
+                    self.kill(libc::SIGKILL);
+                    self.killed = true;
+                    self.ending = Ending::LostWhileStopped;
+                    return;
+                }
+            }
+        }
+        self.foreground.hand_over(self.pid);
+        self.kill(libc::SIGCONT);
     }
-    match guard.unlock() {
-        Ok(()) => verbose(cli, format_args!("released {what}")),
-        Err(err) => say(cli, format_args!("releasing {what}: {err}")),
+
+    /// `--daemon`: the command exited; its lock is kept (renewed) while any
+    /// process it started lives on, and ended with them on a loss.
+    fn follow_daemons(&mut self) {
+        let watcher = self.watcher.map(supervise::Watcher::pid);
+        loop {
+            supervise::reap_orphans(watcher);
+            let alive = supervise::descendants(watcher);
+            if alive.is_empty() {
+                return;
+            }
+            for pid in &alive {
+                if !self.daemons.contains(pid) {
+                    verbose(
+                        self.cli,
+                        format_args!("keeping the lock while process {pid} runs"),
+                    );
+                    self.daemons.push(*pid);
+                    if let Some(watcher) = self.watcher {
+                        watcher.guard_process(*pid);
+                    }
+                }
+            }
+            if let Some(signal) = self.forwarded() {
+                self.kill(signal);
+                self.stop_asked = true;
+            }
+            self.watch_lease(None);
+            self.lost.wait_timeout(Duration::from_millis(100));
+        }
     }
-    Ok(exit_code_of(status))
 }
 
 /// `--min-hold`: keeps the lock (the watchdog renewing it) until that long
-/// after the command started; a signal or a loss ends the wait early.
+/// after the command started; a signal ends the wait early. Returns why
+/// the lease was lost meanwhile, if it was.
 fn hold_at_least(
     cli: &Cli,
     args: &RunArgs,
     started: Instant,
     lost: &redmutex::LossSignal,
     forwarded: &Forwarded,
-) {
-    let Some(until) = args.min_hold.and_then(|d| started.checked_add(d)) else {
-        return;
-    };
+) -> Option<redmutex::LossReason> {
+    let until = args.min_hold.and_then(|d| started.checked_add(d))?;
     if Instant::now() < until {
         verbose(
             cli,
@@ -622,16 +888,19 @@ fn hold_at_least(
         );
     }
     loop {
+        if let Some(reason) = lost.reason() {
+            return Some(reason);
+        }
         let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() || lost.reason().is_some() {
-            return;
+        if left.is_zero() {
+            return None;
         }
         if let Some(signal) = forwarded.take() {
             verbose(
                 cli,
                 format_args!("signal {signal}: releasing before --min-hold"),
             );
-            return;
+            return None;
         }
         lost.wait_timeout(left.min(Duration::from_millis(100)));
     }

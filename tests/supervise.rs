@@ -1,0 +1,655 @@
+//! `redmutex run` as a supervisor a shell user can trust: job control in
+//! a real terminal (an interactive bash on a pseudo-terminal), a command
+//! that changes its user when `redmutex` is killed, `nohup`, signals
+//! ignored on entry, daemonizing commands, and the exit codes of each.
+#![cfg(all(feature = "cli", target_os = "linux"))]
+
+mod support;
+
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::Commands;
+use support::{RedisServer, wait_until};
+
+fn redmutex_path() -> PathBuf {
+    assert_cmd::cargo::cargo_bin("redmutex")
+}
+
+fn held(server: &RedisServer, key: &str) -> Option<String> {
+    server.conn().get(key).expect("GET")
+}
+
+/// A process's state letter in `/proc` (`T` stopped, `Z` zombie), or
+/// `None` once it is gone.
+fn state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+fn gone(pid: u32) -> bool {
+    matches!(state(pid), None | Some('Z'))
+}
+
+fn read_pid(path: &Path) -> Option<u32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// The pid of the `redmutex run` whose key is `key` (its command line).
+fn redmutex_of(key: &str) -> Option<u32> {
+    let out = Command::new("pgrep")
+        .args(["-f", &format!("redmutex .*run .*{key} --")])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .find(|pid: &u32| state(*pid).is_some_and(|s| s != 'Z'))
+}
+
+/// An interactive bash on a pseudo-terminal: what a user at a terminal
+/// runs `redmutex` from, with job control.
+struct Terminal {
+    master: std::fs::File,
+    shell: std::process::Child,
+    output: Arc<Mutex<String>>,
+}
+
+impl Terminal {
+    fn open(server: &RedisServer) -> Terminal {
+        let (mut master, mut slave) = (0, 0);
+        // SAFETY: openpty fills two descriptors; no name, termios or size.
+        let rc = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "openpty");
+        // SAFETY: descriptors openpty just gave us.
+        let (master, slave) =
+            unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+        let mut shell = Command::new("bash");
+        shell
+            .args(["--norc", "--noprofile", "-i"])
+            .env("PS1", "$ ")
+            .env("REDMUTEX_URL", server.url())
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .stdin(Stdio::from(slave.try_clone().expect("dup")))
+            .stdout(Stdio::from(slave.try_clone().expect("dup")))
+            .stderr(Stdio::from(slave));
+        // SAFETY: setsid and TIOCSCTTY between fork and exec make the
+        // pseudo-terminal the shell's controlling terminal.
+        unsafe {
+            shell.pre_exec(|| {
+                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let shell = shell.spawn().expect("bash");
+        let master = std::fs::File::from(master);
+        let output = Arc::new(Mutex::new(String::new()));
+        let mut reader = master.try_clone().expect("dup");
+        let sink = output.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                if let Ok(mut out) = sink.lock() {
+                    out.push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
+            }
+        });
+        let terminal = Terminal {
+            master,
+            shell,
+            output,
+        };
+        assert!(terminal.expect("$ ", Duration::from_secs(10)), "no prompt");
+        terminal
+    }
+
+    fn send(&mut self, text: &str) {
+        self.master.write_all(text.as_bytes()).expect("write");
+    }
+
+    /// Everything the terminal showed so far.
+    fn shown(&self) -> String {
+        self.output.lock().map(|o| o.clone()).unwrap_or_default()
+    }
+
+    /// Waits for `text` to be shown (anywhere in the output so far).
+    fn expect(&self, text: &str, within: Duration) -> bool {
+        wait_until(within, || self.shown().contains(text))
+    }
+
+    /// Once the job of `key` has ended: the exit code the shell saw.
+    fn exit_code(&mut self, key: &str) -> Option<i32> {
+        if !wait_until(Duration::from_secs(15), || redmutex_of(key).is_none()) {
+            return None;
+        }
+        let marker = format!("rc-{}=", std::process::id());
+        self.send(&format!("echo \"{marker}$?.\"\n"));
+        let mut code = None;
+        wait_until(Duration::from_secs(10), || {
+            let shown = self.shown();
+            // The echoed line, not the command typed (which has `$?`).
+            code = shown
+                .rsplit(marker.as_str())
+                .next()
+                .and_then(|rest| rest.split('.').next())
+                .and_then(|n| n.trim().parse().ok());
+            code.is_some()
+        });
+        code
+    }
+}
+
+impl Drop for Terminal {
+    fn drop(&mut self) {
+        // SAFETY: kills the shell's session group (its jobs have their own
+        // groups: they are killed by the test's cleanup of its keys).
+        unsafe { libc::kill(-(self.shell.id() as i32), libc::SIGKILL) };
+        let _ = self.shell.kill();
+        let _ = self.shell.wait();
+    }
+}
+
+/// Kills what a failed test left: every `redmutex` of `key` and its
+/// command's group.
+fn clean_up(key: &str) {
+    let _ = Command::new("pkill")
+        .args(["-KILL", "-f", &format!("run .*{key} --")])
+        .status();
+}
+
+/// ^Z in a real terminal stops the whole job (the command and
+/// `redmutex`), the shell gets its prompt back and says so, and `fg`
+/// resumes it; the command, which has the terminal, reads from it. On
+/// main only the command stopped: `redmutex` kept renewing, the shell
+/// never got its prompt back.
+#[test]
+fn ctrl_z_stops_the_whole_job_and_fg_resumes_it() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let answer = dir.path().join("answer");
+    let key = format!("ctrlz-{}", std::process::id());
+    let mut terminal = Terminal::open(&server);
+    let line = format!(
+        "{} run {key} -- sh -c 'echo $$ > {}; read x; echo \"got $x\" > {}'",
+        redmutex_path().display(),
+        pidfile.display(),
+        answer.display()
+    );
+    terminal.send(&format!("{line}\n"));
+    let started = wait_until(Duration::from_secs(10), || {
+        read_pid(&pidfile).is_some() && held(&server, &key).is_some()
+    });
+    if !started {
+        clean_up(&key);
+        panic!("did not start: {}", terminal.shown());
+    }
+    let command = read_pid(&pidfile).expect("pid");
+    let runner = redmutex_of(&key).expect("the redmutex process");
+    terminal.send("\x1a");
+    let stopped = terminal.expect("Stopped", Duration::from_secs(10))
+        && wait_until(Duration::from_secs(5), || {
+            state(command) == Some('T') && state(runner) == Some('T')
+        });
+    if !stopped {
+        clean_up(&key);
+        panic!(
+            "the job did not stop as one: command {:?}, redmutex {:?}\n{}",
+            state(command),
+            state(runner),
+            terminal.shown()
+        );
+    }
+    assert!(held(&server, &key).is_some(), "still held while stopped");
+    terminal.send("fg\n");
+    // The command has the terminal again: it reads what is typed.
+    std::thread::sleep(Duration::from_millis(300));
+    terminal.send("hello\n");
+    let code = terminal.exit_code(&key);
+    if code != Some(0) {
+        clean_up(&key);
+        panic!("exit {code:?}: {}", terminal.shown());
+    }
+    assert_eq!(
+        std::fs::read_to_string(&answer).expect("answer").trim(),
+        "got hello"
+    );
+    assert_eq!(held(&server, &key), None);
+}
+
+/// `bg` continues the job without the terminal: a command that reads it
+/// is stopped by the terminal (SIGTTIN), the whole job with it, and `fg`
+/// gives it the terminal back to read from. On main the command stopped
+/// alone and never resumed.
+#[test]
+fn a_read_from_the_background_stops_the_job_and_fg_resumes_it() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let answer = dir.path().join("answer");
+    let key = format!("bg-{}", std::process::id());
+    let mut terminal = Terminal::open(&server);
+    let line = format!(
+        "{} run {key} -- sh -c 'echo $$ > {}; sleep 0.5; read x; echo \"got $x\" > {}'",
+        redmutex_path().display(),
+        pidfile.display(),
+        answer.display()
+    );
+    terminal.send(&format!("{line}\n"));
+    if !wait_until(Duration::from_secs(10), || read_pid(&pidfile).is_some()) {
+        clean_up(&key);
+        panic!("did not start: {}", terminal.shown());
+    }
+    let command = read_pid(&pidfile).expect("pid");
+    terminal.send("\x1a");
+    if !terminal.expect("Stopped", Duration::from_secs(10)) {
+        clean_up(&key);
+        panic!("not stopped: {}", terminal.shown());
+    }
+    let stops = |t: &Terminal| t.shown().matches("Stopped").count();
+    let first = stops(&terminal);
+    // In the background the read stops it (SIGTTIN), and the job with it.
+    terminal.send("bg\n");
+    let runner = redmutex_of(&key).expect("the redmutex process");
+    let stopped_again = wait_until(Duration::from_secs(10), || {
+        state(command) == Some('T') && state(runner) == Some('T')
+    });
+    // The shell reports it at its next prompt.
+    terminal.send("\n");
+    if !stopped_again || !wait_until(Duration::from_secs(10), || stops(&terminal) > first) {
+        clean_up(&key);
+        panic!(
+            "not stopped by the read: command {:?}, redmutex {:?}\n{}",
+            state(command),
+            state(runner),
+            terminal.shown()
+        );
+    }
+    terminal.send("fg\n");
+    std::thread::sleep(Duration::from_millis(300));
+    terminal.send("hello\n");
+    let code = terminal.exit_code(&key);
+    if code != Some(0) {
+        clean_up(&key);
+        panic!("exit {code:?}: {}", terminal.shown());
+    }
+    assert_eq!(
+        std::fs::read_to_string(&answer).expect("answer").trim(),
+        "got hello"
+    );
+}
+
+/// A lease lost while the job was stopped (past its ttl, then taken by
+/// another client): on `fg` the command is killed before it runs again,
+/// and `redmutex` exits 75 saying why.
+#[test]
+fn a_lease_lost_while_stopped_kills_the_command_before_it_runs() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let ran = dir.path().join("ran");
+    let key = format!("lost-stopped-{}", std::process::id());
+    let mut terminal = Terminal::open(&server);
+    let line = format!(
+        "{} run --ttl 1s {key} -- sh -c 'echo $$ > {}; sleep 1; touch {}'",
+        redmutex_path().display(),
+        pidfile.display(),
+        ran.display()
+    );
+    terminal.send(&format!("{line}\n"));
+    if !wait_until(Duration::from_secs(10), || read_pid(&pidfile).is_some()) {
+        clean_up(&key);
+        panic!("did not start: {}", terminal.shown());
+    }
+    let command = read_pid(&pidfile).expect("pid");
+    terminal.send("\x1a");
+    if !terminal.expect("Stopped", Duration::from_secs(10)) {
+        clean_up(&key);
+        panic!("not stopped: {}", terminal.shown());
+    }
+    // Stopped past its lease; another client takes the lock.
+    let other = server.lock_client();
+    let theirs = redmutex::DistributedLock::new(&other, key.as_str())
+        .try_lock_for(Duration::from_secs(10))
+        .expect("try")
+        .expect("the lease ran out while stopped");
+    terminal.send("fg\n");
+    let code = terminal.exit_code(&key);
+    if code != Some(75) {
+        clean_up(&key);
+        panic!("exit {code:?}, not 75: {}", terminal.shown());
+    }
+    assert!(terminal.shown().contains("while the job was stopped"));
+    assert!(wait_until(Duration::from_secs(5), || gone(command)));
+    assert!(!ran.exists(), "the command ran on after its lease was lost");
+    assert_eq!(held(&server, &key).as_deref(), Some(theirs.token()));
+    theirs.unlock().expect("theirs");
+}
+
+/// Standard input redirected (a script's way): ^Z reaches `redmutex`,
+/// which stops the command first, then itself. On main `redmutex`
+/// stopped alone and the command ran on without renewals: the key
+/// expired under it. Stopped longer than the lease, then continued: the
+/// lease, free, is taken again and the command goes on.
+#[test]
+fn ctrl_z_with_stdin_redirected_stops_the_command_too() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("log");
+    let key = format!("ctrlz-redirected-{}", std::process::id());
+    let mut terminal = Terminal::open(&server);
+    let line = format!(
+        "{} run --ttl 1s {key} -- sh -c 'i=0; while [ $i -lt 40 ]; do echo $i >> {}; i=$((i+1)); sleep 0.05; done' < /dev/null",
+        redmutex_path().display(),
+        log.display()
+    );
+    terminal.send(&format!("{line}\n"));
+    if !wait_until(Duration::from_secs(10), || log.exists()) {
+        clean_up(&key);
+        panic!("did not start: {}", terminal.shown());
+    }
+    terminal.send("\x1a");
+    if !terminal.expect("Stopped", Duration::from_secs(10)) {
+        clean_up(&key);
+        panic!("not stopped: {}", terminal.shown());
+    }
+    let lines = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    // Let anything in flight land, then nothing more while stopped.
+    std::thread::sleep(Duration::from_millis(200));
+    let at_stop = lines();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        lines(),
+        at_stop,
+        "the command ran while the job was stopped"
+    );
+    terminal.send("fg\n");
+    let code = terminal.exit_code(&key);
+    if code != Some(0) {
+        clean_up(&key);
+        panic!("exit {code:?}: {}", terminal.shown());
+    }
+    assert_eq!(lines(), 40);
+    assert_eq!(held(&server, &key), None);
+}
+
+/// `nohup redmutex run …`: SIGHUP was ignored on entry, so it stays
+/// ignored and is not passed on; the command finishes. On main the
+/// handler forwarded it and the command died (exit 129).
+#[test]
+fn nohup_keeps_sighup_ignored() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let finished = dir.path().join("finished");
+    let ready = dir.path().join("ready");
+    let mut run = Command::new("nohup")
+        .arg(redmutex_path())
+        .env("REDMUTEX_URL", server.url())
+        .args(["run", "nohup-key", "--", "sh", "-c"])
+        .arg(format!(
+            "touch {}; sleep 1; echo finished > {}",
+            ready.display(),
+            finished.display()
+        ))
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nohup");
+    assert!(wait_until(Duration::from_secs(10), || ready.exists()));
+    assert!(support::signal(run.id(), "HUP"));
+    let status = run.wait().expect("status");
+    assert_eq!(status.code(), Some(0), "flock(1)'s answer under nohup");
+    assert_eq!(
+        std::fs::read_to_string(&finished).expect("finished").trim(),
+        "finished"
+    );
+}
+
+/// A script's background job starts with SIGINT and SIGQUIT ignored: they
+/// stay ignored, and a ^C meant for the foreground does not end it.
+#[test]
+fn signals_ignored_on_entry_are_not_passed_on() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ready = dir.path().join("ready");
+    let mut command = Command::new(redmutex_path());
+    command
+        .env("REDMUTEX_URL", server.url())
+        .args(["run", "ignored", "--", "sh", "-c"])
+        .arg(format!("touch {}; sleep 1", ready.display()));
+    // SAFETY: ignores two signals between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+            libc::signal(libc::SIGQUIT, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut run = command.spawn().expect("run");
+    assert!(wait_until(Duration::from_secs(10), || ready.exists()));
+    assert!(support::signal(run.id(), "INT"));
+    assert!(support::signal(run.id(), "QUIT"));
+    let status = run.wait().expect("status");
+    assert_eq!(status.code(), Some(0));
+}
+
+/// A command that changes its user (`setpriv`, like `gosu` or a setuid
+/// program) loses the kernel's parent-death signal; when `redmutex` is
+/// killed, its watcher process kills the command's group. On main the
+/// command ran on, unrenewed, and a second run started beside it. Needs
+/// root (to change user); skipped otherwise.
+#[test]
+fn a_command_that_changes_user_dies_with_redmutex() {
+    // SAFETY: reads the effective user id.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: changing the command's user needs root");
+        return;
+    }
+    let Ok(setpriv) = which("setpriv") else {
+        eprintln!("skipped: no setpriv");
+        return;
+    };
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The command, as nobody, writes its pid here.
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .expect("chmod");
+    let pidfile = dir.path().join("pid");
+    let mut run = Command::new(redmutex_path())
+        .env("REDMUTEX_URL", server.url())
+        .args(["run", "--ttl", "2s", "setuid", "--"])
+        .arg(setpriv)
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "sh",
+            "-c",
+        ])
+        .arg(format!("echo $$ > {}; exec sleep 300", pidfile.display()))
+        .spawn()
+        .expect("run");
+    assert!(wait_until(Duration::from_secs(10), || read_pid(&pidfile).is_some()));
+    let command = read_pid(&pidfile).expect("pid");
+    let uid = std::fs::read_to_string(format!("/proc/{command}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .unwrap_or_default()
+        .to_owned();
+    assert!(uid.contains("65534"), "the command changed user: {uid}");
+    assert!(support::signal(run.id(), "KILL"));
+    let _ = run.wait();
+    let killed = wait_until(Duration::from_secs(5), || gone(command));
+    if !killed {
+        // SAFETY: kills the leftover (the test failed).
+        unsafe { libc::kill(command as i32, libc::SIGKILL) };
+    }
+    assert!(killed, "the command {command} outlived a killed redmutex");
+}
+
+/// `--daemon`: a command that forks a server away (a new session) and
+/// exits keeps the lock while the server runs, renewed, and gives it up
+/// when the server ends; without `--daemon` the lock goes with the
+/// command, as the README says. A loss ends the server too.
+#[test]
+fn daemon_keeps_the_lock_while_the_commands_daemon_runs() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("daemon");
+    // The daemon: its own session (so not in the command's group),
+    // running 2.5 s, its pid written down.
+    let script = format!(
+        "setsid sh -c 'echo $$ > {}; sleep 2.5' </dev/null >/dev/null 2>&1 & exit 0",
+        pidfile.display()
+    );
+    let mut run = Command::new(redmutex_path())
+        .env("REDMUTEX_URL", server.url())
+        .args([
+            "run",
+            "--daemon",
+            "--ttl",
+            "1s",
+            "daemon-key",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(&script)
+        .spawn()
+        .expect("run");
+    assert!(wait_until(Duration::from_secs(10), || read_pid(&pidfile).is_some()));
+    let daemon = read_pid(&pidfile).expect("pid");
+    // The command itself is gone; the lock stays, past its 1 s ttl.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(!gone(daemon));
+    assert!(held(&server, "daemon-key").is_some(), "kept for the daemon");
+    let started = Instant::now();
+    let status = run.wait().expect("status");
+    assert_eq!(status.code(), Some(0));
+    assert!(gone(daemon));
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "waited for it"
+    );
+    assert_eq!(held(&server, "daemon-key"), None);
+
+    // A loss while only the daemon runs: the daemon is ended, exit 75.
+    std::fs::remove_file(&pidfile).expect("rm");
+    let mut run = Command::new(redmutex_path())
+        .env("REDMUTEX_URL", server.url())
+        .args(["run", "--daemon", "daemon-key", "--", "sh", "-c"])
+        .arg(script.replace("sleep 2.5", "sleep 60"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run");
+    assert!(wait_until(Duration::from_secs(10), || read_pid(&pidfile).is_some()));
+    let daemon = read_pid(&pidfile).expect("pid");
+    std::thread::sleep(Duration::from_millis(300));
+    let _: () = server
+        .conn()
+        .set("daemon-key", "someone-else")
+        .expect("SET");
+    let status = run.wait().expect("status");
+    let mut stderr = String::new();
+    let _ = run
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr);
+    assert_eq!(status.code(), Some(75), "{stderr}");
+    assert!(
+        wait_until(Duration::from_secs(5), || gone(daemon)),
+        "the daemon ran on"
+    );
+
+    // Without --daemon: released when the command exits.
+    std::fs::remove_file(&pidfile).expect("rm");
+    let _: () = server.conn().del("daemon-key").expect("DEL");
+    let status = Command::new(redmutex_path())
+        .env("REDMUTEX_URL", server.url())
+        .args(["run", "daemon-key", "--", "sh", "-c"])
+        .arg(&script)
+        .status()
+        .expect("run");
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(
+        held(&server, "daemon-key"),
+        None,
+        "released with the command"
+    );
+    if let Some(daemon) = read_pid(&pidfile) {
+        // SAFETY: ends the test's daemon.
+        unsafe { libc::kill(daemon as i32, libc::SIGKILL) };
+    }
+}
+
+/// A lease lost during `--min-hold` (after the command ended) exits 75,
+/// not the command's code.
+#[test]
+fn a_loss_during_min_hold_exits_75() {
+    let server = RedisServer::start();
+    let mut run = Command::new(redmutex_path())
+        .env("REDMUTEX_URL", server.url())
+        .args(["run", "--min-hold", "10s", "min-hold", "--", "true"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run");
+    assert!(wait_until(Duration::from_secs(10), || held(
+        &server, "min-hold"
+    )
+    .is_some()));
+    std::thread::sleep(Duration::from_millis(300));
+    let _: () = server.conn().set("min-hold", "someone-else").expect("SET");
+    let started = Instant::now();
+    let status = run.wait().expect("status");
+    let mut stderr = String::new();
+    let _ = run
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr);
+    assert_eq!(status.code(), Some(75), "{stderr}");
+    assert!(stderr.contains("during --min-hold"), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(9),
+        "not the whole --min-hold"
+    );
+}
+
+fn which(name: &str) -> Result<PathBuf, ()> {
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|dir| dir.join(name))
+                .find(|candidate| candidate.is_file())
+        })
+        .ok_or(())
+}
