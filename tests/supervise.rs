@@ -297,6 +297,42 @@ fn a_read_from_the_background_stops_the_job_and_fg_resumes_it() {
     );
 }
 
+/// Started in the background (`&`): a read of the terminal stops the job,
+/// and `fg` gives the command the terminal it never had.
+#[test]
+fn a_job_started_in_the_background_gets_the_terminal_on_fg() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let answer = dir.path().join("answer");
+    let key = format!("amp-{}", std::process::id());
+    let mut terminal = Terminal::open(&server);
+    let line = format!(
+        "{} run {key} -- sh -c 'read x; echo \"got $x\" > {}' &",
+        redmutex_path().display(),
+        answer.display()
+    );
+    terminal.send(&format!("{line}\n"));
+    let stopped = wait_until(Duration::from_secs(10), || {
+        redmutex_of(&key).is_some_and(|pid| state(pid) == Some('T'))
+    });
+    if !stopped {
+        clean_up(&key);
+        panic!("the read did not stop the job: {}", terminal.shown());
+    }
+    terminal.send("fg\n");
+    std::thread::sleep(Duration::from_millis(300));
+    terminal.send("hello\n");
+    let code = terminal.exit_code(&key);
+    if code != Some(0) {
+        clean_up(&key);
+        panic!("exit {code:?}: {}", terminal.shown());
+    }
+    assert_eq!(
+        std::fs::read_to_string(&answer).expect("answer").trim(),
+        "got hello"
+    );
+}
+
 /// A lease lost while the job was stopped (past its ttl, then taken by
 /// another client): on `fg` the command is killed before it runs again,
 /// and `redmutex` exits 75 saying why.

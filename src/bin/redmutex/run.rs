@@ -127,6 +127,11 @@ fn signal_group(pgid: libc::pid_t, signal: i32) {
 /// ignores SIGTTOU until it has the terminal back; the command gets the
 /// disposition `redmutex` found.
 struct Foreground {
+    /// Standard input is a terminal: `redmutex`'s group may be its
+    /// foreground now or later (`fg`).
+    tty: bool,
+    /// `redmutex`'s group had the terminal at the start: the command gets
+    /// it as it starts.
     ours: Option<libc::pid_t>,
     /// The SIGTTOU disposition found at start, restored in the command and
     /// at the end.
@@ -139,15 +144,18 @@ impl Foreground {
         // signal(2) swaps a disposition, put back in give_back.
         unsafe {
             let pgrp = libc::getpgrp();
-            let ours = (libc::isatty(libc::STDIN_FILENO) == 1
-                && libc::tcgetpgrp(libc::STDIN_FILENO) == pgrp)
-                .then_some(pgrp);
-            let ttou = if ours.is_some() {
+            let tty = libc::isatty(libc::STDIN_FILENO) == 1;
+            let ours = (tty && libc::tcgetpgrp(libc::STDIN_FILENO) == pgrp).then_some(pgrp);
+            // On a terminal `redmutex` is a background group while the
+            // command has it (or while the job runs after `bg`): ignored,
+            // SIGTTOU neither stops it for a message nor refuses it the
+            // terminal's foreground.
+            let ttou = if tty {
                 libc::signal(libc::SIGTTOU, libc::SIG_IGN)
             } else {
                 libc::SIG_DFL
             };
-            Foreground { ours, ttou }
+            Foreground { tty, ours, ttou }
         }
     }
 
@@ -155,24 +163,27 @@ impl Foreground {
     /// command's group (`command`, when it was started) has it, and the
     /// SIGTTOU disposition found at start.
     fn give_back(&self, command: Option<libc::pid_t>) {
-        if let Some(pgrp) = self.ours {
-            // SAFETY: SIGTTOU is ignored since `ours`, so a background
-            // group may set the terminal's group; then the disposition
-            // found at start is put back.
-            unsafe {
-                let current = libc::tcgetpgrp(libc::STDIN_FILENO);
-                if command.is_none_or(|pgid| current == pgid) {
-                    libc::tcsetpgrp(libc::STDIN_FILENO, pgrp);
-                }
-                libc::signal(libc::SIGTTOU, self.ttou);
+        if !self.tty {
+            return;
+        }
+        // SAFETY: SIGTTOU is ignored (see `ours`), so a background group
+        // may set the terminal's group; then the disposition found at
+        // start is put back.
+        unsafe {
+            let current = libc::tcgetpgrp(libc::STDIN_FILENO);
+            if command.is_some_and(|pgid| current == pgid)
+                || (command.is_none() && self.ours.is_some())
+            {
+                libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpgrp());
             }
+            libc::signal(libc::SIGTTOU, self.ttou);
         }
     }
 
     /// The command's group stopped with the terminal: back to ours, so the
     /// job stops as one and the shell can take it.
     fn take_back(&self, command: libc::pid_t) {
-        if self.ours.is_some() {
+        if self.tty {
             // SAFETY: SIGTTOU is ignored (see `ours`); only when the
             // command's group has the terminal.
             unsafe {
@@ -187,7 +198,7 @@ impl Foreground {
     /// group gets the terminal, as at the start. In the background (`bg`)
     /// it does not: a read of the terminal stops it, and the job with it.
     fn hand_over(&self, command: libc::pid_t) {
-        if self.ours.is_some() {
+        if self.tty {
             // SAFETY: SIGTTOU is ignored (see `ours`); only while our group
             // has the terminal.
             unsafe {
@@ -208,6 +219,7 @@ fn isolate(command: &mut Command, foreground: &Foreground) {
     command.process_group(0);
     let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
     let take_terminal = foreground.ours.is_some();
+    let restore_ttou = foreground.tty;
     let ttou = foreground.ttou;
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
@@ -226,6 +238,9 @@ fn isolate(command: &mut Command, foreground: &Foreground) {
             if take_terminal {
                 // SIGTTOU is ignored here (inherited): the call goes through.
                 libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpid());
+            }
+            if restore_ttou {
+                // The command gets the disposition `redmutex` found.
                 libc::signal(libc::SIGTTOU, ttou);
             }
             Ok(())
