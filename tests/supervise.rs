@@ -40,16 +40,33 @@ fn read_pid(path: &Path) -> Option<u32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-/// The pid of the `redmutex run` whose key is `key` (its command line).
+/// A process's parent, from `/proc`.
+fn parent(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// The pid of the `redmutex run` whose key is `key` (its command line),
+/// not its watcher (a fork of it, with the same command line).
 fn redmutex_of(key: &str) -> Option<u32> {
     let out = Command::new("pgrep")
         .args(["-f", &format!("redmutex .*run .*{key} --")])
         .output()
         .ok()?;
-    String::from_utf8_lossy(&out.stdout)
+    let found: Vec<u32> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| l.trim().parse().ok())
-        .find(|pid: &u32| state(*pid).is_some_and(|s| s != 'Z'))
+        .filter(|pid: &u32| state(*pid).is_some_and(|s| s != 'Z'))
+        .collect();
+    found
+        .iter()
+        .copied()
+        .find(|pid| parent(*pid).is_none_or(|p| !found.contains(&p)))
 }
 
 /// An interactive bash on a pseudo-terminal: what a user at a terminal
@@ -654,7 +671,16 @@ fn a_loss_during_min_hold_exits_75() {
     let server = RedisServer::start();
     let mut run = Command::new(redmutex_path())
         .env("REDMUTEX_URL", server.url())
-        .args(["run", "--min-hold", "10s", "min-hold", "--", "true"])
+        .args([
+            "run",
+            "--ttl",
+            "3s",
+            "--min-hold",
+            "10s",
+            "min-hold",
+            "--",
+            "true",
+        ])
         .stderr(Stdio::piped())
         .spawn()
         .expect("run");
@@ -678,6 +704,117 @@ fn a_loss_during_min_hold_exits_75() {
         started.elapsed() < Duration::from_secs(9),
         "not the whole --min-hold"
     );
+}
+
+/// `redmutex` stopped by SIGSTOP (not job control: its command runs on,
+/// and no renewal is sent): the watcher kills the command before the
+/// lease runs out in Redis, so no moment is seen where the key is gone and
+/// the command still runs. On main the command ran on, unleased, until
+/// `redmutex` was continued.
+#[test]
+fn a_stopped_redmutex_cannot_leave_its_command_running_past_the_lease() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let mut run = Command::new(redmutex_path())
+        .env("REDMUTEX_URL", server.url())
+        .args(["run", "--ttl", "2s", "sigstop", "--", "sh", "-c"])
+        .arg(format!("echo $$ > {}; exec sleep 60", pidfile.display()))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run");
+    assert!(wait_until(Duration::from_secs(10), || read_pid(&pidfile).is_some()));
+    let command = read_pid(&pidfile).expect("pid");
+    assert!(support::signal(run.id(), "STOP"));
+    // Until the key is gone: the command must be gone first.
+    let mut overlap = false;
+    let ended = wait_until(Duration::from_secs(10), || {
+        let alive = !gone(command);
+        let key = held(&server, "sigstop");
+        overlap |= alive && key.is_none();
+        key.is_none() && !alive
+    });
+    assert!(support::signal(run.id(), "CONT"));
+    let _ = run.wait();
+    if !gone(command) {
+        // SAFETY: kills the leftover (the test failed).
+        unsafe { libc::kill(command as i32, libc::SIGKILL) };
+    }
+    assert!(ended, "the command outlived the lease");
+    assert!(!overlap, "the command ran on after the key expired");
+}
+
+/// A command that drops the kernel's parent-death signal (`setpriv
+/// --pdeathsig clear`, as a change of user does) is still killed with a
+/// `redmutex` killed by SIGKILL: by the watcher. Runs without root.
+#[test]
+fn a_command_without_the_parent_death_signal_dies_with_redmutex() {
+    let Ok(setpriv) = which("setpriv") else {
+        eprintln!("skipped: no setpriv");
+        return;
+    };
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let mut run = Command::new(redmutex_path())
+        .env("REDMUTEX_URL", server.url())
+        .args(["run", "--ttl", "30s", "pdeathsig", "--"])
+        .arg(setpriv)
+        .args(["--pdeathsig", "clear", "sh", "-c"])
+        .arg(format!("echo $$ > {}; exec sleep 300", pidfile.display()))
+        .spawn()
+        .expect("run");
+    assert!(wait_until(Duration::from_secs(10), || read_pid(&pidfile).is_some()));
+    let command = read_pid(&pidfile).expect("pid");
+    assert!(support::signal(run.id(), "KILL"));
+    let _ = run.wait();
+    let killed = wait_until(Duration::from_secs(5), || gone(command));
+    if !killed {
+        // SAFETY: kills the leftover (the test failed).
+        unsafe { libc::kill(command as i32, libc::SIGKILL) };
+    }
+    assert!(killed, "the command {command} outlived a killed redmutex");
+}
+
+/// `--daemon`: a process the command starts in a session of its own while
+/// it runs is followed from then on: a `redmutex` killed by SIGKILL takes
+/// it down too (by the watcher), not only the command's group.
+#[test]
+fn a_daemon_started_during_the_run_dies_with_a_killed_redmutex() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("daemon");
+    let script = format!(
+        "setsid sh -c 'echo $$ > {}; exec sleep 300' </dev/null >/dev/null 2>&1 & exec sleep 300",
+        pidfile.display()
+    );
+    let mut run = Command::new(redmutex_path())
+        .env("REDMUTEX_URL", server.url())
+        .args([
+            "run",
+            "--daemon",
+            "--ttl",
+            "30s",
+            "daemon-during",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(&script)
+        .spawn()
+        .expect("run");
+    assert!(wait_until(Duration::from_secs(10), || read_pid(&pidfile).is_some()));
+    let daemon = read_pid(&pidfile).expect("pid");
+    // Found by the next look at the command's descendants (once a second).
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(support::signal(run.id(), "KILL"));
+    let _ = run.wait();
+    let killed = wait_until(Duration::from_secs(5), || gone(daemon));
+    if !killed {
+        // SAFETY: kills the leftover (the test failed).
+        unsafe { libc::kill(daemon as i32, libc::SIGKILL) };
+    }
+    assert!(killed, "the daemon {daemon} outlived a killed redmutex");
 }
 
 fn which(name: &str) -> Result<PathBuf, ()> {

@@ -335,7 +335,7 @@ fn main() -> ExitCode {
     match outcome {
         Ok(code) => ExitCode::from(code),
         Err(failure) => {
-            eprintln!("redmutex: {}", failure.message);
+            warn(format_args!("{}", failure.message));
             ExitCode::from(failure.code)
         }
     }
@@ -455,15 +455,22 @@ fn connection(client: &LockClient) -> Result<redmutex::Connection, Failure> {
     client.connection().map_err(redis_failure)
 }
 
+/// A message on standard error, always. A write that fails (standard
+/// error closed, or a pipe whose reader is gone) is dropped: `eprintln!`
+/// would panic, and a panic in `redmutex run` ends the command.
+fn warn(message: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr(), "redmutex: {message}");
+}
+
 fn say(cli: &Cli, message: std::fmt::Arguments<'_>) {
     if !cli.quiet {
-        eprintln!("redmutex: {message}");
+        warn(message);
     }
 }
 
 fn verbose(cli: &Cli, message: std::fmt::Arguments<'_>) {
     if cli.verbose {
-        eprintln!("redmutex: {message}");
+        warn(message);
     }
 }
 

@@ -3,6 +3,7 @@
 
 #[allow(unused_imports)]
 use super::*;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// Shows what `redmutex run` waits for, on a terminal only.
 struct Spinner {
@@ -117,9 +118,13 @@ fn signal_group(pgid: libc::pid_t, signal: i32) {
     }
 }
 
-/// The terminal's foreground group, handed to the command while it runs
-/// when `redmutex` itself has it (so an interactive command can read the
-/// terminal), and taken back after.
+/// The controlling terminal's foreground group, handed to the command
+/// while it runs when `redmutex` itself has it (so an interactive command
+/// can read the terminal), and taken back after.
+///
+/// The terminal is `/dev/tty`, not standard input: a job whose input is
+/// redirected (`< file`) is still a job of that terminal, and a shell
+/// gives it the terminal all the same.
 ///
 /// Meanwhile `redmutex` is a background group on that terminal: with
 /// `stty tostop` its own writes to the terminal (a loss message) would stop
@@ -127,12 +132,12 @@ fn signal_group(pgid: libc::pid_t, signal: i32) {
 /// ignores SIGTTOU until it has the terminal back; the command gets the
 /// disposition `redmutex` found.
 struct Foreground {
-    /// Standard input is a terminal: `redmutex`'s group may be its
-    /// foreground now or later (`fg`).
-    tty: bool,
+    /// The controlling terminal, when there is one: `redmutex`'s group
+    /// may be its foreground now or later (`fg`).
+    tty: Option<OwnedFd>,
     /// `redmutex`'s group had the terminal at the start: the command gets
     /// it as it starts.
-    ours: Option<libc::pid_t>,
+    ours: bool,
     /// The SIGTTOU disposition found at start, restored in the command and
     /// at the end.
     ttou: libc::sighandler_t,
@@ -140,17 +145,24 @@ struct Foreground {
 
 impl Foreground {
     fn ours() -> Foreground {
-        // SAFETY: tcgetpgrp and getpgrp only read the process's state;
-        // signal(2) swaps a disposition, put back in give_back.
+        // SAFETY: opens the controlling terminal (ENXIO without one),
+        // close-on-exec and without becoming anyone's controlling
+        // terminal; tcgetpgrp and getpgrp only read; signal(2) swaps a
+        // disposition, put back in give_back.
         unsafe {
-            let pgrp = libc::getpgrp();
-            let tty = libc::isatty(libc::STDIN_FILENO) == 1;
-            let ours = (tty && libc::tcgetpgrp(libc::STDIN_FILENO) == pgrp).then_some(pgrp);
+            let fd = libc::open(
+                c"/dev/tty".as_ptr(),
+                libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOCTTY,
+            );
+            let tty = (fd >= 0).then(|| OwnedFd::from_raw_fd(fd));
+            let ours = tty
+                .as_ref()
+                .is_some_and(|tty| libc::tcgetpgrp(tty.as_raw_fd()) == libc::getpgrp());
             // On a terminal `redmutex` is a background group while the
             // command has it (or while the job runs after `bg`): ignored,
             // SIGTTOU neither stops it for a message nor refuses it the
             // terminal's foreground.
-            let ttou = if tty {
+            let ttou = if tty.is_some() {
                 libc::signal(libc::SIGTTOU, libc::SIG_IGN)
             } else {
                 libc::SIG_DFL
@@ -159,22 +171,24 @@ impl Foreground {
         }
     }
 
+    fn fd(&self) -> Option<RawFd> {
+        self.tty.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
     /// At the end: the terminal back to `redmutex`'s group if the
     /// command's group (`command`, when it was started) has it, and the
     /// SIGTTOU disposition found at start.
     fn give_back(&self, command: Option<libc::pid_t>) {
-        if !self.tty {
+        let Some(tty) = self.fd() else {
             return;
-        }
+        };
         // SAFETY: SIGTTOU is ignored (see `ours`), so a background group
         // may set the terminal's group; then the disposition found at
         // start is put back.
         unsafe {
-            let current = libc::tcgetpgrp(libc::STDIN_FILENO);
-            if command.is_some_and(|pgid| current == pgid)
-                || (command.is_none() && self.ours.is_some())
-            {
-                libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpgrp());
+            let current = libc::tcgetpgrp(tty);
+            if command.is_some_and(|pgid| current == pgid) || (command.is_none() && self.ours) {
+                libc::tcsetpgrp(tty, libc::getpgrp());
             }
             libc::signal(libc::SIGTTOU, self.ttou);
         }
@@ -183,12 +197,12 @@ impl Foreground {
     /// The command's group stopped with the terminal: back to ours, so the
     /// job stops as one and the shell can take it.
     fn take_back(&self, command: libc::pid_t) {
-        if self.tty {
+        if let Some(tty) = self.fd() {
             // SAFETY: SIGTTOU is ignored (see `ours`); only when the
             // command's group has the terminal.
             unsafe {
-                if libc::tcgetpgrp(libc::STDIN_FILENO) == command {
-                    libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpgrp());
+                if libc::tcgetpgrp(tty) == command {
+                    libc::tcsetpgrp(tty, libc::getpgrp());
                 }
             }
         }
@@ -198,29 +212,66 @@ impl Foreground {
     /// group gets the terminal, as at the start. In the background (`bg`)
     /// it does not: a read of the terminal stops it, and the job with it.
     fn hand_over(&self, command: libc::pid_t) {
-        if self.tty {
+        if let Some(tty) = self.fd() {
             // SAFETY: SIGTTOU is ignored (see `ours`); only while our group
             // has the terminal.
             unsafe {
-                if libc::tcgetpgrp(libc::STDIN_FILENO) == libc::getpgrp() {
-                    libc::tcsetpgrp(libc::STDIN_FILENO, command);
+                if libc::tcgetpgrp(tty) == libc::getpgrp() {
+                    libc::tcsetpgrp(tty, command);
                 }
             }
         }
     }
 }
 
+/// Signal dispositions and the mask `redmutex run` needs, set before
+/// anything else, and what the command gets back.
+struct Inherited {
+    /// SIGCHLD as found: ignored, the kernel would reap the command before
+    /// `redmutex` could learn how it ended. Set to the default for
+    /// `redmutex`; the command gets it as found.
+    chld: libc::sighandler_t,
+}
+
+impl Inherited {
+    fn take() -> Inherited {
+        // SAFETY: signal(2) and pthread_sigmask(3) on this process's own
+        // dispositions and mask, before any thread is started.
+        unsafe {
+            let chld = libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+            // Blocked on entry, job control and SIGCHLD would never reach
+            // their handlers. (The command starts with an empty mask, as
+            // every program the standard library spawns.)
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            for signal in [libc::SIGTSTP, libc::SIGTTIN, libc::SIGCONT, libc::SIGCHLD] {
+                libc::sigaddset(&mut set, signal);
+            }
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            Inherited { chld }
+        }
+    }
+}
+
 /// Makes the command the leader of its own process group (so a signal
-/// reaches everything it started), gives it the terminal when `redmutex`
-/// had it, and on Linux has the kernel kill it if `redmutex` dies (it must
-/// not run on without the lock's renewals).
-fn isolate(command: &mut Command, foreground: &Foreground) {
+/// reaches everything it started) and names the group to the watcher
+/// before the command runs, gives it the terminal when `redmutex` had it,
+/// and on Linux has the kernel kill it if `redmutex` dies (it must not run
+/// on without the lock's renewals).
+fn isolate(
+    command: &mut Command,
+    foreground: &Foreground,
+    inherited: &Inherited,
+    watcher: Option<&supervise::Watcher>,
+) {
     use std::os::unix::process::CommandExt;
     command.process_group(0);
     let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
-    let take_terminal = foreground.ours.is_some();
-    let restore_ttou = foreground.tty;
+    let terminal = foreground.fd().filter(|_| foreground.ours);
+    let restore_ttou = foreground.tty.is_some();
     let ttou = foreground.ttou;
+    let chld = inherited.chld;
+    let watcher = watcher.and_then(supervise::Watcher::fd);
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         command.pre_exec(move || {
@@ -235,13 +286,24 @@ fn isolate(command: &mut Command, foreground: &Foreground) {
                 }
             }
             let _ = parent;
-            if take_terminal {
+            // The watcher knows the group before the command runs an
+            // instruction of its own: no window where `redmutex` could die
+            // and leave it unguarded.
+            if let Some(fd) = watcher
+                && supervise::write_all(fd, &supervise::group_message(libc::getpid())).is_err()
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            if let Some(tty) = terminal {
                 // SIGTTOU is ignored here (inherited): the call goes through.
-                libc::tcsetpgrp(libc::STDIN_FILENO, libc::getpid());
+                libc::tcsetpgrp(tty, libc::getpid());
             }
             if restore_ttou {
                 // The command gets the disposition `redmutex` found.
                 libc::signal(libc::SIGTTOU, ttou);
+            }
+            if chld == libc::SIG_IGN {
+                libc::signal(libc::SIGCHLD, chld);
             }
             Ok(())
         });
@@ -414,9 +476,27 @@ fn derived_key(command: &[OsString], limit: Option<u32>) -> String {
 }
 
 pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
+    let inherited = Inherited::take();
     // First, while `redmutex` has one thread: the process that kills the
-    // command if `redmutex` dies (see `supervise::Watcher`).
-    let watcher = supervise::Watcher::start();
+    // command if `redmutex` dies or stops renewing (see
+    // `supervise::Watcher`).
+    let mut watcher = supervise::Watcher::start();
+    let outcome = run_watched(cli, args, &inherited, watcher.as_ref());
+    // Every return ends well: the command exited (or was killed, or never
+    // started). A panic does not come here: the watcher sees the pipe
+    // close without `done` and kills the command.
+    if let Some(watcher) = &mut watcher {
+        watcher.done();
+    }
+    outcome
+}
+
+fn run_watched(
+    cli: &Cli,
+    args: &RunArgs,
+    inherited: &Inherited,
+    watcher: Option<&supervise::Watcher>,
+) -> Result<u8, Failure> {
     let key = match &args.key {
         Some(key) if key.is_empty() => {
             return Err(fail(EXIT_USAGE, "the lock key must not be empty"));
@@ -487,6 +567,9 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
         cli,
         format_args!("acquiring {what} at {}", redact(&cli.url)),
     );
+    // While waiting, ^Z stops `redmutex` by the default action (nothing
+    // is held); the lease taken is checked after, before the command
+    // starts.
     let acquired = {
         let _spinner = (!args.no_wait).then(|| Spinner::start(cli, &client, &key, args.limit));
         acquire(&target, args, &forwarded)
@@ -544,23 +627,61 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
         );
         return Ok(signalled(signal));
     }
+    // From here a ^Z is job control's (the command is stopped with the
+    // job); `redmutex` stopped before this point (or for longer than the
+    // lease) finds out here.
+    let control = supervise::JobControl::install();
+    let lost_before = guard.loss_signal().reason();
+    if lost_before.is_some() || guard.validity() <= kill_after {
+        let _ = guard.unlock();
+        let why = lost_before.map_or_else(|| "it ran low".to_owned(), |r| r.to_string());
+        warn(format_args!(
+            "lost {what} before the command started ({why}); not running it"
+        ));
+        return Ok(EXIT_LOST);
+    }
     let foreground = Foreground::ours();
-    isolate(&mut command, &foreground);
+    isolate(&mut command, &foreground, inherited, watcher);
     // A daemon the command forks away stays a child of ours, to be seen
     // and ended (Linux).
     if args.daemon && !supervise::become_subreaper() {
+        foreground.give_back(None);
         let _ = guard.unlock();
         return Err(fail(
             EXIT_UNAVAILABLE,
             "--daemon needs Linux (a child subreaper) to follow a command's daemons",
         ));
     }
+    let mut job = Job {
+        cli,
+        args,
+        what: &what,
+        target: &target,
+        pid: 0,
+        watcher,
+        foreground: &foreground,
+        forwarded: &forwarded,
+        control,
+        lost: guard.loss_signal(),
+        guard: Some(guard),
+        kill_after,
+        ending: Ending::Running,
+        terminated_at: None,
+        killed: false,
+        stop_asked: false,
+        stopped: false,
+        told: 0,
+        daemons: Vec::new(),
+        scanned: None,
+    };
+    // The watcher's dead man's switch is armed before the command runs.
+    job.tell_watcher(true);
     let child = match command.spawn() {
         Ok(child) => child,
         Err(err) => {
             foreground.give_back(None);
             let name = program.to_string_lossy();
-            let _ = guard.unlock();
+            let _ = job.release();
             return Err(match err.kind() {
                 std::io::ErrorKind::NotFound => {
                     fail(EXIT_NOT_FOUND, format!("{name}: command not found"))
@@ -573,78 +694,72 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
         }
     };
     let Ok(pid) = libc::pid_t::try_from(child.id()) else {
+        // Unreachable on any kernel (pids fit an i32); the group is
+        // unknown, so the watcher's parent-death signal is what is left.
         return Err(fail(EXIT_UNAVAILABLE, "the command's pid is out of range"));
     };
-    if let Some(watcher) = &watcher {
-        watcher.guard_group(pid);
-    }
-    let mut job = Job {
-        cli,
-        args,
-        what: &what,
-        target: &target,
-        pid,
-        watcher: watcher.as_ref(),
-        foreground: &foreground,
-        forwarded: &forwarded,
-        control: supervise::JobControl::install(),
-        lost: guard.loss_signal(),
-        guard,
-        kill_after,
-        ending: Ending::Running,
-        terminated_at: None,
-        killed: false,
-        stop_asked: false,
-        daemons: Vec::new(),
-    };
+    job.pid = pid;
     let started = Instant::now();
-    let status = match job.supervise(started) {
-        Ok(status) => status,
-        Err(err) => {
-            job.kill(libc::SIGKILL);
-            foreground.give_back(Some(pid));
-            let _ = job.guard.unlock();
+    let supervised = job.supervise(started);
+    foreground.give_back(Some(pid));
+    if supervised.is_ok() && matches!(job.ending, Ending::Running) && args.daemon {
+        job.follow_daemons();
+    }
+    if supervised.is_err() || !matches!(job.ending, Ending::Running) {
+        // Whatever the command left in its group does not run on unlocked.
+        job.kill(libc::SIGKILL);
+    }
+    // Reaped only now: until then the command's pid, and so its group's
+    // number, cannot name another process's group.
+    let status = supervise::reap(pid);
+    let status = match (supervised, status) {
+        (Ok(()), Ok(status)) => status,
+        (Err(err), _) | (_, Err(err)) => {
+            let _ = job.release();
             return Err(fail(
                 EXIT_UNAVAILABLE,
                 format!("waiting for the command: {err}"),
             ));
         }
     };
-    foreground.give_back(Some(pid));
-    if !matches!(job.ending, Ending::Running) {
-        // Whatever the command left in its group does not run on unlocked.
-        job.kill(libc::SIGKILL);
-    } else if args.daemon {
-        job.follow_daemons();
-        if !matches!(job.ending, Ending::Running) {
-            job.kill(libc::SIGKILL);
-        }
+    // The command is over: nothing of it for the watcher to end when the
+    // lease runs out (--min-hold keeps the lock, not the command).
+    if let Some(watcher) = watcher {
+        watcher.deadline(0);
     }
     if matches!(job.ending, Ending::Running | Ending::MaxRun)
         && !job.stop_asked
         && let Some(reason) = hold_at_least(cli, args, started, &job.lost, &forwarded)
     {
-        eprintln!("redmutex: lost {what} during --min-hold ({reason})");
-        let _ = job.guard.unlock();
+        warn(format_args!("lost {what} during --min-hold ({reason})"));
+        let _ = job.release();
         return Ok(EXIT_LOST);
     }
     match job.ending {
         Ending::Lost(_) | Ending::LowValidity(_) | Ending::LostWhileStopped => {
-            let _ = job.guard.unlock();
+            let _ = job.release();
             Ok(EXIT_LOST)
         }
         Ending::MaxRun => {
-            let _ = job.guard.unlock();
+            let _ = job.release();
             Ok(EXIT_MAX_RUN)
         }
         Ending::Running => {
-            match job.guard.unlock() {
+            match job.release() {
                 Ok(()) => verbose(cli, format_args!("released {what}")),
                 Err(err) => say(cli, format_args!("releasing {what}: {err}")),
             }
             Ok(exit_code_of(status))
         }
     }
+}
+
+/// Whether a stop is job control's (the terminal's ^Z, a read or write of
+/// it from the background), which stops the whole job. A SIGSTOP sent to
+/// the command alone (a debugger, `kill -STOP`) stops only it, as it
+/// would without `redmutex`.
+fn job_stop(signal: i32) -> bool {
+    matches!(signal, libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU)
 }
 
 /// The command under way, and what `redmutex` does about it.
@@ -661,7 +776,7 @@ struct Job<'a> {
     control: supervise::JobControl,
     /// What is held (taken again after a stop, when it was lost and
     /// could be), and its loss signal.
-    guard: Held,
+    guard: Option<Held>,
     lost: redmutex::LossSignal,
     kill_after: Duration,
     ending: Ending,
@@ -669,34 +784,64 @@ struct Job<'a> {
     killed: bool,
     /// A signal was passed on: no --min-hold after the command ends.
     stop_asked: bool,
-    /// Processes the command left outside its group (with --daemon).
+    /// The job is stopped by job control and `redmutex` was not (its group
+    /// is orphaned): it resumes on the next SIGCONT `redmutex` gets.
+    stopped: bool,
+    /// The deadline last sent to the watcher (monotonic nanoseconds).
+    told: i64,
+    /// Processes the command started, inside its group or not (with
+    /// --daemon), as last found.
     daemons: Vec<libc::pid_t>,
+    /// When the command's descendants were last looked for (--daemon).
+    scanned: Option<Instant>,
 }
 
+/// How far the lease's deadline may move before the watcher is told.
+const TELL_AFTER_NS: i64 = 50_000_000;
+
+/// How often --daemon looks for the command's descendants.
+const SCAN_EVERY: Duration = Duration::from_secs(1);
+
 impl Job<'_> {
-    /// Watches the command until it exits: its stops and `redmutex`'s
-    /// (job control), the signals to pass on, the lease, `--max-run`.
-    fn supervise(&mut self, started: Instant) -> std::io::Result<ExitStatus> {
+    /// What is left of the lease by the local clock.
+    fn validity(&self) -> Duration {
+        self.guard.as_ref().map_or(Duration::ZERO, Held::validity)
+    }
+
+    /// Releases what is held (owner-checked), if anything.
+    fn release(&mut self) -> Result<(), Error> {
+        self.guard.take().map_or(Ok(()), Held::unlock)
+    }
+
+    /// Watches the command until it exits (it is not reaped: see
+    /// `supervise::reap`): its stops and `redmutex`'s (job control), the
+    /// signals to pass on, the lease, `--max-run`.
+    fn supervise(&mut self, started: Instant) -> std::io::Result<()> {
         loop {
             match supervise::poll(self.pid)? {
-                supervise::Child::Exited(status) => return Ok(status),
+                supervise::Child::Exited => return Ok(()),
                 // Stopped by the terminal (^Z while it has it, a read or
                 // write from the background): the whole job stops.
-                supervise::Child::Stopped(signal) => self.suspend(signal),
-                supervise::Child::Running => {}
+                supervise::Child::Stopped(signal) if job_stop(signal) => self.suspend(signal),
+                supervise::Child::Stopped(_) | supervise::Child::Running => {}
             }
             if let Some(signal) = self.control.stop_asked() {
                 // ^Z sent to `redmutex` (the command did not have the
                 // terminal), or a `kill -TSTP`: the command first.
-                if let Some(status) = supervise::stop_group(self.pid, self.pid)? {
-                    return Ok(status);
+                if supervise::stop_group(self.pid, self.pid)? {
+                    return Ok(());
                 }
                 self.suspend(signal);
             }
             if self.control.continued() {
-                // `fg` of a job that ran in the background: the terminal
-                // goes on to the command.
-                self.foreground.hand_over(self.pid);
+                if self.stopped {
+                    // A job stopped in an orphaned group, continued.
+                    self.resume();
+                } else {
+                    // `fg` of a job that ran in the background: the
+                    // terminal goes on to the command.
+                    self.foreground.hand_over(self.pid);
+                }
             }
             if let Some(signal) = self.forwarded() {
                 verbose(
@@ -708,6 +853,10 @@ impl Job<'_> {
                 self.stop_asked = true;
             }
             self.watch_lease(Some(started));
+            self.tell_watcher(false);
+            if self.args.daemon {
+                self.scan(false);
+            }
             // Wakes at once on a loss, else polls the child and signals.
             self.lost.wait_timeout(Duration::from_millis(25));
         }
@@ -717,11 +866,34 @@ impl Job<'_> {
         self.forwarded.take()
     }
 
+    /// Tells the watcher when the lease runs out by the local clock, less
+    /// the SIGKILL's margin, whenever that moved (after a renewal): if
+    /// `redmutex` stops telling it (stopped by SIGSTOP, hung), the watcher
+    /// ends the command then. Not after a loss: `redmutex` is ending the
+    /// command itself, with the SIGTERM's grace, and the deadline last sent
+    /// still bounds it.
+    fn tell_watcher(&mut self, force: bool) {
+        let Some(watcher) = self.watcher else {
+            return;
+        };
+        if self.lost.reason().is_some() {
+            return;
+        }
+        let left = self.validity().saturating_sub(self.kill_after / 4);
+        let left = i64::try_from(left.as_nanos()).unwrap_or(i64::MAX);
+        // Never 0, which means "no deadline".
+        let deadline = supervise::monotonic_ns().saturating_add(left).max(1);
+        if force || deadline.abs_diff(self.told) > TELL_AFTER_NS.unsigned_abs() {
+            watcher.deadline(deadline);
+            self.told = deadline;
+        }
+    }
+
     /// The lease, watched while the command (or its daemons) runs: a loss
     /// or a lease running low terminates the command, `--max-run` too,
     /// and a SIGKILL follows when it does not go in time.
     fn watch_lease(&mut self, started: Option<Instant>) {
-        let validity = self.guard.validity();
+        let validity = self.validity();
         // The lease is watched after --max-run fired too: a loss while the
         // command is being terminated ends it as fast as any loss does.
         if matches!(self.ending, Ending::Running | Ending::MaxRun) {
@@ -740,18 +912,20 @@ impl Job<'_> {
                 let what = self.what;
                 match &next {
                     Ending::Running | Ending::LostWhileStopped => {}
-                    Ending::MaxRun => {
-                        eprintln!("redmutex: the command ran longer than --max-run; terminating it")
-                    }
-                    Ending::Lost(reason) => {
-                        eprintln!("redmutex: lost {what} ({reason}); terminating the command")
-                    }
-                    Ending::LowValidity(left) => eprintln!(
-                        "redmutex: cannot renew {what} and {left:?} of it is left; \
+                    Ending::MaxRun => warn(format_args!(
+                        "the command ran longer than --max-run; terminating it"
+                    )),
+                    Ending::Lost(reason) => warn(format_args!(
+                        "lost {what} ({reason}); terminating the command"
+                    )),
+                    Ending::LowValidity(left) => warn(format_args!(
+                        "cannot renew {what} and {left:?} of it is left; \
                          terminating the command before it runs out"
-                    ),
+                    )),
                 }
                 self.kill(libc::SIGTERM);
+                // A stopped job must run to take its SIGTERM.
+                self.kill(libc::SIGCONT);
                 // A loss after --max-run keeps the first SIGTERM's time:
                 // its grace is the shorter one.
                 self.terminated_at.get_or_insert_with(Instant::now);
@@ -771,9 +945,9 @@ impl Job<'_> {
             _ => false,
         };
         if due && !self.killed {
-            eprintln!(
-                "redmutex: the command is still running with {validity:?} of the lease left; killing it"
-            );
+            warn(format_args!(
+                "the command is still running with {validity:?} of the lease left; killing it"
+            ));
             self.kill(libc::SIGKILL);
             self.killed = true;
         }
@@ -784,39 +958,65 @@ impl Job<'_> {
     fn kill(&self, signal: i32) {
         signal_group(self.pid, signal);
         for daemon in &self.daemons {
-            // SAFETY: kill(2) of a process the command started (our child
-            // as its subreaper); one already gone gets ESRCH.
+            // SAFETY: kill(2) of a process the command started, found in
+            // the last scan; one gone since is a zombie of ours (reaped
+            // only by the next scan) or of another descendant, so its
+            // number is not yet another process's.
             unsafe { libc::kill(*daemon, signal) };
         }
     }
 
-    /// The command is stopped: `redmutex`'s own job stops too, so the
-    /// shell says so and gets its prompt back. When it is continued (`fg`,
-    /// `bg`), the lease is checked before the command runs again.
+    /// The command is stopped: the rest of its job too (a read from the
+    /// background stops only the reader), then `redmutex`'s own group, so
+    /// the shell says so and gets its prompt back. When it is continued
+    /// (`fg`, `bg`), the lease is checked before the command runs again.
     fn suspend(&mut self, signal: i32) {
         verbose(
             self.cli,
             format_args!("the command stopped; stopping the job"),
         );
+        self.kill(libc::SIGSTOP);
         // The terminal back to our group while the command has it: the
         // shell takes it from there.
         self.foreground.take_back(self.pid);
-        self.control.stop_job(signal);
-        self.resume();
+        // Past the deadline the watcher keeps the job stopped rather than
+        // killing it: `fg` decides.
+        if let Some(watcher) = self.watcher {
+            watcher.stopped(true);
+        }
+        self.stopped = true;
+        if self.control.stop_job(signal) {
+            self.resume();
+        }
+        // Else `redmutex`'s group is orphaned and the kernel dropped its
+        // stop: `redmutex` runs on, the lease renewed, and the job waits
+        // stopped for a SIGCONT to `redmutex`.
     }
 
-    /// After a stop: the command runs again only under a live lease. One
-    /// lost meanwhile (expired, taken, or run out by the local clock) is
-    /// taken again when it can be (free, and no fencing token the command
-    /// already has would be wrong); otherwise the command is killed before
-    /// it runs another instruction.
+    /// After a stop: the command runs again only under a live lease. The
+    /// lease is kept when Redis still holds it and the local clock gives it
+    /// more than `--kill-after`; one lost meanwhile (expired, taken, run
+    /// out by the local clock, or about to: the watchdog was stopped too)
+    /// is released if still ours and taken again when it can be (free,
+    /// and no fencing token the command already has would be wrong);
+    /// otherwise the command is killed before it runs another
+    /// instruction.
     fn resume(&mut self) {
-        let lost = self.lost.reason().or_else(|| match self.guard.is_held() {
+        self.stopped = false;
+        let held = self.guard.as_ref().map_or(Ok(false), Held::is_held);
+        let lost = self.lost.reason().or_else(|| match held {
+            Ok(true) if self.validity() > self.kill_after => None,
+            // Ours, but running out by the local clock, or Redis cannot
+            // say: not to be trusted past a stop.
+            Ok(true) | Err(_) => Some(redmutex::LossReason::Unreachable),
             Ok(false) => Some(redmutex::LossReason::Expired),
-            // Unreachable: not known lost; the renewals' bound applies.
-            _ => None,
         });
         if let Some(reason) = lost {
+            if !self.args.fencing {
+                // Still ours in Redis: freed, to be taken afresh (with a
+                // watchdog of its own) below.
+                let _ = self.release();
+            }
             let again = if self.args.fencing {
                 None
             } else {
@@ -833,14 +1033,15 @@ impl Job<'_> {
                         ),
                     );
                     self.lost = guard.loss_signal();
-                    let old = std::mem::replace(&mut self.guard, guard);
-                    let _ = old.unlock();
+                    // Fencing off: nothing of the old one to keep.
+                    let _ = self.release();
+                    self.guard = Some(guard);
                 }
                 None => {
-                    eprintln!(
-                        "redmutex: lost {} while the job was stopped ({reason}); killing the command",
+                    warn(format_args!(
+                        "lost {} while the job was stopped ({reason}); killing the command",
                         self.what
-                    );
+                    ));
                     // Still stopped: it never runs on the lost lease.
                     self.kill(libc::SIGKILL);
                     self.killed = true;
@@ -849,37 +1050,76 @@ impl Job<'_> {
                 }
             }
         }
+        // The new deadline first: the watcher must not act on the old one
+        // once the job runs.
+        self.tell_watcher(true);
+        if let Some(watcher) = self.watcher {
+            watcher.stopped(false);
+        }
         self.foreground.hand_over(self.pid);
         self.kill(libc::SIGCONT);
+    }
+
+    /// `--daemon`: the command's descendants, found again (at most once a
+    /// second unless `now`): new ones are named to the watcher, gone ones
+    /// forgotten, and orphans handed to us reaped.
+    fn scan(&mut self, now: bool) {
+        if !now && self.scanned.is_some_and(|at| at.elapsed() < SCAN_EVERY) {
+            return;
+        }
+        self.scanned = Some(Instant::now());
+        let mut except = vec![self.pid];
+        except.extend(self.watcher.map(supervise::Watcher::pid));
+        let found = supervise::Descendants::scan(&except);
+        for pid in &self.daemons {
+            if !found.alive.contains(pid)
+                && let Some(watcher) = self.watcher
+            {
+                watcher.forget_process(*pid);
+            }
+        }
+        for pid in &found.alive {
+            if !self.daemons.contains(pid) {
+                verbose(
+                    self.cli,
+                    format_args!("following process {pid}, started by the command"),
+                );
+                if let Some(watcher) = self.watcher {
+                    watcher.guard_process(*pid);
+                }
+            }
+        }
+        self.daemons.clone_from(&found.alive);
+        // After the watcher forgot them: a pid reaped may be reused.
+        found.reap();
     }
 
     /// `--daemon`: the command exited; its lock is kept (renewed) while any
     /// process it started lives on, and ended with them on a loss.
     fn follow_daemons(&mut self) {
-        let watcher = self.watcher.map(supervise::Watcher::pid);
+        // Killed, what is left goes within this (a process we may not
+        // signal, one that changed user, is not waited for past it).
+        let mut killed_at = None::<Instant>;
         loop {
-            supervise::reap_orphans(watcher);
-            let alive = supervise::descendants(watcher);
-            if alive.is_empty() {
+            self.scan(true);
+            if self.daemons.is_empty() {
                 return;
             }
-            for pid in &alive {
-                if !self.daemons.contains(pid) {
-                    verbose(
-                        self.cli,
-                        format_args!("keeping the lock while process {pid} runs"),
-                    );
-                    self.daemons.push(*pid);
-                    if let Some(watcher) = self.watcher {
-                        watcher.guard_process(*pid);
-                    }
+            if self.killed {
+                let at = *killed_at.get_or_insert_with(Instant::now);
+                if at.elapsed() >= Duration::from_secs(5) {
+                    return;
                 }
+                self.kill(libc::SIGKILL);
+                self.lost.wait_timeout(Duration::from_millis(100));
+                continue;
             }
             if let Some(signal) = self.forwarded() {
                 self.kill(signal);
                 self.stop_asked = true;
             }
             self.watch_lease(None);
+            self.tell_watcher(false);
             self.lost.wait_timeout(Duration::from_millis(100));
         }
     }

@@ -24,10 +24,15 @@ pub(super) fn ignored_on_entry(signal: i32) -> bool {
     }
 }
 
-/// A process of its own that outlives `redmutex` to kill the command's
-/// group the moment `redmutex` is gone, however it went (even `SIGKILL`,
-/// which no handler sees). The kernel's parent-death signal does not do
-/// it alone: it is cleared when the command changes its user id (`gosu`,
+/// A process of its own that keeps the command from running without a
+/// live lease when `redmutex` cannot: when `redmutex` is gone, however it
+/// went (even `SIGKILL`, which no handler sees), it kills the command's
+/// group and the daemons it was told of; and it is a dead man's switch:
+/// `redmutex` tells it the moment the lease runs out by the local clock
+/// after every renewal, and past it (`redmutex` stopped by `SIGSTOP`, or
+/// hung) it kills them too, or, while the job is stopped by job control,
+/// keeps them stopped. The kernel's parent-death signal does not do it
+/// alone: it is cleared when the command changes its user id (`gosu`,
 /// `setpriv`, a setuid program). The watcher stays the invoking user, so
 /// it may signal the command whenever the invoking user may (root may
 /// signal anything; another user may not signal a command that became
@@ -35,16 +40,46 @@ pub(super) fn ignored_on_entry(signal: i32) -> bool {
 ///
 /// It learns of `redmutex`'s end by the end of a pipe only `redmutex`
 /// holds (close-on-exec, so the command does not keep it open), and of
-/// what to kill by messages on it. It ignores the terminal's signals and
-/// holds none of the caller's files.
+/// everything else by messages on it. It ignores the terminal's signals
+/// and holds none of the caller's files.
 pub(super) struct Watcher {
     pipe: Option<OwnedFd>,
     pid: libc::pid_t,
 }
 
+/// Kill this process group (the command's) when the time comes.
 const GROUP: u8 = b'G';
+/// Kill this process too (a daemon that left the group).
 const PROCESS: u8 = b'P';
+/// Forget that process (it is gone).
+const FORGET: u8 = b'F';
+/// The lease runs out then (monotonic nanoseconds; 0: no lease yet).
+const DEADLINE: u8 = b'L';
+/// The job is stopped by job control: past the deadline, keep it
+/// stopped rather than kill it (it may be taken again on `fg`).
+const STOPPED: u8 = b'S';
+/// The job runs again.
+const RESUMED: u8 = b'R';
+/// `redmutex` is done: leave without killing anything.
 const DONE: u8 = b'D';
+
+const MESSAGE: usize = 9;
+
+/// The monotonic clock in nanoseconds: the same in every process of the
+/// machine, so a deadline crosses the pipe as a number.
+// `time_t` and `c_long` are i32 on some targets.
+#[allow(clippy::useless_conversion)]
+pub(super) fn monotonic_ns() -> i64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    i64::from(now.tv_sec)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(i64::from(now.tv_nsec))
+}
 
 impl Watcher {
     /// Forks the watcher. Must run before `redmutex` starts any thread (a
@@ -90,28 +125,43 @@ impl Watcher {
         self.pid
     }
 
-    fn send(&self, tag: u8, value: i32) {
-        let Some(pipe) = &self.pipe else {
-            return;
-        };
-        let mut message = [0u8; 5];
-        message[0] = tag;
-        message[1..].copy_from_slice(&value.to_le_bytes());
-        let _ = write_all(std::os::fd::AsRawFd::as_raw_fd(pipe), &message);
+    /// The write end of the pipe: the command, between fork and exec,
+    /// names its own group on it (so no window is left where `redmutex`
+    /// could die with the command unguarded).
+    pub(super) fn fd(&self) -> Option<RawFd> {
+        self.pipe.as_ref().map(std::os::fd::AsRawFd::as_raw_fd)
     }
 
-    /// Kill this process group if `redmutex` dies.
-    pub(super) fn guard_group(&self, pgid: libc::pid_t) {
-        self.send(GROUP, pgid);
+    fn send(&self, tag: u8, value: i64) {
+        if let Some(fd) = self.fd() {
+            let _ = write_all(fd, &message(tag, value));
+        }
     }
 
-    /// Kill this process too (one that left the command's group: a
-    /// daemon).
+    /// Kill this process too if `redmutex` dies (one that left the
+    /// command's group: a daemon).
     pub(super) fn guard_process(&self, pid: libc::pid_t) {
-        self.send(PROCESS, pid);
+        self.send(PROCESS, i64::from(pid));
+    }
+
+    /// That process is gone: not to be signalled any more.
+    pub(super) fn forget_process(&self, pid: libc::pid_t) {
+        self.send(FORGET, i64::from(pid));
+    }
+
+    /// The lease runs out at `deadline` (see [`monotonic_ns`]).
+    pub(super) fn deadline(&self, deadline: i64) {
+        self.send(DEADLINE, deadline);
+    }
+
+    /// The job is stopped by job control, or runs again.
+    pub(super) fn stopped(&self, stopped: bool) {
+        self.send(if stopped { STOPPED } else { RESUMED }, 0);
     }
 
     /// `redmutex` is done: the watcher ends without killing anything.
+    /// Only from the paths that end well: an unwinding panic closes the
+    /// pipe without it, and the watcher kills the command.
     pub(super) fn done(&mut self) {
         if self.pipe.is_some() {
             self.send(DONE, 0);
@@ -123,13 +173,23 @@ impl Watcher {
     }
 }
 
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        self.done();
-    }
+/// A message to the watcher: a tag and a number.
+pub(super) fn message(tag: u8, value: i64) -> [u8; MESSAGE] {
+    let mut message = [0u8; MESSAGE];
+    message[0] = tag;
+    let bytes = value.to_le_bytes();
+    message[1..].copy_from_slice(&bytes);
+    message
 }
 
-fn write_all(fd: RawFd, mut bytes: &[u8]) -> Result<(), ()> {
+/// The message the command sends from `pre_exec`: its own group.
+pub(super) fn group_message(pgid: libc::pid_t) -> [u8; MESSAGE] {
+    message(GROUP, i64::from(pgid))
+}
+
+/// Writes all of `bytes` (async-signal-safe: the command's `pre_exec`
+/// uses it).
+pub(super) fn write_all(fd: RawFd, mut bytes: &[u8]) -> Result<(), ()> {
     while !bytes.is_empty() {
         // SAFETY: writes from a live buffer of that length.
         let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
@@ -167,6 +227,49 @@ fn read_exact(fd: RawFd, buf: &mut [u8]) -> Result<(), ()> {
 /// The most processes outside the command's group the watcher keeps.
 const MAX_WATCHED: usize = 256;
 
+/// How often a stopped job past its deadline is stopped again.
+const RESTOP_MS: i32 = 100;
+
+/// What the watcher knows and does (see [`Watcher`]).
+struct Guard {
+    group: libc::pid_t,
+    watched: [(libc::pid_t, RawFd); MAX_WATCHED],
+    count: usize,
+}
+
+impl Guard {
+    /// Every process named, with `signal`.
+    fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) of the group `redmutex` named; a group already
+        // gone gets ESRCH.
+        unsafe {
+            if self.group > 0 {
+                libc::kill(-self.group, signal);
+            }
+        }
+        for (pid, pidfd) in self.watched.iter().take(self.count) {
+            pidfd_signal(*pid, *pidfd, signal);
+        }
+    }
+
+    fn forget(&mut self, pid: libc::pid_t) {
+        if let Some(at) = self
+            .watched
+            .iter()
+            .take(self.count)
+            .position(|(p, _)| *p == pid)
+        {
+            let (_, pidfd) = self.watched[at];
+            if pidfd >= 0 {
+                // SAFETY: our own pidfd.
+                unsafe { libc::close(pidfd) };
+            }
+            self.count -= 1;
+            self.watched[at] = self.watched[self.count];
+        }
+    }
+}
+
 /// The watcher's whole life (see [`Watcher`]).
 fn watch(read: RawFd) -> ! {
     // SAFETY: async-signal-safe calls only, in a process of one thread.
@@ -195,76 +298,131 @@ fn watch(read: RawFd) -> ! {
             }
         }
     }
-    let mut group: libc::pid_t = 0;
-    let mut watched = [(0 as libc::pid_t, -1 as RawFd); MAX_WATCHED];
-    let mut count = 0;
-    let mut message = [0u8; 5];
-    while read_exact(read, &mut message).is_ok() {
-        let value = i32::from_le_bytes([message[1], message[2], message[3], message[4]]);
-        match message[0] {
-            GROUP => group = value,
-            PROCESS if count < MAX_WATCHED => {
-                watched[count] = (value, pidfd_open(value));
-                count += 1;
+    let mut guard = Guard {
+        group: 0,
+        watched: [(0, -1); MAX_WATCHED],
+        count: 0,
+    };
+    let mut deadline: i64 = 0;
+    let mut stopped = false;
+    let mut message = [0u8; MESSAGE];
+    loop {
+        // Until the next message, or the deadline.
+        let timeout = if deadline == 0 {
+            -1
+        } else {
+            let left_ms = deadline.saturating_sub(monotonic_ns()) / 1_000_000;
+            if left_ms <= 0 {
+                0
+            } else {
+                i32::try_from(left_ms).unwrap_or(i32::MAX)
             }
+        };
+        let mut poll = libc::pollfd {
+            fd: read,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: polls one descriptor of ours.
+        let ready = unsafe { libc::poll(&mut poll, 1, timeout) };
+        if ready == 0 {
+            // The lease ran out by the local clock and `redmutex` did not
+            // move the deadline: it is stopped or hung. A job stopped by
+            // job control is kept stopped (`fg` decides); anything else is
+            // killed.
+            if stopped {
+                guard.signal(libc::SIGSTOP);
+                deadline = monotonic_ns().saturating_add(i64::from(RESTOP_MS) * 1_000_000);
+                continue;
+            }
+            guard.signal(libc::SIGKILL);
+            deadline = 0;
+            continue;
+        }
+        if ready < 0 {
+            continue; // EINTR
+        }
+        if read_exact(read, &mut message).is_err() {
+            break;
+        }
+        let mut value = [0u8; 8];
+        value.copy_from_slice(&message[1..]);
+        let value = i64::from_le_bytes(value);
+        let pid = libc::pid_t::try_from(value).unwrap_or(0);
+        match message[0] {
+            GROUP => guard.group = pid,
+            PROCESS
+                if guard.count < MAX_WATCHED
+                    && pid > 0
+                    && !guard
+                        .watched
+                        .iter()
+                        .take(guard.count)
+                        .any(|(p, _)| *p == pid) =>
+            {
+                guard.watched[guard.count] = (pid, pidfd_open(pid));
+                guard.count += 1;
+            }
+            FORGET => guard.forget(pid),
+            DEADLINE => deadline = value,
+            STOPPED => stopped = true,
+            RESUMED => stopped = false,
             // SAFETY: ends this process at once.
             DONE => unsafe { libc::_exit(0) },
             _ => {}
         }
     }
     // The pipe ended without `DONE`: `redmutex` is gone.
-    // SAFETY: kill(2) of what `redmutex` named; a group or process already
-    // gone gets ESRCH.
-    unsafe {
-        if group > 0 {
-            libc::kill(-group, libc::SIGKILL);
-        }
-        for (pid, pidfd) in watched.iter().take(count) {
-            if !pidfd_kill(*pidfd) && *pid > 0 {
-                libc::kill(*pid, libc::SIGKILL);
-            }
-        }
-        libc::_exit(0)
-    }
+    guard.signal(libc::SIGKILL);
+    // SAFETY: ends this process.
+    unsafe { libc::_exit(0) }
 }
 
-/// A handle on `pid` that its number's reuse cannot fool (Linux 5.3+),
-/// or -1.
+/// A handle on `pid` that its number's reuse cannot fool (Linux 5.3+):
+/// the descriptor, or -1 when the process is gone already, or -2 when the
+/// kernel has no pidfds (then the pid is signalled, as before pidfds).
 fn pidfd_open(pid: libc::pid_t) -> RawFd {
     #[cfg(target_os = "linux")]
     {
         // SAFETY: the pidfd_open system call with no flags.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        RawFd::try_from(fd).unwrap_or(-1)
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = pid;
-        -1
-    }
-}
-
-/// SIGKILL through a pidfd; false when there is none or it failed.
-fn pidfd_kill(pidfd: RawFd) -> bool {
-    if pidfd < 0 {
-        return false;
-    }
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: pidfd_send_signal with no siginfo and no flags.
-        unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                pidfd,
-                libc::SIGKILL,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            ) == 0
+        if fd >= 0 {
+            return RawFd::try_from(fd).unwrap_or(-1);
+        }
+        if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+            -2
+        } else {
+            -1
         }
     }
     #[cfg(not(target_os = "linux"))]
     {
-        false
+        let _ = pid;
+        -2
+    }
+}
+
+/// `signal` to a watched process: through its pidfd; by number only where
+/// the kernel has no pidfds; not at all when it was gone when named.
+fn pidfd_signal(pid: libc::pid_t, pidfd: RawFd, signal: i32) {
+    #[cfg(target_os = "linux")]
+    if pidfd >= 0 {
+        // SAFETY: pidfd_send_signal with no siginfo and no flags; a process
+        // gone since gets ESRCH, never another one.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                pidfd,
+                signal,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            );
+        }
+        return;
+    }
+    if pidfd == -2 && pid > 0 {
+        // SAFETY: kill(2) of a process `redmutex` named.
+        unsafe { libc::kill(pid, signal) };
     }
 }
 
@@ -331,47 +489,101 @@ impl JobControl {
     /// and a script that runs it) with `signal`, as its default action
     /// would, and returns once continued. In an orphaned group the kernel
     /// drops the signal, as for any job, and this returns at once.
-    pub(super) fn stop_job(&self, signal: i32) {
+    ///
+    /// Returns whether a SIGCONT ended the stop; `false` when the kernel
+    /// dropped the signal (an orphaned group): the job is not continued
+    /// then, and waits for a SIGCONT like a stopped one.
+    pub(super) fn stop_job(&self, signal: i32) -> bool {
+        STOP.store(0, Ordering::SeqCst);
+        CONTINUED.store(false, Ordering::SeqCst);
         // SAFETY: the default action for the signal while it is sent to our
         // own group, then the disposition found before (our handler, or
         // SIGTTOU's SIG_IGN while the command has the terminal).
-        unsafe {
+        let continued = unsafe {
             let mut default: libc::sigaction = std::mem::zeroed();
             default.sa_sigaction = libc::SIG_DFL;
             libc::sigemptyset(&mut default.sa_mask);
             let mut old: libc::sigaction = std::mem::zeroed();
             libc::sigaction(signal, &default, &mut old);
             libc::kill(0, signal);
+            // Stopped here until continued (its handler sets the flag).
+            let continued = CONTINUED.swap(false, Ordering::SeqCst);
             libc::sigaction(signal, &old, std::ptr::null_mut());
-        }
-        // This SIGCONT is the one that ended this stop.
-        CONTINUED.store(false, Ordering::SeqCst);
+            continued
+        };
         STOP.store(0, Ordering::SeqCst);
+        continued
     }
 }
 
 /// What became of the command's process.
 pub(super) enum Child {
     Running,
+    /// Stopped by this signal (the stop consumed: reported once).
     Stopped(i32),
-    Exited(ExitStatus),
+    /// Exited, not reaped yet: until [`reap`], its pid, and so its process
+    /// group's number, cannot be given to another process, and signals
+    /// sent to the group cannot reach a stranger.
+    Exited,
 }
 
 /// Whether the command (process `pid`) exited or stopped, without
-/// waiting.
+/// waiting and without reaping it.
+///
+/// # Errors
+///
+/// `waitid`'s, other than an interrupt.
+pub(super) fn poll(pid: libc::pid_t) -> std::io::Result<Child> {
+    let Ok(id) = libc::id_t::try_from(pid) else {
+        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+    };
+    // An exit, left for `reap`.
+    if let Some(info) = wait_info(id, libc::WEXITED | libc::WNOWAIT)? {
+        let _ = info;
+        return Ok(Child::Exited);
+    }
+    // A stop, consumed (it does not reap an exit). A child that exited
+    // since the first call has no stop to report: ECHILD.
+    Ok(match wait_info(id, libc::WSTOPPED) {
+        // SAFETY: the kernel filled `si_status` for a stopped child.
+        Ok(Some(info)) => Child::Stopped(unsafe { info.si_status() }),
+        Ok(None) => Child::Running,
+        Err(err) if err.raw_os_error() == Some(libc::ECHILD) => Child::Exited,
+        Err(err) => return Err(err),
+    })
+}
+
+/// `waitid(P_PID, id, flags | WNOHANG)`: the child's state change, if any.
+fn wait_info(id: libc::id_t, flags: i32) -> std::io::Result<Option<libc::siginfo_t>> {
+    loop {
+        // SAFETY: a zeroed siginfo the kernel fills; si_pid stays 0 when
+        // nothing changed.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let rc = unsafe { libc::waitid(libc::P_PID, id, &mut info, flags | libc::WNOHANG) };
+        if rc < 0 {
+            let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        // SAFETY: si_pid is set by waitid when a child changed state.
+        return Ok((unsafe { info.si_pid() } != 0).then_some(info));
+    }
+}
+
+/// Reaps the command (after it exited, and after every signal to its
+/// group is sent) and returns how it ended.
 ///
 /// # Errors
 ///
 /// `waitpid`'s, other than an interrupt.
-pub(super) fn poll(pid: libc::pid_t) -> std::io::Result<Child> {
+pub(super) fn reap(pid: libc::pid_t) -> std::io::Result<ExitStatus> {
     use std::os::unix::process::ExitStatusExt;
     loop {
         let mut status = 0;
-        // SAFETY: waits for our own child, without blocking.
-        let got = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG | libc::WUNTRACED) };
-        if got == 0 {
-            return Ok(Child::Running);
-        }
+        // SAFETY: waits for our own child.
+        let got = unsafe { libc::waitpid(pid, &mut status, 0) };
         if got < 0 {
             let err = std::io::Error::last_os_error();
             if err.kind() == std::io::ErrorKind::Interrupted {
@@ -379,22 +591,15 @@ pub(super) fn poll(pid: libc::pid_t) -> std::io::Result<Child> {
             }
             return Err(err);
         }
-        return Ok(if libc::WIFSTOPPED(status) {
-            Child::Stopped(libc::WSTOPSIG(status))
-        } else {
-            Child::Exited(ExitStatus::from_raw(status))
-        });
+        return Ok(ExitStatus::from_raw(status));
     }
 }
 
 /// Stops the command's group: SIGTSTP (an interactive command puts the
 /// terminal back first), then SIGSTOP if its leader has not stopped
 /// within 300 ms (a command that ignores SIGTSTP must not run on while its
-/// renewals are stopped). `Ok(Some(status))` when it exited meanwhile.
-pub(super) fn stop_group(
-    pgid: libc::pid_t,
-    pid: libc::pid_t,
-) -> std::io::Result<Option<ExitStatus>> {
+/// renewals are stopped). `Ok(true)` when it exited meanwhile.
+pub(super) fn stop_group(pgid: libc::pid_t, pid: libc::pid_t) -> std::io::Result<bool> {
     for (signal, within) in [
         (libc::SIGTSTP, Duration::from_millis(300)),
         (libc::SIGSTOP, Duration::from_secs(2)),
@@ -404,13 +609,13 @@ pub(super) fn stop_group(
         let until = Instant::now() + within;
         while Instant::now() < until {
             match poll(pid)? {
-                Child::Stopped(_) => return Ok(None),
-                Child::Exited(status) => return Ok(Some(status)),
+                Child::Stopped(_) => return Ok(false),
+                Child::Exited => return Ok(true),
                 Child::Running => std::thread::sleep(Duration::from_millis(5)),
             }
         }
     }
-    Ok(None)
+    Ok(false)
 }
 
 /// Makes `redmutex` the parent of every orphaned descendant (Linux): a
@@ -428,47 +633,71 @@ pub(super) fn become_subreaper() -> bool {
     }
 }
 
-/// Every descendant of this process but `except` (the watcher), from
-/// `/proc` (Linux).
-pub(super) fn descendants(except: Option<libc::pid_t>) -> Vec<libc::pid_t> {
-    let me = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    // (pid, parent) of every process we can read.
-    let parents: Vec<(libc::pid_t, libc::pid_t)> = entries
-        .flatten()
-        .filter_map(|entry| {
-            let pid: libc::pid_t = entry.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-            // The name is in parentheses and may hold anything: after the
-            // last `)` come the state and the parent's pid.
-            let after = stat.rsplit_once(')')?.1;
-            let parent = after.split_whitespace().nth(1)?.parse().ok()?;
-            Some((pid, parent))
-        })
-        .collect();
-    let mut found = Vec::new();
-    let mut frontier = vec![me];
-    while let Some(parent) = frontier.pop() {
-        for (pid, of) in &parents {
-            if *of == parent && Some(*pid) != except && !found.contains(pid) {
-                found.push(*pid);
-                frontier.push(*pid);
-            }
-        }
-    }
-    found
+/// The descendants of this process (Linux, from `/proc`), but `except`
+/// (the watcher, the command's own process: its end is awaited where it
+/// is supervised).
+pub(super) struct Descendants {
+    /// Running (or stopped): what the lock is kept for.
+    pub(super) alive: Vec<libc::pid_t>,
+    /// Exited children of ours, handed to us as their subreaper, to reap.
+    zombies: Vec<libc::pid_t>,
 }
 
-/// Reaps the descendants that exited and were handed to this process as
-/// their subreaper (never `except`, the watcher, whose end is reaped
-/// where it is awaited).
-pub(super) fn reap_orphans(except: Option<libc::pid_t>) {
-    for pid in descendants(except) {
-        let mut status = 0;
-        // SAFETY: reaps `pid` if it is our child and has exited; any other
-        // gets ECHILD or 0, changing nothing.
-        unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+impl Descendants {
+    pub(super) fn scan(except: &[libc::pid_t]) -> Descendants {
+        let me = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
+        let mut found = Descendants {
+            alive: Vec::new(),
+            zombies: Vec::new(),
+        };
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return found;
+        };
+        // (pid, parent, state) of every process we can read.
+        let table: Vec<(libc::pid_t, libc::pid_t, char)> = entries
+            .flatten()
+            .filter_map(|entry| {
+                let pid: libc::pid_t = entry.file_name().to_str()?.parse().ok()?;
+                let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+                // The name is in parentheses and may hold anything: after
+                // the last `)` come the state and the parent's pid.
+                let mut after = stat.rsplit_once(')')?.1.split_whitespace();
+                let state = after.next()?.chars().next()?;
+                let parent = after.next()?.parse().ok()?;
+                Some((pid, parent, state))
+            })
+            .collect();
+        let mut frontier = vec![me];
+        let mut seen = Vec::new();
+        while let Some(parent) = frontier.pop() {
+            for (pid, of, state) in &table {
+                if *of != parent || seen.contains(pid) {
+                    continue;
+                }
+                seen.push(*pid);
+                // What `except` started is walked all the same.
+                frontier.push(*pid);
+                if except.contains(pid) {
+                    continue;
+                }
+                if *state == 'Z' {
+                    if parent == me {
+                        found.zombies.push(*pid);
+                    }
+                } else {
+                    found.alive.push(*pid);
+                }
+            }
+        }
+        found
+    }
+
+    /// Reaps the exited children found (handed to us as their subreaper).
+    pub(super) fn reap(&self) {
+        for pid in &self.zombies {
+            let mut status = 0;
+            // SAFETY: reaps `pid`, an exited child of ours.
+            unsafe { libc::waitpid(*pid, &mut status, libc::WNOHANG) };
+        }
     }
 }
