@@ -1004,13 +1004,17 @@ impl Job<'_> {
     fn resume(&mut self) {
         self.stopped = false;
         let held = self.guard.as_ref().map_or(Ok(false), Held::is_held);
-        let lost = self.lost.reason().or_else(|| match held {
-            Ok(true) if self.validity() > self.kill_after => None,
-            // Ours, but running out by the local clock, or Redis cannot
-            // say: not to be trusted past a stop.
-            Ok(true) | Err(_) => Some(redmutex::LossReason::Unreachable),
-            Ok(false) => Some(redmutex::LossReason::Expired),
-        });
+        // Why, in the words of a stop (the watchdog, stopped too, would
+        // blame Redis for a lease that ran out while it could not run).
+        let lost = match (self.lost.reason(), held) {
+            (Some(redmutex::LossReason::OwnedByOther), _) => Some("another owner took it"),
+            // Ours (or Redis cannot say, and the renewals' bound still
+            // holds) with time left: kept.
+            (None, Ok(true) | Err(_)) if self.validity() > self.kill_after => None,
+            (_, Ok(true)) => Some("it ran out by the local clock"),
+            (_, Ok(false)) => Some("it expired or was taken"),
+            (_, Err(_)) => Some("Redis could not be asked about it"),
+        };
         if let Some(reason) = lost {
             if !self.args.fencing {
                 // Still ours in Redis: freed, to be taken afresh (with a
