@@ -51,6 +51,19 @@ fn parent(pid: u32) -> Option<u32> {
         .ok()
 }
 
+/// The watcher process of the `redmutex` whose pid is `runner`.
+fn watcher_of(runner: u32) -> Option<u32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| parent(*pid) == Some(runner))
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim() == "redmutex-watch")
+        })
+}
+
 /// The pid of the `redmutex run` whose key is `key` (its command line),
 /// not its watcher (a fork of it, with the same command line).
 fn redmutex_of(key: &str) -> Option<u32> {
@@ -403,6 +416,37 @@ fn a_lease_lost_while_stopped_kills_the_command_before_it_runs() {
     theirs.unlock().expect("theirs");
 }
 
+/// A command that stops itself with SIGSTOP to its own group while it
+/// has the terminal (what editors such as nano do on ^Z): the whole job
+/// stops, the shell gets its prompt back, and `fg` resumes it.
+#[test]
+fn a_command_stopping_itself_in_the_foreground_stops_the_job() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let done = dir.path().join("done");
+    let key = format!("selfstop-{}", std::process::id());
+    let mut terminal = Terminal::open(&server);
+    let line = format!(
+        "{} run {key} -- sh -c 'kill -STOP 0; touch {}'",
+        redmutex_path().display(),
+        done.display()
+    );
+    terminal.send(&format!("{line}\n"));
+    if !terminal.expect("Stopped", Duration::from_secs(10)) {
+        clean_up(&key);
+        panic!("the job did not stop: {}", terminal.shown());
+    }
+    assert!(!done.exists());
+    terminal.send("fg\n");
+    let code = terminal.exit_code(&key);
+    if code != Some(0) {
+        clean_up(&key);
+        panic!("exit {code:?}: {}", terminal.shown());
+    }
+    assert!(done.exists());
+    assert_eq!(held(&server, &key), None);
+}
+
 /// Standard input redirected (a script's way): ^Z reaches `redmutex`,
 /// which stops the command first, then itself. On main `redmutex`
 /// stopped alone and the command ran on without renewals: the key
@@ -741,13 +785,254 @@ fn a_stopped_redmutex_cannot_leave_its_command_running_past_the_lease() {
         key.is_none() && !alive
     });
     assert!(support::signal(run.id(), "CONT"));
-    let _ = run.wait();
+    let status = run.wait().expect("status");
+    let mut stderr = String::new();
+    let _ = run
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr);
     if !gone(command) {
         // SAFETY: kills the leftover (the test failed).
         unsafe { libc::kill(command as i32, libc::SIGKILL) };
     }
     assert!(ended, "the command outlived the lease");
     assert!(!overlap, "the command ran on after the key expired");
+    // Said, and not the command's 137.
+    assert_eq!(status.code(), Some(75), "{stderr}");
+    assert!(stderr.contains("watcher killed the command"), "{stderr}");
+}
+
+/// A lease of 60 ms (renewed every 20 ms) is supervised without the
+/// watcher mistaking a healthy run for a stopped `redmutex`.
+#[test]
+fn a_very_short_ttl_runs_the_command_to_its_end() {
+    let server = RedisServer::start();
+    let out = Command::new(redmutex_path())
+        .env("REDMUTEX_URL", server.url())
+        .args(["run", "--ttl", "60ms", "short-ttl", "--", "sleep", "1.5"])
+        .output()
+        .expect("run");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A process the command moves out of its group (`setsid`, as
+/// `timeout(1)` or a daemon does) is ended with the command on a loss,
+/// without `--daemon`: it would otherwise run on beside the next holder.
+#[test]
+fn a_loss_ends_what_the_command_started_outside_its_group() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("escaped");
+    let mut run = Command::new(redmutex_path())
+        .env("REDMUTEX_URL", server.url())
+        .args(["run", "--ttl", "3s", "escaped", "--", "sh", "-c"])
+        .arg(format!(
+            "setsid sh -c 'echo $$ > {}; exec sleep 300' & exec sleep 300",
+            pidfile.display()
+        ))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run");
+    assert!(wait_until(Duration::from_secs(10), || read_pid(&pidfile).is_some()));
+    let escaped = read_pid(&pidfile).expect("pid");
+    // Found by the next look at the command's descendants (once a second).
+    std::thread::sleep(Duration::from_millis(1500));
+    let _: () = server.conn().set("escaped", "someone-else").expect("SET");
+    let status = run.wait().expect("status");
+    let killed = wait_until(Duration::from_secs(5), || gone(escaped));
+    if !killed {
+        // SAFETY: kills the leftover (the test failed).
+        unsafe { libc::kill(escaped as i32, libc::SIGKILL) };
+    }
+    assert_eq!(status.code(), Some(75));
+    assert!(
+        killed,
+        "the process that left the group ran on after the loss"
+    );
+}
+
+/// Hundreds of processes outside the command's group are all followed,
+/// and all killed with a `redmutex` killed by SIGKILL.
+#[test]
+fn every_daemon_dies_with_a_killed_redmutex() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pids = dir.path().join("pids");
+    let mut run = Command::new(redmutex_path())
+        .env("REDMUTEX_URL", server.url())
+        .args(["run", "--ttl", "30s", "many-daemons", "--", "sh", "-c"])
+        .arg(format!(
+            "i=0; while [ $i -lt 300 ]; do setsid sleep 300 & echo $! >> {}; i=$((i+1)); done; exec sleep 300",
+            pids.display()
+        ))
+        .spawn()
+        .expect("run");
+    let all = || -> Vec<u32> {
+        std::fs::read_to_string(&pids)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    assert!(wait_until(Duration::from_secs(20), || all().len() == 300));
+    // Two looks at the descendants after the last one started.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(support::signal(run.id(), "KILL"));
+    let _ = run.wait();
+    let daemons = all();
+    let killed = wait_until(Duration::from_secs(10), || daemons.iter().all(|p| gone(*p)));
+    let left: Vec<u32> = daemons.iter().copied().filter(|p| !gone(*p)).collect();
+    for pid in &left {
+        // SAFETY: kills the leftovers (the test failed).
+        unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+    }
+    assert!(killed, "{} of 300 daemons outlived redmutex", left.len());
+}
+
+/// A command that stops without the terminal's job control (it sends
+/// itself SIGSTOP) still takes a SIGTERM passed on by `redmutex`: the
+/// group is continued after the signal, as a shell's `kill` does.
+#[test]
+fn sigterm_reaches_a_stopped_command() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let mut run = Command::new(redmutex_path())
+        .env("REDMUTEX_URL", server.url())
+        .args(["run", "stopped-term", "--", "sh", "-c"])
+        .arg(format!(
+            "echo $$ > {}; kill -STOP $$; exec sleep 300",
+            pidfile.display()
+        ))
+        .spawn()
+        .expect("run");
+    assert!(wait_until(Duration::from_secs(10), || read_pid(&pidfile).is_some()));
+    let command = read_pid(&pidfile).expect("pid");
+    assert!(wait_until(Duration::from_secs(5), || state(command) == Some('T')));
+    assert!(support::signal(run.id(), "TERM"));
+    let ended = wait_until(Duration::from_secs(5), || {
+        matches!(run.try_wait(), Ok(Some(_)))
+    });
+    if !ended {
+        let _ = run.kill();
+        // SAFETY: kills the leftover (the test failed).
+        unsafe { libc::kill(command as i32, libc::SIGKILL) };
+    }
+    assert!(ended, "a SIGTERM did not end a stopped command");
+    assert!(gone(command));
+    assert_eq!(held(&server, "stopped-term"), None);
+}
+
+/// The watcher is named `redmutex-watch`: `pkill -x redmutex` (or
+/// `killall redmutex`) kills `redmutex` and leaves the watcher to end the
+/// command, also one without the parent-death signal.
+#[test]
+fn killall_redmutex_leaves_the_watcher_to_end_the_command() {
+    let Ok(setpriv) = which("setpriv") else {
+        eprintln!("skipped: no setpriv");
+        return;
+    };
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let mut run = Command::new(redmutex_path())
+        .env("REDMUTEX_URL", server.url())
+        .args(["run", "killall-key", "--"])
+        .arg(setpriv)
+        .args(["--pdeathsig", "clear", "sh", "-c"])
+        .arg(format!("echo $$ > {}; exec sleep 300", pidfile.display()))
+        .spawn()
+        .expect("run");
+    assert!(wait_until(Duration::from_secs(10), || read_pid(&pidfile).is_some()));
+    let command = read_pid(&pidfile).expect("pid");
+    let watcher = watcher_of(run.id()).expect("a watcher named redmutex-watch");
+    // What `killall redmutex` does, kept to this run's two processes (the
+    // other tests' are left alone): every one named exactly `redmutex`.
+    for pid in [run.id(), watcher] {
+        if std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|c| c.trim() == "redmutex")
+        {
+            assert!(support::signal(pid, "KILL"));
+        }
+    }
+    let _ = run.wait();
+    let killed = wait_until(Duration::from_secs(5), || gone(command));
+    if !killed {
+        // SAFETY: kills the leftover (the test failed).
+        unsafe { libc::kill(command as i32, libc::SIGKILL) };
+    }
+    assert!(killed, "the command outlived a killall of redmutex");
+}
+
+/// After the command is reaped, its group's number may be another's: a
+/// `redmutex` killed during `--min-hold` must not make the watcher kill
+/// the group that number names now. Forces the number's reuse through
+/// `/proc/sys/kernel/ns_last_pid`: root only, skipped otherwise.
+#[test]
+fn a_reused_group_number_is_never_killed() {
+    // SAFETY: reads the effective user id.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: forcing a pid's reuse needs root");
+        return;
+    }
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pidfile = dir.path().join("pid");
+    let mut run = Command::new(redmutex_path())
+        .env("REDMUTEX_URL", server.url())
+        .args(["run", "--min-hold", "60s", "reused-group", "--", "sh", "-c"])
+        .arg(format!("echo $$ > {}", pidfile.display()))
+        .spawn()
+        .expect("run");
+    assert!(wait_until(Duration::from_secs(10), || read_pid(&pidfile).is_some()));
+    let command = read_pid(&pidfile).expect("pid");
+    // Reaped: gone from /proc altogether (not a zombie).
+    assert!(wait_until(Duration::from_secs(10), || state(command).is_none()));
+    // The next process gets the command's number, as its own group.
+    let stranger = {
+        let mut stranger = None;
+        for _ in 0..20 {
+            if std::fs::write("/proc/sys/kernel/ns_last_pid", format!("{}", command - 1)).is_err() {
+                break;
+            }
+            let mut child = Command::new("sleep");
+            child.arg("300").process_group(0);
+            let child = child.spawn().expect("sleep");
+            if child.id() == command {
+                stranger = Some(child);
+                break;
+            }
+            let mut child = child;
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        stranger
+    };
+    let Some(mut stranger) = stranger else {
+        let _ = run.kill();
+        let _ = run.wait();
+        eprintln!("skipped: could not give the command's number to another process");
+        return;
+    };
+    let watcher = watcher_of(run.id()).expect("the watcher");
+    assert!(support::signal(run.id(), "KILL"));
+    let _ = run.wait();
+    // The watcher, seeing its pipe end, kills what it still names, then
+    // exits.
+    assert!(wait_until(Duration::from_secs(5), || gone(watcher)));
+    let survived = matches!(stranger.try_wait(), Ok(None));
+    let _ = stranger.kill();
+    let _ = stranger.wait();
+    assert!(
+        survived,
+        "the watcher killed the group that reused the command's number"
+    );
 }
 
 /// A command that drops the kernel's parent-death signal (`setpriv

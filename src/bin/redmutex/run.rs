@@ -208,6 +208,13 @@ impl Foreground {
         }
     }
 
+    /// Whether the command's group has the terminal's foreground.
+    fn is_with(&self, command: libc::pid_t) -> bool {
+        // SAFETY: tcgetpgrp only reads.
+        self.fd()
+            .is_some_and(|tty| unsafe { libc::tcgetpgrp(tty) } == command)
+    }
+
     /// The job is in the terminal's foreground again (`fg`): the command's
     /// group gets the terminal, as at the start. In the background (`bg`)
     /// it does not: a read of the terminal stops it, and the job with it.
@@ -454,6 +461,9 @@ enum Ending {
     /// The lease was found lost when the stopped job was continued, and
     /// could not be taken again: the command was killed still stopped.
     LostWhileStopped,
+    /// The watcher killed the command: `redmutex` did not tell it of a
+    /// renewal before the lease's local deadline.
+    Overdue,
 }
 
 /// The key of a run without one: the same for the same command line (and
@@ -642,9 +652,11 @@ fn run_watched(
     }
     let foreground = Foreground::ours();
     isolate(&mut command, &foreground, inherited, watcher);
-    // A daemon the command forks away stays a child of ours, to be seen
-    // and ended (Linux).
-    if args.daemon && !supervise::become_subreaper() {
+    // A process the command starts outside its group (a daemon, a
+    // `setsid` or `timeout` helper) stays a descendant of ours, to be seen
+    // and ended with it (Linux).
+    let follows = supervise::become_subreaper();
+    if args.daemon && !follows {
         foreground.give_back(None);
         let _ = guard.unlock();
         return Err(fail(
@@ -671,14 +683,24 @@ fn run_watched(
         stop_asked: false,
         stopped: false,
         told: 0,
+        follows,
         daemons: Vec::new(),
+        descendants: 0,
         scanned: None,
+        tick: (args.ttl / 10).clamp(Duration::from_millis(1), Duration::from_millis(25)),
+        warned_watcher: false,
     };
     // The watcher's dead man's switch is armed before the command runs.
     job.tell_watcher(true);
     let child = match command.spawn() {
         Ok(child) => child,
         Err(err) => {
+            // A child that failed in `pre_exec` named its group, and is
+            // reaped already.
+            if let Some(watcher) = watcher {
+                watcher.forget_group();
+                watcher.deadline(0);
+            }
             foreground.give_back(None);
             let name = program.to_string_lossy();
             let _ = job.release();
@@ -706,11 +728,21 @@ fn run_watched(
         job.follow_daemons();
     }
     if supervised.is_err() || !matches!(job.ending, Ending::Running) {
-        // Whatever the command left in its group does not run on unlocked.
+        // Whatever the command left in its group, or started outside it,
+        // does not run on unlocked.
         job.kill(libc::SIGKILL);
     }
     // Reaped only now: until then the command's pid, and so its group's
-    // number, cannot name another process's group.
+    // number, cannot name another process's group. The watcher forgets the
+    // group first, and what was followed outside it (left alone after a
+    // normal end, killed above otherwise).
+    if let Some(watcher) = watcher {
+        watcher.forget_group();
+        watcher.deadline(0);
+        for process in &job.daemons {
+            watcher.forget_process(process.pid);
+        }
+    }
     let status = supervise::reap(pid);
     let status = match (supervised, status) {
         (Ok(()), Ok(status)) => status,
@@ -722,21 +754,26 @@ fn run_watched(
             ));
         }
     };
-    // The command is over: nothing of it for the watcher to end when the
-    // lease runs out (--min-hold keeps the lock, not the command).
-    if let Some(watcher) = watcher {
-        watcher.deadline(0);
+    job.daemons.clear();
+    // Killed by the watcher: `redmutex` was stopped (or hung) past the
+    // lease's deadline by the local clock.
+    if matches!(job.ending, Ending::Running) && job.overdue(status) {
+        warn(format_args!(
+            "redmutex could not renew {what} in time (it was stopped or hung) and \
+             its watcher killed the command before the lease ran out"
+        ));
+        job.ending = Ending::Overdue;
     }
     if matches!(job.ending, Ending::Running | Ending::MaxRun)
         && !job.stop_asked
-        && let Some(reason) = hold_at_least(cli, args, started, &job.lost, &forwarded)
+        && let Some(reason) = hold_at_least(cli, args, started, &job.lost, &forwarded, &job.control)
     {
         warn(format_args!("lost {what} during --min-hold ({reason})"));
         let _ = job.release();
         return Ok(EXIT_LOST);
     }
     match job.ending {
-        Ending::Lost(_) | Ending::LowValidity(_) | Ending::LostWhileStopped => {
+        Ending::Lost(_) | Ending::LowValidity(_) | Ending::LostWhileStopped | Ending::Overdue => {
             let _ = job.release();
             Ok(EXIT_LOST)
         }
@@ -789,17 +826,28 @@ struct Job<'a> {
     stopped: bool,
     /// The deadline last sent to the watcher (monotonic nanoseconds).
     told: i64,
-    /// Processes the command started, inside its group or not (with
-    /// --daemon), as last found.
-    daemons: Vec<libc::pid_t>,
-    /// When the command's descendants were last looked for (--daemon).
+    /// `redmutex` is the command's descendants' subreaper, and looks for
+    /// them (Linux).
+    follows: bool,
+    /// The processes the command started outside its group, as last found
+    /// (its group is signalled as one).
+    daemons: Vec<supervise::Tracked>,
+    /// How many of the command's descendants were alive at the last look.
+    descendants: usize,
+    /// When the command's descendants were last looked for.
     scanned: Option<Instant>,
+    /// How often the loop looks at the command and the lease: often
+    /// enough for the shortest ttl to be supervised.
+    tick: Duration,
+    /// The watcher was found gone, and it was said.
+    warned_watcher: bool,
 }
 
-/// How far the lease's deadline may move before the watcher is told.
-const TELL_AFTER_NS: i64 = 50_000_000;
+/// How far the lease's deadline may move before the watcher is told: every
+/// renewal moves it by a third of the ttl, far more than this.
+const TELL_AFTER_NS: u64 = 1_000_000;
 
-/// How often --daemon looks for the command's descendants.
+/// How often the command's descendants are looked for.
 const SCAN_EVERY: Duration = Duration::from_secs(1);
 
 impl Job<'_> {
@@ -821,8 +869,14 @@ impl Job<'_> {
             match supervise::poll(self.pid)? {
                 supervise::Child::Exited => return Ok(()),
                 // Stopped by the terminal (^Z while it has it, a read or
-                // write from the background): the whole job stops.
-                supervise::Child::Stopped(signal) if job_stop(signal) => self.suspend(signal),
+                // write from the background), or stopping itself in the
+                // terminal's foreground (an editor's ^Z is a SIGSTOP to
+                // its own group): the whole job stops, as a shell's would.
+                supervise::Child::Stopped(signal)
+                    if job_stop(signal) || self.foreground.is_with(self.pid) =>
+                {
+                    self.suspend(signal);
+                }
                 supervise::Child::Stopped(_) | supervise::Child::Running => {}
             }
             if let Some(signal) = self.control.stop_asked() {
@@ -843,23 +897,46 @@ impl Job<'_> {
                     self.foreground.hand_over(self.pid);
                 }
             }
-            if let Some(signal) = self.forwarded() {
-                verbose(
-                    self.cli,
-                    format_args!("passing signal {signal} to the command"),
-                );
-                self.kill(signal);
-                // Asked to stop: no --min-hold after the command ends.
-                self.stop_asked = true;
-            }
+            self.pass_on();
             self.watch_lease(Some(started));
             self.tell_watcher(false);
-            if self.args.daemon {
-                self.scan(false);
-            }
+            self.scan(false);
             // Wakes at once on a loss, else polls the child and signals.
-            self.lost.wait_timeout(Duration::from_millis(25));
+            self.lost.wait_timeout(self.tick);
         }
+    }
+
+    /// Passes a signal `redmutex` received on to the command's group (and
+    /// what it started outside it). A stopped job is continued to take it,
+    /// as a shell's `kill` does, after the lease is checked.
+    fn pass_on(&mut self) {
+        let Some(signal) = self.forwarded() else {
+            return;
+        };
+        verbose(
+            self.cli,
+            format_args!("passing signal {signal} to the command"),
+        );
+        self.kill(signal);
+        // Asked to stop: no --min-hold after the command ends.
+        self.stop_asked = true;
+        if self.stopped {
+            self.resume();
+        } else {
+            // Stopped by someone else (`kill -STOP`): it could not act on
+            // the signal otherwise.
+            self.kill(libc::SIGCONT);
+        }
+    }
+
+    /// Whether the command ended by a SIGKILL from the watcher: the
+    /// deadline last told had passed.
+    fn overdue(&self, status: ExitStatus) -> bool {
+        use std::os::unix::process::ExitStatusExt;
+        self.watcher.is_some()
+            && self.told != 0
+            && status.signal() == Some(libc::SIGKILL)
+            && supervise::monotonic_ns() >= self.told
     }
 
     fn forwarded(&self) -> Option<i32> {
@@ -883,9 +960,16 @@ impl Job<'_> {
         let left = i64::try_from(left.as_nanos()).unwrap_or(i64::MAX);
         // Never 0, which means "no deadline".
         let deadline = supervise::monotonic_ns().saturating_add(left).max(1);
-        if force || deadline.abs_diff(self.told) > TELL_AFTER_NS.unsigned_abs() {
+        if force || deadline.abs_diff(self.told) > TELL_AFTER_NS {
             watcher.deadline(deadline);
             self.told = deadline;
+        }
+        if watcher.failed() && !self.warned_watcher {
+            self.warned_watcher = true;
+            warn(format_args!(
+                "the watcher process is gone: if redmutex is killed or stopped now, \
+                 only the parent-death signal ends the command"
+            ));
         }
     }
 
@@ -911,7 +995,7 @@ impl Job<'_> {
             if !matches!(next, Ending::Running) {
                 let what = self.what;
                 match &next {
-                    Ending::Running | Ending::LostWhileStopped => {}
+                    Ending::Running | Ending::LostWhileStopped | Ending::Overdue => {}
                     Ending::MaxRun => warn(format_args!(
                         "the command ran longer than --max-run; terminating it"
                     )),
@@ -957,12 +1041,8 @@ impl Job<'_> {
     /// the grandchildren of `sh -c` go too), and the daemons it left.
     fn kill(&self, signal: i32) {
         signal_group(self.pid, signal);
-        for daemon in &self.daemons {
-            // SAFETY: kill(2) of a process the command started, found in
-            // the last scan; one gone since is a zombie of ours (reaped
-            // only by the next scan) or of another descendant, so its
-            // number is not yet another process's.
-            unsafe { libc::kill(*daemon, signal) };
+        for process in &self.daemons {
+            process.signal(signal);
         }
     }
 
@@ -1064,36 +1144,51 @@ impl Job<'_> {
         self.kill(libc::SIGCONT);
     }
 
-    /// `--daemon`: the command's descendants, found again (at most once a
-    /// second unless `now`): new ones are named to the watcher, gone ones
-    /// forgotten, and orphans handed to us reaped.
+    /// The command's descendants, looked for again (at most once a second
+    /// unless `now`; Linux): those outside its group are followed by
+    /// pidfd (and named to the watcher), those gone forgotten, and orphans
+    /// handed to us reaped.
     fn scan(&mut self, now: bool) {
-        if !now && self.scanned.is_some_and(|at| at.elapsed() < SCAN_EVERY) {
+        if !self.follows || (!now && self.scanned.is_some_and(|at| at.elapsed() < SCAN_EVERY)) {
             return;
         }
         self.scanned = Some(Instant::now());
+        // The command's own process is awaited (and reaped) apart; the
+        // watcher is not the command's.
         let mut except = vec![self.pid];
         except.extend(self.watcher.map(supervise::Watcher::pid));
         let found = supervise::Descendants::scan(&except);
-        for pid in &self.daemons {
-            if !found.alive.contains(pid)
-                && let Some(watcher) = self.watcher
-            {
-                watcher.forget_process(*pid);
+        self.descendants = found.alive.len();
+        let outside: Vec<(libc::pid_t, i64)> = found
+            .alive
+            .iter()
+            .filter(|(_, _, group)| *group != self.pid)
+            .map(|(pid, start, _)| (*pid, *start))
+            .collect();
+        let watcher = self.watcher;
+        self.daemons.retain(|process| {
+            let alive = outside.iter().any(|(pid, _)| *pid == process.pid);
+            if !alive && let Some(watcher) = watcher {
+                watcher.forget_process(process.pid);
             }
-        }
-        for pid in &found.alive {
-            if !self.daemons.contains(pid) {
-                verbose(
-                    self.cli,
-                    format_args!("following process {pid}, started by the command"),
-                );
-                if let Some(watcher) = self.watcher {
-                    watcher.guard_process(*pid);
-                }
+            alive
+        });
+        for (pid, start) in outside {
+            if self.daemons.iter().any(|process| process.pid == pid) {
+                continue;
             }
+            let Some(process) = supervise::Tracked::open(pid, start) else {
+                continue;
+            };
+            verbose(
+                self.cli,
+                format_args!("following process {pid}, started by the command outside its group"),
+            );
+            if let Some(watcher) = self.watcher {
+                watcher.guard_process(&process);
+            }
+            self.daemons.push(process);
         }
-        self.daemons.clone_from(&found.alive);
         // After the watcher forgot them: a pid reaped may be reused.
         found.reap();
     }
@@ -1106,7 +1201,7 @@ impl Job<'_> {
         let mut killed_at = None::<Instant>;
         loop {
             self.scan(true);
-            if self.daemons.is_empty() {
+            if self.descendants == 0 {
                 return;
             }
             if self.killed {
@@ -1118,13 +1213,17 @@ impl Job<'_> {
                 self.lost.wait_timeout(Duration::from_millis(100));
                 continue;
             }
-            if let Some(signal) = self.forwarded() {
-                self.kill(signal);
-                self.stop_asked = true;
+            if let Some(signal) = self.control.stop_asked() {
+                self.suspend(signal);
             }
+            if self.control.continued() && self.stopped {
+                self.resume();
+            }
+            self.pass_on();
             self.watch_lease(None);
             self.tell_watcher(false);
-            self.lost.wait_timeout(Duration::from_millis(100));
+            self.lost
+                .wait_timeout(self.tick.max(Duration::from_millis(1)));
         }
     }
 }
@@ -1138,6 +1237,7 @@ fn hold_at_least(
     started: Instant,
     lost: &redmutex::LossSignal,
     forwarded: &Forwarded,
+    control: &supervise::JobControl,
 ) -> Option<redmutex::LossReason> {
     let until = args.min_hold.and_then(|d| started.checked_add(d))?;
     if Instant::now() < until {
@@ -1160,6 +1260,10 @@ fn hold_at_least(
                 format_args!("signal {signal}: releasing before --min-hold"),
             );
             return None;
+        }
+        // ^Z: nothing of the command runs; `redmutex` stops as asked.
+        if let Some(signal) = control.stop_asked() {
+            control.stop_job(signal);
         }
         lost.wait_timeout(left.min(Duration::from_millis(100)));
     }

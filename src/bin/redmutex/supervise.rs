@@ -27,7 +27,7 @@ pub(super) fn ignored_on_entry(signal: i32) -> bool {
 /// A process of its own that keeps the command from running without a
 /// live lease when `redmutex` cannot: when `redmutex` is gone, however it
 /// went (even `SIGKILL`, which no handler sees), it kills the command's
-/// group and the daemons it was told of; and it is a dead man's switch:
+/// group and the processes it was told of; and it is a dead man's switch:
 /// `redmutex` tells it the moment the lease runs out by the local clock
 /// after every renewal, and past it (`redmutex` stopped by `SIGSTOP`, or
 /// hung) it kills them too, or, while the job is stopped by job control,
@@ -36,24 +36,29 @@ pub(super) fn ignored_on_entry(signal: i32) -> bool {
 /// `setpriv`, a setuid program). The watcher stays the invoking user, so
 /// it may signal the command whenever the invoking user may (root may
 /// signal anything; another user may not signal a command that became
-/// someone else: the one limit, and the kernel's).
+/// someone else).
 ///
 /// It learns of `redmutex`'s end by the end of a pipe only `redmutex`
 /// holds (close-on-exec, so the command does not keep it open), and of
-/// everything else by messages on it. It ignores the terminal's signals
-/// and holds none of the caller's files.
+/// everything else by messages on it. It ignores the terminal's signals,
+/// holds none of the caller's files, and is named `redmutex-watch` (so
+/// `killall redmutex` leaves it be).
 pub(super) struct Watcher {
     pipe: Option<OwnedFd>,
     pid: libc::pid_t,
+    /// A message could not be sent: the watcher is gone.
+    failed: std::cell::Cell<bool>,
 }
 
-/// Kill this process group (the command's) when the time comes.
+/// Kill this process group (the command's) when the time comes; 0: none
+/// (the command was reaped: its number may name another group).
 const GROUP: u8 = b'G';
-/// Kill this process too (a daemon that left the group).
+/// Kill this process too (one that left the command's group), named by
+/// its pid and start time.
 const PROCESS: u8 = b'P';
 /// Forget that process (it is gone).
 const FORGET: u8 = b'F';
-/// The lease runs out then (monotonic nanoseconds; 0: no lease yet).
+/// The lease runs out then (monotonic nanoseconds; 0: no deadline).
 const DEADLINE: u8 = b'L';
 /// The job is stopped by job control: past the deadline, keep it
 /// stopped rather than kill it (it may be taken again on `fg`).
@@ -63,7 +68,8 @@ const RESUMED: u8 = b'R';
 /// `redmutex` is done: leave without killing anything.
 const DONE: u8 = b'D';
 
-const MESSAGE: usize = 9;
+/// A tag and two numbers.
+const MESSAGE: usize = 17;
 
 /// The monotonic clock in nanoseconds: the same in every process of the
 /// machine, so a deadline crosses the pipe as a number.
@@ -83,9 +89,11 @@ pub(super) fn monotonic_ns() -> i64 {
 
 impl Watcher {
     /// Forks the watcher. Must run before `redmutex` starts any thread (a
-    /// fork copies only the calling thread); the child then uses only
-    /// async-signal-safe calls. `None` where it cannot be started: the
-    /// parent-death signal still covers a command that keeps its user.
+    /// fork copies only the calling thread, and a lock another thread held
+    /// would stay locked in the child); the child, a copy of a process of
+    /// one thread, may then do anything. `None` where it cannot be
+    /// started: the parent-death signal still covers a command that keeps
+    /// its user.
     pub(super) fn start() -> Option<Watcher> {
         let mut fds = [0 as RawFd; 2];
         // SAFETY: a pipe into a two-element array.
@@ -94,7 +102,7 @@ impl Watcher {
         }
         let [read, write] = fds;
         // SAFETY: no other thread exists yet (see above); the child runs
-        // `watch`, which only makes system calls, and never returns.
+        // `watch`, which never returns.
         match unsafe { libc::fork() } {
             -1 => {
                 // SAFETY: our own two descriptors.
@@ -116,6 +124,7 @@ impl Watcher {
                 Some(Watcher {
                     pipe: Some(unsafe { OwnedFd::from_raw_fd(write) }),
                     pid,
+                    failed: std::cell::Cell::new(false),
                 })
             }
         }
@@ -132,31 +141,43 @@ impl Watcher {
         self.pipe.as_ref().map(std::os::fd::AsRawFd::as_raw_fd)
     }
 
-    fn send(&self, tag: u8, value: i64) {
-        if let Some(fd) = self.fd() {
-            let _ = write_all(fd, &message(tag, value));
+    fn send(&self, tag: u8, a: i64, b: i64) {
+        if let Some(fd) = self.fd()
+            && write_all(fd, &message(tag, a, b)).is_err()
+        {
+            self.failed.set(true);
         }
     }
 
-    /// Kill this process too if `redmutex` dies (one that left the
-    /// command's group: a daemon).
-    pub(super) fn guard_process(&self, pid: libc::pid_t) {
-        self.send(PROCESS, i64::from(pid));
+    /// Whether a message could not be sent (the watcher was killed).
+    pub(super) fn failed(&self) -> bool {
+        self.failed.get()
+    }
+
+    /// The command was reaped: its group's number is no longer its own.
+    pub(super) fn forget_group(&self) {
+        self.send(GROUP, 0, 0);
+    }
+
+    /// Kill this process too (one that left the command's group).
+    pub(super) fn guard_process(&self, process: &Tracked) {
+        self.send(PROCESS, i64::from(process.pid), process.start);
     }
 
     /// That process is gone: not to be signalled any more.
     pub(super) fn forget_process(&self, pid: libc::pid_t) {
-        self.send(FORGET, i64::from(pid));
+        self.send(FORGET, i64::from(pid), 0);
     }
 
-    /// The lease runs out at `deadline` (see [`monotonic_ns`]).
+    /// The lease runs out at `deadline` (see [`monotonic_ns`]); 0: no
+    /// deadline.
     pub(super) fn deadline(&self, deadline: i64) {
-        self.send(DEADLINE, deadline);
+        self.send(DEADLINE, deadline, 0);
     }
 
     /// The job is stopped by job control, or runs again.
     pub(super) fn stopped(&self, stopped: bool) {
-        self.send(if stopped { STOPPED } else { RESUMED }, 0);
+        self.send(if stopped { STOPPED } else { RESUMED }, 0, 0);
     }
 
     /// `redmutex` is done: the watcher ends without killing anything.
@@ -164,7 +185,7 @@ impl Watcher {
     /// pipe without it, and the watcher kills the command.
     pub(super) fn done(&mut self) {
         if self.pipe.is_some() {
-            self.send(DONE, 0);
+            self.send(DONE, 0, 0);
             self.pipe = None;
             let mut status = 0;
             // SAFETY: reaps our own child, which exits on `DONE` at once.
@@ -173,18 +194,18 @@ impl Watcher {
     }
 }
 
-/// A message to the watcher: a tag and a number.
-pub(super) fn message(tag: u8, value: i64) -> [u8; MESSAGE] {
+/// A message to the watcher: a tag and two numbers.
+fn message(tag: u8, a: i64, b: i64) -> [u8; MESSAGE] {
     let mut message = [0u8; MESSAGE];
     message[0] = tag;
-    let bytes = value.to_le_bytes();
-    message[1..].copy_from_slice(&bytes);
+    message[1..9].copy_from_slice(&a.to_le_bytes());
+    message[9..].copy_from_slice(&b.to_le_bytes());
     message
 }
 
 /// The message the command sends from `pre_exec`: its own group.
 pub(super) fn group_message(pgid: libc::pid_t) -> [u8; MESSAGE] {
-    message(GROUP, i64::from(pgid))
+    message(GROUP, i64::from(pgid), 0)
 }
 
 /// Writes all of `bytes` (async-signal-safe: the command's `pre_exec`
@@ -199,12 +220,12 @@ pub(super) fn write_all(fd: RawFd, mut bytes: &[u8]) -> Result<(), ()> {
             }
             return Err(());
         }
-        bytes = bytes.get(usize::try_from(n).unwrap_or(0)..).unwrap_or(&[]);
+        let n = usize::try_from(n).map_err(|_| ())?;
+        bytes = bytes.get(n..).ok_or(())?;
     }
     Ok(())
 }
 
-/// Reads exactly `buf.len()` bytes; `Err` at the end of the pipe.
 fn read_exact(fd: RawFd, buf: &mut [u8]) -> Result<(), ()> {
     let mut read = 0;
     while read < buf.len() {
@@ -218,61 +239,142 @@ fn read_exact(fd: RawFd, buf: &mut [u8]) -> Result<(), ()> {
                     return Err(());
                 }
             }
-            n => read += usize::try_from(n).unwrap_or(0),
+            n => read += usize::try_from(n).map_err(|_| ())?,
         }
     }
     Ok(())
 }
 
-/// The most processes outside the command's group the watcher keeps.
-const MAX_WATCHED: usize = 256;
+/// What `/proc/PID/stat` says of a process (Linux).
+pub(super) struct Stat {
+    pub(super) state: char,
+    pub(super) parent: libc::pid_t,
+    pub(super) group: libc::pid_t,
+    /// When it started (clock ticks since boot): with the pid, a name no
+    /// later process can have.
+    pub(super) start: i64,
+}
+
+pub(super) fn stat(pid: libc::pid_t) -> Option<Stat> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&text)
+}
+
+fn parse_stat(text: &str) -> Option<Stat> {
+    // The name is in parentheses and may hold anything: the fields after
+    // the last `)` start with the third (the state).
+    let fields: Vec<&str> = text.rsplit_once(')')?.1.split_whitespace().collect();
+    Some(Stat {
+        state: fields.first()?.chars().next()?,
+        parent: fields.get(1)?.parse().ok()?,
+        group: fields.get(2)?.parse().ok()?,
+        start: fields.get(19)?.parse().ok()?,
+    })
+}
+
+/// A process followed by pid and start time, with a pidfd where the
+/// kernel gives one (Linux 5.3+): a signal through it, or after checking
+/// the start time again, never reaches a later process that got its
+/// number.
+pub(super) struct Tracked {
+    pub(super) pid: libc::pid_t,
+    start: i64,
+    pidfd: Option<OwnedFd>,
+}
+
+impl Tracked {
+    /// `None` when the process is gone, or its number is another
+    /// process's already.
+    pub(super) fn open(pid: libc::pid_t, start: i64) -> Option<Tracked> {
+        let pidfd = match pidfd_open(pid) {
+            Ok(fd) => Some(fd),
+            Err(err) if err.raw_os_error() == Some(libc::ESRCH) => return None,
+            // No pidfds (an old kernel), or no descriptor left: the start
+            // time is checked before every signal instead.
+            Err(_) => None,
+        };
+        // Checked after the pidfd is open: it names that process for good.
+        if stat(pid)?.start != start {
+            return None;
+        }
+        Some(Tracked { pid, start, pidfd })
+    }
+
+    pub(super) fn signal(&self, signal: i32) {
+        #[cfg(target_os = "linux")]
+        if let Some(pidfd) = &self.pidfd {
+            // SAFETY: pidfd_send_signal with no siginfo and no flags; a
+            // process gone since gets ESRCH, never another one.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    std::os::fd::AsRawFd::as_raw_fd(pidfd),
+                    signal,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                );
+            }
+            return;
+        }
+        if stat(self.pid).is_some_and(|s| s.start == self.start) {
+            // SAFETY: kill(2) of the process just checked to be the one
+            // named (the window until the signal is a few microseconds).
+            unsafe { libc::kill(self.pid, signal) };
+        }
+    }
+}
+
+fn pidfd_open(pid: libc::pid_t) -> std::io::Result<OwnedFd> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: the pidfd_open system call with no flags; a descriptor
+        // it returns is ours.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let fd = RawFd::try_from(fd).map_err(|_| std::io::Error::from_raw_os_error(libc::EBADF))?;
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = pid;
+        Err(std::io::Error::from_raw_os_error(libc::ENOSYS))
+    }
+}
 
 /// How often a stopped job past its deadline is stopped again.
-const RESTOP_MS: i32 = 100;
+const RESTOP: i64 = 100_000_000;
 
 /// What the watcher knows and does (see [`Watcher`]).
+#[derive(Default)]
 struct Guard {
     group: libc::pid_t,
-    watched: [(libc::pid_t, RawFd); MAX_WATCHED],
-    count: usize,
+    watched: Vec<Tracked>,
 }
 
 impl Guard {
     /// Every process named, with `signal`.
     fn signal(&self, signal: i32) {
-        // SAFETY: kill(2) of the group `redmutex` named; a group already
-        // gone gets ESRCH.
-        unsafe {
-            if self.group > 0 {
-                libc::kill(-self.group, signal);
-            }
+        if self.group > 0 {
+            // SAFETY: kill(2) of the group `redmutex` named, while its
+            // leader is not reaped (`redmutex` says 0 before it reaps it);
+            // a group already empty gets ESRCH.
+            unsafe { libc::kill(-self.group, signal) };
         }
-        for (pid, pidfd) in self.watched.iter().take(self.count) {
-            pidfd_signal(*pid, *pidfd, signal);
+        for process in &self.watched {
+            process.signal(signal);
         }
     }
 
-    fn forget(&mut self, pid: libc::pid_t) {
-        if let Some(at) = self
-            .watched
-            .iter()
-            .take(self.count)
-            .position(|(p, _)| *p == pid)
-        {
-            let (_, pidfd) = self.watched[at];
-            if pidfd >= 0 {
-                // SAFETY: our own pidfd.
-                unsafe { libc::close(pidfd) };
-            }
-            self.count -= 1;
-            self.watched[at] = self.watched[self.count];
-        }
+    fn is_empty(&self) -> bool {
+        self.group <= 0 && self.watched.is_empty()
     }
 }
 
 /// The watcher's whole life (see [`Watcher`]).
 fn watch(read: RawFd) -> ! {
-    // SAFETY: async-signal-safe calls only, in a process of one thread.
+    // SAFETY: calls on this process's own state.
     unsafe {
         // Its own group: the terminal's ^C and ^Z are not for it.
         libc::setpgid(0, 0);
@@ -285,9 +387,14 @@ fn watch(read: RawFd) -> ! {
             libc::SIGTTIN,
             libc::SIGTTOU,
             libc::SIGPIPE,
+            libc::SIGUSR1,
+            libc::SIGUSR2,
+            libc::SIGALRM,
         ] {
             libc::signal(signal, libc::SIG_IGN);
         }
+        #[cfg(target_os = "linux")]
+        libc::prctl(libc::PR_SET_NAME, c"redmutex-watch".as_ptr());
         let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
         if null >= 0 {
             libc::dup2(null, 0);
@@ -298,25 +405,19 @@ fn watch(read: RawFd) -> ! {
             }
         }
     }
-    let mut guard = Guard {
-        group: 0,
-        watched: [(0, -1); MAX_WATCHED],
-        count: 0,
-    };
+    let mut guard = Guard::default();
     let mut deadline: i64 = 0;
     let mut stopped = false;
     let mut message = [0u8; MESSAGE];
     loop {
-        // Until the next message, or the deadline.
-        let timeout = if deadline == 0 {
+        // Until the next message, or the deadline (while there is anything
+        // to act on: a deadline passed before the group is named is acted
+        // on once it is).
+        let timeout = if deadline == 0 || guard.is_empty() {
             -1
         } else {
             let left_ms = deadline.saturating_sub(monotonic_ns()) / 1_000_000;
-            if left_ms <= 0 {
-                0
-            } else {
-                i32::try_from(left_ms).unwrap_or(i32::MAX)
-            }
+            i32::try_from(left_ms.max(0)).unwrap_or(i32::MAX)
         };
         let mut poll = libc::pollfd {
             fd: read,
@@ -332,11 +433,11 @@ fn watch(read: RawFd) -> ! {
             // killed.
             if stopped {
                 guard.signal(libc::SIGSTOP);
-                deadline = monotonic_ns().saturating_add(i64::from(RESTOP_MS) * 1_000_000);
-                continue;
+                deadline = monotonic_ns().saturating_add(RESTOP);
+            } else {
+                guard.signal(libc::SIGKILL);
+                deadline = 0;
             }
-            guard.signal(libc::SIGKILL);
-            deadline = 0;
             continue;
         }
         if ready < 0 {
@@ -345,26 +446,22 @@ fn watch(read: RawFd) -> ! {
         if read_exact(read, &mut message).is_err() {
             break;
         }
-        let mut value = [0u8; 8];
-        value.copy_from_slice(&message[1..]);
-        let value = i64::from_le_bytes(value);
-        let pid = libc::pid_t::try_from(value).unwrap_or(0);
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&message[1..9]);
+        let a = i64::from_le_bytes(a);
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&message[9..]);
+        let b = i64::from_le_bytes(b);
+        let pid = libc::pid_t::try_from(a).unwrap_or(0);
         match message[0] {
             GROUP => guard.group = pid,
-            PROCESS
-                if guard.count < MAX_WATCHED
-                    && pid > 0
-                    && !guard
-                        .watched
-                        .iter()
-                        .take(guard.count)
-                        .any(|(p, _)| *p == pid) =>
-            {
-                guard.watched[guard.count] = (pid, pidfd_open(pid));
-                guard.count += 1;
+            PROCESS if pid > 0 && !guard.watched.iter().any(|p| p.pid == pid) => {
+                if let Some(process) = Tracked::open(pid, b) {
+                    guard.watched.push(process);
+                }
             }
-            FORGET => guard.forget(pid),
-            DEADLINE => deadline = value,
+            FORGET => guard.watched.retain(|p| p.pid != pid),
+            DEADLINE => deadline = a,
             STOPPED => stopped = true,
             RESUMED => stopped = false,
             // SAFETY: ends this process at once.
@@ -376,54 +473,6 @@ fn watch(read: RawFd) -> ! {
     guard.signal(libc::SIGKILL);
     // SAFETY: ends this process.
     unsafe { libc::_exit(0) }
-}
-
-/// A handle on `pid` that its number's reuse cannot fool (Linux 5.3+):
-/// the descriptor, or -1 when the process is gone already, or -2 when the
-/// kernel has no pidfds (then the pid is signalled, as before pidfds).
-fn pidfd_open(pid: libc::pid_t) -> RawFd {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: the pidfd_open system call with no flags.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if fd >= 0 {
-            return RawFd::try_from(fd).unwrap_or(-1);
-        }
-        if std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
-            -2
-        } else {
-            -1
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = pid;
-        -2
-    }
-}
-
-/// `signal` to a watched process: through its pidfd; by number only where
-/// the kernel has no pidfds; not at all when it was gone when named.
-fn pidfd_signal(pid: libc::pid_t, pidfd: RawFd, signal: i32) {
-    #[cfg(target_os = "linux")]
-    if pidfd >= 0 {
-        // SAFETY: pidfd_send_signal with no siginfo and no flags; a process
-        // gone since gets ESRCH, never another one.
-        unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                pidfd,
-                signal,
-                std::ptr::null::<libc::siginfo_t>(),
-                0,
-            );
-        }
-        return;
-    }
-    if pidfd == -2 && pid > 0 {
-        // SAFETY: kill(2) of a process `redmutex` named.
-        unsafe { libc::kill(pid, signal) };
-    }
 }
 
 /// The job-control signals `redmutex` received: a stop to pass on to its
@@ -600,6 +649,13 @@ pub(super) fn reap(pid: libc::pid_t) -> std::io::Result<ExitStatus> {
 /// within 300 ms (a command that ignores SIGTSTP must not run on while its
 /// renewals are stopped). `Ok(true)` when it exited meanwhile.
 pub(super) fn stop_group(pgid: libc::pid_t, pid: libc::pid_t) -> std::io::Result<bool> {
+    if stat(pid).is_some_and(|s| s.state == 'T') {
+        // Stopped already (its stop reported before): the rest of the
+        // group too, and nothing to wait for.
+        // SAFETY: kill(2) of the group of a child we spawned as its leader.
+        unsafe { libc::kill(-pgid, libc::SIGSTOP) };
+        return Ok(false);
+    }
     for (signal, within) in [
         (libc::SIGTSTP, Duration::from_millis(300)),
         (libc::SIGSTOP, Duration::from_secs(2)),
@@ -634,11 +690,10 @@ pub(super) fn become_subreaper() -> bool {
 }
 
 /// The descendants of this process (Linux, from `/proc`), but `except`
-/// (the watcher, the command's own process: its end is awaited where it
-/// is supervised).
+/// (the watcher; what it started is looked through all the same).
 pub(super) struct Descendants {
-    /// Running (or stopped): what the lock is kept for.
-    pub(super) alive: Vec<libc::pid_t>,
+    /// Running (or stopped): pid, start time and process group.
+    pub(super) alive: Vec<(libc::pid_t, i64, libc::pid_t)>,
     /// Exited children of ours, handed to us as their subreaper, to reap.
     zombies: Vec<libc::pid_t>,
 }
@@ -653,39 +708,35 @@ impl Descendants {
         let Ok(entries) = std::fs::read_dir("/proc") else {
             return found;
         };
-        // (pid, parent, state) of every process we can read.
-        let table: Vec<(libc::pid_t, libc::pid_t, char)> = entries
-            .flatten()
-            .filter_map(|entry| {
-                let pid: libc::pid_t = entry.file_name().to_str()?.parse().ok()?;
-                let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-                // The name is in parentheses and may hold anything: after
-                // the last `)` come the state and the parent's pid.
-                let mut after = stat.rsplit_once(')')?.1.split_whitespace();
-                let state = after.next()?.chars().next()?;
-                let parent = after.next()?.parse().ok()?;
-                Some((pid, parent, state))
-            })
-            .collect();
+        // Every process we can read, by parent.
+        let mut children: std::collections::HashMap<libc::pid_t, Vec<(libc::pid_t, Stat)>> =
+            std::collections::HashMap::new();
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|name| name.parse::<libc::pid_t>().ok())
+            else {
+                continue;
+            };
+            if let Some(stat) = stat(pid) {
+                children.entry(stat.parent).or_default().push((pid, stat));
+            }
+        }
         let mut frontier = vec![me];
-        let mut seen = Vec::new();
+        // Bounded: every pid is looked at once (a parent's entry is taken).
         while let Some(parent) = frontier.pop() {
-            for (pid, of, state) in &table {
-                if *of != parent || seen.contains(pid) {
+            for (pid, stat) in children.remove(&parent).unwrap_or_default() {
+                frontier.push(pid);
+                if except.contains(&pid) {
                     continue;
                 }
-                seen.push(*pid);
-                // What `except` started is walked all the same.
-                frontier.push(*pid);
-                if except.contains(pid) {
-                    continue;
-                }
-                if *state == 'Z' {
+                if stat.state == 'Z' {
                     if parent == me {
-                        found.zombies.push(*pid);
+                        found.zombies.push(pid);
                     }
                 } else {
-                    found.alive.push(*pid);
+                    found.alive.push((pid, stat.start, stat.group));
                 }
             }
         }
