@@ -196,7 +196,66 @@ pub enum Error {
     /// No connection could be had from the pool within its connection timeout
     /// (the server is unreachable, or the pool is exhausted).
     #[error("no Redis connection from the pool: {0}")]
-    Pool(#[from] r2d2::Error),
+    Pool(#[from] PoolError),
+}
+
+/// Why no connection could be had from a pool: the payload of
+/// [`Error::Pool`].
+///
+/// Its message says what the last connection attempt met, when there was
+/// one (`timed out waiting for connection: …`), so a log line names the
+/// cause without a second look.
+#[derive(Debug)]
+pub struct PoolError {
+    message: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl PoolError {
+    /// The crate's own pool gave up: `last` is what the last connect met.
+    pub(crate) fn timed_out(last: Option<redis::RedisError>) -> PoolError {
+        match last {
+            Some(err) => PoolError {
+                message: format!("timed out waiting for connection: {err}"),
+                source: Some(Box::new(err)),
+            },
+            None => PoolError {
+                message: "timed out waiting for connection".to_owned(),
+                source: None,
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for PoolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for PoolError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|err| err as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// A pool the caller built with r2d2 ([`crate::Pool`]) reports its own
+/// timeouts; they become [`Error::Pool`] like the crate's own.
+impl From<r2d2::Error> for PoolError {
+    fn from(err: r2d2::Error) -> PoolError {
+        PoolError {
+            message: err.to_string(),
+            source: Some(Box::new(err)),
+        }
+    }
+}
+
+impl From<r2d2::Error> for Error {
+    fn from(err: r2d2::Error) -> Error {
+        Error::Pool(PoolError::from(err))
+    }
 }
 
 impl Error {

@@ -300,7 +300,7 @@ pub use client::{DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT, LockClient, MAX_TIMEOUT};
 pub use conn::backend::{Connection, Deployment};
 pub use conn::histogram::Distribution;
 pub use conn::stats::{KindStats, LockKind, LockStats};
-pub use error::{Error, NotHeldReason};
+pub use error::{Error, NotHeldReason, PoolError};
 pub use family::redlock::{RedLock, RedLockGuard};
 pub use family::reentrant::{ReentrantGuard, ReentrantLock, Unlocked};
 pub use family::rwlock::{RwGuard, RwLock};

@@ -113,8 +113,9 @@ fn dropped_clients_leave_no_threads_and_drop_is_bounded() {
             && !now.contains_key("r2d2-worker")
     });
     assert!(gone, "threads left: {:?}", threads());
-    // The pools' shared threads: two for the whole process.
-    assert!(count("redmutex-pool") <= 2, "{:?}", threads());
+    // Connections are opened by the threads that need them: no pool
+    // thread, shared or not.
+    assert_eq!(count("redmutex-pool"), 0, "{:?}", threads());
 
     // Dropping a client whose threads are stuck in network calls: its
     // subscriber connecting to a server that never answers, its watchdog

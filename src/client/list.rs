@@ -231,7 +231,7 @@ fn scan(
     let reply: Value = match node {
         Some((host, port)) => {
             let routed = con.on_cluster(|cluster| {
-                cluster.route_command(
+                cluster.route(
                     &cmd,
                     RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
                         host: host.clone(),
@@ -259,7 +259,7 @@ fn scan(
 /// The primaries of a cluster (`CLUSTER SLOTS`), or `None` elsewhere.
 fn primaries(con: &mut Connection) -> redis::RedisResult<Option<Vec<(String, u16)>>> {
     let slots = con.on_cluster(|cluster| {
-        cluster.route_command(
+        cluster.route(
             redis::cmd("CLUSTER").arg("SLOTS"),
             RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
         )

@@ -607,7 +607,7 @@ impl std::fmt::Debug for LockClient {
             .field("id", &self.inner.id)
             .field("deployment", &self.deployment())
             .field("key_prefix", &self.key_prefix())
-            .field("pool", &self.inner.backend.state())
+            .field("pool", &self.inner.backend.occupancy())
             .field("defaults", &self.defaults)
             .finish()
     }

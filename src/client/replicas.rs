@@ -27,7 +27,7 @@ pub(crate) fn node_connection_id(
     }
     let route = Route::with_key(key, SlotAddr::Master);
     let id = con.on_cluster(|cluster| {
-        cluster.route_command(
+        cluster.route(
             redis::cmd("CLIENT").arg("ID"),
             RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
         )
@@ -59,7 +59,7 @@ pub(crate) fn acknowledged(
     let acked: u32 = con.patient(timeout, |con| {
         let routed = con.on_cluster(|cluster| {
             let route = Route::with_key(key, SlotAddr::Master);
-            cluster.route_command(
+            cluster.route(
                 &wait,
                 RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
             )

@@ -2,13 +2,17 @@
 //! (one node, Redis Cluster, a primary found through Sentinel), and the
 //! pools they come from.
 //!
-//! Pools this crate builds ([`Manager`]) keep three promises the plain
-//! redis-rs pools do not:
+//! Pools this crate builds ([`Manager`] over [`crate::conn::pool`]) keep
+//! four promises the plain redis-rs pools do not:
 //!
 //! * **No hang on connect.** Connecting, the handshake (`HELLO`/`AUTH`,
-//!   `SELECT`, `CLIENT SETINFO`) and the Sentinel lookup are all bounded by
-//!   the client's timeout: a server that accepts and never answers fails
-//!   the connection instead of blocking the pool's threads for ever.
+//!   `SELECT`, `CLIENT SETINFO`), the Sentinel lookup and a cluster node's
+//!   first `PING` are all bounded by the client's timeout: a server that
+//!   accepts and never answers fails the connection.
+//! * **No harm to others.** A connection is opened by the thread that
+//!   needs it, within its wait: a stalled server delays its own callers,
+//!   never a connect to another server (no thread is shared between
+//!   pools, and none is left trying when its caller has gone).
 //! * **No reuse after a lost reply.** A connection whose request went out
 //!   and whose reply did not come back (timeout, reset, EOF, `EINTR`) may
 //!   still receive that reply later; it is marked broken and the pool drops
@@ -26,17 +30,15 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use crate::conn::ledger::{Ledger, Owed, PlainWire};
+use crate::conn::pool::{self, Checked, Open, Opener, Pool};
+use crate::error::{Error, PoolError};
 use redis::cluster::{ClusterClient, ClusterConnection};
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::io::tcp::TcpSettings;
 use redis::io::tcp::socket2::TcpKeepalive;
 use redis::sentinel::LockedSentinelClient;
 use redis::{Cmd, ConnectionLike, IntoConnectionInfo, RedisError, RedisResult, Value};
-use scheduled_thread_pool::ScheduledThreadPool;
-
-use crate::conn::fork::Birth;
-use crate::conn::ledger::{Ledger, Owed, PlainWire};
-use crate::error::Error;
 
 /// Which kind of Redis deployment a [`LockClient`](crate::LockClient) talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,38 +51,6 @@ pub enum Deployment {
     /// A primary found through Redis Sentinel, followed across failovers.
     Sentinel,
 }
-
-/// The threads every pool this crate builds shares for opening connections
-/// in the background: a fixed number for the whole process, so that
-/// clients come and go without leaving threads behind (r2d2 would start
-/// three per pool, alive until its reaper's next tick). Made again in a
-/// forked child, which has none of its parent's threads: a pool built
-/// there on the parent's would never get a connection.
-static POOL_THREADS: Mutex<Option<(Birth, Arc<ScheduledThreadPool>)>> = Mutex::new(None);
-
-fn pool_threads() -> Arc<ScheduledThreadPool> {
-    let mut threads = POOL_THREADS.lock();
-    if let Some((birth, pool)) = &*threads
-        && birth.is_current()
-    {
-        return pool.clone();
-    }
-    let fresh = Arc::new(
-        ScheduledThreadPool::builder()
-            .num_threads(2)
-            .thread_name_pattern(POOL_THREAD_NAME)
-            .build(),
-    );
-    if let Some((_, inherited)) = threads.replace((Birth::now(), fresh.clone())) {
-        // The parent's threads do not exist here: never dropped, since a
-        // drop would wait for them.
-        std::mem::forget(inherited);
-    }
-    fresh
-}
-
-/// The name pattern of the shared pool threads.
-pub(crate) const POOL_THREAD_NAME: &str = "redmutex-pool-{}";
 
 /// Whether the request may have reached Redis while its reply never came
 /// back: the connection went away, timed out or was interrupted. Such a
@@ -114,23 +84,115 @@ pub(crate) fn keepalive(idle: Duration) -> TcpKeepalive {
     probes
 }
 
-/// Opens a plain connection with `timeout` on the connect, the handshake
-/// and every later read and write.
+/// Opens a plain connection with at most `limit` (at least 1 ms) for the
+/// connect and the handshake, and `timeout` on every later read and write.
 fn connect_plain(
     info: &redis::ConnectionInfo,
     timeout: Duration,
+    limit: Duration,
 ) -> RedisResult<redis::Connection> {
     let client = redis::Client::open(info.clone())?;
-    // Nine tenths for the connect and the handshake: when they fail, the
-    // pool (which waits one whole timeout) is still waiting and reports
-    // why, instead of a bare "timed out waiting for connection".
-    let connecting = timeout.saturating_sub(timeout / 10);
+    let connecting = limit.max(Duration::from_millis(1));
     let con = client
         .get_connection_with_timeout(connecting)
         .map_err(|err| explain(info.addr(), err))?;
     con.set_read_timeout(Some(timeout))?;
     con.set_write_timeout(Some(timeout))?;
     Ok(con)
+}
+
+/// A connection to one node of a cluster, for redis-rs's cluster
+/// connection: as its own, but with the I/O timeout in force from the
+/// moment it is open. redis-rs 1.8 leaves a new node connection without a
+/// read timeout for the first `PING` (it sets its response timeout after
+/// that reply), so a node that stalls right after the handshake would hold
+/// the connecting thread for as long as it stalls.
+pub(crate) struct NodeLink(redis::Connection);
+
+/// A cluster connection of this crate (see [`NodeLink`]).
+pub(crate) type Cluster = ClusterConnection<NodeLink>;
+
+/// What is asked of a cluster connection, this crate's or one of a pool
+/// the caller built: a command routed as told, and anything a connection
+/// does (a pipeline is routed by its first key).
+pub(crate) trait ClusterOps: ConnectionLike {
+    fn route(&mut self, cmd: &Cmd, routing: RoutingInfo) -> RedisResult<Value>;
+}
+
+impl<C: ConnectionLike + redis::cluster::Connect> ClusterOps for ClusterConnection<C> {
+    fn route(&mut self, cmd: &Cmd, routing: RoutingInfo) -> RedisResult<Value> {
+        self.route_command(cmd, routing)
+    }
+}
+
+impl redis::cluster::Connect for NodeLink {
+    fn connect<T>(info: T, timeout: Option<Duration>) -> RedisResult<Self>
+    where
+        T: IntoConnectionInfo,
+    {
+        let info = info.into_connection_info()?;
+        let client = redis::Client::open(info.clone())?;
+        let con = match timeout {
+            Some(timeout) => client.get_connection_with_timeout(timeout),
+            None => client.get_connection(),
+        }
+        .map_err(|err| explain(info.addr(), err))?;
+        // The first reply too: redis-rs sets its own timeouts after it.
+        con.set_read_timeout(timeout)?;
+        con.set_write_timeout(timeout)?;
+        Ok(NodeLink(con))
+    }
+
+    fn send_packed_command(&mut self, cmd: &[u8]) -> RedisResult<()> {
+        self.0.send_packed_command(cmd)
+    }
+
+    fn set_write_timeout(&self, dur: Option<Duration>) -> RedisResult<()> {
+        self.0.set_write_timeout(dur)
+    }
+
+    fn set_read_timeout(&self, dur: Option<Duration>) -> RedisResult<()> {
+        self.0.set_read_timeout(dur)
+    }
+
+    fn recv_response(&mut self) -> RedisResult<Value> {
+        self.0.recv_response()
+    }
+}
+
+impl ConnectionLike for NodeLink {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        self.0.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        self.0.req_packed_commands(cmd, offset, count)
+    }
+
+    fn req_command(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        self.0.req_command(cmd)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.0.get_db()
+    }
+
+    fn supports_pipelining(&self) -> bool {
+        self.0.supports_pipelining()
+    }
+
+    fn check_connection(&mut self) -> bool {
+        self.0.check_connection()
+    }
+
+    fn is_open(&self) -> bool {
+        self.0.is_open()
+    }
 }
 
 /// Adds the likely cause to a failed connect when it is the usual TLS
@@ -213,14 +275,21 @@ impl SentinelTarget {
     }
 
     /// Asks the sentinels in turn for the primary, connects to it and
-    /// checks that it says it is one; every step bounded by `timeout`.
-    fn connect(&self, timeout: Duration) -> RedisResult<redis::Connection> {
+    /// checks that it says it is one; every step bounded by `timeout`, and
+    /// all of it by `limit`.
+    fn connect(&self, timeout: Duration, limit: Duration) -> RedisResult<redis::Connection> {
+        let started = Instant::now();
+        let left = || limit.saturating_sub(started.elapsed());
         let count = self.sentinels.len();
         let start = self.next.load(Ordering::Relaxed);
         let mut last = RedisError::from((redis::ErrorKind::Io, "no sentinel to ask"));
         for i in 0..count {
+            if left().is_zero() {
+                break;
+            }
             let sentinel = &self.sentinels[(start + i) % count];
-            let found = connect_plain(sentinel, timeout).and_then(|mut con| {
+            let step = left().min(timeout);
+            let found = connect_plain(sentinel, step, step).and_then(|mut con| {
                 redis::cmd("SENTINEL")
                     .arg("GET-MASTER-ADDR-BY-NAME")
                     .arg(&self.master)
@@ -261,15 +330,24 @@ impl SentinelTarget {
                 .into_connection_info()?
                 .set_redis_settings(self.primary.clone())
                 .set_tcp_settings(tcp_settings(timeout));
-            let mut con = match connect_plain(&info, timeout) {
+            let mut con = match connect_plain(&info, timeout, left().min(timeout)) {
                 Ok(con) => con,
                 Err(err) => {
                     last = err;
                     continue;
                 }
             };
-            // A sentinel can name a primary that was just demoted.
-            match redis::cmd("ROLE").query::<Vec<Value>>(&mut con) {
+            // A sentinel can name a primary that was just demoted. Its
+            // reply within what is left.
+            if con
+                .set_read_timeout(Some(left().clamp(Duration::from_millis(1), timeout)))
+                .is_err()
+            {
+                continue;
+            }
+            let role = redis::cmd("ROLE").query::<Vec<Value>>(&mut con);
+            con.set_read_timeout(Some(timeout))?;
+            match role {
                 Ok(role) if matches!(role.first(), Some(Value::BulkString(name)) if name.as_slice() == b"master") =>
                 {
                     return Ok(con);
@@ -288,7 +366,8 @@ impl SentinelTarget {
     }
 }
 
-/// The r2d2 manager of the pools this crate builds (see the module docs).
+/// What opens and judges the connections of the pools this crate builds
+/// (see the module docs).
 pub(crate) struct Manager {
     target: Target,
     timeout: Duration,
@@ -366,31 +445,21 @@ pub(crate) struct Link {
 
 enum LinkKind {
     Plain(redis::Connection),
-    Cluster(Box<ClusterConnection>),
-    /// A connect the server refused for good (a wrong password, an unknown
-    /// user, a database it does not have: [`crate::error::refusal`]), with
-    /// what it said. Handed to the caller waiting for a connection like
-    /// any other, so that caller learns it at once (r2d2 tells waiters of
-    /// nothing else, and would retry a failed connect until their
-    /// timeout); never used for a request, and dropped when checked in.
-    Refused(String),
+    Cluster(Box<Cluster>),
 }
 
 impl Link {
-    /// The connection; `None` for a refused connect (never handed out).
-    fn connection(&mut self) -> Option<&mut dyn ConnectionLike> {
+    fn connection(&mut self) -> &mut dyn ConnectionLike {
         match &mut self.kind {
-            LinkKind::Plain(con) => Some(con),
-            LinkKind::Cluster(con) => Some(&mut **con),
-            LinkKind::Refused(_) => None,
+            LinkKind::Plain(con) => con,
+            LinkKind::Cluster(con) => &mut **con,
         }
     }
 
-    fn connection_ref(&self) -> Option<&dyn ConnectionLike> {
+    fn connection_ref(&self) -> &dyn ConnectionLike {
         match &self.kind {
-            LinkKind::Plain(con) => Some(con),
-            LinkKind::Cluster(con) => Some(&**con),
-            LinkKind::Refused(_) => None,
+            LinkKind::Plain(con) => con,
+            LinkKind::Cluster(con) => &**con,
         }
     }
 
@@ -398,10 +467,7 @@ impl Link {
     /// ([`Ledger::after_owed`]); a failure gives the link up.
     fn after_owed(&mut self, request: &[u8]) -> RedisResult<Value> {
         let LinkKind::Plain(con) = &mut self.kind else {
-            return match self.connection() {
-                Some(con) => con.req_packed_command(request),
-                None => Err(refused_link()),
-            };
+            return self.connection().req_packed_command(request);
         };
         let result = self.owed.after_owed(&mut PlainWire(con), request);
         if result.is_err() {
@@ -470,16 +536,8 @@ impl Link {
                 con.set_read_timeout(timeout)?;
                 con.set_write_timeout(timeout)
             }
-            LinkKind::Refused(_) => Ok(()),
         }
     }
-}
-
-fn refused_link() -> RedisError {
-    RedisError::from((
-        redis::ErrorKind::Client,
-        "a refused connect is no connection",
-    ))
 }
 
 fn not_plain() -> RedisError {
@@ -534,14 +592,21 @@ impl Drop for Link {
 const DRAIN_WAIT: Duration = Duration::from_millis(250);
 
 impl Manager {
-    fn open(&self) -> RedisResult<Link> {
+    fn open_link(&self, limit: Duration) -> RedisResult<Link> {
         // Read first: a connection opened while the epoch moves is treated
         // as older, at worst discarded once.
         let epoch = self.epoch.load(Ordering::SeqCst);
         let kind = match &self.target {
-            Target::Single(info) => LinkKind::Plain(connect_plain(info, self.timeout)?),
-            Target::Cluster(client) => LinkKind::Cluster(Box::new(client.get_connection()?)),
-            Target::Sentinel(target) => LinkKind::Plain(target.connect(self.timeout)?),
+            Target::Single(info) => {
+                LinkKind::Plain(connect_plain(info, self.timeout, limit.min(self.timeout))?)
+            }
+            // Bounded per node by the client's timeout (a connect and a
+            // first reply each, see `NodeLink`), not by `limit`: redis-rs
+            // opens the nodes it needs one after another.
+            Target::Cluster(client) => {
+                LinkKind::Cluster(Box::new(client.get_generic_connection::<NodeLink>()?))
+            }
+            Target::Sentinel(target) => LinkKind::Plain(target.connect(self.timeout, limit)?),
         };
         Ok(Link {
             kind,
@@ -555,55 +620,29 @@ impl Manager {
     }
 }
 
-impl r2d2::ManageConnection for Manager {
-    type Connection = Link;
-    type Error = RedisError;
+impl Opener for Manager {
+    type Link = Link;
 
-    fn connect(&self) -> RedisResult<Link> {
-        match self.open() {
-            Err(err) if crate::error::refusal(&err) => Ok(Link {
-                kind: LinkKind::Refused(err.to_string()),
-                // Never checked in again: dropped at once.
-                broken: true,
-                epoch: self.epoch.load(Ordering::SeqCst),
-                epochs: self.epoch.clone(),
-                owed: Ledger::default(),
-                answered: coarse_millis(),
-                pid: std::process::id(),
-            }),
-            other => other,
-        }
+    fn open(&self, limit: Duration) -> Result<Link, Open> {
+        self.open_link(limit).map_err(|err| {
+            if crate::error::refusal(&err) {
+                Open::Refused(err.to_string())
+            } else {
+                log::debug!("redmutex: opening a connection failed: {err}");
+                Open::Failed(err)
+            }
+        })
     }
 
-    /// No round trip: only the epoch is compared (see the module docs).
-    fn is_valid(&self, link: &mut Link) -> RedisResult<()> {
-        if link.epoch < self.epoch.load(Ordering::SeqCst) {
-            // Presumed dead. The replies it owes are still read as it
-            // closes (briefly: a dead one fails at once, a silent one
-            // within `DRAIN_WAIT`), so releases that ran are not reported
-            // lost.
-            return Err(RedisError::from((
-                redis::ErrorKind::Io,
-                "an older connection, from before the server was found gone",
-            )));
-        }
-        Ok(())
-    }
-
-    fn has_broken(&self, link: &mut Link) -> bool {
-        link.broken || !link.connection_ref().is_some_and(|con| con.is_open())
-    }
-}
-
-/// r2d2 logs every failed background connection attempt at error level,
-/// again and again while a server is down; the caller already gets the
-/// error, so these go to debug.
-#[derive(Debug)]
-struct QuietErrors;
-
-impl r2d2::HandleError<RedisError> for QuietErrors {
-    fn handle_error(&self, error: RedisError) {
-        log::debug!("redmutex: opening a pooled connection failed: {error}");
+    /// No round trip: a link that lost a reply, or is older than the last
+    /// time a connection found the server gone, is not handed out again.
+    /// The replies such a link owes are still read as it closes (briefly:
+    /// a dead one fails at once, a silent one within `DRAIN_WAIT`), so
+    /// releases that ran are not reported lost.
+    fn is_usable(&self, link: &mut Link) -> bool {
+        !link.broken
+            && link.epoch >= self.epoch.load(Ordering::SeqCst)
+            && link.connection_ref().is_open()
     }
 }
 
@@ -611,7 +650,7 @@ impl r2d2::HandleError<RedisError> for QuietErrors {
 #[derive(Clone)]
 enum Pools {
     /// Built by this crate: see the module docs.
-    Own(r2d2::Pool<Manager>, Deployment),
+    Own(Arc<Pool<Manager>>, Deployment),
     /// Pools the caller built.
     Single(r2d2::Pool<redis::Client>),
     Cluster(r2d2::Pool<ClusterClient>),
@@ -640,19 +679,7 @@ impl Backend {
         let connect_wait = timeout.saturating_mul(u32::try_from(steps).unwrap_or(u32::MAX));
         let manager = Manager::new(target, timeout);
         let deployment = manager.deployment();
-        let pool = r2d2::Pool::builder()
-            .max_size(size)
-            .min_idle(Some(0))
-            // Costs no round trip: `is_valid` only compares epochs.
-            .test_on_check_out(true)
-            .connection_timeout(connect_wait)
-            // No reaper: with the shared thread pool it would outlive the
-            // pool as a job that fires for ever.
-            .idle_timeout(None)
-            .max_lifetime(None)
-            .error_handler(Box::new(QuietErrors))
-            .thread_pool(pool_threads())
-            .build_unchecked(manager);
+        let pool = Pool::new(manager, usize::try_from(size).unwrap_or(usize::MAX));
         Backend {
             pools: Pools::Own(pool, deployment),
             timeout,
@@ -735,14 +762,12 @@ impl Backend {
         let wait = wait.max(Duration::from_millis(1));
         let pooled = match &self.pools {
             Pools::Own(pool, _) => {
-                let link = pool.get_timeout(wait.min(pool.connection_timeout()))?;
-                // A connect refused for good came to this caller: said at
-                // once (the link is dropped as it goes back).
-                if let LinkKind::Refused(detail) = &link.kind {
-                    return Err(Error::Refused {
-                        detail: detail.clone(),
-                    });
-                }
+                let link = pool
+                    .get(wait.min(self.connect_wait), self.connect_wait)
+                    .map_err(|failure| match failure {
+                        pool::Failure::Refused(detail) => Error::Refused { detail },
+                        pool::Failure::TimedOut(last) => Error::Pool(PoolError::timed_out(last)),
+                    })?;
                 Pooled::Own(Box::new(link))
             }
             Pools::Single(pool) => {
@@ -759,6 +784,7 @@ impl Backend {
             pooled,
             timeout: self.timeout,
             limit: self.timeout,
+            slot: None,
         })
     }
 
@@ -773,17 +799,8 @@ impl Backend {
         let Pools::Own(pool, _) = &self.pools else {
             return 0;
         };
-        // Held together while they are read: the pool hands out the most
-        // recently returned first, so one at a time would come back each
-        // time.
-        let mut idle = Vec::new();
-        let most = usize::try_from(pool.max_size()).unwrap_or(usize::MAX);
-        while idle.len() < most {
-            match pool.try_get() {
-                Some(link) => idle.push(link),
-                None => break,
-            }
-        }
+        // Held together while they are read.
+        let mut idle = pool.take_idle();
         // Those owing nothing go back at once: nobody waits for them while
         // an owing one is read.
         idle.retain(|link| !link.owed.is_empty());
@@ -797,12 +814,21 @@ impl Backend {
         idle.len()
     }
 
-    pub(crate) fn state(&self) -> r2d2::State {
+    /// How many connections the pool holds, and how many of them are
+    /// idle.
+    pub(crate) fn occupancy(&self) -> (u32, u32) {
+        let from = |state: r2d2::State| (state.connections, state.idle_connections);
         match &self.pools {
-            Pools::Own(pool, _) => pool.state(),
-            Pools::Single(pool) => pool.state(),
-            Pools::Cluster(pool) => pool.state(),
-            Pools::Sentinel(pool) => pool.state(),
+            Pools::Own(pool, _) => {
+                let (all, idle) = pool.occupancy();
+                (
+                    u32::try_from(all).unwrap_or(u32::MAX),
+                    u32::try_from(idle).unwrap_or(u32::MAX),
+                )
+            }
+            Pools::Single(pool) => from(pool.state()),
+            Pools::Cluster(pool) => from(pool.state()),
+            Pools::Sentinel(pool) => from(pool.state()),
         }
     }
 }
@@ -823,43 +849,94 @@ pub struct Connection {
     /// The read and write timeout in force now: the client's, or less inside
     /// [`Connection::within`], or more inside [`Connection::patient`].
     limit: Duration,
+    /// On a cluster, the slot of the last command sent to one: where a
+    /// script it lacked is loaded.
+    slot: Option<Slot>,
+}
+
+/// A command's arguments, up to the fourth.
+fn leading_args(cmd: &Cmd) -> [&[u8]; 4] {
+    let mut out: [&[u8]; 4] = [&[]; 4];
+    for (place, arg) in out.iter_mut().zip(cmd.args_iter()) {
+        if let redis::Arg::Simple(bytes) = arg {
+            *place = bytes;
+        }
+    }
+    out
+}
+
+/// Whether `cmd` is `SCRIPT LOAD`.
+fn is_script_load(cmd: &Cmd) -> bool {
+    let [name, sub, ..] = leading_args(cmd);
+    name.eq_ignore_ascii_case(b"SCRIPT") && sub.eq_ignore_ascii_case(b"LOAD")
+}
+
+/// Commands the crate sends whose first argument is their only key.
+const KEY_FIRST: &[&[u8]] = &[
+    b"GET", b"SET", b"HGET", b"HGETALL", b"PTTL", b"PSETEX", b"PEXPIRE", b"GETDEL", b"EXISTS",
+    b"DEL", b"WATCH", b"TYPE", b"ZSCORE", b"ZRANGE", b"ZCARD", b"LLEN",
+];
+
+/// The slot of the key a command is routed by, for the commands the crate
+/// sends with one (a script's first key, or a one-key command's key).
+/// `None` for the others, which redis-rs routes by itself.
+pub(crate) fn slot_of(cmd: &Cmd) -> Option<Slot> {
+    let [name, first, numkeys, script_key] = leading_args(cmd);
+    let script = [
+        &b"EVALSHA"[..],
+        b"EVAL",
+        b"EVALSHA_RO",
+        b"EVAL_RO",
+        b"FCALL",
+        b"FCALL_RO",
+    ]
+    .iter()
+    .any(|known| name.eq_ignore_ascii_case(known));
+    if script {
+        let keyed = !numkeys.is_empty() && numkeys != b"0";
+        return keyed.then(|| Slot::for_key(script_key));
+    }
+    let keyed = !first.is_empty()
+        && KEY_FIRST
+            .iter()
+            .any(|known| name.eq_ignore_ascii_case(known));
+    keyed.then(|| Slot::for_key(first))
 }
 
 enum Pooled {
     // Boxed: a pooled cluster connection is much larger than the others.
-    Own(Box<r2d2::PooledConnection<Manager>>),
+    Own(Box<Checked<Manager>>),
     Single(r2d2::PooledConnection<redis::Client>),
     Cluster(Box<r2d2::PooledConnection<ClusterClient>>),
     Sentinel(r2d2::PooledConnection<LockedSentinelClient>),
 }
 
 impl Connection {
-    /// The connection under this one; `None` only for a refused connect,
-    /// which `Backend::get` never wraps in a `Connection`.
-    fn inner(&mut self) -> Option<&mut dyn ConnectionLike> {
+    /// The connection under this one.
+    fn inner(&mut self) -> &mut dyn ConnectionLike {
         match &mut self.pooled {
             Pooled::Own(link) => link.connection(),
-            Pooled::Single(con) => Some(&mut **con),
-            Pooled::Cluster(con) => Some(&mut ***con),
-            Pooled::Sentinel(con) => Some(&mut **con),
+            Pooled::Single(con) => &mut **con,
+            Pooled::Cluster(con) => &mut ***con,
+            Pooled::Sentinel(con) => &mut **con,
         }
     }
 
-    fn inner_ref(&self) -> Option<&dyn ConnectionLike> {
+    fn inner_ref(&self) -> &dyn ConnectionLike {
         match &self.pooled {
             Pooled::Own(link) => link.connection_ref(),
-            Pooled::Single(con) => Some(&**con),
-            Pooled::Cluster(con) => Some(&***con),
-            Pooled::Sentinel(con) => Some(&**con),
+            Pooled::Single(con) => &**con,
+            Pooled::Cluster(con) => &***con,
+            Pooled::Sentinel(con) => &**con,
         }
     }
 
     /// The cluster connection, when this is one.
-    fn as_cluster(&mut self) -> Option<&mut ClusterConnection> {
+    fn as_cluster(&mut self) -> Option<&mut dyn ClusterOps> {
         match &mut self.pooled {
             Pooled::Own(link) => match &mut link.kind {
                 LinkKind::Cluster(con) => Some(&mut **con),
-                LinkKind::Plain(_) | LinkKind::Refused(_) => None,
+                LinkKind::Plain(_) => None,
             },
             Pooled::Cluster(con) => Some(&mut ***con),
             _ => None,
@@ -871,7 +948,7 @@ impl Connection {
     /// noted like every other request's.
     pub(crate) fn on_cluster<T>(
         &mut self,
-        op: impl FnOnce(&mut ClusterConnection) -> RedisResult<T>,
+        op: impl FnOnce(&mut dyn ClusterOps) -> RedisResult<T>,
     ) -> Option<RedisResult<T>> {
         let result = op(self.as_cluster()?);
         Some(self.note(result))
@@ -1038,7 +1115,7 @@ impl Connection {
     pub(crate) fn is_broken(&self) -> bool {
         match &self.pooled {
             Pooled::Own(link) => link.broken,
-            _ => !self.inner_ref().is_some_and(|con| con.is_open()),
+            _ => !self.inner_ref().is_open(),
         }
     }
 }
@@ -1047,10 +1124,7 @@ impl ConnectionLike for Connection {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
         let result = match self.owing() {
             Some(link) => link.after_owed(cmd),
-            None => match self.inner() {
-                Some(con) => con.req_packed_command(cmd),
-                None => Err(refused_link()),
-            },
+            None => self.inner().req_packed_command(cmd),
         };
         self.note(result)
     }
@@ -1064,10 +1138,7 @@ impl ConnectionLike for Connection {
         // Pipelines are rare on the hot path: the owed replies are read
         // first rather than interleaved with the pipeline's.
         self.settle()?;
-        let result = match self.inner() {
-            Some(con) => con.req_packed_commands(cmd, offset, count),
-            None => Err(refused_link()),
-        };
+        let result = self.inner().req_packed_commands(cmd, offset, count);
         self.note(result)
     }
 
@@ -1079,29 +1150,45 @@ impl ConnectionLike for Connection {
             let result = link.after_owed(&cmd.get_packed_command());
             return self.note(result);
         }
-        // The cluster connection routes by the parsed command here.
-        let result = match self.inner() {
-            Some(con) => con.req_command(cmd),
-            None => Err(refused_link()),
+        // The cluster connection routes by the parsed command here, but for
+        // a `SCRIPT LOAD` (a script the node just said it lacks, which
+        // redis-rs would load on every primary, one after another): only on
+        // the node the last command went to.
+        let load_on = self.slot.filter(|_| is_script_load(cmd));
+        let result = match (load_on, self.as_cluster()) {
+            (Some(slot), Some(cluster)) => cluster.route(
+                cmd,
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_slot(
+                    slot,
+                    SlotAddr::Master,
+                ))),
+            ),
+            (_, cluster) => {
+                if cluster.is_some()
+                    && let Some(slot) = slot_of(cmd)
+                {
+                    self.slot = Some(slot);
+                }
+                self.inner().req_command(cmd)
+            }
         };
         self.note(result)
     }
 
     fn get_db(&self) -> i64 {
-        self.inner_ref().map_or(0, |con| con.get_db())
+        self.inner_ref().get_db()
     }
 
     fn supports_pipelining(&self) -> bool {
-        self.inner_ref()
-            .is_some_and(|con| con.supports_pipelining())
+        self.inner_ref().supports_pipelining()
     }
 
     fn check_connection(&mut self) -> bool {
-        self.settle().is_ok() && self.inner().is_some_and(|con| con.check_connection())
+        self.settle().is_ok() && self.inner().check_connection()
     }
 
     fn is_open(&self) -> bool {
-        !self.is_broken() && self.inner_ref().is_some_and(|con| con.is_open())
+        !self.is_broken() && self.inner_ref().is_open()
     }
 }
 
@@ -1111,7 +1198,6 @@ impl std::fmt::Debug for Connection {
             Pooled::Own(link) => match link.kind {
                 LinkKind::Plain(_) => "plain",
                 LinkKind::Cluster(_) => "cluster",
-                LinkKind::Refused(_) => "refused",
             },
             Pooled::Single(_) => "plain (caller's pool)",
             Pooled::Cluster(_) => "cluster (caller's pool)",

@@ -5,8 +5,8 @@
 //! locals of the forking thread, clients, their pools and guards) but none
 //! of the parent's threads, and it shares the parent's sockets. Whatever
 //! names "this process" (the reentrant lock's owner id, the token
-//! generator's state) or runs on a thread (the shared connection-opening
-//! threads) must therefore be made again in the child, and a client made
+//! generator's state) must therefore be made again in the child, and a
+//! client made
 //! in the parent must never act for the child: its locks are the parent's,
 //! and its connections carry the parent's traffic.
 //!

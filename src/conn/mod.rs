@@ -16,6 +16,7 @@ pub(crate) mod fork;
 pub(crate) mod histogram;
 pub(crate) mod ledger;
 pub(crate) mod policy;
+pub(crate) mod pool;
 pub(crate) mod stats;
 pub(crate) mod tls;
 pub(crate) mod worker;

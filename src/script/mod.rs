@@ -14,7 +14,9 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, RedisResult, Script, Value};
 
-use crate::conn::backend::Connection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
+
+use crate::conn::backend::{ClusterOps, Connection, slot_of};
 use crate::conn::stats::Stats;
 
 pub(crate) mod names;
@@ -134,18 +136,18 @@ pub(crate) fn owner_checked(reply: i64) -> Result<(), crate::error::NotHeldReaso
 /// fail the others. When the server lost a script (`NOSCRIPT` in any
 /// reply), loads them all and sends the pipeline once more (every call
 /// sent here is safe to run twice). A pipeline of `EVALSHA` does not
-/// reload by itself as `Script::invoke` does. On a cluster, redis-rs splits
-/// it by node and `SCRIPT LOAD` goes to every primary.
+/// reload by itself as `Script::invoke` does. On a cluster, see
+/// [`by_slot`].
 pub(crate) fn pipelined(
     con: &mut Connection,
     calls: &[Cmd],
     scripts: &[&Script],
     stats: &Stats,
 ) -> RedisResult<Vec<RedisResult<Value>>> {
+    if let Some(result) = con.on_cluster(|cluster| by_slot(cluster, calls, scripts, stats)) {
+        return result;
+    }
     let send = |con: &mut Connection| -> RedisResult<Vec<RedisResult<Value>>> {
-        if let Some(result) = con.on_cluster(|cluster| cluster_each(cluster, calls)) {
-            return result;
-        }
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for call in calls {
@@ -167,59 +169,151 @@ pub(crate) fn pipelined(
     Ok(replies)
 }
 
-/// A cluster pipeline, each call's own result. redis-rs's cluster pipeline
-/// cannot return errors one by one: when some calls are refused, it names
-/// them, and the others are sent once more (safe: see [`pipelined`]) for
-/// their replies.
-fn cluster_each(
-    cluster: &mut redis::cluster::ClusterConnection,
+/// [`pipelined`] on a cluster: the calls grouped by slot, each group one
+/// pipeline to its slot's primary (redis-rs routes a pipeline by its first
+/// key), one group after another. A group that meets `NOSCRIPT` loads the
+/// scripts on that node only and is sent once more; a call a pipeline
+/// meets `MOVED` or `ASK` for is sent alone, and redis-rs follows the
+/// redirection. A node that does not answer fails the whole call (the
+/// connection is then given up: a reply may still come on it), and the
+/// groups not sent yet are not sent.
+fn by_slot(
+    cluster: &mut dyn ClusterOps,
     calls: &[Cmd],
+    scripts: &[&Script],
+    stats: &Stats,
 ) -> RedisResult<Vec<RedisResult<Value>>> {
-    let run = |cluster: &mut redis::cluster::ClusterConnection, calls: &[&Cmd]| {
-        let mut pipe = redis::cluster::cluster_pipe();
-        for call in calls {
-            pipe.add_command((*call).clone());
+    // Calls without a slot (none the crate pipelines has one) go alone,
+    // routed by redis-rs.
+    let mut groups: Vec<(Option<Slot>, Vec<usize>)> = Vec::new();
+    for (index, call) in calls.iter().enumerate() {
+        let slot = slot_of(call);
+        match groups
+            .iter_mut()
+            .find(|(known, _)| slot.is_some() && *known == slot)
+        {
+            Some((_, indexes)) => indexes.push(index),
+            None => groups.push((slot, vec![index])),
         }
-        pipe.query::<Vec<Value>>(cluster)
-    };
-    let all: Vec<&Cmd> = calls.iter().collect();
-    let err = match run(cluster, &all) {
-        Ok(values) => return Ok(values.into_iter().map(Ok).collect()),
-        Err(err) => err,
-    };
-    let Some(refused) = err.clone().into_server_errors() else {
-        return Err(err);
-    };
+    }
     let mut results: Vec<Option<RedisResult<Value>>> = calls.iter().map(|_| None).collect();
-    for (index, error) in refused.iter() {
-        if let Some(slot) = results.get_mut(*index) {
-            *slot = Some(Err(redis::RedisError::from(error.clone())));
+    for (slot, indexes) in groups {
+        let group: Vec<&Cmd> = indexes.iter().filter_map(|i| calls.get(*i)).collect();
+        let mut replies = send_group(cluster, &group)?;
+        if let Some(slot) = slot
+            && replies
+                .iter()
+                .any(|reply| reply.as_ref().is_err_and(is_noscript))
+        {
+            let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                Route::with_slot(slot, SlotAddr::Master),
+            ));
+            let mut on_node = OnNode {
+                cluster: &mut *cluster,
+                node,
+            };
+            for script in scripts {
+                script.load(&mut on_node)?;
+            }
+            stats.commands(scripts.len() as u64 + group.len() as u64);
+            replies = send_group(cluster, &group)?;
+        }
+        for ((index, call), reply) in indexes.iter().zip(&group).zip(replies) {
+            let reply = match reply {
+                Err(err) if matches!(err.code(), Some("MOVED" | "ASK")) => {
+                    stats.commands(1);
+                    alone(cluster, call)?
+                }
+                other => other,
+            };
+            if let Some(place) = results.get_mut(*index) {
+                *place = Some(reply);
+            }
         }
     }
-    let rest: Vec<&Cmd> = all
-        .iter()
-        .zip(&results)
-        .filter(|(_, result)| result.is_none())
-        .map(|(call, _)| *call)
-        .collect();
-    let mut values = if rest.is_empty() {
-        Vec::new()
-    } else {
-        run(cluster, &rest)?
-    }
-    .into_iter();
     Ok(results
         .into_iter()
-        .map(|result| match result {
-            Some(result) => result,
-            None => values.next().map(Ok).unwrap_or_else(|| {
+        .map(|result| {
+            result.unwrap_or_else(|| {
                 Err(redis::RedisError::from((
                     redis::ErrorKind::Client,
                     "a reply is missing",
                 )))
-            }),
+            })
         })
         .collect())
+}
+
+/// One slot's calls in one pipeline; each call's own result. `Err` when the
+/// link failed.
+fn send_group(
+    cluster: &mut dyn ClusterOps,
+    group: &[&Cmd],
+) -> RedisResult<Vec<RedisResult<Value>>> {
+    if let [call] = group {
+        return Ok(vec![alone(cluster, call)?]);
+    }
+    let mut pipe = redis::pipe();
+    for call in group {
+        pipe.add_command((*call).clone());
+    }
+    let values = cluster.req_packed_commands(&pipe.get_packed_pipeline(), 0, group.len())?;
+    if values.len() != group.len() {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "a pipeline's replies are missing",
+        )));
+    }
+    Ok(values.into_iter().map(Value::extract_error).collect())
+}
+
+/// One call, routed by its key: its own result, `Err` outside only when
+/// the link failed (a server's refusal is the call's result).
+fn alone(cluster: &mut dyn ClusterOps, call: &Cmd) -> RedisResult<RedisResult<Value>> {
+    match cluster.req_command(call) {
+        Ok(value) => Ok(value.extract_error()),
+        Err(err) if err.code().is_some() => Ok(Err(err)),
+        Err(err) => Err(err),
+    }
+}
+
+/// A cluster connection that sends every command to one node: for
+/// `Script::load`, which redis-rs would otherwise send to every primary.
+struct OnNode<'a> {
+    cluster: &'a mut dyn ClusterOps,
+    node: RoutingInfo,
+}
+
+impl redis::ConnectionLike for OnNode<'_> {
+    fn req_packed_command(&mut self, _: &[u8]) -> RedisResult<Value> {
+        Err(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "only whole commands are routed to one node",
+        )))
+    }
+
+    fn req_packed_commands(&mut self, _: &[u8], _: usize, _: usize) -> RedisResult<Vec<Value>> {
+        Err(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "only whole commands are routed to one node",
+        )))
+    }
+
+    fn req_command(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        self.cluster.route(cmd, self.node.clone())
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+
+    fn check_connection(&mut self) -> bool {
+        self.cluster.check_connection()
+    }
+
+    fn is_open(&self) -> bool {
+        self.cluster.is_open()
+    }
 }
 
 /// `NOSCRIPT`, alone or among a pipeline's errors.

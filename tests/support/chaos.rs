@@ -414,9 +414,8 @@ pub fn worker(target: &str, resource_url: &str, threads: usize, secs: f64, limit
     }
     let _ = writeln!(out, "W {}", longest.load(Ordering::Relaxed));
     drop((client, clients, redlock));
-    // Every thread a client starts (the pool's connection openers are
-    // shared by all clients and stay).
-    let ours = |name: &str| name.starts_with("redmutex-") && !name.starts_with("redmutex-pool");
+    // Every thread a client starts.
+    let ours = |name: &str| name.starts_with("redmutex-");
     let left = || -> Vec<String> {
         std::fs::read_dir("/proc/self/task")
             .map(|tasks| {

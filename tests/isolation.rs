@@ -1,0 +1,141 @@
+//! One sick server never harms the rest of the process: a server that
+//! accepts connections and never answers (through the fault-injecting
+//! proxy) is hammered by callers in one thread group while, in the same
+//! process, clients of healthy servers lock and unlock, a RedLock with one
+//! node of three stalled keeps its quorum, and a watched lease on a healthy
+//! server whose links were reset keeps being renewed.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use redmutex::{DistributedLock, LeaseOptions, LockClient, LockOptions, RedLock};
+use support::{FaultProxy, RedisServer};
+
+/// The I/O timeout of every client here.
+const T: Duration = Duration::from_millis(400);
+
+fn client(url: &str) -> LockClient {
+    LockClient::open_with_timeout(url, T).expect("client")
+}
+
+/// Callers of the stalled server, as many as it takes to fill any shared
+/// connection-opening capacity, until `stop`.
+fn hammer(url: String, stop: Arc<AtomicBool>) -> Vec<std::thread::JoinHandle<()>> {
+    let sick = client(&url);
+    (0..6)
+        .map(|i| {
+            let (sick, stop) = (sick.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let lock = DistributedLock::with_options(
+                    &sick,
+                    format!("sick-{i}"),
+                    LockOptions::default().wait(Duration::from_millis(200)),
+                );
+                // Bounded: each call returns within its own bounds, and
+                // the loop ends when the test does (or after 2,000 calls).
+                for _ in 0..2_000 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let _ = lock.try_lock();
+                }
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn a_stalled_server_delays_nobody_else() {
+    let _serial = support::serial();
+    let sick_server = RedisServer::start();
+    let sick = FaultProxy::to(&sick_server);
+    sick.swallow_new(true);
+    let stop = Arc::new(AtomicBool::new(false));
+    let callers = hammer(sick.url(), stop.clone());
+    // Let the stalled connects pile up.
+    std::thread::sleep(T * 2);
+
+    // A client of a healthy server, made after the stall began.
+    let healthy = RedisServer::start();
+    let fine = client(&healthy.url());
+    let lock = DistributedLock::new(&fine, "fine");
+    let mut slowest = Duration::ZERO;
+    let mut failures = Vec::new();
+    for _ in 0..50 {
+        let started = Instant::now();
+        match lock.try_lock() {
+            Ok(Some(guard)) => {
+                if let Err(err) = guard.unlock() {
+                    failures.push(err.to_string());
+                }
+            }
+            Ok(None) => failures.push("held".into()),
+            Err(err) => failures.push(err.to_string()),
+        }
+        slowest = slowest.max(started.elapsed());
+    }
+
+    // A RedLock of three nodes, one of them the stalled server: the other
+    // two are a quorum.
+    let nodes = RedisServer::start_many(2);
+    let mut clients: Vec<LockClient> = nodes.iter().map(|n| client(&n.url())).collect();
+    clients.push(client(&sick.url()));
+    let redlock = RedLock::with_options(
+        clients,
+        "quorum",
+        LeaseOptions::default().ttl(Duration::from_secs(10)),
+    )
+    .expect("redlock");
+    let mut redlock_failures = Vec::new();
+    for _ in 0..5 {
+        match redlock.try_lock() {
+            Ok(Some(guard)) => {
+                let _ = guard.unlock();
+            }
+            Ok(None) => redlock_failures.push("held".to_owned()),
+            Err(err) => redlock_failures.push(err.to_string()),
+        }
+    }
+
+    // A watched lease on a healthy server whose links are all reset: it is
+    // renewed on fresh connections, opened while the stall goes on.
+    let link = FaultProxy::to(&healthy);
+    let watched_client = client(&link.url());
+    let ttl = Duration::from_millis(1200);
+    let guard = support::watched_lock(&watched_client, "watched", ttl);
+    link.reset_all();
+    let renewals_before = watched_client.stats().renewals;
+    // Three ttls: with no renewal it would be lost in the first.
+    let lost = support::wait_until(ttl * 3, || guard.is_lost());
+    let renewed = watched_client
+        .stats()
+        .renewals
+        .saturating_sub(renewals_before);
+
+    stop.store(true, Ordering::Relaxed);
+    for caller in callers {
+        let _ = caller.join();
+    }
+    sick.swallow_new(false);
+
+    assert!(
+        failures.is_empty(),
+        "the healthy client failed: {failures:?}"
+    );
+    // Its calls never waited for a connect of another client: each took
+    // a round trip or two on loopback, far below one connect timeout.
+    assert!(slowest < T / 2, "the healthy client waited {slowest:?}");
+    assert!(
+        redlock_failures.is_empty(),
+        "the RedLock lost its quorum: {redlock_failures:?}"
+    );
+    assert!(
+        !lost,
+        "the watched lease was reported lost ({renewed} renewals)"
+    );
+    assert!(renewed >= 2, "renewed {renewed} times in three ttls");
+    guard.unlock().expect("unlock");
+}
