@@ -139,3 +139,51 @@ fn a_stalled_server_delays_nobody_else() {
     assert!(renewed >= 2, "renewed {renewed} times in three ttls");
     guard.unlock().expect("unlock");
 }
+
+/// On a cluster, a primary that stalls (SIGSTOP, shorter than the
+/// cluster's node timeout so the cluster stays up) costs no lease on the
+/// other primaries: renewals go per node, in parallel, each within its own
+/// leases' time, and the one that lacks its scripts after `SCRIPT FLUSH`
+/// has them loaded on it alone, not on the stalled node too.
+#[test]
+fn a_stalled_cluster_primary_costs_no_lease_on_the_others() {
+    let _serial = support::serial();
+    let cluster = support::RedisCluster::start_with_node_timeout(3, 0, 30_000);
+    let keys = cluster.key_per_primary("iso");
+    let client = LockClient::open_cluster_with_timeout(cluster.urls(), T).expect("client");
+    let ttl = Duration::from_millis(1500);
+    let guards: Vec<_> = keys
+        .iter()
+        .map(|key| support::watched_lock(&client, key, ttl))
+        .collect();
+    // A round of renewals first: where each slot's renewals go is learned.
+    assert!(
+        support::wait_until(ttl * 2, || client.stats().renewals >= 6),
+        "{:?}",
+        client.stats()
+    );
+    let healthy = cluster.primary_for(&keys[0]);
+    let stalled = cluster.primary_for(&keys[1]);
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .exec(&mut healthy.conn())
+        .expect("SCRIPT FLUSH");
+    stalled.signal("STOP");
+    let renewals = client.stats().renewals;
+    // Two ttls: with no renewal the healthy leases would be lost in one.
+    let lost = support::wait_until(ttl * 2, || guards[0].is_lost() || guards[2].is_lost());
+    let renewed = client.stats().renewals.saturating_sub(renewals);
+    stalled.signal("CONT");
+    assert!(
+        !lost,
+        "a lease on a healthy primary was reported lost ({renewed} renewals; {:?})",
+        client.stats()
+    );
+    for (guard, key) in [(&guards[0], &keys[0]), (&guards[2], &keys[2])] {
+        assert!(guard.is_held().expect("is_held"), "{key}");
+    }
+    let mut guards = guards;
+    for guard in guards.drain(..) {
+        let _ = guard.unlock();
+    }
+}

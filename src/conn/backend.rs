@@ -102,12 +102,134 @@ fn connect_plain(
 }
 
 /// A connection to one node of a cluster, for redis-rs's cluster
-/// connection: as its own, but with the I/O timeout in force from the
-/// moment it is open. redis-rs 1.8 leaves a new node connection without a
-/// read timeout for the first `PING` (it sets its response timeout after
-/// that reply), so a node that stalls right after the handshake would hold
-/// the connecting thread for as long as it stalls.
-pub(crate) struct NodeLink(redis::Connection);
+/// connection, that keeps the crate's bounds where redis-rs would not:
+///
+/// * the I/O timeout is in force from the moment it is open: redis-rs 1.8
+///   leaves a new node connection without a read timeout for its first
+///   `PING` (it sets its response timeout after that reply), so a node that
+///   stalls right after the handshake would hold the thread as long as it
+///   stalls;
+/// * a request never outlives the calling [`Connection`]'s deadline
+///   ([`Deadline`]): redis-rs retries a request that timed out, up to its
+///   retry count, each try with a whole timeout of its own, and would reuse
+///   the link whose reply was lost;
+/// * once a reply was lost on it, it is never used again: every later
+///   request fails at once, as a timeout, so redis-rs gives up and the
+///   crate's own resend policy decides.
+pub(crate) struct NodeLink {
+    con: redis::Connection,
+    /// Its number for [`last_node`].
+    number: u64,
+    /// The read timeout last asked for (by redis-rs or the crate), put
+    /// back after a cut.
+    read: std::cell::Cell<Option<Duration>>,
+    /// The read and write timeouts are cut to a deadline now.
+    cut: bool,
+    /// A reply was lost on it.
+    lost: bool,
+}
+
+std::thread_local! {
+    /// The node this thread's last cluster request went to (a
+    /// [`NodeLink`]'s number), 0 for none.
+    static LAST_NODE: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// When the calling thread's cluster request must be over
+    /// ([`Deadline`]).
+    static DEADLINE: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// Numbers nodes by address for [`last_node`]: the same address, the same
+/// number, in every cluster connection of the process.
+fn node_number(addr: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    addr.hash(&mut hasher);
+    // 0 means "none".
+    hasher.finish().max(1)
+}
+
+/// The node the calling thread's last request on one of this crate's
+/// cluster connections went to, forgotten as it is read; `None` when there
+/// was none (or on a cluster pool the caller built). What the watchdog
+/// learns to group renewals by node from.
+pub(crate) fn last_node() -> Option<u64> {
+    let node = LAST_NODE.with(|last| last.replace(0));
+    (node != 0).then_some(node)
+}
+
+/// While alive, every [`NodeLink`] request of this thread ends by `at`
+/// (or an earlier deadline already set); the one before is put back when
+/// it is dropped.
+struct Deadline {
+    before: Option<Instant>,
+}
+
+impl Deadline {
+    fn at_most(at: Option<Instant>) -> Deadline {
+        let before = DEADLINE.with(|deadline| deadline.get());
+        let sooner = match (before, at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        DEADLINE.with(|deadline| deadline.set(sooner));
+        Deadline { before }
+    }
+}
+
+impl Drop for Deadline {
+    fn drop(&mut self) {
+        DEADLINE.with(|deadline| deadline.set(self.before));
+    }
+}
+
+fn time_ran_out(what: &str) -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("the call's time ran out {what}"),
+    ))
+}
+
+impl NodeLink {
+    /// Ready for one request: not after a lost reply, not past the
+    /// deadline, and with the timeouts cut to what is left of it.
+    fn ready(&mut self) -> RedisResult<()> {
+        if self.lost {
+            return Err(time_ran_out("after a lost reply on this node's link"));
+        }
+        LAST_NODE.with(|last| last.set(self.number));
+        let left = DEADLINE
+            .with(|deadline| deadline.get())
+            .map(|at| at.saturating_duration_since(Instant::now()));
+        match left {
+            Some(left) if left.is_zero() => Err(time_ran_out("before a node was asked")),
+            Some(left) if self.read.get().is_none_or(|read| left < read) => {
+                self.cut = true;
+                let result = self
+                    .con
+                    .set_read_timeout(Some(left))
+                    .and_then(|()| self.con.set_write_timeout(Some(left)));
+                self.seen(result)
+            }
+            _ if self.cut => {
+                self.cut = false;
+                let read = self.read.get();
+                let result = self
+                    .con
+                    .set_read_timeout(read)
+                    .and_then(|()| self.con.set_write_timeout(read));
+                self.seen(result)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn seen<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
+        if result.as_ref().is_err_and(reply_lost) {
+            self.lost = true;
+        }
+        result
+    }
+}
 
 /// A cluster connection of this crate (see [`NodeLink`]).
 pub(crate) type Cluster = ClusterConnection<NodeLink>;
@@ -131,6 +253,18 @@ impl redis::cluster::Connect for NodeLink {
         T: IntoConnectionInfo,
     {
         let info = info.into_connection_info()?;
+        // A node redis-rs connects to again in the middle of a request
+        // (after a reset, a redirection) is within the request's deadline.
+        let left = DEADLINE
+            .with(|deadline| deadline.get())
+            .map(|at| at.saturating_duration_since(Instant::now()));
+        if left.is_some_and(|left| left.is_zero()) {
+            return Err(time_ran_out("before a node could be connected to"));
+        }
+        let timeout = match (timeout, left) {
+            (Some(timeout), Some(left)) => Some(timeout.min(left)),
+            (timeout, left) => timeout.or(left),
+        };
         let client = redis::Client::open(info.clone())?;
         let con = match timeout {
             Some(timeout) => client.get_connection_with_timeout(timeout),
@@ -140,29 +274,41 @@ impl redis::cluster::Connect for NodeLink {
         // The first reply too: redis-rs sets its own timeouts after it.
         con.set_read_timeout(timeout)?;
         con.set_write_timeout(timeout)?;
-        Ok(NodeLink(con))
+        Ok(NodeLink {
+            con,
+            number: node_number(&info.addr().to_string()),
+            read: std::cell::Cell::new(timeout),
+            cut: false,
+            lost: false,
+        })
     }
 
     fn send_packed_command(&mut self, cmd: &[u8]) -> RedisResult<()> {
-        self.0.send_packed_command(cmd)
+        self.ready()?;
+        let result = self.con.send_packed_command(cmd);
+        self.seen(result)
     }
 
     fn set_write_timeout(&self, dur: Option<Duration>) -> RedisResult<()> {
-        self.0.set_write_timeout(dur)
+        self.con.set_write_timeout(dur)
     }
 
     fn set_read_timeout(&self, dur: Option<Duration>) -> RedisResult<()> {
-        self.0.set_read_timeout(dur)
+        self.read.set(dur);
+        self.con.set_read_timeout(dur)
     }
 
     fn recv_response(&mut self) -> RedisResult<Value> {
-        self.0.recv_response()
+        let result = self.con.recv_response();
+        self.seen(result)
     }
 }
 
 impl ConnectionLike for NodeLink {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
-        self.0.req_packed_command(cmd)
+        self.ready()?;
+        let result = self.con.req_packed_command(cmd);
+        self.seen(result)
     }
 
     fn req_packed_commands(
@@ -171,27 +317,31 @@ impl ConnectionLike for NodeLink {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
-        self.0.req_packed_commands(cmd, offset, count)
+        self.ready()?;
+        let result = self.con.req_packed_commands(cmd, offset, count);
+        self.seen(result)
     }
 
     fn req_command(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        self.0.req_command(cmd)
+        self.ready()?;
+        let result = self.con.req_command(cmd);
+        self.seen(result)
     }
 
     fn get_db(&self) -> i64 {
-        self.0.get_db()
+        self.con.get_db()
     }
 
     fn supports_pipelining(&self) -> bool {
-        self.0.supports_pipelining()
+        self.con.supports_pipelining()
     }
 
     fn check_connection(&mut self) -> bool {
-        self.0.check_connection()
+        !self.lost && self.con.check_connection()
     }
 
     fn is_open(&self) -> bool {
-        self.0.is_open()
+        !self.lost && self.con.is_open()
     }
 }
 
@@ -931,6 +1081,16 @@ impl Connection {
         }
     }
 
+    /// On this crate's cluster connection, a [`Deadline`] one timeout in
+    /// force from now: a request there lasts no longer than one on a
+    /// single node (redis-rs would retry a timed-out request up to its
+    /// retry count, each with a whole timeout).
+    fn deadline(&self) -> Option<Deadline> {
+        let cluster =
+            matches!(&self.pooled, Pooled::Own(link) if matches!(link.kind, LinkKind::Cluster(_)));
+        cluster.then(|| Deadline::at_most(Instant::now().checked_add(self.limit)))
+    }
+
     /// The cluster connection, when this is one.
     fn as_cluster(&mut self) -> Option<&mut dyn ClusterOps> {
         match &mut self.pooled {
@@ -950,6 +1110,7 @@ impl Connection {
         &mut self,
         op: impl FnOnce(&mut dyn ClusterOps) -> RedisResult<T>,
     ) -> Option<RedisResult<T>> {
+        let _deadline = self.deadline();
         let result = op(self.as_cluster()?);
         Some(self.note(result))
     }
@@ -1006,7 +1167,11 @@ impl Connection {
             }
             self.limit = limit;
         }
+        // All of `op` on a cluster, however many requests and redis-rs
+        // retries it takes.
+        let deadline = self.deadline();
         let result = op(self);
+        drop(deadline);
         if change && let Pooled::Own(link) = &mut self.pooled {
             self.limit = before;
             if !link.broken && link.set_timeouts(Some(before)).is_err() {
@@ -1122,6 +1287,7 @@ impl Connection {
 
 impl ConnectionLike for Connection {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        let _deadline = self.deadline();
         let result = match self.owing() {
             Some(link) => link.after_owed(cmd),
             None => self.inner().req_packed_command(cmd),
@@ -1138,6 +1304,7 @@ impl ConnectionLike for Connection {
         // Pipelines are rare on the hot path: the owed replies are read
         // first rather than interleaved with the pipeline's.
         self.settle()?;
+        let _deadline = self.deadline();
         let result = self.inner().req_packed_commands(cmd, offset, count);
         self.note(result)
     }
@@ -1155,6 +1322,7 @@ impl ConnectionLike for Connection {
         // redis-rs would load on every primary, one after another): only on
         // the node the last command went to.
         let load_on = self.slot.filter(|_| is_script_load(cmd));
+        let _deadline = self.deadline();
         let result = match (load_on, self.as_cluster()) {
             (Some(slot), Some(cluster)) => cluster.route(
                 cmd,

@@ -13,13 +13,15 @@
 //! (see `loss.rs`), so the holder learns of a loss before another client
 //! can take the key.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
+use redis::cluster_routing::Slot;
 
-use crate::conn::backend::Backend;
+use crate::conn::backend::{Backend, Deployment, last_node};
 use crate::conn::policy::{self, Op};
 use crate::conn::stats::{Stats, Tag};
 use crate::conn::worker::{STOP_WAIT, Worker};
@@ -248,6 +250,9 @@ struct Shared {
     /// A lock of its own, not the registry's: every such drop takes it.
     /// Taken after the registry's when both are held, never before.
     checks: Mutex<Checks>,
+    /// On a cluster, the node each slot's renewals last went to (learned
+    /// from the renewals themselves, see [`group_by_node`]).
+    nodes: Mutex<HashMap<Slot, u64>>,
 }
 
 /// A release written behind, until its reply is read (by the next user of
@@ -386,6 +391,7 @@ impl Watchdog {
                 }),
                 changed: Condvar::new(),
                 checks: Mutex::default(),
+                nodes: Mutex::default(),
             }),
         }
     }
@@ -678,14 +684,29 @@ struct Due {
     generation: u64,
     /// What the lease has left: the call must not outlast it.
     left: Duration,
+    /// On a cluster, its key's slot.
+    slot: Option<Slot>,
 }
 
-/// Renews the entries that are due, in one pipeline; returns when to look
-/// again.
+/// The most threads one renewal round uses on a cluster, its own included.
+const MAX_GROUP_THREADS: usize = 8;
+
+/// Renews the entries that are due; returns when to look again.
+///
+/// On one server, one pipeline. On a cluster, one pipeline per node, the
+/// nodes in parallel ([`group_by_node`]), each within its own leases'
+/// shortest time left: a node that stalls delays only its own leases'
+/// renewals, and a failed node's renewals are tried again without the
+/// others'. Whatever the deployment, a round lasts at most the shortest
+/// renewal period among the watched leases (a third of the shortest ttl),
+/// so a slow round never makes another lease miss its next renewal; a
+/// renewal cut short is tried again (it is owner-checked and safe twice).
 fn renew_due(shared: &Shared, entries: &[Arc<WatchEntry>]) -> Instant {
     let now = Instant::now();
     let mut next = now + IDLE;
     let mut due: Vec<Due> = Vec::new();
+    let mut shortest_period = Duration::MAX;
+    let cluster = shared.backend.deployment() == Deployment::Cluster;
     for entry in entries {
         let mut state = entry.state.lock();
         if state.stopped {
@@ -704,6 +725,7 @@ fn renew_due(shared: &Shared, entries: &[Arc<WatchEntry>]) -> Instant {
             continue;
         }
         let period = state.ttl / 3;
+        shortest_period = shortest_period.min(period);
         let due_at = state.sent + period;
         // Renewals due soon ride along with those due now.
         if now + period / 8 >= due_at {
@@ -712,16 +734,89 @@ fn renew_due(shared: &Shared, entries: &[Arc<WatchEntry>]) -> Instant {
                 ttl: state.ttl,
                 generation: state.generation,
                 left,
+                slot: cluster.then(|| Slot::for_key(&*entry.key)),
             });
         } else {
             next = next.min(due_at);
         }
     }
+    if due.is_empty() {
+        return next;
+    }
+    let mut groups = if cluster {
+        group_by_node(shared, due)
+    } else {
+        vec![due]
+    };
+    if let [group] = groups.as_slice() {
+        return next.min(renew_group(shared, group, shortest_period, cluster));
+    }
+    // The most urgent first, should there be more groups than threads.
+    groups.sort_by_key(|group| group.iter().map(|d| d.left).min());
+    let taken = AtomicUsize::new(0);
+    let soonest = Mutex::new(next);
+    let work = || {
+        // Bounded: each pass takes a group, and there are so many.
+        while let Some(group) = groups.get(taken.fetch_add(1, Ordering::Relaxed)) {
+            let at = renew_group(shared, group, shortest_period, cluster);
+            let mut soonest = soonest.lock();
+            *soonest = (*soonest).min(at);
+        }
+    };
+    std::thread::scope(|scope| {
+        for _ in 1..groups.len().min(MAX_GROUP_THREADS) {
+            // Without a thread, the groups are renewed by those there are.
+            let _ = std::thread::Builder::new()
+                .name(THREAD_NAME.into())
+                .spawn_scoped(scope, work);
+        }
+        work();
+    });
+    soonest.into_inner()
+}
+
+/// Due renewals on a cluster, grouped by the node their slot's renewals
+/// last went to; a slot not seen yet is a group of its own. The grouping
+/// is only a guess (a slot may have moved since): each command is still
+/// routed by redis-rs by its key, and a pipeline that meets `MOVED` sends
+/// that command alone.
+fn group_by_node(shared: &Shared, due: Vec<Due>) -> Vec<Vec<Due>> {
+    let nodes = shared.nodes.lock();
+    let mut groups: Vec<(Result<u64, Slot>, Vec<Due>)> = Vec::new();
+    for d in due {
+        let Some(slot) = d.slot else {
+            groups.push((Err(Slot::for_key("")), vec![d]));
+            continue;
+        };
+        let by = nodes.get(&slot).copied().ok_or(slot);
+        match groups.iter_mut().find(|(known, _)| *known == by) {
+            Some((_, group)) => group.push(d),
+            None => groups.push((by, vec![d])),
+        }
+    }
+    groups.into_iter().map(|(_, group)| group).collect()
+}
+
+/// Renews one group in one pipeline, within its shortest lease's time
+/// left and `round`; returns when to look again for its leases.
+fn renew_group(shared: &Shared, due: &[Due], round: Duration, cluster: bool) -> Instant {
+    let mut next = Instant::now() + IDLE;
     let Some(budget) = due.iter().map(|d| d.left).min() else {
         return next;
     };
+    let budget = budget.min(round);
     let sent = Instant::now();
-    match renew(shared, &due, budget) {
+    let result = renew(shared, due, budget);
+    if cluster {
+        // Where this group went, for the next round's grouping.
+        if let (Ok(_), Some(node)) = (&result, last_node()) {
+            let mut nodes = shared.nodes.lock();
+            for slot in due.iter().filter_map(|d| d.slot) {
+                nodes.insert(slot, node);
+            }
+        }
+    }
+    match result {
         Ok(replies) => {
             for (d, reply) in due.iter().zip(replies) {
                 let reply = reply.and_then(|value| Ok(redis::from_redis_value::<i64>(value)?));
@@ -752,7 +847,7 @@ fn renew_due(shared: &Shared, entries: &[Arc<WatchEntry>]) -> Instant {
         }
         Err(err) => {
             log::warn!("redmutex: watchdog renewal failed: {err}");
-            for d in &due {
+            for d in due {
                 shared.stats.renewals_of(d.entry.tag, 1, 1);
             }
             next = next.min(Instant::now() + RETRY);
@@ -762,9 +857,10 @@ fn renew_due(shared: &Shared, entries: &[Arc<WatchEntry>]) -> Instant {
 }
 
 /// One pipeline of owner-checked renewals (`lua/extend.lua`, or
-/// `lua/sem_extend.lua` for a permit, by EVALSHA), within `budget`, resent on a fresh connection after a lost reply. On a
-/// cluster, redis-rs splits the pipeline by node: one round trip per node
-/// that holds a due lease.
+/// `lua/sem_extend.lua` for a permit, by EVALSHA), within `budget`, resent
+/// on a fresh connection after a lost reply. On a cluster, split by slot
+/// ([`script::pipelined`]): one round trip per slot, all to one node when
+/// the grouping was right.
 fn renew(
     shared: &Shared,
     due: &[Due],

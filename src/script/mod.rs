@@ -169,82 +169,77 @@ pub(crate) fn pipelined(
     Ok(replies)
 }
 
-/// [`pipelined`] on a cluster: the calls grouped by slot, each group one
-/// pipeline to its slot's primary (redis-rs routes a pipeline by its first
-/// key), one group after another. A group that meets `NOSCRIPT` loads the
-/// scripts on that node only and is sent once more; a call a pipeline
-/// meets `MOVED` or `ASK` for is sent alone, and redis-rs follows the
-/// redirection. A node that does not answer fails the whole call (the
-/// connection is then given up: a reply may still come on it), and the
-/// groups not sent yet are not sent.
+/// [`pipelined`] on a cluster: one pipeline, which redis-rs sends to the
+/// primary of its first call's slot. The calls whose slot that node does
+/// not serve come back `MOVED` (a node checks a command's slot before it
+/// runs it) and are sent again one by one, routed by redis-rs. A node that
+/// lacks a script (`NOSCRIPT`) gets the scripts loaded on it alone, not on
+/// every primary, and its calls are sent once more. Callers that group
+/// their calls by node (the watchdog) pay one round trip. A node that does
+/// not answer fails the whole call (the connection is then given up: a
+/// reply may still come on it), and the calls not sent yet are not sent.
 fn by_slot(
     cluster: &mut dyn ClusterOps,
     calls: &[Cmd],
     scripts: &[&Script],
     stats: &Stats,
 ) -> RedisResult<Vec<RedisResult<Value>>> {
-    // Calls without a slot (none the crate pipelines has one) go alone,
-    // routed by redis-rs.
-    let mut groups: Vec<(Option<Slot>, Vec<usize>)> = Vec::new();
-    for (index, call) in calls.iter().enumerate() {
-        let slot = slot_of(call);
-        match groups
-            .iter_mut()
-            .find(|(known, _)| slot.is_some() && *known == slot)
-        {
-            Some((_, indexes)) => indexes.push(index),
-            None => groups.push((slot, vec![index])),
+    let all: Vec<&Cmd> = calls.iter().collect();
+    let mut replies = send_group(cluster, &all)?;
+    if replies
+        .iter()
+        .any(|reply| reply.as_ref().is_err_and(is_noscript))
+    {
+        let loaded = match calls.first().and_then(slot_of) {
+            Some(slot) => load_on(cluster, slot, scripts),
+            // Not a keyed call: where it went is not known.
+            None => Ok(false),
+        }?;
+        if loaded {
+            stats.commands(scripts.len() as u64 + all.len() as u64);
+            replies = send_group(cluster, &all)?;
         }
     }
-    let mut results: Vec<Option<RedisResult<Value>>> = calls.iter().map(|_| None).collect();
-    for (slot, indexes) in groups {
-        let group: Vec<&Cmd> = indexes.iter().filter_map(|i| calls.get(*i)).collect();
-        let mut replies = send_group(cluster, &group)?;
-        if let Some(slot) = slot
-            && replies
-                .iter()
-                .any(|reply| reply.as_ref().is_err_and(is_noscript))
-        {
-            let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                Route::with_slot(slot, SlotAddr::Master),
-            ));
-            let mut on_node = OnNode {
-                cluster: &mut *cluster,
-                node,
-            };
-            for script in scripts {
-                script.load(&mut on_node)?;
-            }
-            stats.commands(scripts.len() as u64 + group.len() as u64);
-            replies = send_group(cluster, &group)?;
-        }
-        for ((index, call), reply) in indexes.iter().zip(&group).zip(replies) {
-            let reply = match reply {
-                Err(err) if matches!(err.code(), Some("MOVED" | "ASK")) => {
-                    stats.commands(1);
-                    alone(cluster, call)?
+    let mut results = Vec::with_capacity(calls.len());
+    for (call, reply) in calls.iter().zip(replies) {
+        let reply = match reply {
+            Err(err) if matches!(err.code(), Some("MOVED" | "ASK")) => {
+                stats.commands(1);
+                let mut reply = alone(cluster, call)?;
+                if let (Err(err), Some(slot)) = (&reply, slot_of(call))
+                    && is_noscript(err)
+                    && load_on(cluster, slot, scripts)?
+                {
+                    stats.commands(scripts.len() as u64 + 1);
+                    reply = alone(cluster, call)?;
                 }
-                other => other,
-            };
-            if let Some(place) = results.get_mut(*index) {
-                *place = Some(reply);
+                reply
             }
-        }
+            other => other,
+        };
+        results.push(reply);
     }
-    Ok(results
-        .into_iter()
-        .map(|result| {
-            result.unwrap_or_else(|| {
-                Err(redis::RedisError::from((
-                    redis::ErrorKind::Client,
-                    "a reply is missing",
-                )))
-            })
-        })
-        .collect())
+    Ok(results)
 }
 
-/// One slot's calls in one pipeline; each call's own result. `Err` when the
+/// Loads `scripts` on the primary of `slot` only (redis-rs would load them
+/// on every primary, one after another, however slow one is).
+fn load_on(cluster: &mut dyn ClusterOps, slot: Slot, scripts: &[&Script]) -> RedisResult<bool> {
+    let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_slot(
+        slot,
+        SlotAddr::Master,
+    )));
+    let mut on_node = OnNode {
+        cluster: &mut *cluster,
+        node,
+    };
+    for script in scripts {
+        script.load(&mut on_node)?;
+    }
+    Ok(!scripts.is_empty())
+}
+
+/// Calls in one pipeline, routed by the first; each call's own result. `Err` when the
 /// link failed.
 fn send_group(
     cluster: &mut dyn ClusterOps,

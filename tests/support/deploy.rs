@@ -49,14 +49,26 @@ impl RedisCluster {
     /// create`; returns once every node reports `cluster_state:ok`, agrees
     /// on the slot owners and every replica is in sync.
     pub fn start(masters: usize, replicas_per_master: usize) -> RedisCluster {
+        RedisCluster::start_with_node_timeout(masters, replicas_per_master, 1000)
+    }
+
+    /// [`RedisCluster::start`] with `cluster-node-timeout` in milliseconds:
+    /// how long a node may stall before the others call it failed (and,
+    /// with no replica to take over, the whole cluster down).
+    pub fn start_with_node_timeout(
+        masters: usize,
+        replicas_per_master: usize,
+        node_timeout_ms: u32,
+    ) -> RedisCluster {
         let count = masters * (1 + replicas_per_master);
+        let node_timeout = node_timeout_ms.to_string();
         let nodes: Vec<RedisServer> = (0..count)
             .map(|_| {
                 RedisServer::start_cluster_node(&[
                     "--cluster-config-file",
                     "nodes.conf",
                     "--cluster-node-timeout",
-                    "1000",
+                    &node_timeout,
                 ])
             })
             .collect();
