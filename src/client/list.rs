@@ -74,7 +74,10 @@ impl LockClient {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for an empty pattern; [`Error::Redis`]
-    /// or [`Error::Pool`] when a node cannot be read.
+    /// or [`Error::Pool`] when a node cannot be read within the budget's
+    /// time (a node still unanswered when the budget runs out gives an
+    /// incomplete listing instead: every step, connect included, is cut to
+    /// what is left of the budget).
     pub fn list(&self, pattern: &str, budget: Duration) -> Result<Listing, Error> {
         self.list_with(pattern, budget, &mut |_| {})
     }
@@ -98,15 +101,30 @@ impl LockClient {
         }
         // `None`: a budget too long to count; the step bound still holds.
         let deadline = Instant::now().checked_add(budget);
+        let left = || {
+            deadline.map_or(Duration::MAX, |d| {
+                d.saturating_duration_since(Instant::now())
+            })
+        };
         let prefix = self.key_prefix();
         let matching = format!("{}{pattern}", glob_escape(prefix));
-        // Every step is a read, resent on a fresh connection after a lost
-        // reply (a SCAN step with the same cursor answers the same way, or
-        // with keys seen again, which are counted once).
-        let nodes = self.run(Op::Read, &matching, |con, _| primaries(con))?;
         let mut listing = Listing {
             complete: true,
             ..Listing::default()
+        };
+        // Every step is a read within what is left of the budget, resent on
+        // a fresh connection after a lost reply (a SCAN step with the same
+        // cursor answers the same way, or with keys seen again, which are
+        // counted once). A step the budget cut short ends the listing, as
+        // incomplete; any other failure is the caller's error.
+        let cut_short = |err: Error| if left().is_zero() { Ok(()) } else { Err(err) };
+        let nodes = match self.run_within(Op::Read, &matching, left(), |con, _| primaries(con)) {
+            Ok(nodes) => nodes,
+            Err(err) => {
+                cut_short(err)?;
+                listing.complete = false;
+                return Ok(listing);
+            }
         };
         // `None`: the connection's own server (single node, Sentinel).
         let targets: Vec<Option<(String, u16)>> = match nodes {
@@ -116,16 +134,28 @@ impl LockClient {
         'nodes: for node in &targets {
             let mut cursor: u64 = 0;
             for _ in 0..MAX_STEPS {
-                if deadline.is_some_and(|d| Instant::now() >= d) {
+                if left().is_zero() {
                     listing.complete = false;
                     break 'nodes;
                 }
-                let (next, mut keys) = self.run(Op::Read, &matching, |con, _| {
+                let step = self.run_within(Op::Read, &matching, left(), |con, _| {
                     scan(con, node.as_ref(), cursor, &matching)
-                })?;
+                });
+                let (next, mut keys) = match step {
+                    Ok(step) => step,
+                    Err(err) => {
+                        cut_short(err)?;
+                        listing.complete = false;
+                        break 'nodes;
+                    }
+                };
                 listing.scanned = listing.scanned.saturating_add(keys.len() as u64);
                 keys.retain(|key| !is_auxiliary(key.strip_prefix(prefix).unwrap_or(key)));
-                self.inspect(&keys, prefix, &mut listing.held)?;
+                if let Err(err) = self.inspect(&keys, prefix, &mut listing.held, left()) {
+                    cut_short(err)?;
+                    listing.complete = false;
+                    break 'nodes;
+                }
                 progress(listing.scanned);
                 cursor = next;
                 if cursor == 0 {
@@ -146,6 +176,7 @@ impl LockClient {
         keys: &[String],
         prefix: &str,
         held: &mut Vec<HeldLock>,
+        budget: Duration,
     ) -> Result<(), Error> {
         if keys.is_empty() {
             return Ok(());
@@ -159,7 +190,7 @@ impl LockClient {
             })
             .collect();
         self.counters().commands(calls.len() as u64);
-        let replies = self.run(Op::Read, &keys[0], |con, _| {
+        let replies = self.run_within(Op::Read, &keys[0], budget, |con, _| {
             script::pipelined(con, &calls, &[&script::INSPECT], self.counters())
         });
         for (key, reply) in keys.iter().zip(replies?) {

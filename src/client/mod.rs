@@ -570,6 +570,34 @@ impl LockClient {
         policy::run(&self.inner.backend, &self.inner.stats, op, key, send)
     }
 
+    /// [`LockClient::run`] within `budget` in all.
+    pub(crate) fn run_within<T>(
+        &self,
+        op: Op,
+        key: &str,
+        budget: Duration,
+        send: impl FnMut(&mut Connection, Send) -> redis::RedisResult<T>,
+    ) -> Result<T, Error> {
+        self.check_process()?;
+        policy::run_within(
+            &self.inner.backend,
+            &self.inner.stats,
+            op,
+            key,
+            budget,
+            send,
+        )
+    }
+
+    /// How long past its wait a call may last: one connect and one resend
+    /// window (the failure model's per-call bound).
+    pub(crate) fn call_slack(&self) -> Duration {
+        self.inner
+            .backend
+            .connect_wait()
+            .saturating_add(policy::resend_window(self.timeout()))
+    }
+
     /// Whether releases may leave markers (the server has not refused one).
     pub(crate) fn markers_allowed(&self) -> bool {
         !self.inner.markers_refused.load(Ordering::Relaxed)

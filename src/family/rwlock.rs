@@ -306,13 +306,22 @@ impl RwLock {
             }),
         };
         let result = acquire(&mut contender, deadline, self.options.backoff, waiting);
-        if waiting_writer
-            && !matches!(result, Ok(Some(_)))
-            && release_field(&self.client, key, &token, "q").is_err()
-        {
+        if waiting_writer && !matches!(result, Ok(Some(_))) {
             // Gave up (or failed): stop holding readers back, now or as soon
-            // as Redis answers.
-            self.client.orphan(key, OrphanKind::Rw { token });
+            // as Redis answers. Now only within the call's own bound (its
+            // wait, one connect and one resend window): after a failure
+            // (the server did not answer) or with no time left, the
+            // watchdog's cleanup takes it out in the background.
+            let bound = deadline.and_then(|d| d.checked_add(self.client.call_slack()));
+            let left = bound.map_or(Duration::MAX, |b| {
+                b.saturating_duration_since(Instant::now())
+            });
+            let removed = result.is_ok()
+                && !left.is_zero()
+                && release_field(&self.client, key, &token, "q", left).is_ok();
+            if !removed {
+                self.client.orphan(key, OrphanKind::Rw { token });
+            }
         }
         result
     }
@@ -385,12 +394,18 @@ impl Contender for Grant<'_> {
 /// Removes one holder's field (`r`, `w` or `q` for a waiting writer):
 /// 1 released, 0 gone, -1 another writer holds the write lock. A release
 /// sent again after a lost reply answers from its marker.
-fn release_field(client: &LockClient, key: &str, token: &str, code: &str) -> Result<i64, Error> {
+fn release_field(
+    client: &LockClient,
+    key: &str,
+    token: &str,
+    code: &str,
+    budget: Duration,
+) -> Result<i64, Error> {
     let channel = client.release_channel(key);
     let (marker, millis) = release::marker_of(client, key, token);
     client.counters().commands(1);
     let markerless = std::cell::Cell::new(marker.is_none());
-    let (reply, send) = client.run(Op::RwRelease, key, |con, send| {
+    let (reply, send) = client.run_within(Op::RwRelease, key, budget, |con, send| {
         let reply: i64 = release::with_marker(client, marker.as_deref(), &markerless, |marker| {
             let mut script = script::RW_RELEASE.key(key);
             if let Some(marker) = marker {
@@ -493,18 +508,24 @@ impl RwGuard {
     }
 
     fn let_go(&mut self) -> Result<(), Error> {
-        let released = release_field(&self.client, &self.key, &self.token, self.mode.code())
-            .inspect_err(|err| {
-                if err.may_leave_a_lease() {
-                    // Released in the background once Redis answers.
-                    self.client.orphan(
-                        &self.key,
-                        OrphanKind::Rw {
-                            token: self.token.clone(),
-                        },
-                    );
-                }
-            })?;
+        let released = release_field(
+            &self.client,
+            &self.key,
+            &self.token,
+            self.mode.code(),
+            Duration::MAX,
+        )
+        .inspect_err(|err| {
+            if err.may_leave_a_lease() {
+                // Released in the background once Redis answers.
+                self.client.orphan(
+                    &self.key,
+                    OrphanKind::Rw {
+                        token: self.token.clone(),
+                    },
+                );
+            }
+        })?;
         match released {
             1 => Ok(()),
             0 => Err(Error::not_held(&self.key, NotHeldReason::Expired)),

@@ -311,10 +311,20 @@ fn run(shared: &Shared) {
         if shared.state.lock().shutdown {
             return;
         }
+        // The lookup and the connect within one timeout together: a
+        // dropped client's thread ends within it, however the servers
+        // stall.
+        let started = Instant::now();
         let connected = shared
             .source
             .resolve(attempt, shared.timeout)
-            .and_then(|endpoint| connect(&endpoint, shared.timeout));
+            .and_then(|endpoint| {
+                let left = shared
+                    .timeout
+                    .saturating_sub(started.elapsed())
+                    .max(Duration::from_millis(1));
+                connect(&endpoint, left, shared.timeout)
+            });
         attempt = attempt.wrapping_add(1);
         match connected {
             Ok((reader, writer)) => {

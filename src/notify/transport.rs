@@ -18,7 +18,7 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 #[cfg(unix)]
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::{Parser, Value};
 
@@ -187,9 +187,17 @@ impl Source {
                 tls,
             } => {
                 let mut last = io::Error::new(io::ErrorKind::NotFound, "no sentinel");
+                // The whole lookup within one timeout, however many
+                // sentinels stall: a dropped client's subscriber ends
+                // within it. The next attempt starts at the next sentinel.
+                let started = Instant::now();
                 for i in 0..sentinels.len() {
+                    let left = timeout.saturating_sub(started.elapsed());
+                    if left < Duration::from_millis(1) {
+                        break;
+                    }
                     let sentinel = &sentinels[(attempt + i) % sentinels.len()];
-                    match ask_sentinel(sentinel, master, timeout) {
+                    match ask_sentinel(sentinel, master, left) {
                         Ok((host, port)) => {
                             #[cfg(feature = "tls-rustls")]
                             let target = match tls {
@@ -219,7 +227,13 @@ impl Source {
 
 /// `SENTINEL GET-MASTER-ADDR-BY-NAME master` on one sentinel.
 fn ask_sentinel(sentinel: &Endpoint, master: &str, timeout: Duration) -> io::Result<(String, u16)> {
+    let started = Instant::now();
     let (mut reader, mut writer) = open(sentinel, timeout)?;
+    // The connect and the reply within `timeout` together.
+    let left = timeout
+        .saturating_sub(started.elapsed())
+        .max(Duration::from_millis(1));
+    writer.set_timeouts(Some(left), Some(left))?;
     write_command(
         &mut writer,
         &[b"SENTINEL", b"GET-MASTER-ADDR-BY-NAME", master.as_bytes()],
@@ -415,8 +429,13 @@ impl Reader {
 /// Connects with timeouts and authenticates; returns the reading and the
 /// writing halves.
 fn open(endpoint: &Endpoint, timeout: Duration) -> io::Result<(Reader, Stream)> {
+    let started = Instant::now();
     let stream = Stream::connect(&endpoint.target, timeout)?;
-    stream.set_timeouts(Some(timeout), Some(timeout))?;
+    // The connect and the handshake within `timeout` together.
+    let left = timeout
+        .saturating_sub(started.elapsed())
+        .max(Duration::from_millis(1));
+    stream.set_timeouts(Some(left), Some(left))?;
     let mut writer = stream.try_clone()?;
     let mut reader = Reader::new(stream);
     if let Some(password) = &endpoint.password {
@@ -431,20 +450,41 @@ fn open(endpoint: &Endpoint, timeout: Duration) -> io::Result<(Reader, Stream)> 
     Ok((reader, writer))
 }
 
-/// Connects, authenticates and names the connection; returns the reading
-/// and the writing halves. From here on a read waits one timeout, then the
-/// heartbeat speaks.
-pub(crate) fn connect(endpoint: &Endpoint, timeout: Duration) -> io::Result<(Reader, Stream)> {
-    let (mut reader, mut writer) = open(endpoint, timeout)?;
+/// Connects, authenticates and names the connection, all within `limit`;
+/// returns the reading and the writing halves. From here on a read waits
+/// one `timeout`, then the heartbeat speaks.
+pub(crate) fn connect(
+    endpoint: &Endpoint,
+    limit: Duration,
+    timeout: Duration,
+) -> io::Result<(Reader, Stream)> {
+    let started = Instant::now();
+    let (mut reader, mut writer) = open(endpoint, limit)?;
+    // A server that stalls after accepting holds the thread (and a dropped
+    // client's end) no longer than `limit`.
+    let left = limit
+        .saturating_sub(started.elapsed())
+        .max(Duration::from_millis(1));
+    writer.set_timeouts(Some(left), Some(left))?;
     write_command(
         &mut writer,
         &[b"CLIENT", b"SETNAME", CONNECTION_NAME.as_bytes()],
     )?;
     // A name only helps operators; a user whose ACL refuses CLIENT still
-    // gets release messages.
-    if let Err(err) = expect_ok(&mut reader, "CLIENT SETNAME") {
-        log::debug!("redmutex: the subscriber connection stays unnamed: {err}");
+    // gets release messages. A server that does not answer is no use.
+    match expect_ok(&mut reader, "CLIENT SETNAME") {
+        Err(err)
+            if matches!(
+                err.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            return Err(err);
+        }
+        Err(err) => log::debug!("redmutex: the subscriber connection stays unnamed: {err}"),
+        Ok(()) => {}
     }
+    writer.set_timeouts(Some(timeout), Some(timeout))?;
     Ok((reader, writer))
 }
 

@@ -893,6 +893,15 @@ fn renew(
         key,
         budget,
         |con, _| {
+            // The client is gone: a renewal sent again after a lost reply
+            // (or not sent yet) is not worth the thread's outliving it by
+            // a resend window; the lease runs out in Redis.
+            if shared.registry.lock().shutdown {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "the client was dropped",
+                )));
+            }
             script::pipelined(
                 con,
                 &calls,

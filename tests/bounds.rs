@@ -1,0 +1,406 @@
+//! Every bound the README's failure model states, forced with the worst
+//! fault it lists and checked over ten runs: each test prints its worst
+//! case beside its limit (`cargo test --test bounds -- --nocapture`).
+//!
+//! Limits are the documented bound plus a slack named in each test: what a
+//! debug build on a loaded 2-core machine adds in scheduling, never a
+//! multiple of the bound.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redmutex::{
+    Backoff, DistributedLock, LockClient, LockOptions, ReentrantLock, RwLock, Semaphore,
+};
+use support::{FaultProxy, RedisServer, wait_until};
+
+/// The I/O timeout of the clients here.
+const T: Duration = Duration::from_millis(200);
+/// The wait of every lock call here.
+const WAIT: Duration = Duration::from_millis(100);
+/// Runs per bound.
+const RUNS: usize = 10;
+/// What scheduling adds on a loaded 2-core machine to a call that ends on
+/// a socket timeout, in a debug build.
+const SLACK: Duration = Duration::from_millis(300);
+
+fn client(url: &str) -> LockClient {
+    LockClient::open_with_timeout(url, T).expect("client")
+}
+
+fn options() -> LockOptions {
+    LockOptions::default().ttl(Duration::from_secs(10))
+}
+
+/// The worst of `times`, printed beside `limit` and checked against it.
+fn check(bound: &str, times: &[Duration], limit: Duration) {
+    let worst = times.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "bound | {bound} | worst {worst:?} over {} runs | limit {limit:?}",
+        times.len()
+    );
+    assert!(
+        times.len() >= RUNS && worst < limit,
+        "{bound}: {times:?} against {limit:?}"
+    );
+}
+
+/// One lock call or release of one lock type, made while its server is
+/// blackholed (requests go out, nothing comes back) after a healthy cycle
+/// put a connection in the pool.
+type Call = fn(&LockClient, &str, &FaultProxy) -> Duration;
+
+fn timed_blackholed(proxy: &FaultProxy, call: impl FnOnce()) -> Duration {
+    proxy.blackhole(true);
+    let started = Instant::now();
+    call();
+    let took = started.elapsed();
+    proxy.heal();
+    took
+}
+
+fn plain_lock(client: &LockClient, key: &str, proxy: &FaultProxy) -> Duration {
+    let lock = DistributedLock::with_options(client, key, options());
+    drop(lock.try_lock());
+    timed_blackholed(proxy, || drop(lock.try_lock_for(WAIT)))
+}
+
+fn plain_unlock(client: &LockClient, key: &str, proxy: &FaultProxy) -> Duration {
+    let lock = DistributedLock::with_options(client, key, options());
+    let Ok(Some(guard)) = lock.try_lock() else {
+        return Duration::MAX;
+    };
+    timed_blackholed(proxy, || drop(guard.unlock()))
+}
+
+fn reentrant_lock(client: &LockClient, key: &str, proxy: &FaultProxy) -> Duration {
+    let lock = ReentrantLock::new(client, key);
+    drop(lock.try_lock());
+    timed_blackholed(proxy, || drop(lock.try_lock_for(WAIT)))
+}
+
+fn reentrant_unlock(client: &LockClient, key: &str, proxy: &FaultProxy) -> Duration {
+    let lock = ReentrantLock::new(client, key);
+    let Ok(Some(guard)) = lock.try_lock() else {
+        return Duration::MAX;
+    };
+    timed_blackholed(proxy, || drop(guard.unlock()))
+}
+
+fn read_lock(client: &LockClient, key: &str, proxy: &FaultProxy) -> Duration {
+    let lock = RwLock::new(client, key);
+    drop(lock.try_read());
+    timed_blackholed(proxy, || drop(lock.try_read_for(WAIT)))
+}
+
+/// The case the per-call bound once missed: a writer that waited leaves a
+/// mark holding readers back, removed after its wait.
+fn write_lock(client: &LockClient, key: &str, proxy: &FaultProxy) -> Duration {
+    let lock = RwLock::new(client, key);
+    drop(lock.try_write());
+    timed_blackholed(proxy, || drop(lock.try_write_for(WAIT)))
+}
+
+fn rw_unlock(client: &LockClient, key: &str, proxy: &FaultProxy) -> Duration {
+    let lock = RwLock::new(client, key);
+    let Ok(Some(guard)) = lock.try_write() else {
+        return Duration::MAX;
+    };
+    timed_blackholed(proxy, || drop(guard.unlock()))
+}
+
+fn acquire(client: &LockClient, key: &str, proxy: &FaultProxy) -> Duration {
+    let semaphore = Semaphore::new(client, key, 2);
+    drop(semaphore.try_acquire());
+    timed_blackholed(proxy, || drop(semaphore.try_acquire_for(WAIT)))
+}
+
+fn release(client: &LockClient, key: &str, proxy: &FaultProxy) -> Duration {
+    let semaphore = Semaphore::new(client, key, 2);
+    let Ok(Some(permit)) = semaphore.try_acquire() else {
+        return Duration::MAX;
+    };
+    timed_blackholed(proxy, || drop(permit.release()))
+}
+
+/// Runs every call `RUNS` times, each kind on its own proxy and client,
+/// the kinds in parallel; the durations by kind.
+fn measure(
+    server: &RedisServer,
+    calls: &[(&'static str, Call)],
+) -> Vec<(&'static str, Vec<Duration>)> {
+    let results = Arc::new(Mutex::new(Vec::new()));
+    std::thread::scope(|scope| {
+        for (name, call) in calls {
+            let results = results.clone();
+            scope.spawn(move || {
+                let proxy = FaultProxy::to(server);
+                let client = client(&proxy.url());
+                let times: Vec<Duration> = (0..RUNS)
+                    .map(|run| call(&client, &format!("bound-{name}-{run}"), &proxy))
+                    .collect();
+                results.lock().expect("results").push((*name, times));
+            });
+        }
+    });
+    let mut results = std::mem::take(&mut *results.lock().expect("results"));
+    results.sort_by_key(|(name, _)| *name);
+    results
+}
+
+/// A lock call of every lock type: its wait, one connect and the resend
+/// window (2T), however the server fails. Forced: a blackhole on a pooled
+/// connection, so the first send loses its reply and every resend too.
+#[test]
+fn a_lock_call_of_every_type_returns_within_its_wait_a_connect_and_the_resend_window() {
+    let _serial = support::serial();
+    let server = RedisServer::start();
+    let calls: [(&'static str, Call); 5] = [
+        ("DistributedLock::try_lock_for", plain_lock),
+        ("ReentrantLock::try_lock_for", reentrant_lock),
+        ("RwLock::try_read_for", read_lock),
+        ("RwLock::try_write_for", write_lock),
+        ("Semaphore::try_acquire_for", acquire),
+    ];
+    for (name, times) in measure(&server, &calls) {
+        check(name, &times, WAIT + T + T * 2 + SLACK);
+    }
+}
+
+/// A release of every lock type: one connect and the resend window.
+#[test]
+fn a_release_of_every_type_returns_within_a_connect_and_the_resend_window() {
+    let _serial = support::serial();
+    let server = RedisServer::start();
+    let calls: [(&'static str, Call); 4] = [
+        ("LockGuard::unlock", plain_unlock),
+        ("ReentrantGuard::unlock", reentrant_unlock),
+        ("RwGuard::unlock", rw_unlock),
+        ("Permit::release", release),
+    ];
+    for (name, times) in measure(&server, &calls) {
+        check(name, &times, T + T * 2 + SLACK);
+    }
+}
+
+/// On Redis Cluster, a lock call on a key of a primary that stalls
+/// (SIGSTOP, shorter than the cluster's node timeout) keeps the same bound:
+/// redis-rs's own retries of a timed-out request stay within the call's
+/// deadline.
+#[test]
+fn a_lock_call_on_a_stalled_cluster_primary_keeps_the_bound() {
+    let _serial = support::serial();
+    let cluster = support::RedisCluster::start_with_node_timeout(3, 0, 30_000);
+    let keys = cluster.key_per_primary("bound");
+    let client = LockClient::open_cluster_with_timeout(cluster.urls(), T).expect("client");
+    let stalled = cluster.primary_for(&keys[1]);
+    let mut times = Vec::new();
+    for _ in 0..RUNS {
+        let lock = DistributedLock::with_options(&client, keys[1].clone(), options());
+        // A healthy cycle first: the pool holds a connection to every node.
+        if let Ok(Some(guard)) = lock.try_lock() {
+            let _ = guard.unlock();
+        }
+        stalled.signal("STOP");
+        let started = Instant::now();
+        let result = lock.try_lock_for(WAIT);
+        times.push(started.elapsed());
+        stalled.signal("CONT");
+        assert!(result.is_err(), "{result:?}");
+        // The other primaries answered meanwhile and still do.
+        let other = DistributedLock::with_options(&client, keys[0].clone(), options());
+        let guard = other.try_lock().expect("a healthy primary").expect("free");
+        guard.unlock().expect("unlock");
+    }
+    check(
+        "cluster try_lock_for, primary stalled",
+        &times,
+        WAIT + T + T * 2 + SLACK,
+    );
+}
+
+/// The pool after a stalled server heals: within 1.5T the next call gets a
+/// connection (no connect of the stall is still being waited for).
+#[test]
+fn the_pool_works_again_within_one_and_a_half_timeouts_of_a_heal() {
+    let _serial = support::serial();
+    let server = RedisServer::start();
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy.url());
+    let lock = DistributedLock::with_options(&client, "bound-heal", options());
+    let mut times = Vec::new();
+    for _ in 0..RUNS {
+        proxy.swallow_new(true);
+        proxy.reset_all();
+        assert!(lock.try_lock().is_err(), "stalled");
+        proxy.swallow_new(false);
+        let healed = Instant::now();
+        let back = wait_until(T * 10, || match lock.try_lock() {
+            Ok(Some(guard)) => guard.unlock().is_ok(),
+            _ => false,
+        });
+        assert!(back, "the pool never recovered");
+        times.push(healed.elapsed());
+    }
+    check("pool after a heal", &times, T * 3 / 2 + SLACK);
+}
+
+/// A half-open subscriber link: a waiter whose release message cannot come
+/// finds the link silent within 2T and falls back to polling; ten waiters,
+/// each behind its own blackholed link, in parallel.
+#[test]
+fn a_half_open_subscriber_link_is_found_within_two_timeouts() {
+    let _serial = support::serial();
+    let server = RedisServer::start();
+    let holder = server.lock_client();
+    let times = Arc::new(Mutex::new(Vec::new()));
+    std::thread::scope(|scope| {
+        for run in 0..RUNS {
+            let (server, holder, times) = (&server, &holder, times.clone());
+            scope.spawn(move || {
+                let key = format!("bound-sub-{run}");
+                let proxy = FaultProxy::to(server);
+                // Commands go straight to Redis; only the subscriber's link
+                // is proxied.
+                let pool = redmutex::r2d2::Pool::builder()
+                    .max_size(2)
+                    .build(redis::Client::open(server.url()).expect("url"))
+                    .expect("pool");
+                let waiter = LockClient::new(pool)
+                    .with_notify_client(&redis::Client::open(proxy.url()).expect("url"));
+                let guard = DistributedLock::new(holder, key.as_str())
+                    .lock()
+                    .expect("lock");
+                let channel = redmutex::release_channel(&key);
+                let waiting = std::thread::spawn({
+                    let (waiter, key) = (waiter.clone(), key.clone());
+                    move || {
+                        DistributedLock::with_options(
+                            &waiter,
+                            key,
+                            LockOptions::default()
+                                .wait(Duration::from_secs(30))
+                                .backoff(Backoff::constant(Duration::from_secs(60))),
+                        )
+                        .lock()
+                        .is_ok()
+                    }
+                });
+                assert!(wait_until(Duration::from_secs(5), || support::numsub(
+                    server, &channel
+                ) >= 1));
+                proxy.blackhole(true);
+                let released = Instant::now();
+                guard.unlock().expect("unlock");
+                assert!(waiting.join().expect("waiter"));
+                times.lock().expect("times").push(released.elapsed());
+            });
+        }
+    });
+    let times = std::mem::take(&mut *times.lock().expect("times"));
+    // The subscriber's timeout is the default one (a client made from a
+    // pool); after the link is found silent, the waiter polls at once.
+    check(
+        "half-open subscriber link (waiter woken)",
+        &times,
+        redmutex::DEFAULT_TIMEOUT * 2 + SLACK,
+    );
+}
+
+/// The process's threads of the crate that run per client.
+fn client_threads() -> usize {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("comm")).ok())
+        .filter(|name| {
+            ["redmutex-dog", "redmutex-sub", "redmutex-check"]
+                .iter()
+                .any(|p| name.starts_with(p))
+        })
+        .count()
+}
+
+/// Dropping a client whose threads are stuck in network calls (its
+/// watchdog renewing through a blackhole, its subscriber reconnecting
+/// there, a failed acquisition waiting for its cleanup): the drop returns
+/// within 100 ms per thread plus T (one last cleanup round), and its
+/// threads end within T of that.
+#[test]
+fn a_dropped_client_returns_and_its_threads_end_within_the_bound() {
+    let _serial = support::serial();
+    let server = RedisServer::start();
+    assert!(
+        wait_until(T * 10, || client_threads() == 0),
+        "threads of earlier tests"
+    );
+    let mut drops = Vec::new();
+    let mut ends = Vec::new();
+    for run in 0..RUNS {
+        let proxy = FaultProxy::to(&server);
+        let client = client(&proxy.url());
+        let key = format!("bound-drop-{run}");
+        let guard = DistributedLock::with_options(
+            &client,
+            key.as_str(),
+            LockOptions::default()
+                .ttl(Duration::from_millis(600))
+                .watchdog(true),
+        )
+        .lock()
+        .expect("lock");
+        proxy.blackhole(true);
+        // A waiter that subscribes and fails: its acquisition is cleaned up
+        // in the background, and the subscriber is stuck on the blackhole.
+        let _ = DistributedLock::new(&client, key.as_str()).try_lock_for(WAIT);
+        // Renewals are due every 200 ms: let one be under way.
+        std::thread::sleep(Duration::from_millis(250));
+        drop(guard);
+        let started = Instant::now();
+        drop(client);
+        drops.push(started.elapsed());
+        let dropped = Instant::now();
+        let ended = wait_until(T * 10, || client_threads() == 0);
+        assert!(ended, "threads left");
+        ends.push(dropped.elapsed());
+        proxy.heal();
+    }
+    check(
+        "drop of a client with stuck threads",
+        &drops,
+        Duration::from_millis(200) + T + SLACK,
+    );
+    check("its threads ending after the drop", &ends, T + SLACK);
+}
+
+/// `list` against its budget: every step (a connect included) is cut to
+/// what is left of it, so a blackholed server makes the call return
+/// within its budget.
+#[test]
+fn list_returns_within_its_budget() {
+    let _serial = support::serial();
+    let server = RedisServer::start();
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy.url());
+    let budget = Duration::from_millis(150);
+    let mut times = Vec::new();
+    for run in 0..RUNS {
+        let lock = DistributedLock::with_options(&client, format!("bound-list-{run}"), options());
+        let guard = lock.lock().expect("lock");
+        let listing = client
+            .list("bound-list-*", Duration::from_secs(5))
+            .expect("list");
+        assert!(listing.complete && !listing.held.is_empty());
+        let took = timed_blackholed(&proxy, || match client.list("bound-list-*", budget) {
+            Ok(listing) => assert!(!listing.complete),
+            Err(err) => assert!(err.is_connection(), "{err}"),
+        });
+        times.push(took);
+        let _ = guard.unlock();
+    }
+    check("list", &times, budget + SLACK);
+}
