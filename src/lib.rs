@@ -183,8 +183,12 @@
 //! * **Crash safety**: a holder that dies frees the lock after at most the
 //!   ttl.
 //! * **Bounded calls**: every call returns within the wait plus one
-//!   connect and the resend window (three I/O timeouts in all); an
-//!   unreachable server is an error, never `Ok(None)`.
+//!   connect and the resend window (three I/O timeouts in all), on Redis
+//!   Cluster too; an unreachable server is an error, never `Ok(None)`.
+//! * **Isolation**: a connection is opened by the thread that needs it,
+//!   within its call's wait, so a stalled server, cluster node or sentinel
+//!   delays only the calls that go to it; the watchdog renews a cluster's
+//!   leases per node, in parallel.
 //! * **The truth after a lost reply**: a request whose reply was lost (the
 //!   connection reset, timed out or was interrupted after Redis ran it) is
 //!   applied at most once and answered as its first send would have been,

@@ -239,6 +239,9 @@ struct Registry {
     cleaning: usize,
     thread: Option<Worker>,
     shutdown: bool,
+    /// When the client let go: the thread ends within one I/O timeout of
+    /// it, its last cleanup round included.
+    shutdown_at: Option<Instant>,
 }
 
 struct Shared {
@@ -388,6 +391,7 @@ impl Watchdog {
                     cleaning: 0,
                     thread: None,
                     shutdown: false,
+                    shutdown_at: None,
                 }),
                 changed: Condvar::new(),
                 checks: Mutex::default(),
@@ -572,6 +576,7 @@ impl Drop for Watchdog {
         let (thread, cleaning) = {
             let mut registry = self.shared.registry.lock();
             registry.shutdown = true;
+            registry.shutdown_at = Some(Instant::now());
             self.shared.changed.notify_all();
             (
                 registry.thread.take(),
@@ -593,12 +598,18 @@ impl Drop for Watchdog {
 }
 
 /// The thread's last act at shutdown: one cleanup round for the orphans
-/// still pending, within one I/O timeout.
+/// still pending, within one I/O timeout of the client's letting go (a
+/// renewal or cleanup under way then has already taken some of it).
 fn finish(shared: &Shared, mut registry: parking_lot::MutexGuard<'_, Registry>) {
     let last: Vec<Orphan> = registry.orphans.drain(..).collect();
+    let timeout = shared.backend.timeout();
+    let budget = registry
+        .shutdown_at
+        .and_then(|at| at.checked_add(timeout))
+        .map_or(timeout, |end| end.saturating_duration_since(Instant::now()));
     drop(registry);
-    if !last.is_empty() {
-        clean_orphans(shared, last, shared.backend.timeout());
+    if !last.is_empty() && budget >= Duration::from_millis(1) {
+        clean_orphans(shared, last, budget);
     }
 }
 
@@ -930,7 +941,17 @@ fn clean_orphans(shared: &Shared, mut orphans: Vec<Orphan>, budget: Duration) ->
         Op::Cleanup,
         key,
         budget,
-        |con, _| script::pipelined(con, &calls, &scripts, &shared.stats),
+        |con, send| {
+            // After the client let go, no resend: the thread ends within
+            // one timeout (the lease runs out in Redis at worst).
+            if send.resend && shared.registry.lock().shutdown {
+                return Err(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "the client was dropped",
+                )));
+            }
+            script::pipelined(con, &calls, &scripts, &shared.stats)
+        },
     );
     let now = Instant::now();
     match result {
