@@ -404,3 +404,51 @@ fn list_returns_within_its_budget() {
     }
     check("list", &times, budget + SLACK);
 }
+
+/// A lease a failed acquisition left: its request held on the way (by
+/// latency longer than the timeout) lands after the caller got
+/// `OutcomeUnknown`, and the client's cleanup releases it within the
+/// cleanup step in progress (50 ms, doubling to at most 1 s).
+#[test]
+fn a_lease_a_failed_acquisition_left_is_released_within_a_cleanup_step() {
+    let _serial = support::serial();
+    let server = RedisServer::start();
+    let times = Arc::new(Mutex::new(Vec::new()));
+    std::thread::scope(|scope| {
+        for run in 0..RUNS {
+            let (server, times) = (&server, times.clone());
+            scope.spawn(move || {
+                let key = format!("bound-late-{run}");
+                let proxy = FaultProxy::to(server);
+                let client = client(&proxy.url());
+                let lock = DistributedLock::with_options(&client, key.as_str(), options());
+                // Holder metadata read and a connection pooled before the
+                // latency, so the slow request is the acquisition.
+                lock.lock().expect("warm").unlock().expect("unlock");
+                proxy.set_latency(T + Duration::from_millis(100), Duration::ZERO);
+                let err = lock.try_lock().expect_err("too slow");
+                assert!(err.is_outcome_unknown(), "{err}");
+                let errored = Instant::now();
+                proxy.set_latency(Duration::ZERO, Duration::ZERO);
+                let mut landed = None;
+                let gone = wait_until(Duration::from_secs(10), || {
+                    let there = support::exists(server, &key);
+                    if there && landed.is_none() {
+                        landed = Some(Instant::now());
+                    }
+                    // Released before it was seen: the cleanup said so.
+                    !there && (landed.is_some() || client.stats().orphans_released >= 1)
+                });
+                assert!(gone, "the late lease stays");
+                let since = landed.unwrap_or(errored);
+                times.lock().expect("times").push(since.elapsed());
+            });
+        }
+    });
+    let times = std::mem::take(&mut *times.lock().expect("times"));
+    check(
+        "a lease a failed acquisition left (landing to release)",
+        &times,
+        Duration::from_secs(1) + SLACK,
+    );
+}

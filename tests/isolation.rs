@@ -164,6 +164,9 @@ fn a_stalled_cluster_primary_costs_no_lease_on_the_others() {
     );
     let healthy = cluster.primary_for(&keys[0]);
     let stalled = cluster.primary_for(&keys[1]);
+    let third = cluster.primary_for(&keys[2]);
+    let loads_elsewhere = third.command_calls("script|load");
+    let loads_here = healthy.command_calls("script|load");
     redis::cmd("SCRIPT")
         .arg("FLUSH")
         .exec(&mut healthy.conn())
@@ -182,6 +185,9 @@ fn a_stalled_cluster_primary_costs_no_lease_on_the_others() {
     for (guard, key) in [(&guards[0], &keys[0]), (&guards[2], &keys[2])] {
         assert!(guard.is_held().expect("is_held"), "{key}");
     }
+    // The scripts went back to the node that lost them, and nowhere else.
+    assert!(healthy.command_calls("script|load") > loads_here);
+    assert_eq!(third.command_calls("script|load"), loads_elsewhere);
     let mut guards = guards;
     for guard in guards.drain(..) {
         let _ = guard.unlock();

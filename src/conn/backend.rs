@@ -136,6 +136,10 @@ std::thread_local! {
     /// When the calling thread's cluster request must be over
     /// ([`Deadline`]).
     static DEADLINE: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+    /// A pipeline's replies are kept as they came ([`ClusterOps::pipeline`]).
+    static KEEP_REPLIES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The replies kept, refusals included.
+    static KEPT: std::cell::RefCell<Option<Vec<Value>>> = const { std::cell::RefCell::new(None) };
 }
 
 /// Numbers nodes by address for [`last_node`]: the same address, the same
@@ -236,14 +240,44 @@ pub(crate) type Cluster = ClusterConnection<NodeLink>;
 
 /// What is asked of a cluster connection, this crate's or one of a pool
 /// the caller built: a command routed as told, and anything a connection
-/// does (a pipeline is routed by its first key).
+/// does.
 pub(crate) trait ClusterOps: ConnectionLike {
     fn route(&mut self, cmd: &Cmd, routing: RoutingInfo) -> RedisResult<Value>;
+
+    /// A pipeline, sent to the node of its first command's key, each
+    /// reply its own (a server's refusal included); `None` when this
+    /// connection cannot (then send the commands one by one). redis-rs
+    /// fails a whole cluster pipeline on the first refusal in it, and
+    /// follows a `MOVED` in it by sending the whole pipeline to that node.
+    fn pipeline(&mut self, packed: &[u8], count: usize) -> Option<RedisResult<Vec<Value>>>;
 }
 
-impl<C: ConnectionLike + redis::cluster::Connect> ClusterOps for ClusterConnection<C> {
+impl ClusterOps for Cluster {
     fn route(&mut self, cmd: &Cmd, routing: RoutingInfo) -> RedisResult<Value> {
         self.route_command(cmd, routing)
+    }
+
+    fn pipeline(&mut self, packed: &[u8], count: usize) -> Option<RedisResult<Vec<Value>>> {
+        KEPT.with(|kept| kept.borrow_mut().take());
+        KEEP_REPLIES.with(|keep| keep.set(true));
+        let result = self.req_packed_commands(packed, 0, count);
+        KEEP_REPLIES.with(|keep| keep.set(false));
+        let kept = KEPT.with(|kept| kept.borrow_mut().take());
+        Some(match (result, kept) {
+            (Ok(_), Some(replies)) => Ok(replies),
+            (Ok(replies), None) => Ok(replies),
+            (Err(err), _) => Err(err),
+        })
+    }
+}
+
+impl ClusterOps for ClusterConnection {
+    fn route(&mut self, cmd: &Cmd, routing: RoutingInfo) -> RedisResult<Value> {
+        self.route_command(cmd, routing)
+    }
+
+    fn pipeline(&mut self, _: &[u8], _: usize) -> Option<RedisResult<Vec<Value>>> {
+        None
     }
 }
 
@@ -319,7 +353,24 @@ impl ConnectionLike for NodeLink {
     ) -> RedisResult<Vec<Value>> {
         self.ready()?;
         let result = self.con.req_packed_commands(cmd, offset, count);
-        self.seen(result)
+        let result = self.seen(result);
+        if !KEEP_REPLIES.with(|keep| keep.get()) {
+            return result;
+        }
+        // Kept aside as they came; redis-rs gets them without refusals,
+        // so it neither fails the whole pipeline nor follows a `MOVED` in
+        // it with the whole pipeline.
+        result.map(|replies| {
+            let plain = replies
+                .iter()
+                .map(|reply| match reply {
+                    Value::ServerError(_) => Value::Nil,
+                    other => other.clone(),
+                })
+                .collect();
+            KEPT.with(|kept| *kept.borrow_mut() = Some(replies));
+            plain
+        })
     }
 
     fn req_command(&mut self, cmd: &Cmd) -> RedisResult<Value> {

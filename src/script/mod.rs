@@ -252,7 +252,11 @@ fn send_group(
     for call in group {
         pipe.add_command((*call).clone());
     }
-    let values = cluster.req_packed_commands(&pipe.get_packed_pipeline(), 0, group.len())?;
+    let Some(values) = cluster.pipeline(&pipe.get_packed_pipeline(), group.len()) else {
+        // A cluster connection of the caller's pool: one by one.
+        return group.iter().map(|call| alone(cluster, call)).collect();
+    };
+    let values = values?;
     if values.len() != group.len() {
         return Err(redis::RedisError::from((
             redis::ErrorKind::Client,
