@@ -144,8 +144,16 @@ impl<O: Opener> Pool<O> {
                 pause = pause.saturating_mul(2).min(RETRY_MAX);
                 continue;
             }
-            let until = started + wait;
-            if self.freed.wait_until(&mut state, until).timed_out() && state.idle.is_empty() {
+            // A wait too long to count is bounded by `left()` on the next
+            // pass all the same.
+            let timed_out = match started.checked_add(wait) {
+                Some(until) => self.freed.wait_until(&mut state, until).timed_out(),
+                None => {
+                    self.freed.wait(&mut state);
+                    false
+                }
+            };
+            if timed_out && state.idle.is_empty() {
                 return Err(Failure::TimedOut(last));
             }
         }

@@ -977,6 +977,14 @@ impl Job<'_> {
     /// or a lease running low terminates the command, `--max-run` too,
     /// and a SIGKILL follows when it does not go in time.
     fn watch_lease(&mut self, started: Option<Instant>) {
+        // The job is stopped: nothing runs on the lease, and `resume`
+        // decides on it when the job is continued. Acting here would race
+        // with that: the stop `stop_job` sends itself can land after it
+        // returned, and a SIGCONT then finds this loop, not `resume`,
+        // looking at a lease that ran out while stopped.
+        if self.stopped {
+            return;
+        }
         let validity = self.validity();
         // The lease is watched after --max-run fired too: a loss while the
         // command is being terminated ends it as fast as any loss does.
