@@ -120,6 +120,8 @@ pub(crate) struct NodeLink {
     con: redis::Connection,
     /// Its number for [`last_node`].
     number: u64,
+    /// Its address for [`last_address`] (`None` for a Unix socket).
+    address: Option<(Arc<str>, u16)>,
     /// The read timeout last asked for (by redis-rs or the crate), put
     /// back after a cut.
     read: std::cell::Cell<Option<Duration>>,
@@ -140,6 +142,23 @@ std::thread_local! {
     static KEEP_REPLIES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// The replies kept, refusals included.
     static KEPT: std::cell::RefCell<Option<Vec<Value>>> = const { std::cell::RefCell::new(None) };
+    /// The address of the node this thread's last cluster request went to.
+    static LAST_ADDRESS: std::cell::RefCell<Option<(Arc<str>, u16)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Where the calling thread's last request on one of this crate's cluster
+/// connections went: the node that answered it, after any redirection
+/// (the one to load a script on after its `NOSCRIPT`).
+pub(crate) fn last_address() -> Option<RoutingInfo> {
+    LAST_ADDRESS.with(|last| {
+        last.borrow().as_ref().map(|(host, port)| {
+            RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                host: host.to_string(),
+                port: *port,
+            })
+        })
+    })
 }
 
 /// Numbers nodes by address for [`last_node`]: the same address, the same
@@ -180,6 +199,13 @@ impl Deadline {
     }
 }
 
+impl Deadline {
+    fn replacing(at: Option<Instant>) -> Deadline {
+        let before = DEADLINE.with(|deadline| deadline.replace(at));
+        Deadline { before }
+    }
+}
+
 impl Drop for Deadline {
     fn drop(&mut self) {
         DEADLINE.with(|deadline| deadline.set(self.before));
@@ -201,6 +227,7 @@ impl NodeLink {
             return Err(time_ran_out("after a lost reply on this node's link"));
         }
         LAST_NODE.with(|last| last.set(self.number));
+        LAST_ADDRESS.with(|last| last.borrow_mut().clone_from(&self.address));
         let left = DEADLINE
             .with(|deadline| deadline.get())
             .map(|at| at.saturating_duration_since(Instant::now()));
@@ -235,6 +262,42 @@ impl NodeLink {
     }
 }
 
+/// A pipeline of `count` commands on one connection: sent at once, the
+/// replies read one by one, `before_read` called before each read (to cut
+/// its timeout), stopping at the first read that fails. redis-rs's own
+/// reads on after a failed one, each with a whole timeout again: a
+/// pipeline of K commands to a server that stopped answering would take K
+/// timeouts. Push messages between the replies (RESP3) are skipped.
+fn pipeline_each(
+    con: &mut redis::Connection,
+    cmd: &[u8],
+    count: usize,
+    before_read: &mut dyn FnMut(&redis::Connection) -> RedisResult<()>,
+) -> RedisResult<Vec<Value>> {
+    con.send_packed_command(cmd)?;
+    let mut replies = Vec::with_capacity(count);
+    // Bounded: every pass reads one reply or fails, and push messages are
+    // allowed as many again as there are replies, plus a few.
+    let most = count.saturating_mul(2).saturating_add(16);
+    for _ in 0..most {
+        if replies.len() == count {
+            return Ok(replies);
+        }
+        before_read(con)?;
+        match con.recv_response()? {
+            Value::Push { .. } => {}
+            reply => replies.push(reply),
+        }
+    }
+    if replies.len() == count {
+        return Ok(replies);
+    }
+    Err(RedisError::from((
+        redis::ErrorKind::Io,
+        "a pipeline's replies did not come",
+    )))
+}
+
 /// A cluster connection of this crate (see [`NodeLink`]).
 pub(crate) type Cluster = ClusterConnection<NodeLink>;
 
@@ -250,11 +313,19 @@ pub(crate) trait ClusterOps: ConnectionLike {
     /// fails a whole cluster pipeline on the first refusal in it, and
     /// follows a `MOVED` in it by sending the whole pipeline to that node.
     fn pipeline(&mut self, packed: &[u8], count: usize) -> Option<RedisResult<Vec<Value>>>;
+
+    /// Whether [`ClusterOps::pipeline`] works here, and the crate knows
+    /// where each request went ([`last_node`], [`last_address`]).
+    fn pipeline_capable(&self) -> bool;
 }
 
 impl ClusterOps for Cluster {
     fn route(&mut self, cmd: &Cmd, routing: RoutingInfo) -> RedisResult<Value> {
         self.route_command(cmd, routing)
+    }
+
+    fn pipeline_capable(&self) -> bool {
+        true
     }
 
     fn pipeline(&mut self, packed: &[u8], count: usize) -> Option<RedisResult<Vec<Value>>> {
@@ -278,6 +349,10 @@ impl ClusterOps for ClusterConnection {
 
     fn pipeline(&mut self, _: &[u8], _: usize) -> Option<RedisResult<Vec<Value>>> {
         None
+    }
+
+    fn pipeline_capable(&self) -> bool {
+        false
     }
 }
 
@@ -308,9 +383,17 @@ impl redis::cluster::Connect for NodeLink {
         // The first reply too: redis-rs sets its own timeouts after it.
         con.set_read_timeout(timeout)?;
         con.set_write_timeout(timeout)?;
+        let address = match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port)
+            | redis::ConnectionAddr::TcpTls { host, port, .. } => {
+                Some((Arc::from(host.as_str()), *port))
+            }
+            _ => None,
+        };
         Ok(NodeLink {
             con,
             number: node_number(&info.addr().to_string()),
+            address,
             read: std::cell::Cell::new(timeout),
             cut: false,
             lost: false,
@@ -352,7 +435,31 @@ impl ConnectionLike for NodeLink {
         count: usize,
     ) -> RedisResult<Vec<Value>> {
         self.ready()?;
-        let result = self.con.req_packed_commands(cmd, offset, count);
+        let result = if offset == 0 {
+            let number = self.number;
+            let read = self.read.get();
+            let mut cut = |con: &redis::Connection| -> RedisResult<()> {
+                LAST_NODE.with(|last| last.set(number));
+                let left = DEADLINE
+                    .with(|deadline| deadline.get())
+                    .map(|at| at.saturating_duration_since(Instant::now()));
+                match left {
+                    Some(left) if left.is_zero() => {
+                        Err(time_ran_out("while a pipeline's replies were read"))
+                    }
+                    Some(left) if read.is_none_or(|read| left < read) => {
+                        con.set_read_timeout(Some(left))
+                    }
+                    _ => Ok(()),
+                }
+            };
+            let result = pipeline_each(&mut self.con, cmd, count, &mut cut);
+            // Cut from here on: `ready` puts the timeouts back.
+            self.cut = true;
+            result
+        } else {
+            self.con.req_packed_commands(cmd, offset, count)
+        };
         let result = self.seen(result);
         if !KEEP_REPLIES.with(|keep| keep.get()) {
             return result;
@@ -1137,9 +1244,18 @@ impl Connection {
     /// single node (redis-rs would retry a timed-out request up to its
     /// retry count, each with a whole timeout).
     fn deadline(&self) -> Option<Deadline> {
-        let cluster =
-            matches!(&self.pooled, Pooled::Own(link) if matches!(link.kind, LinkKind::Cluster(_)));
-        cluster.then(|| Deadline::at_most(Instant::now().checked_add(self.limit)))
+        self.own_cluster()
+            .then(|| Deadline::at_most(Instant::now().checked_add(self.limit)))
+    }
+
+    /// [`Connection::deadline`], in place of any deadline set before.
+    fn deadline_replacing(&self) -> Option<Deadline> {
+        self.own_cluster()
+            .then(|| Deadline::replacing(Instant::now().checked_add(self.limit)))
+    }
+
+    fn own_cluster(&self) -> bool {
+        matches!(&self.pooled, Pooled::Own(link) if matches!(link.kind, LinkKind::Cluster(_)))
     }
 
     /// The cluster connection, when this is one.
@@ -1219,8 +1335,13 @@ impl Connection {
             self.limit = limit;
         }
         // All of `op` on a cluster, however many requests and redis-rs
-        // retries it takes.
-        let deadline = self.deadline();
+        // retries it takes; a raised limit (`patient`) raises it too, or a
+        // `WAIT` inside a resend would be cut to the resend's deadline.
+        let deadline = if limit > before {
+            self.deadline_replacing()
+        } else {
+            self.deadline()
+        };
         let result = op(self);
         drop(deadline);
         if change && let Pooled::Own(link) = &mut self.pooled {
@@ -1245,7 +1366,9 @@ impl Connection {
             && let Pooled::Own(link) = &mut self.pooled
         {
             link.broken = true;
-            if err.is_connection_dropped() {
+            // One node of a cluster gone says nothing of the links to
+            // the others (redis-rs reconnects that node by itself).
+            if err.is_connection_dropped() && !matches!(link.kind, LinkKind::Cluster(_)) {
                 link.epochs.fetch_add(1, Ordering::SeqCst);
             }
         }
@@ -1356,7 +1479,31 @@ impl ConnectionLike for Connection {
         // first rather than interleaved with the pipeline's.
         self.settle()?;
         let _deadline = self.deadline();
-        let result = self.inner().req_packed_commands(cmd, offset, count);
+        let limit = self.limit;
+        let result = match &mut self.pooled {
+            // The whole pipeline within the link's timeout, each read cut
+            // to what is left of it, then the timeout put back.
+            Pooled::Own(link) if offset == 0 => match &mut link.kind {
+                LinkKind::Plain(con) => {
+                    let ends = Instant::now().checked_add(limit);
+                    let mut cut = |con: &redis::Connection| -> RedisResult<()> {
+                        let left =
+                            ends.map_or(limit, |e| e.saturating_duration_since(Instant::now()));
+                        if left.is_zero() {
+                            return Err(time_ran_out("while a pipeline's replies were read"));
+                        }
+                        con.set_read_timeout(Some(left))
+                    };
+                    let result = pipeline_each(con, cmd, count, &mut cut);
+                    match con.set_read_timeout(Some(limit)) {
+                        Ok(()) => result,
+                        Err(err) => result.and(Err(err)),
+                    }
+                }
+                LinkKind::Cluster(con) => con.req_packed_commands(cmd, offset, count),
+            },
+            _ => self.inner().req_packed_commands(cmd, offset, count),
+        };
         self.note(result)
     }
 
@@ -1372,16 +1519,26 @@ impl ConnectionLike for Connection {
         // a `SCRIPT LOAD` (a script the node just said it lacks, which
         // redis-rs would load on every primary, one after another): only on
         // the node the last command went to.
-        let load_on = self.slot.filter(|_| is_script_load(cmd));
+        let load_on = if is_script_load(cmd) {
+            let by_address = if self.own_cluster() {
+                last_address()
+            } else {
+                None
+            };
+            by_address.or_else(|| {
+                self.slot.map(|slot| {
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_slot(
+                        slot,
+                        SlotAddr::Master,
+                    )))
+                })
+            })
+        } else {
+            None
+        };
         let _deadline = self.deadline();
         let result = match (load_on, self.as_cluster()) {
-            (Some(slot), Some(cluster)) => cluster.route(
-                cmd,
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_slot(
-                    slot,
-                    SlotAddr::Master,
-                ))),
-            ),
+            (Some(node), Some(cluster)) => cluster.route(cmd, node),
             (_, cluster) => {
                 if cluster.is_some()
                     && let Some(slot) = slot_of(cmd)

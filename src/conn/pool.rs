@@ -112,6 +112,8 @@ impl<O: Opener> Pool<O> {
                 }
                 state.count = state.count.saturating_sub(1);
                 drop(state);
+                // A slot freed: another waiter may open with it.
+                self.freed.notify_one();
                 drop(link);
                 state = self.state.lock();
             }
@@ -122,10 +124,17 @@ impl<O: Opener> Pool<O> {
             if state.count < self.max {
                 state.count += 1;
                 drop(state);
-                match self.opener.open(remaining.min(connect)) {
-                    Ok(link) => return Ok(self.checked(link)),
+                // The slot is given back however the open ends, a panic
+                // in it included.
+                let slot = Slot { pool: self };
+                let opened = self.opener.open(remaining.min(connect));
+                match opened {
+                    Ok(link) => {
+                        std::mem::forget(slot);
+                        return Ok(self.checked(link));
+                    }
                     Err(failed) => {
-                        self.release_slot();
+                        drop(slot);
                         match failed {
                             Open::Refused(detail) => return Err(Failure::Refused(detail)),
                             Open::Failed(err) => last = Some(err),
@@ -189,6 +198,17 @@ impl<O: Opener> Pool<O> {
             // Outside the lock: a drop may read owed replies.
             drop(link);
         }
+    }
+}
+
+/// A slot taken for a connection being opened: given back when dropped.
+struct Slot<'a, O: Opener> {
+    pool: &'a Pool<O>,
+}
+
+impl<O: Opener> Drop for Slot<'_, O> {
+    fn drop(&mut self) {
+        self.pool.release_slot();
     }
 }
 

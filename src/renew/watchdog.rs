@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use redis::cluster_routing::Slot;
 
-use crate::conn::backend::{Backend, Deployment, last_node};
+use crate::conn::backend::{Backend, Deployment};
 use crate::conn::policy::{self, Op};
 use crate::conn::stats::{Stats, Tag};
 use crate::conn::worker::{STOP_WAIT, Worker};
@@ -642,6 +642,15 @@ fn run(shared: &Shared) {
             (registry.entries.clone(), due)
         };
         let mut next = renew_due(shared, &entries);
+        {
+            // Let go during the renewals: the last round now, within what
+            // is left of its timeout.
+            let mut registry = shared.registry.lock();
+            if registry.shutdown {
+                registry.orphans.extend(orphans);
+                return finish(shared, registry);
+            }
+        }
         if look {
             // After the renewals, and bounded like a cleanup round.
             let budget = entries
@@ -754,13 +763,16 @@ fn renew_due(shared: &Shared, entries: &[Arc<WatchEntry>]) -> Instant {
     if due.is_empty() {
         return next;
     }
+    // The round ends within the shortest renewal period, however many
+    // groups wait for a thread.
+    let round_ends = Instant::now().checked_add(shortest_period);
     let mut groups = if cluster {
         group_by_node(shared, due)
     } else {
         vec![due]
     };
     if let [group] = groups.as_slice() {
-        return next.min(renew_group(shared, group, shortest_period, cluster));
+        return next.min(renew_group(shared, group, round_ends, cluster));
     }
     // The most urgent first, should there be more groups than threads.
     groups.sort_by_key(|group| group.iter().map(|d| d.left).min());
@@ -769,7 +781,7 @@ fn renew_due(shared: &Shared, entries: &[Arc<WatchEntry>]) -> Instant {
     let work = || {
         // Bounded: each pass takes a group, and there are so many.
         while let Some(group) = groups.get(taken.fetch_add(1, Ordering::Relaxed)) {
-            let at = renew_group(shared, group, shortest_period, cluster);
+            let at = renew_group(shared, group, round_ends, cluster);
             let mut soonest = soonest.lock();
             *soonest = (*soonest).min(at);
         }
@@ -809,21 +821,43 @@ fn group_by_node(shared: &Shared, due: Vec<Due>) -> Vec<Vec<Due>> {
 }
 
 /// Renews one group in one pipeline, within its shortest lease's time
-/// left and `round`; returns when to look again for its leases.
-fn renew_group(shared: &Shared, due: &[Due], round: Duration, cluster: bool) -> Instant {
-    let mut next = Instant::now() + IDLE;
+/// left and the round's end; returns when to look again for its leases.
+fn renew_group(
+    shared: &Shared,
+    due: &[Due],
+    round_ends: Option<Instant>,
+    cluster: bool,
+) -> Instant {
+    let now = Instant::now();
+    let mut next = now + IDLE;
     let Some(budget) = due.iter().map(|d| d.left).min() else {
         return next;
     };
-    let budget = budget.min(round);
+    let budget = round_ends.map_or(budget, |end| budget.min(end.saturating_duration_since(now)));
+    if budget.is_zero() {
+        // The round is over: in the next one.
+        return now + RETRY;
+    }
     let sent = Instant::now();
+    // Cleared: a pipeline never sent leaves nothing to learn from.
+    let _ = script::take_routes();
     let result = renew(shared, due, budget);
     if cluster {
-        // Where this group went, for the next round's grouping.
-        if let (Ok(_), Some(node)) = (&result, last_node()) {
-            let mut nodes = shared.nodes.lock();
-            for slot in due.iter().filter_map(|d| d.slot) {
-                nodes.insert(slot, node);
+        // Where each renewal went, for the next round's grouping; after a
+        // failure only the first (the pipeline went to its node), the
+        // others grouped afresh, so a failed group is split.
+        let routes = script::take_routes();
+        let mut nodes = shared.nodes.lock();
+        for (i, d) in due.iter().enumerate() {
+            let Some(slot) = d.slot else { continue };
+            match routes.get(i).copied().filter(|node| *node != 0) {
+                Some(node) => {
+                    nodes.insert(slot, node);
+                }
+                None if result.is_err() => {
+                    nodes.remove(&slot);
+                }
+                None => {}
             }
         }
     }

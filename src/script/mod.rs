@@ -16,7 +16,7 @@ use redis::{Cmd, RedisResult, Script, Value};
 
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 
-use crate::conn::backend::{ClusterOps, Connection, slot_of};
+use crate::conn::backend::{ClusterOps, Connection, last_address, last_node, slot_of};
 use crate::conn::stats::Stats;
 
 pub(crate) mod names;
@@ -184,51 +184,124 @@ fn by_slot(
     scripts: &[&Script],
     stats: &Stats,
 ) -> RedisResult<Vec<RedisResult<Value>>> {
+    ROUTES.with(|routes| routes.borrow_mut().clear());
     let all: Vec<&Cmd> = calls.iter().collect();
-    let mut replies = send_group(cluster, &all)?;
+    let sent = send_group(cluster, &all);
+    // Where the pipeline went (its first call's node, for sure).
+    let mut node = last_node().unwrap_or(0);
+    let mut replies = match sent {
+        Ok(replies) => replies,
+        Err(err) => {
+            note_routes(
+                calls
+                    .iter()
+                    .enumerate()
+                    .map(|(i, _)| if i == 0 { node } else { 0 }),
+            );
+            return Err(err);
+        }
+    };
     if replies
         .iter()
         .any(|reply| reply.as_ref().is_err_and(is_noscript))
     {
-        let loaded = match calls.first().and_then(slot_of) {
-            Some(slot) => load_on(cluster, slot, scripts),
-            // Not a keyed call: where it went is not known.
-            None => Ok(false),
-        }?;
-        if loaded {
+        let slot = calls.first().and_then(slot_of);
+        if load_on(cluster, slot, scripts)? {
             stats.commands(scripts.len() as u64 + all.len() as u64);
             replies = send_group(cluster, &all)?;
+            node = last_node().unwrap_or(0);
         }
     }
     let mut results = Vec::with_capacity(calls.len());
+    let mut routes = Vec::with_capacity(calls.len());
     for (call, reply) in calls.iter().zip(replies) {
-        let reply = match reply {
-            Err(err) if matches!(err.code(), Some("MOVED" | "ASK")) => {
+        let (reply, went) = match reply {
+            // Not run where the pipeline went: sent alone, redis-rs
+            // following the redirection or waiting out the cluster's
+            // change within the call's deadline.
+            Err(err) if err.code().is_some_and(|code| ALONE.contains(&code)) => {
                 stats.commands(1);
                 let mut reply = alone(cluster, call)?;
-                if let (Err(err), Some(slot)) = (&reply, slot_of(call))
-                    && is_noscript(err)
-                    && load_on(cluster, slot, scripts)?
+                if reply.as_ref().is_err_and(is_noscript)
+                    && load_on(cluster, slot_of(call), scripts)?
                 {
                     stats.commands(scripts.len() as u64 + 1);
                     reply = alone(cluster, call)?;
                 }
-                reply
+                (reply, last_node().unwrap_or(0))
             }
-            other => other,
+            // On a cluster pool the caller built, the calls went one by
+            // one to their own nodes: each loads on its own.
+            Err(err) if is_noscript(&err) && !cluster.pipeline_capable() => {
+                let reply = if load_on(cluster, slot_of(call), scripts)? {
+                    stats.commands(scripts.len() as u64 + 1);
+                    alone(cluster, call)?
+                } else {
+                    Err(err)
+                };
+                (reply, 0)
+            }
+            other => (other, node),
         };
         results.push(reply);
+        routes.push(went);
     }
+    note_routes(routes);
     Ok(results)
 }
 
-/// Loads `scripts` on the primary of `slot` only (redis-rs would load them
-/// on every primary, one after another, however slow one is).
-fn load_on(cluster: &mut dyn ClusterOps, slot: Slot, scripts: &[&Script]) -> RedisResult<bool> {
-    let node = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_slot(
-        slot,
-        SlotAddr::Master,
-    )));
+/// Refusals that say a call in a cluster pipeline did not run where the
+/// pipeline went, or not yet: sent again alone. redis-rs follows or waits
+/// these out for a call sent alone.
+const ALONE: &[&str] = &[
+    "MOVED",
+    "ASK",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "READONLY",
+    "LOADING",
+    "MASTERDOWN",
+];
+
+std::thread_local! {
+    /// The node each call of this thread's last [`by_slot`] went to (a
+    /// node's number, 0 for not known).
+    static ROUTES: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn note_routes(routes: impl IntoIterator<Item = u64>) {
+    ROUTES.with(|kept| {
+        let mut kept = kept.borrow_mut();
+        kept.clear();
+        kept.extend(routes);
+    });
+}
+
+/// The nodes the calls of this thread's last pipelined call on a cluster
+/// went to, in order (0: not known; empty: none, or not on a cluster of
+/// this crate). After a failure, only the first call's node is known. What
+/// the watchdog groups renewals by.
+pub(crate) fn take_routes() -> Vec<u64> {
+    ROUTES.with(|routes| std::mem::take(&mut *routes.borrow_mut()))
+}
+
+/// Loads `scripts` on the node that just said `NOSCRIPT` (the node the
+/// thread's last request went to, after any redirection), or, on a
+/// cluster pool the caller built, on the primary of `slot`; never on every
+/// primary, one after another, as redis-rs would (however slow one is).
+fn load_on(
+    cluster: &mut dyn ClusterOps,
+    slot: Option<Slot>,
+    scripts: &[&Script],
+) -> RedisResult<bool> {
+    let node = match (last_address(), slot) {
+        (Some(node), _) if cluster.pipeline_capable() => node,
+        (_, Some(slot)) => RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+            Route::with_slot(slot, SlotAddr::Master),
+        )),
+        // Not a keyed call: where it went is not known.
+        (_, None) => return Ok(false),
+    };
     let mut on_node = OnNode {
         cluster: &mut *cluster,
         node,

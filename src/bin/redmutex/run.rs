@@ -977,12 +977,13 @@ impl Job<'_> {
     /// or a lease running low terminates the command, `--max-run` too,
     /// and a SIGKILL follows when it does not go in time.
     fn watch_lease(&mut self, started: Option<Instant>) {
-        // The job is stopped: nothing runs on the lease, and `resume`
-        // decides on it when the job is continued. Acting here would race
-        // with that: the stop `stop_job` sends itself can land after it
-        // returned, and a SIGCONT then finds this loop, not `resume`,
-        // looking at a lease that ran out while stopped.
-        if self.stopped {
+        // The job was stopped and a SIGCONT is on its way to `resume`,
+        // which decides on the lease: acting here first would race with it
+        // (the stop `stop_job` sends itself can land after it returned, and
+        // the SIGCONT then finds this loop looking at a lease that ran out
+        // while stopped). A job continued by someone else is watched as
+        // usual.
+        if self.stopped && self.control.continue_pending() {
             return;
         }
         let validity = self.validity();

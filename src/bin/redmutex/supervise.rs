@@ -534,6 +534,11 @@ impl JobControl {
         CONTINUED.swap(false, Ordering::SeqCst)
     }
 
+    /// A SIGCONT came that [`JobControl::continued`] has not reported yet.
+    pub(super) fn continue_pending(&self) -> bool {
+        CONTINUED.load(Ordering::SeqCst)
+    }
+
     /// Stops `redmutex`'s own process group (the shell's job: `redmutex`,
     /// and a script that runs it) with `signal`, as its default action
     /// would, and returns once continued. In an orphaned group the kernel
