@@ -1,4 +1,4 @@
-//! The market simulation of Redis in Action §6.2 (seed 003): optimistic
+//! The market simulation of Redis in Action §6.2: optimistic
 //! WATCH/MULTI/EXEC against a coarse lock and fine-grained locks.
 //!
 //! ```sh

@@ -1,5 +1,7 @@
-//! Executable documentation: the broken lock recipes of the source articles
-//! (seed 000 §3.3, §4.3, §4.4; seed 002), each shown failing against a real
+//! Executable documentation: the broken lock recipes of the articles
+//! "Redis-based distributed locks and their pitfalls" (§3.3, §4.3, §4.4)
+//! and the Jedis reentrancy article ("Redis series 13: distributed locks"),
+//! each shown failing against a real
 //! Redis with a paused or dead holder, next to this crate's operation that
 //! does not fail the same way.
 //!
@@ -43,7 +45,7 @@ fn pause_until_expired(con: &mut redis::Connection, key: &str) {
 
 #[test]
 fn exists_then_set_lets_two_holders_in() {
-    // Seed 002, "the simple idea": check with EXISTS, then SET. Two clients
+    // The Jedis reentrancy article, "the simple idea": check with EXISTS, then SET. Two clients
     // interleave between the check and the write; both believe they hold it.
     let server = RedisServer::start();
     let (mut a, mut b) = (server.conn(), server.conn());
@@ -66,7 +68,7 @@ fn exists_then_set_lets_two_holders_in() {
 
 #[test]
 fn setnx_then_expire_deadlocks_when_the_holder_dies_between() {
-    // Seed 000 §3.3 and seed 002: SETNX, then EXPIRE as a second command. A
+    // The pitfalls article §3.3 and the Jedis reentrancy article: SETNX, then EXPIRE as a second command. A
     // holder that dies between the two leaves a key that never expires.
     let server = RedisServer::start();
     let mut holder = server.conn();
@@ -110,7 +112,7 @@ fn setnx_then_expire_deadlocks_when_the_holder_dies_between() {
 
 #[test]
 fn del_without_check_deletes_another_owners_lock() {
-    // Seed 000 §4.3: release with a bare DEL. A paused holder's late DEL
+    // The pitfalls article §4.3: release with a bare DEL. A paused holder's late DEL
     // removes the lock a second client legitimately holds, and a third
     // client walks in beside the second.
     let server = RedisServer::start();
@@ -153,7 +155,7 @@ fn del_without_check_deletes_another_owners_lock() {
 
 #[test]
 fn get_then_del_deletes_another_owners_lock() {
-    // Seed 000 §4.4: check the token with GET, then DEL: two commands. The
+    // The pitfalls article §4.4: check the token with GET, then DEL: two commands. The
     // holder pauses between them; its lease expires, b acquires, and a's DEL
     // deletes b's lock even though a checked.
     let server = RedisServer::start();
@@ -212,7 +214,7 @@ fn get_then_del_deletes_another_owners_lock() {
 
 #[test]
 fn a_fixed_value_cannot_tell_owners_apart() {
-    // Seed 002: every client writes the same value ("1"), so even an atomic
+    // The Jedis reentrancy article: every client writes the same value ("1"), so even an atomic
     // compare-and-delete cannot tell a's lock from b's.
     let server = RedisServer::start();
     let (mut a, mut b) = (server.conn(), server.conn());

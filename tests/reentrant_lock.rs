@@ -1,5 +1,6 @@
-//! `ReentrantLock`: the holds in a Redis hash, as in seed 001's redis-cli
-//! sessions (one field per hold instead of a counter).
+//! `ReentrantLock`: the holds in a Redis hash, as in the redis-cli
+//! sessions of the article "Distributed locks by Redis" (one field per
+//! hold instead of a counter).
 
 mod support;
 

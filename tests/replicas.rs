@@ -73,7 +73,7 @@ fn noreplicas_is_a_clear_error_without_a_retry_storm() {
 
 #[test]
 fn failover_to_a_replica_without_the_key_hands_the_lock_out_twice() {
-    // The documented hazard (seed 000 §2.4): the replica is promoted before
+    // The documented hazard ("Redis-based distributed locks and their pitfalls", §2.4): the replica is promoted before
     // it has the key, while a client still talks to the old primary. With
     // min_replicas off both clients hold the lock; with it on, the write
     // that no replica acknowledged is refused.

@@ -1,5 +1,5 @@
 //! `ReentrantLock`: the hold count kept in Redis, in a hash whose field is
-//! the owner (seed 001, as Redisson does it).
+//! the owner (the article "Distributed locks by Redis", as Redisson does it).
 
 use std::cell::Cell;
 use std::convert::Infallible;

@@ -1,5 +1,6 @@
-//! `RwLock`: many readers or one writer, all state in one hash (seed 004's
-//! cluster variant, fixed so a reader can only release itself).
+//! `RwLock`: many readers or one writer, all state in one hash (the
+//! cluster variant of the article "Redis distributed read-write lock",
+//! fixed so a reader can only release itself).
 
 use std::convert::Infallible;
 use std::sync::Arc;

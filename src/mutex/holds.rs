@@ -1,5 +1,5 @@
 //! Thread-local hold counts, modelled on the `ThreadLocal<Map<String, Integer>>`
-//! counter of the Jedis article (seed 002).
+//! counter of the Jedis reentrancy article ("Redis series 13: distributed locks").
 //!
 //! Each thread keeps, per client and key, a weak reference to the lease it
 //! holds. The guards of one hold share the lease through an `Rc`, so the
