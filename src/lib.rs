@@ -273,7 +273,7 @@
 //!
 //! ## Requirements
 //!
-//! Redis 7.0 or newer (`SET … NX … GET`), Rust 1.88. The notify wait mode's
+//! Redis 7.0 or newer (`SET … NX … GET`), Rust 1.95. The notify wait mode's
 //! subscriber connection speaks plain TCP or a Unix socket (with `AUTH` from
 //! the URL); over other transports waiters use backoff timing.
 
