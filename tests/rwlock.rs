@@ -247,3 +247,24 @@ fn a_waiting_writer_wakes_on_the_readers_release_message() {
         "woke {lag:?} after the release (backoff 10 s)"
     );
 }
+
+/// `try_read_until` and `try_write_until`, as the other lock types'
+/// `_until`: at least one attempt with a deadline already past, and no
+/// wait past the deadline while the other side holds the lock.
+#[test]
+fn until_deadlines_are_kept_for_reads_and_writes() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let lock = RwLock::new(&client, "rw-until");
+    let past = Instant::now();
+    let reader = lock.try_read_until(past).expect("read").expect("free");
+    let started = Instant::now();
+    let deadline = started + Duration::from_millis(150);
+    let write = lock.try_write_until(deadline).expect("write");
+    assert!(write.is_none(), "a reader holds it");
+    assert!(Instant::now() >= deadline);
+    reader.unlock().expect("unlock");
+    let writer = lock.try_write_until(past).expect("write").expect("free");
+    assert!(lock.try_read_until(past).expect("read").is_none());
+    writer.unlock().expect("unlock");
+}

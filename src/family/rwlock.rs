@@ -191,6 +191,17 @@ impl RwLock {
         self.acquire(Mode::Read, Within::For(wait))
     }
 
+    /// Attempts a read lock until `deadline` (at least one attempt, even
+    /// with a deadline already past).
+    ///
+    /// # Errors
+    ///
+    /// As [`RwLock::read`], without [`Error::Timeout`].
+    #[must_use = "the guard is the lock: dropping it at once releases the lock"]
+    pub fn try_read_until(&self, deadline: Instant) -> Result<Option<RwGuard>, Error> {
+        self.acquire(Mode::Read, Within::Until(deadline))
+    }
+
     /// Takes the write lock, waiting up to the options' `wait`.
     ///
     /// # Errors
@@ -219,6 +230,18 @@ impl RwLock {
     #[must_use = "the guard is the lock: dropping it at once releases the lock"]
     pub fn try_write_for(&self, wait: Duration) -> Result<Option<RwGuard>, Error> {
         self.acquire(Mode::Write, Within::For(wait))
+    }
+
+    /// Attempts the write lock until `deadline` (at least one attempt, even
+    /// with a deadline already past); while it waits, new readers wait too
+    /// (unless [`RwLock::prefer_readers`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`RwLock::read`], without [`Error::Timeout`].
+    #[must_use = "the guard is the lock: dropping it at once releases the lock"]
+    pub fn try_write_until(&self, deadline: Instant) -> Result<Option<RwGuard>, Error> {
+        self.acquire(Mode::Write, Within::Until(deadline))
     }
 
     fn blocking(&self, mode: Mode) -> Result<RwGuard, Error> {
