@@ -93,6 +93,7 @@ impl LeaseOptions {
     /// The lease: how long Redis keeps the lock if its holder never releases
     /// it (a crash, a partition, a pause). Whole milliseconds; between 1 ms
     /// and ten years, checked when a lock is taken. Defaults to 30 s.
+    #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
@@ -101,6 +102,7 @@ impl LeaseOptions {
     /// How long the blocking acquire (`lock`, `read`, `write`) waits for a
     /// held lock before it gives up with [`Error::Timeout`]. Defaults to
     /// 10 s.
+    #[must_use]
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
@@ -108,6 +110,7 @@ impl LeaseOptions {
 
     /// How waiting attempts are spaced. Defaults to [`Backoff::default`]:
     /// 2 ms doubling up to 64 ms, with full jitter.
+    #[must_use]
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
         self
@@ -117,6 +120,7 @@ impl LeaseOptions {
     /// feature): a name for a group of keys chosen by the caller, such as
     /// `"reindex"` or `"exports"`. Never the key itself, so the number of
     /// time series stays what the caller makes it. Defaults to `"default"`.
+    #[must_use]
     pub fn key_class(mut self, class: &'static str) -> Self {
         self.key_class = class;
         self
@@ -181,6 +185,7 @@ impl SemaphoreOptions {
     /// feature): a name for a group of keys chosen by the caller, such as
     /// `"reindex"` or `"exports"`. Never the key itself, so the number of
     /// time series stays what the caller makes it. Defaults to `"default"`.
+    #[must_use]
     pub fn key_class(mut self, class: &'static str) -> Self {
         self.key_class = class;
         self
@@ -189,6 +194,7 @@ impl SemaphoreOptions {
     /// Each permit's lease: how long Redis keeps it if its holder never
     /// gives it back. Whole milliseconds, between 1 ms and ten years,
     /// checked when a permit is taken. Defaults to 30 s.
+    #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
@@ -197,12 +203,14 @@ impl SemaphoreOptions {
     /// How long [`Semaphore::acquire`](crate::Semaphore::acquire) waits
     /// for a permit before it gives up with [`Error::Timeout`]. Defaults
     /// to 10 s.
+    #[must_use]
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
     }
 
     /// How waiting attempts are spaced. Defaults to [`Backoff::default`].
+    #[must_use]
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
         self
@@ -210,6 +218,7 @@ impl SemaphoreOptions {
 
     /// How waiters learn a permit may be free. Defaults to
     /// [`WaitMode::Notify`].
+    #[must_use]
     pub fn wait_mode(mut self, mode: WaitMode) -> Self {
         self.wait_mode = mode;
         self
@@ -222,6 +231,7 @@ impl SemaphoreOptions {
     /// [`Permit::loss_signal`](crate::Permit::loss_signal)) when a renewal
     /// finds it gone or its lease runs out by the local clock first.
     /// Defaults to `false`.
+    #[must_use]
     pub fn watchdog(mut self, enabled: bool) -> Self {
         self.watchdog = enabled;
         self
@@ -229,6 +239,7 @@ impl SemaphoreOptions {
 
     /// With the watchdog, stops renewing a permit once it has been held
     /// this long; it then runs out and is marked lost. Defaults to `None`.
+    #[must_use]
     pub fn max_hold(mut self, cap: Option<Duration>) -> Self {
         self.max_hold = cap;
         self
@@ -242,6 +253,7 @@ impl SemaphoreOptions {
     /// every client and process, and across a failover or restart that
     /// lost the counter (see [`LockOptions::fencing`](crate::LockOptions::fencing)).
     /// Defaults to `false`.
+    #[must_use]
     pub fn fencing(mut self, enabled: bool) -> Self {
         self.fencing = enabled;
         self
@@ -254,6 +266,7 @@ impl SemaphoreOptions {
     /// at least 1 ms and shorter than the client's I/O timeout. As for
     /// [`LockOptions::min_replicas`], it narrows the failover hazard and
     /// does not close it. Defaults to `None`.
+    #[must_use]
     pub fn min_replicas(mut self, n: u32, timeout: Duration) -> Self {
         self.min_replicas = (n > 0).then_some((n, timeout));
         self
@@ -262,6 +275,7 @@ impl SemaphoreOptions {
     /// Whether a permit given back while a thread of the same client waits
     /// goes straight to it (same id, no command), in notify mode. Defaults
     /// to `true`.
+    #[must_use]
     pub fn local_handoff(mut self, enabled: bool) -> Self {
         self.local_handoff = enabled;
         self
@@ -271,6 +285,7 @@ impl SemaphoreOptions {
     /// Redis, one permit may be passed on before it is given back in Redis
     /// (so waiters in other processes get their turn). Defaults to
     /// [`HandoffBudget::default`].
+    #[must_use]
     pub fn handoff_budget(mut self, budget: HandoffBudget) -> Self {
         self.handoff_budget = budget;
         self
@@ -416,6 +431,7 @@ impl LockOptions {
     /// feature): a name for a group of keys chosen by the caller, such as
     /// `"reindex"` or `"exports"`. Never the key itself, so the number of
     /// time series stays what the caller makes it. Defaults to `"default"`.
+    #[must_use]
     pub fn key_class(mut self, class: &'static str) -> Self {
         self.key_class = class;
         self
@@ -424,6 +440,7 @@ impl LockOptions {
     /// The lease: how long Redis keeps the lock if its holder never releases
     /// it (a crash, a partition, a pause). Whole milliseconds; between 1 ms
     /// and ten years, checked when a lock is taken. Defaults to 30 s.
+    #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
@@ -432,6 +449,7 @@ impl LockOptions {
     /// How long [`DistributedLock::lock`](crate::DistributedLock::lock) waits
     /// for a held lock before it gives up with [`Error::Timeout`]. Defaults
     /// to 10 s.
+    #[must_use]
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
@@ -439,6 +457,7 @@ impl LockOptions {
 
     /// How waiting attempts are spaced. Defaults to [`Backoff::default`]:
     /// 2 ms doubling up to 64 ms, with full jitter.
+    #[must_use]
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
         self
@@ -446,6 +465,7 @@ impl LockOptions {
 
     /// How guards of this lock release it in Redis. Defaults to
     /// [`Release::Lua`].
+    #[must_use]
     pub fn release(mut self, release: Release) -> Self {
         self.release = release;
         self
@@ -453,6 +473,7 @@ impl LockOptions {
 
     /// How waiters learn the lock may be free. Defaults to
     /// [`WaitMode::Notify`].
+    #[must_use]
     pub fn wait_mode(mut self, wait_mode: WaitMode) -> Self {
         self.wait_mode = wait_mode;
         self
@@ -470,6 +491,7 @@ impl LockOptions {
     /// fairness, as in `parking_lot`): the waiter keeps its place, and
     /// longer holds keep the queue's strict order. `false` turns both off.
     /// Defaults to `true`.
+    #[must_use]
     pub fn local_handoff(mut self, enabled: bool) -> Self {
         self.local_handoff = enabled;
         self
@@ -480,6 +502,7 @@ impl LockOptions {
     /// acquired in Redis, whichever comes first. Defaults to 256 handoffs or
     /// 10 ms. A budget of 0 handoffs disables handoff like
     /// `local_handoff(false)`.
+    #[must_use]
     pub fn handoff_budget(mut self, max_handoffs: u32, max_time: Duration) -> Self {
         self.handoff_budget = HandoffBudget {
             max_handoffs,
@@ -498,6 +521,7 @@ impl LockOptions {
     /// ([`LockGuard::is_lost`](crate::LockGuard::is_lost),
     /// [`LockGuard::loss_signal`](crate::LockGuard::loss_signal)). Defaults
     /// to `false`.
+    #[must_use]
     pub fn watchdog(mut self, enabled: bool) -> Self {
         self.watchdog = enabled;
         self
@@ -506,6 +530,7 @@ impl LockOptions {
     /// With the watchdog, stops renewing once the lock has been held this
     /// long; the lease then runs out and the guard is marked lost. Defaults
     /// to `None` (renew for as long as the guard lives).
+    #[must_use]
     pub fn max_hold(mut self, cap: Option<Duration>) -> Self {
         self.max_hold = cap;
         self
@@ -525,6 +550,7 @@ impl LockOptions {
     /// 1.8 × 10^15 (below 2^53): compare them, do not count on their gaps.
     /// A fenced lease is never handed off between threads, since each
     /// holder must carry its own number. Defaults to `false`.
+    #[must_use]
     pub fn fencing(mut self, enabled: bool) -> Self {
         self.fencing = enabled;
         self
@@ -546,95 +572,10 @@ impl LockOptions {
     /// timeout ([`LockClient::timeout`](crate::LockClient::timeout)); other
     /// values make acquisitions fail with [`Error::InvalidArgument`] before
     /// anything is sent. If `WAIT` fails, the key is released again.
+    #[must_use]
     pub fn min_replicas(mut self, n: u32, timeout: Duration) -> Self {
         self.min_replicas = (n > 0).then_some((n, timeout));
         self
-    }
-
-    /// The replica acknowledgement set by [`LockOptions::min_replicas`].
-    #[deprecated(
-        note = "read it from the lock: `DistributedLock::min_replicas()` (getters without `get_`)"
-    )]
-    pub fn get_min_replicas(&self) -> Option<(u32, Duration)> {
-        self.min_replicas
-    }
-
-    /// Whether the watchdog renews the lease ([`LockOptions::watchdog`]).
-    #[deprecated(
-        note = "read it from the lock: `DistributedLock::watchdog()` (getters without `get_`)"
-    )]
-    pub fn get_watchdog(&self) -> bool {
-        self.watchdog
-    }
-
-    /// The cap on hold time set by [`LockOptions::max_hold`].
-    #[deprecated(
-        note = "read it from the lock: `DistributedLock::max_hold()` (getters without `get_`)"
-    )]
-    pub fn get_max_hold(&self) -> Option<Duration> {
-        self.max_hold
-    }
-
-    /// Whether acquisitions issue fencing tokens ([`LockOptions::fencing`]).
-    #[deprecated(
-        note = "read it from the lock: `DistributedLock::fencing()` (getters without `get_`)"
-    )]
-    pub fn get_fencing(&self) -> bool {
-        self.fencing
-    }
-
-    /// The wait mode set by [`LockOptions::wait_mode`].
-    #[deprecated(
-        note = "read it from the lock: `DistributedLock::wait_mode()` (getters without `get_`)"
-    )]
-    pub fn get_wait_mode(&self) -> WaitMode {
-        self.wait_mode
-    }
-
-    /// Whether in-process handoff is on ([`LockOptions::local_handoff`]).
-    #[deprecated(
-        note = "read it from the lock: `DistributedLock::local_handoff()` (getters without `get_`)"
-    )]
-    pub fn get_local_handoff(&self) -> bool {
-        self.local_handoff
-    }
-
-    /// The budget set by [`LockOptions::handoff_budget`].
-    #[deprecated(
-        note = "read it from the lock: `DistributedLock::handoff_budget()` (getters without `get_`)"
-    )]
-    pub fn get_handoff_budget(&self) -> HandoffBudget {
-        self.handoff_budget
-    }
-
-    /// The lease length set by [`LockOptions::ttl`].
-    #[deprecated(note = "read it from the lock: `DistributedLock::ttl()` (getters without `get_`)")]
-    pub fn get_ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    /// The wait set by [`LockOptions::wait`].
-    #[deprecated(
-        note = "read it from the lock: `DistributedLock::wait()` (getters without `get_`)"
-    )]
-    pub fn get_wait(&self) -> Duration {
-        self.wait
-    }
-
-    /// The backoff set by [`LockOptions::backoff`].
-    #[deprecated(
-        note = "read it from the lock: `DistributedLock::backoff()` (getters without `get_`)"
-    )]
-    pub fn get_backoff(&self) -> Backoff {
-        self.backoff
-    }
-
-    /// The release method set by [`LockOptions::release`].
-    #[deprecated(
-        note = "read it from the lock: `DistributedLock::release_mode()` (getters without `get_`)"
-    )]
-    pub fn get_release(&self) -> Release {
-        self.release
     }
 }
 

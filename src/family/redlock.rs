@@ -409,6 +409,7 @@ impl RedLock {
 
     /// How long each node may take to answer. Defaults to 5 % of the ttl;
     /// never more than the ttl.
+    #[must_use]
     pub fn node_timeout(mut self, timeout: Duration) -> RedLock {
         self.node_timeout = Some(timeout);
         self

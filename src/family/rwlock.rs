@@ -119,6 +119,7 @@ impl RwLock {
     /// writers of one client wait in one queue per key);
     /// [`WaitMode::Spin`] has each poll with backoff. Defaults to
     /// [`WaitMode::Notify`].
+    #[must_use]
     pub fn wait_mode(mut self, mode: WaitMode) -> RwLock {
         self.wait_mode = mode;
         self
@@ -148,6 +149,7 @@ impl RwLock {
     /// Lets new readers in even while writers wait (writers may then wait
     /// as long as readers keep overlapping). Defaults to `false`: writer
     /// preference.
+    #[must_use]
     pub fn prefer_readers(mut self, prefer: bool) -> RwLock {
         self.prefer_readers = prefer;
         self
