@@ -250,7 +250,7 @@
 //!   threads end by themselves within one I/O timeout. The pools of all
 //!   clients share two threads that open connections.
 //!
-//! The README's "Failure model" has the whole table, the bounds and the ACL
+//! `docs/failure-model.md` has the whole table, the bounds and the ACL
 //! rule a lock user needs.
 //!
 //! ## Non-guarantees: it is a lease, not a mutex
@@ -325,3 +325,14 @@ pub use redis;
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// The guide's examples, compiled as doc tests.
+#[doc = include_str!("../docs/guide.md")]
+#[doc = include_str!("../docs/deployments.md")]
+#[doc = include_str!("../docs/cli.md")]
+#[doc = include_str!("../docs/operating.md")]
+#[doc = include_str!("../docs/failure-model.md")]
+#[doc = include_str!("../docs/performance.md")]
+#[doc = include_str!("../docs/testing.md")]
+#[cfg(doctest)]
+pub struct GuideDoctests;

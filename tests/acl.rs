@@ -1,4 +1,4 @@
-//! Redis ACL users: the rule the README gives a lock user is enough for
+//! Redis ACL users: the rule docs/failure-model.md gives a lock user is enough for
 //! every lock type, and a user without channel permissions (the Redis 7
 //! default for new users) still releases, and waits by backoff.
 
@@ -12,14 +12,14 @@ use redmutex::{
 };
 use support::{RedisServer, exists, secret, wait_until};
 
-/// The README's rule for a user whose locks are named `locks:*`, word for
-/// word (checked against README.md below).
+/// The documented rule for a user whose locks are named `locks:*`, word for
+/// word (checked against docs/failure-model.md below).
 const RULE: &str = "on >secret resetkeys ~locks:* ~{locks:* resetchannels &redmutex:released:* \
     -@all +set +get +getdel +pttl +evalsha +script|load +wait +watch +unwatch +multi +exec \
     +subscribe +unsubscribe +ping +client|setname +role \
     +del +exists +pexpire +pexpireat +psetex +publish +incr +decr +time +hget +hset +hdel +hlen +hgetall";
 
-/// The README's rule for a client whose key prefix is `teamA:`: one key
+/// The documented rule for a client whose key prefix is `teamA:`: one key
 /// pattern and one channel pattern cover everything the crate touches.
 const PREFIX_RULE: &str = "on >secret resetkeys ~teamA:* resetchannels &teamA:* \
     -@all +set +get +getdel +pttl +evalsha +script|load +wait +watch +unwatch +multi +exec \
@@ -52,14 +52,17 @@ fn acl_denials(server: &RedisServer) -> Vec<redis::Value> {
 
 #[test]
 fn the_readme_gives_this_rule() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
+    let readme = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/failure-model.md"
+    ))
+    .expect("docs/failure-model.md");
     let flat = readme.split_whitespace().collect::<Vec<_>>().join(" ");
     for rule in [RULE, PREFIX_RULE] {
         let rule = rule.split_whitespace().collect::<Vec<_>>().join(" ");
         assert!(
             flat.contains(&rule),
-            "README.md must give the rule:\n{rule}"
+            "docs/failure-model.md must give the rule:\n{rule}"
         );
     }
 }
@@ -542,7 +545,7 @@ fn round(client: &LockClient, kind: &str, key: &str) -> Result<(), redmutex::Err
     Ok(())
 }
 
-/// Every configuration the README documents, every lock type and both
+/// Every configuration the failure model documents, every lock type and both
 /// release mechanisms. What works must work; what a configuration cannot
 /// serve (fencing without the `{locks:*` keys) must be refused at the
 /// first call with an error that says so, never a lock left held for its

@@ -1,4 +1,4 @@
-//! Every bound the README's failure model states, forced with the worst
+//! Every bound the failure model (docs/failure-model.md) states, forced with the worst
 //! fault it lists and checked over ten runs: each test prints its worst
 //! case beside its limit (`cargo test --test bounds -- --nocapture`).
 //!

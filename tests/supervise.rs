@@ -621,7 +621,7 @@ fn a_command_that_changes_user_dies_with_redmutex() {
 /// `--daemon`: a command that forks a server away (a new session) and
 /// exits keeps the lock while the server runs, renewed, and gives it up
 /// when the server ends; without `--daemon` the lock goes with the
-/// command, as the README says. A loss ends the server too.
+/// command, as docs/cli.md says. A loss ends the server too.
 #[test]
 fn daemon_keeps_the_lock_while_the_commands_daemon_runs() {
     let server = RedisServer::start();

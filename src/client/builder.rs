@@ -392,7 +392,7 @@ impl LockClientBuilder {
     /// the lock named `K` is the key `PREFIX K`, and its fencing counter,
     /// release markers and release channel all start with `PREFIX` too, so
     /// an ACL user limited to `~PREFIX*` and `&PREFIX*` can use every lock
-    /// type (see the README's ACL rules). Defaults to none (`""`). It may
+    /// type (see the ACL rules in docs/failure-model.md). Defaults to none (`""`). It may
     /// not contain `{` or `}`, which would move keys to another cluster
     /// slot. [`DistributedLock::key`](crate::DistributedLock::key) and the
     /// guards' `key()` give the key with its prefix, as it is in Redis.

@@ -263,7 +263,7 @@ impl Identity {
         };
         // The UUID's bytes in 22 characters instead of 36: with the metadata
         // after it, the value stays in a smaller allocation in Redis (see
-        // the README's memory figures). The first byte's top bit is cleared
+        // the memory figures in docs/performance.md). The first byte's top bit is cleared
         // so the token never starts with `-` (an option to a command line);
         // 121 random bits are left.
         let mut bytes = *secret.as_bytes();

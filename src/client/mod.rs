@@ -610,7 +610,7 @@ impl LockClient {
         if !self.inner.markers_refused.swap(true, Ordering::Relaxed) {
             log::warn!(
                 "redmutex: the server refuses the release markers ({{KEY}}:released:*; \
-                 see the README's ACL rules); releasing without them"
+                 see the ACL rules in docs/failure-model.md); releasing without them"
             );
         }
     }

@@ -353,7 +353,7 @@ impl Stats {
 }
 
 /// The same events through the `metrics` facade (names and labels in the
-/// README's "Metrics" section); nothing without the feature.
+/// "Metrics" section of docs/operating.md); nothing without the feature.
 #[cfg(feature = "metrics")]
 mod export {
     use super::Tag;

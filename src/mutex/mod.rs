@@ -307,7 +307,7 @@ impl DistributedLock {
                 Error::Unsupported {
                     command: "the key or its {KEY}:released:* marker (NOPERM)".into(),
                     needed_by: "force_release on Redis Cluster (only its marker makes a request \
-                                redis-rs may send twice safe; see the README's ACL rules)",
+                                redis-rs may send twice safe; see the ACL rules in docs/failure-model.md)",
                     detail: format!("no marker can be written for {key:?}"),
                 }
             } else {
@@ -657,7 +657,7 @@ pub(crate) fn fence_refused(key: &str, counter: &str) -> Error {
         key: key.to_owned(),
         counter: counter.to_owned(),
         detail: "NOPERM: the ACL user may not use it; fencing needs the {KEY}:fence keys \
-                 (see the README's ACL rules)"
+                 (see the ACL rules in docs/failure-model.md)"
             .to_owned(),
     }
 }

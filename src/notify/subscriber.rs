@@ -463,7 +463,7 @@ fn read_pushes(shared: &Shared, mut reader: Reader) {
                 Some(Pending::Subscribe(name)) => {
                     log::warn!(
                         "redmutex: the server refuses to subscribe to {name:?} ({err}); \
-                         waiters of that lock poll with backoff instead (see the README's ACL rules)"
+                         waiters of that lock poll with backoff instead (see the ACL rules in docs/failure-model.md)"
                     );
                     if let Some(channel) = state.channels.get_mut(&name) {
                         channel.subscribe_at = None;

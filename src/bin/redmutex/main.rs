@@ -1,6 +1,6 @@
 //! `redmutex`: flock(1) for a fleet of machines.
 //!
-//! Exit codes (also in `--help` and the README):
+//! Exit codes (also in `--help` and docs/cli.md):
 //!
 //! | code | meaning |
 //! |---|---|
@@ -552,7 +552,7 @@ enum Kind {
     Other(String),
 }
 
-/// Asked with the commands the README's ACL rules allow (no `TYPE`): a
+/// Asked with the commands the ACL rules (docs/failure-model.md) allow (no `TYPE`): a
 /// `GET`, and for a non-string the semaphore's status script.
 fn kind(client: &LockClient, name: &str) -> Result<Kind, Failure> {
     let key = client.key(name);
