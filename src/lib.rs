@@ -271,11 +271,24 @@
 //! * **Eviction**: under `maxmemory` with an `allkeys-*` policy Redis may
 //!   evict a lock key; use `noeviction` or a `volatile-*` policy with care.
 //!
+//! ## Feature flags
+//!
+//! None is on by default.
+//!
+//! * `tls-rustls`: `rediss://` with rustls, trusting the system's root
+//!   certificates unless a CA is given
+//!   ([`LockClientBuilder::tls_ca_file`]).
+//! * `tls-rustls-webpki-roots`: as `tls-rustls`, with Mozilla's roots
+//!   compiled in, for containers without a CA bundle.
+//! * `metrics`: the client's counters and histograms reported through the
+//!   `metrics` facade.
+//! * `cli`: the `redmutex` command-line tool (brings `tls-rustls`).
+//!
 //! ## Requirements
 //!
 //! Redis 7.0 or newer (`SET … NX … GET`), Rust 1.95. The notify wait mode's
-//! subscriber connection speaks plain TCP or a Unix socket (with `AUTH` from
-//! the URL); over other transports waiters use backoff timing.
+//! subscriber connection speaks plain TCP, TLS or a Unix socket (with `AUTH`
+//! from the URL), so waiters are woken by release messages on all three.
 
 #![warn(missing_docs)]
 
