@@ -212,6 +212,13 @@ impl Drop for Deadline {
     }
 }
 
+/// What is left of the calling thread's [`Deadline`], if one is set.
+fn deadline_left() -> Option<Duration> {
+    DEADLINE
+        .with(|deadline| deadline.get())
+        .map(|at| at.saturating_duration_since(Instant::now()))
+}
+
 fn time_ran_out(what: &str) -> RedisError {
     RedisError::from(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
@@ -228,10 +235,7 @@ impl NodeLink {
         }
         LAST_NODE.with(|last| last.set(self.number));
         LAST_ADDRESS.with(|last| last.borrow_mut().clone_from(&self.address));
-        let left = DEADLINE
-            .with(|deadline| deadline.get())
-            .map(|at| at.saturating_duration_since(Instant::now()));
-        match left {
+        match deadline_left() {
             Some(left) if left.is_zero() => Err(time_ran_out("before a node was asked")),
             Some(left) if self.read.get().is_none_or(|read| left < read) => {
                 self.cut = true;
@@ -364,9 +368,7 @@ impl redis::cluster::Connect for NodeLink {
         let info = info.into_connection_info()?;
         // A node redis-rs connects to again in the middle of a request
         // (after a reset, a redirection) is within the request's deadline.
-        let left = DEADLINE
-            .with(|deadline| deadline.get())
-            .map(|at| at.saturating_duration_since(Instant::now()));
+        let left = deadline_left();
         if left.is_some_and(|left| left.is_zero()) {
             return Err(time_ran_out("before a node could be connected to"));
         }
@@ -440,10 +442,7 @@ impl ConnectionLike for NodeLink {
             let read = self.read.get();
             let mut cut = |con: &redis::Connection| -> RedisResult<()> {
                 LAST_NODE.with(|last| last.set(number));
-                let left = DEADLINE
-                    .with(|deadline| deadline.get())
-                    .map(|at| at.saturating_duration_since(Instant::now()));
-                match left {
+                match deadline_left() {
                     Some(left) if left.is_zero() => {
                         Err(time_ran_out("while a pipeline's replies were read"))
                     }
@@ -1519,7 +1518,8 @@ impl ConnectionLike for Connection {
         // a `SCRIPT LOAD` (a script the node just said it lacks, which
         // redis-rs would load on every primary, one after another): only on
         // the node the last command went to.
-        let load_on = if is_script_load(cmd) {
+        let cluster = self.own_cluster() || matches!(self.pooled, Pooled::Cluster(_));
+        let load_on = if cluster && is_script_load(cmd) {
             let by_address = if self.own_cluster() {
                 last_address()
             } else {

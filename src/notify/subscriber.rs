@@ -32,7 +32,7 @@ use redis::Value;
 
 use crate::conn::stats::Stats;
 use crate::conn::worker::{STOP_WAIT, Worker};
-use crate::notify::transport::{Reader, Source, Stream, connect, write_command};
+use crate::notify::transport::{Reader, Source, Stream, connect, left_of, write_command};
 
 /// Wakes the waiters of one channel: called on each release message, and
 /// when the connection is lost.
@@ -319,11 +319,7 @@ fn run(shared: &Shared) {
             .source
             .resolve(attempt, shared.timeout)
             .and_then(|endpoint| {
-                let left = shared
-                    .timeout
-                    .saturating_sub(started.elapsed())
-                    .max(Duration::from_millis(1));
-                connect(&endpoint, left, shared.timeout)
+                connect(&endpoint, left_of(shared.timeout, started), shared.timeout)
             });
         attempt = attempt.wrapping_add(1);
         match connected {

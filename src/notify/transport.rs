@@ -225,14 +225,20 @@ impl Source {
     }
 }
 
+/// What is left of `limit` since `started`, at least 1 ms (a zero timeout
+/// means "none" to a socket).
+pub(crate) fn left_of(limit: Duration, started: Instant) -> Duration {
+    limit
+        .saturating_sub(started.elapsed())
+        .max(Duration::from_millis(1))
+}
+
 /// `SENTINEL GET-MASTER-ADDR-BY-NAME master` on one sentinel.
 fn ask_sentinel(sentinel: &Endpoint, master: &str, timeout: Duration) -> io::Result<(String, u16)> {
     let started = Instant::now();
     let (mut reader, mut writer) = open(sentinel, timeout)?;
     // The connect and the reply within `timeout` together.
-    let left = timeout
-        .saturating_sub(started.elapsed())
-        .max(Duration::from_millis(1));
+    let left = left_of(timeout, started);
     writer.set_timeouts(Some(left), Some(left))?;
     write_command(
         &mut writer,
@@ -432,9 +438,7 @@ fn open(endpoint: &Endpoint, timeout: Duration) -> io::Result<(Reader, Stream)> 
     let started = Instant::now();
     let stream = Stream::connect(&endpoint.target, timeout)?;
     // The connect and the handshake within `timeout` together.
-    let left = timeout
-        .saturating_sub(started.elapsed())
-        .max(Duration::from_millis(1));
+    let left = left_of(timeout, started);
     stream.set_timeouts(Some(left), Some(left))?;
     let mut writer = stream.try_clone()?;
     let mut reader = Reader::new(stream);
@@ -462,9 +466,7 @@ pub(crate) fn connect(
     let (mut reader, mut writer) = open(endpoint, limit)?;
     // A server that stalls after accepting holds the thread (and a dropped
     // client's end) no longer than `limit`.
-    let left = limit
-        .saturating_sub(started.elapsed())
-        .max(Duration::from_millis(1));
+    let left = left_of(limit, started);
     writer.set_timeouts(Some(left), Some(left))?;
     write_command(
         &mut writer,
