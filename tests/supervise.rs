@@ -36,6 +36,19 @@ fn gone(pid: u32) -> bool {
     matches!(state(pid), None | Some('Z'))
 }
 
+/// SIGKILLs `redmutex` (`run`) and checks that process `pid` goes with it
+/// within 5 s (killed at the end if not, so a failed test leaves nothing).
+fn kill_and_expect_gone(run: &mut std::process::Child, pid: u32, what: &str) {
+    assert!(support::signal(run.id(), "KILL"));
+    let _ = run.wait();
+    let killed = wait_until(Duration::from_secs(5), || gone(pid));
+    if !killed {
+        // SAFETY: kills the leftover (the test failed).
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    assert!(killed, "{what} {pid} outlived a killed redmutex");
+}
+
 fn read_pid(path: &Path) -> Option<u32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
@@ -608,14 +621,7 @@ fn a_command_that_changes_user_dies_with_redmutex() {
         .unwrap_or_default()
         .to_owned();
     assert!(uid.contains("65534"), "the command changed user: {uid}");
-    assert!(support::signal(run.id(), "KILL"));
-    let _ = run.wait();
-    let killed = wait_until(Duration::from_secs(5), || gone(command));
-    if !killed {
-        // SAFETY: kills the leftover (the test failed).
-        unsafe { libc::kill(command as i32, libc::SIGKILL) };
-    }
-    assert!(killed, "the command {command} outlived a killed redmutex");
+    kill_and_expect_gone(&mut run, command, "the command");
 }
 
 /// `--daemon`: a command that forks a server away (a new session) and
@@ -1057,14 +1063,7 @@ fn a_command_without_the_parent_death_signal_dies_with_redmutex() {
         .expect("run");
     assert!(wait_until(Duration::from_secs(10), || read_pid(&pidfile).is_some()));
     let command = read_pid(&pidfile).expect("pid");
-    assert!(support::signal(run.id(), "KILL"));
-    let _ = run.wait();
-    let killed = wait_until(Duration::from_secs(5), || gone(command));
-    if !killed {
-        // SAFETY: kills the leftover (the test failed).
-        unsafe { libc::kill(command as i32, libc::SIGKILL) };
-    }
-    assert!(killed, "the command {command} outlived a killed redmutex");
+    kill_and_expect_gone(&mut run, command, "the command");
 }
 
 /// `--daemon`: a process the command starts in a session of its own while
@@ -1098,14 +1097,7 @@ fn a_daemon_started_during_the_run_dies_with_a_killed_redmutex() {
     let daemon = read_pid(&pidfile).expect("pid");
     // Found by the next look at the command's descendants (once a second).
     std::thread::sleep(Duration::from_millis(2500));
-    assert!(support::signal(run.id(), "KILL"));
-    let _ = run.wait();
-    let killed = wait_until(Duration::from_secs(5), || gone(daemon));
-    if !killed {
-        // SAFETY: kills the leftover (the test failed).
-        unsafe { libc::kill(daemon as i32, libc::SIGKILL) };
-    }
-    assert!(killed, "the daemon {daemon} outlived a killed redmutex");
+    kill_and_expect_gone(&mut run, daemon, "the daemon");
 }
 
 fn which(name: &str) -> Result<PathBuf, ()> {
