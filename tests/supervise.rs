@@ -53,6 +53,64 @@ fn read_pid(path: &Path) -> Option<u32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
+/// Set to the steps this binary runs as a job-control test's command
+/// (see [`command_steps`]).
+const STEPS: &str = "REDMUTEX_TEST_STEPS";
+
+/// The command line that runs this test binary as a command doing
+/// `steps`: space-separated `pid:PATH` (write its pid), `sleep:MS`,
+/// `count:PATH:N:MS` (append 0 to N-1 to PATH, a line every MS), `read:PATH`
+/// (read a line of standard input, write `got LINE` to PATH), `touch:PATH`.
+///
+/// Not a shell script: a ^Z that lands while a shell is between `vfork`
+/// and `exec` of a program such as `sleep` stops only the new child and
+/// leaves the shell waiting uninterruptibly, so it never stops and neither
+/// a shell nor `redmutex` sees a job to stop (the job neither runs nor
+/// stops until continued). These tests press ^Z at moments of their
+/// choosing, to test job control and not that window: their command is
+/// one process that never forks.
+fn steps_command(steps: &str) -> String {
+    let exe = std::env::current_exe().expect("test binary");
+    format!(
+        "env {STEPS}='{steps}' {} --exact command_steps --nocapture --test-threads=1 --quiet",
+        exe.display()
+    )
+}
+
+/// Not a test: the command of [`steps_command`] when [`STEPS`] is set.
+#[test]
+fn command_steps() {
+    let Ok(steps) = std::env::var(STEPS) else {
+        return;
+    };
+    for step in steps.split(' ') {
+        let parts: Vec<&str> = step.split(':').collect();
+        match parts[..] {
+            ["pid", path] => std::fs::write(path, std::process::id().to_string()).expect("pid"),
+            ["sleep", ms] => std::thread::sleep(Duration::from_millis(ms.parse().expect("ms"))),
+            ["count", path, n, ms] => {
+                let pause = Duration::from_millis(ms.parse().expect("ms"));
+                for i in 0..n.parse::<u32>().expect("n") {
+                    let mut log = std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(path)
+                        .expect("log");
+                    writeln!(log, "{i}").expect("append");
+                    std::thread::sleep(pause);
+                }
+            }
+            ["read", path] => {
+                let mut line = String::new();
+                std::io::stdin().read_line(&mut line).expect("read");
+                std::fs::write(path, format!("got {}", line.trim())).expect("answer");
+            }
+            ["touch", path] => std::fs::write(path, "").expect("touch"),
+            _ => panic!("unknown step {step:?}"),
+        }
+    }
+}
+
 /// A process's parent, from `/proc`.
 fn parent(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -291,10 +349,13 @@ fn a_read_from_the_background_stops_the_job_and_fg_resumes_it() {
     let key = format!("bg-{}", std::process::id());
     let mut terminal = Terminal::open(&server);
     let line = format!(
-        "{} run {key} -- sh -c 'echo $$ > {}; sleep 0.5; read x; echo \"got $x\" > {}'",
+        "{} run {key} -- {}",
         redmutex_path().display(),
-        pidfile.display(),
-        answer.display()
+        steps_command(&format!(
+            "pid:{} sleep:500 read:{}",
+            pidfile.display(),
+            answer.display()
+        ))
     );
     terminal.send(&format!("{line}\n"));
     if !wait_until(Duration::from_secs(10), || read_pid(&pidfile).is_some()) {
@@ -388,10 +449,13 @@ fn a_lease_lost_while_stopped_kills_the_command_before_it_runs() {
     let key = format!("lost-stopped-{}", std::process::id());
     let mut terminal = Terminal::open(&server);
     let line = format!(
-        "{} run --ttl 1s {key} -- sh -c 'echo $$ > {}; sleep 1; touch {}'",
+        "{} run --ttl 1s {key} -- {}",
         redmutex_path().display(),
-        pidfile.display(),
-        ran.display()
+        steps_command(&format!(
+            "pid:{} sleep:1000 touch:{}",
+            pidfile.display(),
+            ran.display()
+        ))
     );
     terminal.send(&format!("{line}\n"));
     if !wait_until(Duration::from_secs(10), || read_pid(&pidfile).is_some()) {
@@ -473,9 +537,9 @@ fn ctrl_z_with_stdin_redirected_stops_the_command_too() {
     let key = format!("ctrlz-redirected-{}", std::process::id());
     let mut terminal = Terminal::open(&server);
     let line = format!(
-        "{} run --ttl 1s {key} -- sh -c 'i=0; while [ $i -lt 40 ]; do echo $i >> {}; i=$((i+1)); sleep 0.05; done' < /dev/null",
+        "{} run --ttl 1s {key} -- {} < /dev/null",
         redmutex_path().display(),
-        log.display()
+        steps_command(&format!("count:{}:40:50", log.display()))
     );
     terminal.send(&format!("{line}\n"));
     if !wait_until(Duration::from_secs(10), || log.exists()) {

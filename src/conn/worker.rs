@@ -26,12 +26,14 @@ impl Worker {
         body: impl FnOnce() + Send + 'static,
     ) -> std::io::Result<Worker> {
         let (alive, ended) = mpsc::channel::<()>();
-        let handle = std::thread::Builder::new()
-            .name(name.to_owned())
-            .spawn(move || {
-                let _alive = alive;
-                body();
-            })?;
+        let handle = without_signals(|| {
+            std::thread::Builder::new()
+                .name(name.to_owned())
+                .spawn(move || {
+                    let _alive = alive;
+                    body();
+                })
+        })?;
         Ok(Worker { handle, ended })
     }
 
@@ -48,10 +50,101 @@ impl Worker {
     }
 }
 
+/// Runs `spawn`, which starts threads, with every asynchronous signal
+/// blocked in the calling thread, then puts its mask back: the threads
+/// start with those signals blocked (a new thread inherits its creator's
+/// mask) and keep them so.
+///
+/// A signal sent to the process goes to any thread that does not block
+/// it. Left unblocked in the crate's threads, a program's handler could run
+/// on one of them, and a program that stops itself and learns from its
+/// SIGCONT handler that it was continued (as `redmutex run` does) could see
+/// its own thread resume before the handler ran elsewhere. Faults (SIGSEGV
+/// and the like) are not blocked: they go to the faulting thread whatever
+/// its mask, and blocking them is undefined.
+pub(crate) fn without_signals<T>(spawn: impl FnOnce() -> T) -> T {
+    #[cfg(unix)]
+    {
+        /// Puts the mask back, on a panic too.
+        struct Restore(Option<libc::sigset_t>);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                if let Some(old) = &self.0 {
+                    // SAFETY: sets this thread's mask to one it had.
+                    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, old, std::ptr::null_mut()) };
+                }
+            }
+        }
+        // SAFETY: sigset_t is plain data filled by sigfillset/sigdelset;
+        // pthread_sigmask changes this thread's mask only.
+        let _restore = unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            for fault in [
+                libc::SIGSEGV,
+                libc::SIGBUS,
+                libc::SIGFPE,
+                libc::SIGILL,
+                libc::SIGTRAP,
+                libc::SIGSYS,
+            ] {
+                libc::sigdelset(&mut all, fault);
+            }
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            let blocked = libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old) == 0;
+            Restore(blocked.then_some(old))
+        };
+        spawn()
+    }
+    #[cfg(not(unix))]
+    spawn()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Instant;
+
+    /// The mask of the calling thread, as `/proc/thread-self/status` shows it.
+    #[cfg(target_os = "linux")]
+    fn blocked_here() -> String {
+        std::fs::read_to_string("/proc/thread-self/status")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("SigBlk:"))
+            .map(|m| m.trim().to_owned())
+            .unwrap_or_default()
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn the_crates_threads_block_signals_and_the_caller_keeps_its_mask() {
+        let before = blocked_here();
+        let (tx, rx) = mpsc::channel();
+        let worker = Worker::spawn("masked", move || {
+            let _ = tx.send(blocked_here());
+        })
+        .expect("spawn");
+        let theirs = rx.recv_timeout(Duration::from_secs(5)).expect("mask");
+        assert!(worker.stop_within(Duration::from_secs(5)));
+        assert_eq!(blocked_here(), before, "the caller's mask changed");
+        let mask = u64::from_str_radix(&theirs, 16).expect("a hex mask");
+        let bit = |signal: i32| 1u64 << (signal - 1);
+        for signal in [
+            libc::SIGCONT,
+            libc::SIGTSTP,
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGCHLD,
+        ] {
+            assert_ne!(
+                mask & bit(signal),
+                0,
+                "signal {signal} not blocked: {theirs}"
+            );
+        }
+        assert_eq!(mask & bit(libc::SIGSEGV), 0, "a fault blocked: {theirs}");
+    }
 
     #[test]
     fn a_busy_thread_does_not_hold_up_the_stop() {

@@ -203,25 +203,27 @@ impl Nodes {
                 let own = client.clone();
                 let health = Arc::new(Health::default());
                 let busy = health.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("redmutex-redlock".into())
-                    .spawn(move || {
-                        // Ends when the last RedLock handle (the sender) goes.
-                        while let Ok(job) = rx.recv() {
-                            busy.busy(Some(Instant::now()));
-                            // A job that panicked must not take the node's
-                            // thread with it: the node would be lost for
-                            // every later request.
-                            let ran =
-                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                    job(&own)
-                                }));
-                            busy.busy(None);
-                            if ran.is_err() {
-                                log::error!("redmutex: a RedLock node request panicked");
+                let spawned = crate::conn::worker::without_signals(|| {
+                    std::thread::Builder::new()
+                        .name("redmutex-redlock".into())
+                        .spawn(move || {
+                            // Ends when the last RedLock handle (the sender) goes.
+                            while let Ok(job) = rx.recv() {
+                                busy.busy(Some(Instant::now()));
+                                // A job that panicked must not take the node's
+                                // thread with it: the node would be lost for
+                                // every later request.
+                                let ran =
+                                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                        job(&own)
+                                    }));
+                                busy.busy(None);
+                                if ran.is_err() {
+                                    log::error!("redmutex: a RedLock node request panicked");
+                                }
                             }
-                        }
-                    });
+                        })
+                });
                 if let Err(err) = spawned {
                     log::warn!("redmutex: cannot start a RedLock node thread: {err}");
                 }

@@ -789,9 +789,11 @@ fn renew_due(shared: &Shared, entries: &[Arc<WatchEntry>]) -> Instant {
     std::thread::scope(|scope| {
         for _ in 1..groups.len().min(MAX_GROUP_THREADS) {
             // Without a thread, the groups are renewed by those there are.
-            let _ = std::thread::Builder::new()
-                .name(THREAD_NAME.into())
-                .spawn_scoped(scope, work);
+            let _ = crate::conn::worker::without_signals(|| {
+                std::thread::Builder::new()
+                    .name(THREAD_NAME.into())
+                    .spawn_scoped(scope, work)
+            });
         }
         work();
     });

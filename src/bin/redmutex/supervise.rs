@@ -561,6 +561,12 @@ impl JobControl {
             libc::sigaction(signal, &default, &mut old);
             libc::kill(0, signal);
             // Stopped here until continued (its handler sets the flag).
+            // Both the stop and the SIGCONT's handler run on this thread
+            // before kill(2) returns: every other thread blocks them (the
+            // crate starts its threads with signals blocked; the spinner
+            // ended before the command started). Were the SIGCONT taken
+            // by another thread, this one could read the flag before the
+            // handler set it, and take a stop for a dropped one.
             let continued = CONTINUED.swap(false, Ordering::SeqCst);
             libc::sigaction(signal, &old, std::ptr::null_mut());
             continued
