@@ -94,11 +94,11 @@ impl RwLock {
     pub fn new(client: &LockClient, key: impl Into<String>) -> RwLock {
         let defaults = client.defaults();
         RwLock::with_options(client, key, LeaseOptions::from(defaults))
-            .wait_mode(defaults.wait_mode)
+            .with_wait_mode(defaults.wait_mode)
     }
 
     /// A read-write lock on `key` with the given options, waiting in
-    /// [`WaitMode::Notify`] (see [`RwLock::wait_mode`]).
+    /// [`WaitMode::Notify`] (see [`RwLock::with_wait_mode`]).
     pub fn with_options(
         client: &LockClient,
         key: impl Into<String>,
@@ -118,11 +118,16 @@ impl RwLock {
     /// them locally and wakes the head on release messages (readers and
     /// writers of one client wait in one queue per key);
     /// [`WaitMode::Spin`] has each poll with backoff. Defaults to
-    /// [`WaitMode::Notify`].
+    /// [`WaitMode::Notify`] (with [`RwLock::new`], the client's default).
     #[must_use]
-    pub fn wait_mode(mut self, mode: WaitMode) -> RwLock {
+    pub fn with_wait_mode(mut self, mode: WaitMode) -> RwLock {
         self.wait_mode = mode;
         self
+    }
+
+    /// How waiters learn the lock may be free ([`RwLock::with_wait_mode`]).
+    pub fn wait_mode(&self) -> WaitMode {
+        self.wait_mode
     }
 
     /// The lease length ([`LeaseOptions::ttl`]).
