@@ -1,6 +1,6 @@
 //! A Sentinel failover under a locking loop: a primary, a replica and three
 //! sentinels on private loopback ports; one thread takes and releases a lock
-//! every few milliseconds through `LockClient::open_sentinel` while the
+//! every few milliseconds through `LockClient::builder().sentinel(..)` while the
 //! primary is killed with SIGKILL. Prints when locking stopped and resumed,
 //! and what the failed calls said.
 //!

@@ -125,14 +125,14 @@
 //! every deployment with every setting (timeout, pool size, notify on or
 //! off, default options, and a [key prefix](LockClientBuilder::key_prefix)
 //! that every key and channel of every lock type starts with, for ACL
-//! users confined to `~prefix*`); the `open*` constructors are its short
-//! forms:
+//! users confined to `~prefix*`); [`LockClient::open`] is its short form
+//! for one server:
 //!
-//! * [`LockClient::open`]: one server.
-//! * [`LockClient::open_sentinel`]: the primary Redis Sentinel names, found
+//! * [`LockClientBuilder::url`], or [`LockClient::open`]: one server.
+//! * [`LockClientBuilder::sentinel`]: the primary Redis Sentinel names, found
 //!   again on every new connection, so the client follows a failover (the
 //!   subscriber connection too). Combine with [`LockOptions::min_replicas`].
-//! * [`LockClient::open_cluster`]: Redis Cluster. Every script touches one
+//! * [`LockClientBuilder::cluster`]: Redis Cluster. Every script touches one
 //!   slot (auxiliary keys carry the key's hash tag), redirections are
 //!   followed, lost scripts are reloaded on every primary, `WAIT` goes to
 //!   the key's primary. [`Release::Watch`] is refused there

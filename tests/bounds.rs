@@ -30,7 +30,11 @@ const RUNS: usize = 10;
 const SLACK: Duration = Duration::from_millis(300);
 
 fn client(url: &str) -> LockClient {
-    LockClient::open_with_timeout(url, T).expect("client")
+    LockClient::builder()
+        .url(url)
+        .timeout(T)
+        .build()
+        .expect("client")
 }
 
 fn options() -> LockOptions {
@@ -141,7 +145,11 @@ fn measure(
             let results = results.clone();
             scope.spawn(move || {
                 let proxy = FaultProxy::to(server);
-                let client = LockClient::open_with_timeout(&proxy.url(), timeout).expect("client");
+                let client = LockClient::builder()
+                    .url(proxy.url())
+                    .timeout(timeout)
+                    .build()
+                    .expect("client");
                 let times: Vec<Duration> = (0..RUNS)
                     .map(|run| call(&client, &format!("bound-{name}-{run}"), &proxy))
                     .collect();
@@ -200,7 +208,11 @@ fn a_lock_call_on_a_stalled_cluster_primary_keeps_the_bound() {
     let _serial = support::serial();
     let cluster = support::RedisCluster::start_with_node_timeout(3, 0, 30_000);
     let keys = cluster.key_per_primary("bound");
-    let client = LockClient::open_cluster_with_timeout(cluster.urls(), T).expect("client");
+    let client = LockClient::builder()
+        .cluster(cluster.urls())
+        .timeout(T)
+        .build()
+        .expect("client");
     let stalled = cluster.primary_for(&keys[1]);
     let mut times = Vec::new();
     for _ in 0..RUNS {
@@ -400,13 +412,12 @@ fn a_dropped_clients_subscriber_asking_stalled_sentinels_ends_within_the_bound()
     let mut ends = Vec::new();
     for run in 0..RUNS {
         let key = format!("bound-sentinels-{run}");
-        let client = LockClient::open_sentinel_with(
-            &urls,
-            support::SentinelSet::MASTER,
-            redis::RedisConnectionInfo::default(),
-            LONG_T,
-        )
-        .expect("client");
+        let client = LockClient::builder()
+            .sentinel(&urls, support::SentinelSet::MASTER)
+            .sentinel_primary(redis::RedisConnectionInfo::default())
+            .timeout(LONG_T)
+            .build()
+            .expect("client");
         // A connection to the primary in the pool, found while the
         // sentinels answered.
         let lock = DistributedLock::with_options(&client, key.as_str(), options());
@@ -454,7 +465,11 @@ fn list_returns_within_its_budget() {
     let server = RedisServer::start();
     let proxy = FaultProxy::to(&server);
     // A step that overran the budget by its timeout would stand out.
-    let client = LockClient::open_with_timeout(&proxy.url(), LONG_T).expect("client");
+    let client = LockClient::builder()
+        .url(proxy.url())
+        .timeout(LONG_T)
+        .build()
+        .expect("client");
     let budget = Duration::from_millis(150);
     let mut times = Vec::new();
     for run in 0..RUNS {

@@ -479,24 +479,27 @@ fn rwlock_reentrant_lock_and_semaphore_work_on_a_cluster() {
 #[test]
 fn bad_cluster_urls_are_refused() {
     assert!(matches!(
-        LockClient::open_cluster(Vec::<String>::new()),
+        LockClient::builder().cluster(Vec::<String>::new()).build(),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
-        LockClient::open_cluster(["not a url"]),
+        LockClient::builder().cluster(["not a url"]).build(),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
-        LockClient::open_cluster_with_timeout(["redis://127.0.0.1:1/"], Duration::ZERO),
+        LockClient::builder()
+            .cluster(["redis://127.0.0.1:1/"])
+            .timeout(Duration::ZERO)
+            .build(),
         Err(Error::InvalidArgument(_))
     ));
     // Nobody listening: an error within the timeouts, not a hang.
     let nobody = support::free_port();
-    let client = LockClient::open_cluster_with_timeout(
-        [format!("redis://127.0.0.1:{nobody}/")],
-        Duration::from_millis(500),
-    )
-    .expect("the URL parses; nothing is contacted yet");
+    let client = LockClient::builder()
+        .cluster([format!("redis://127.0.0.1:{nobody}/")])
+        .timeout(Duration::from_millis(500))
+        .build()
+        .expect("the URL parses; nothing is contacted yet");
     let started = Instant::now();
     let outcome = DistributedLock::new(&client, "k").try_lock();
     assert!(outcome.is_err(), "{outcome:?}");
@@ -521,7 +524,10 @@ fn force_release_is_safe_against_redis_rs_resends() {
     let guard = DistributedLock::new(&holder, key).lock().expect("lock");
     let token = guard.token().to_owned();
     std::mem::forget(guard);
-    let client = LockClient::open_cluster_with_timeout(cluster.urls(), Duration::from_millis(200))
+    let client = LockClient::builder()
+        .cluster(cluster.urls())
+        .timeout(Duration::from_millis(200))
+        .build()
         .expect("client");
     let primary = cluster.primary_for(key);
     // The script on the node first: the paused send must be one that

@@ -208,7 +208,8 @@ fn exercise(server: &RedisServer, client: &LockClient, case: u64, x: &Extremes) 
         .query(&mut server.conn())
         .expect("DEL");
 
-    let rw = RwLock::with_options(client, format!("rw{case}"), x.lease()).with_wait_mode(x.wait_mode());
+    let rw =
+        RwLock::with_options(client, format!("rw{case}"), x.lease()).with_wait_mode(x.wait_mode());
     if let Some(Some(reader)) = clear("try_read", rw.try_read()) {
         let writer = clear("try_write_for", rw.try_write_for(SHORT)).flatten();
         assert!(
@@ -228,8 +229,11 @@ fn exercise(server: &RedisServer, client: &LockClient, case: u64, x: &Extremes) 
         drop(guard);
     }
     let _ = clear(
-        "open_with_timeout",
-        LockClient::open_with_timeout(&server.url(), x.timeout),
+        "builder().timeout()",
+        LockClient::builder()
+            .url(server.url())
+            .timeout(x.timeout)
+            .build(),
     );
 }
 

@@ -249,7 +249,11 @@ fn a_silent_server_fails_the_first_acquisition_within_its_bound() {
     const T: Duration = Duration::from_millis(300);
     let server = RedisServer::start();
     let proxy = FaultProxy::to(&server);
-    let client = LockClient::open_with_timeout(&proxy.url(), T).expect("client");
+    let client = LockClient::builder()
+        .url(proxy.url())
+        .timeout(T)
+        .build()
+        .expect("client");
     proxy.swallow_new(true);
     let started = std::time::Instant::now();
     let err = DistributedLock::new(&client, "silent")

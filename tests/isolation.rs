@@ -18,7 +18,11 @@ use support::{FaultProxy, RedisServer};
 const T: Duration = Duration::from_millis(400);
 
 fn client(url: &str) -> LockClient {
-    LockClient::open_with_timeout(url, T).expect("client")
+    LockClient::builder()
+        .url(url)
+        .timeout(T)
+        .build()
+        .expect("client")
 }
 
 /// Callers of the stalled server, as many as it takes to fill any shared
@@ -150,7 +154,11 @@ fn a_stalled_cluster_primary_costs_no_lease_on_the_others() {
     let _serial = support::serial();
     let cluster = support::RedisCluster::start_with_node_timeout(3, 0, 30_000);
     let keys = cluster.key_per_primary("iso");
-    let client = LockClient::open_cluster_with_timeout(cluster.urls(), T).expect("client");
+    let client = LockClient::builder()
+        .cluster(cluster.urls())
+        .timeout(T)
+        .build()
+        .expect("client");
     // Idle links in the pool, opened while every node answered: a link
     // opened while a node stalls waits for that node's connect (one
     // timeout: the documented connect bound on a cluster), which the

@@ -390,7 +390,10 @@ fn a_url_that_does_not_parse_is_invalid_argument() {
         }
     }
     assert!(matches!(
-        LockClient::open_with_timeout("redis://127.0.0.1:1/", Duration::ZERO),
+        LockClient::builder()
+            .url("redis://127.0.0.1:1/")
+            .timeout(Duration::ZERO)
+            .build(),
         Err(Error::InvalidArgument(_))
     ));
 }
@@ -398,11 +401,11 @@ fn a_url_that_does_not_parse_is_invalid_argument() {
 #[test]
 fn an_unreachable_server_is_an_error_within_the_timeout() {
     let port = support::free_port(); // nothing listens here
-    let client = LockClient::open_with_timeout(
-        &format!("redis://127.0.0.1:{port}/"),
-        Duration::from_millis(500),
-    )
-    .expect("open does not connect");
+    let client = LockClient::builder()
+        .url(format!("redis://127.0.0.1:{port}/"))
+        .timeout(Duration::from_millis(500))
+        .build()
+        .expect("open does not connect");
     let lock = DistributedLock::new(&client, "nowhere");
     for attempt in [
         Box::new(|| lock.try_lock().map(|g| g.is_some())) as Box<dyn Fn() -> _>,

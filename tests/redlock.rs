@@ -343,7 +343,11 @@ fn requests_for_unreachable_nodes_are_not_applied_after_they_heal() {
         nodes[2..].iter().map(support::FaultProxy::to).collect();
     let mut clients: Vec<LockClient> = nodes[..2].iter().map(RedisServer::lock_client).collect();
     clients.extend(proxies.iter().map(|p| {
-        LockClient::open_with_timeout(&p.url(), Duration::from_millis(200)).expect("proxied client")
+        LockClient::builder()
+            .url(p.url())
+            .timeout(Duration::from_millis(200))
+            .build()
+            .expect("proxied client")
     }));
     let lock = RedLock::with_options(
         clients,

@@ -165,23 +165,24 @@ fn min_replicas_is_met_through_sentinel() {
 #[test]
 fn bad_sentinel_input_gets_clear_errors() {
     assert!(matches!(
-        LockClient::open_sentinel(Vec::<String>::new(), "m"),
+        LockClient::builder()
+            .sentinel(Vec::<String>::new(), "m")
+            .build(),
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
-        LockClient::open_sentinel(["::"], "m"),
+        LockClient::builder().sentinel(["::"], "m").build(),
         Err(Error::InvalidArgument(_))
     ));
     // Sentinels that do not know the name: an error within the timeout, not
     // a hang.
     let sentinel = RedisServer::start();
-    let client = LockClient::open_sentinel_with(
-        [sentinel.url()],
-        "nobody",
-        Default::default(),
-        Duration::from_millis(500),
-    )
-    .expect("client");
+    let client = LockClient::builder()
+        .sentinel([sentinel.url()], "nobody")
+        .sentinel_primary(Default::default())
+        .timeout(Duration::from_millis(500))
+        .build()
+        .expect("client");
     let started = Instant::now();
     let outcome = DistributedLock::new(&client, "k").try_lock();
     assert!(outcome.is_err(), "{outcome:?}");
@@ -247,13 +248,12 @@ fn a_stalled_sentinel_is_passed_over() {
     let mut urls = vec![proxy.url()];
     urls.extend(set.sentinel_urls().into_iter().skip(1));
     let timeout = Duration::from_millis(500);
-    let client = LockClient::open_sentinel_with(
-        urls,
-        SentinelSet::MASTER,
-        redis::RedisConnectionInfo::default(),
-        timeout,
-    )
-    .expect("client");
+    let client = LockClient::builder()
+        .sentinel(urls, SentinelSet::MASTER)
+        .sentinel_primary(redis::RedisConnectionInfo::default())
+        .timeout(timeout)
+        .build()
+        .expect("client");
     let started = Instant::now();
     let guard = DistributedLock::with_options(&client, "passed", options())
         .lock()

@@ -16,7 +16,11 @@ use support::{FaultProxy, RedisServer, exists, get, numsub, wait_until};
 const T: Duration = Duration::from_millis(400);
 
 fn client(proxy: &FaultProxy) -> LockClient {
-    LockClient::open_with_timeout(&proxy.url(), T).expect("client")
+    LockClient::builder()
+        .url(proxy.url())
+        .timeout(T)
+        .build()
+        .expect("client")
 }
 
 fn options() -> LockOptions {
@@ -330,7 +334,11 @@ fn the_loss_signal_fires_before_anyone_else_can_acquire() {
 fn a_stalled_server_bounds_the_call_and_leaves_no_lease() {
     let _serial = support::serial();
     let server = RedisServer::start();
-    let client = LockClient::open_with_timeout(&server.url(), T).expect("client");
+    let client = LockClient::builder()
+        .url(server.url())
+        .timeout(T)
+        .build()
+        .expect("client");
     let lock = DistributedLock::with_options(&client, "z", options());
     let sleeper = {
         let url = server.url();
@@ -370,13 +378,12 @@ fn a_stalled_sentinel_never_hangs_a_call_or_a_drop() {
     let server = RedisServer::start();
     let proxy = FaultProxy::to(&server);
     proxy.stall_new(true);
-    let client = LockClient::open_sentinel_with(
-        [proxy.url()],
-        "nobody",
-        redis::RedisConnectionInfo::default(),
-        T,
-    )
-    .expect("client");
+    let client = LockClient::builder()
+        .sentinel([proxy.url()], "nobody")
+        .sentinel_primary(redis::RedisConnectionInfo::default())
+        .timeout(T)
+        .build()
+        .expect("client");
     let lock = DistributedLock::with_options(&client, "s", options());
     for _ in 0..3 {
         let started = Instant::now();

@@ -1,6 +1,6 @@
 //! Every way to make a [`LockClient`]: [`LockClientBuilder`] for any
-//! deployment with every setting, the short forms (`open*`), and the
-//! wrappers of pools built by the caller (`new*`).
+//! deployment with every setting, its short form [`LockClient::open`], and
+//! the wrappers of pools built by the caller (`new*`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -23,9 +23,9 @@ use crate::notify::transport::{Source, TlsRef};
 use crate::script::names::Namespace;
 
 impl LockClient {
-    /// A builder for any deployment, with every setting: the long form of
-    /// [`LockClient::open`], [`LockClient::open_cluster`] and
-    /// [`LockClient::open_sentinel`].
+    /// A builder for any deployment (one server, Redis Cluster, Redis
+    /// Sentinel), with every setting; [`LockClient::open`] is its short
+    /// form for one server with the defaults.
     pub fn builder() -> LockClientBuilder {
         LockClientBuilder::default()
     }
@@ -50,133 +50,7 @@ impl LockClient {
     ///
     /// [`Error::InvalidArgument`] when the URL does not parse.
     pub fn open(url: &str) -> Result<LockClient, Error> {
-        LockClient::open_with_timeout(url, DEFAULT_TIMEOUT)
-    }
-
-    /// Like [`LockClient::open`], with `timeout` instead of
-    /// [`DEFAULT_TIMEOUT`] for getting a connection and for every read and
-    /// write.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] when the URL does not parse or `timeout`
-    /// is zero or above [`MAX_TIMEOUT`](crate::MAX_TIMEOUT).
-    pub fn open_with_timeout(url: &str, timeout: Duration) -> Result<LockClient, Error> {
-        LockClient::builder().url(url).timeout(timeout).build()
-    }
-
-    /// Builds a client for a Redis Cluster, given the addresses of some of
-    /// its nodes (`redis://host:port`, any of them; the others are found
-    /// through `CLUSTER SLOTS`).
-    ///
-    /// Everything the crate sends touches one hash slot: a lock key's
-    /// fencing counter and release channel carry the key's hash tag (see
-    /// [`fence_key`](crate::fence_key)), scripts are routed by their first
-    /// key, `MOVED` and `ASK` redirections are followed, and a script the
-    /// node lost (`NOSCRIPT` after a failover, a resharding or a
-    /// `SCRIPT FLUSH`) is loaded on every primary and run again.
-    ///
-    /// What differs from a single node:
-    ///
-    /// * [`Release::Watch`](crate::client::options::Release::Watch) is refused with
-    ///   [`Error::InvalidArgument`]: a `WATCH` lives on one connection to one
-    ///   node, and a redirection between `WATCH` and `EXEC` would run the
-    ///   `DEL` on a node where nothing is watched, unchecked.
-    /// * Release messages go out with classic `PUBLISH`, which the cluster
-    ///   bus carries to every node; the subscriber connection stays on one
-    ///   node (the first seed it reaches), so notify waiting works as on one
-    ///   server, at the price of that broadcast on each release.
-    /// * With [`LockOptions::fencing`](crate::LockOptions::fencing), a key
-    ///   that contains `}` without a valid `{tag}` is refused: no counter key
-    ///   can share its slot.
-    ///
-    /// Pool and timeouts as in [`LockClient::open`]; each pooled connection
-    /// keeps one connection per node it has talked to. A slot that is
-    /// moving (`MOVED`/`ASK` past redis-rs's own retries, `TRYAGAIN` during
-    /// a migration, `CLUSTERDOWN` during a failover) is asked again, as a
-    /// resend, with backoff for up to twice the I/O timeout; after that
-    /// the call fails with [`Error::OutcomeUnknown`] (writes) or
-    /// [`Error::Redis`] (reads).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] when there is no URL, one does not parse,
-    /// or `timeout` is zero.
-    pub fn open_cluster<S: AsRef<str>>(
-        urls: impl IntoIterator<Item = S>,
-    ) -> Result<LockClient, Error> {
-        LockClient::open_cluster_with_timeout(urls, DEFAULT_TIMEOUT)
-    }
-
-    /// Like [`LockClient::open_cluster`], with `timeout` instead of
-    /// [`DEFAULT_TIMEOUT`].
-    ///
-    /// # Errors
-    ///
-    /// As [`LockClient::open_cluster`].
-    pub fn open_cluster_with_timeout<S: AsRef<str>>(
-        urls: impl IntoIterator<Item = S>,
-        timeout: Duration,
-    ) -> Result<LockClient, Error> {
-        LockClient::builder().cluster(urls).timeout(timeout).build()
-    }
-
-    /// Builds a client for the primary that Redis Sentinel names
-    /// `master_name`, given the addresses of some sentinels
-    /// (`redis://host:port`).
-    ///
-    /// Every new connection asks the sentinels for the current primary and
-    /// checks its `ROLE`, so after a failover the client reaches the
-    /// promoted replica: connections to the old primary break (Sentinel
-    /// disconnects the clients of a demoted primary), the failed call is
-    /// retried on a fresh connection, and the subscriber connection asks the
-    /// sentinels again too.
-    ///
-    /// **The failover hazard.** Replication is asynchronous: a lock written
-    /// to the old primary just before it died may never reach the replica
-    /// that is promoted, and then a second owner gets the same lock. Set
-    /// [`LockOptions::min_replicas`](crate::LockOptions::min_replicas) so an
-    /// acquisition only counts once a replica has the key, and use
-    /// [`fencing`](crate::LockOptions::fencing) tokens where a double owner
-    /// would do damage.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] when there is no sentinel URL or one does
-    /// not parse.
-    pub fn open_sentinel<S: AsRef<str>>(
-        sentinels: impl IntoIterator<Item = S>,
-        master_name: &str,
-    ) -> Result<LockClient, Error> {
-        LockClient::open_sentinel_with(
-            sentinels,
-            master_name,
-            redis::RedisConnectionInfo::default(),
-            DEFAULT_TIMEOUT,
-        )
-    }
-
-    /// Like [`LockClient::open_sentinel`], with how to log in to the primary
-    /// (its username, password, database, protocol) and `timeout` instead of
-    /// [`DEFAULT_TIMEOUT`]. The sentinels' own credentials go in their URLs.
-    /// With `rediss://` sentinel URLs the primary is spoken to with TLS too;
-    /// for a CA or client certificate of your own, use
-    /// [`LockClient::builder`].
-    ///
-    /// # Errors
-    ///
-    /// As [`LockClient::open_sentinel`]; also when `timeout` is zero.
-    pub fn open_sentinel_with<S: AsRef<str>>(
-        sentinels: impl IntoIterator<Item = S>,
-        master_name: &str,
-        primary: redis::RedisConnectionInfo,
-        timeout: Duration,
-    ) -> Result<LockClient, Error> {
-        LockClient::builder()
-            .sentinel(sentinels, master_name)
-            .sentinel_primary(primary)
-            .timeout(timeout)
-            .build()
+        LockClient::builder().url(url).build()
     }
 
     /// Wraps a pool you built, with default [`LockOptions`].
@@ -187,7 +61,7 @@ impl LockClient {
     /// `connection_customizer`), so a stalled server would hang the caller;
     /// and redis-rs opens pooled connections without a connect or
     /// handshake timeout, so a server that accepts and never answers blocks
-    /// r2d2's threads. Prefer [`LockClient::open_with_timeout`], whose pool
+    /// r2d2's threads. Prefer [`LockClient::builder`], whose pool
     /// has none of these problems. The resend window and release markers
     /// (see the crate docs' failure model) assume [`DEFAULT_TIMEOUT`] for a
     /// pool given here.
@@ -205,7 +79,7 @@ impl LockClient {
         )
     }
 
-    /// Wraps a Redis Cluster pool you built; see [`LockClient::open_cluster`]
+    /// Wraps a Redis Cluster pool you built; see [`LockClientBuilder::cluster`]
     /// for what differs on a cluster, and [`LockClient::new`] for the pool
     /// settings to mind. Without [`LockClient::with_notify_client`] (any one
     /// node will do), remote releases are waited for with backoff timing.
@@ -219,10 +93,10 @@ impl LockClient {
     }
 
     /// Wraps a pool over [`LockedSentinelClient`] you built; see
-    /// [`LockClient::open_sentinel`] for the failover behaviour and hazard,
+    /// [`LockClientBuilder::sentinel`] for the failover behaviour and hazard,
     /// and [`LockClient::new`] for the pool settings to mind. Remote
     /// releases are waited for with backoff timing (the subscriber
-    /// connection of [`LockClient::open_sentinel`] needs the sentinels'
+    /// connection of [`LockClientBuilder::sentinel`] needs the sentinels'
     /// addresses, which the pool does not tell).
     pub fn new_sentinel(pool: r2d2::Pool<LockedSentinelClient>) -> LockClient {
         LockClient::build(
@@ -318,17 +192,67 @@ impl LockClientBuilder {
         self
     }
 
-    /// A Redis Cluster, given some of its nodes (`redis://host:port`; the
-    /// others are found through `CLUSTER SLOTS`). See
-    /// [`LockClient::open_cluster`] for what differs on a cluster.
+    /// A Redis Cluster, given some of its nodes (`redis://host:port`, any
+    /// of them; the others are found through `CLUSTER SLOTS`).
+    ///
+    /// Everything the crate sends touches one hash slot: a lock key's
+    /// fencing counter and release channel carry the key's hash tag (see
+    /// [`fence_key`](crate::fence_key)), scripts are routed by their first
+    /// key, `MOVED` and `ASK` redirections are followed, and a script the
+    /// node lost (`NOSCRIPT` after a failover, a resharding or a
+    /// `SCRIPT FLUSH`) is loaded on every primary and run again.
+    ///
+    /// What differs from a single node:
+    ///
+    /// * [`Release::Watch`](crate::client::options::Release::Watch) is refused with
+    ///   [`Error::InvalidArgument`]: a `WATCH` lives on one connection to one
+    ///   node, and a redirection between `WATCH` and `EXEC` would run the
+    ///   `DEL` on a node where nothing is watched, unchecked.
+    /// * Release messages go out with classic `PUBLISH`, which the cluster
+    ///   bus carries to every node; the subscriber connection stays on one
+    ///   node (the first seed it reaches), so notify waiting works as on one
+    ///   server, at the price of that broadcast on each release.
+    /// * With [`LockOptions::fencing`](crate::LockOptions::fencing), a key
+    ///   that contains `}` without a valid `{tag}` is refused: no counter key
+    ///   can share its slot.
+    ///
+    /// Pool and timeouts as for one server; each pooled connection
+    /// keeps one connection per node it has talked to. A slot that is
+    /// moving (`MOVED`/`ASK` past redis-rs's own retries, `TRYAGAIN` during
+    /// a migration, `CLUSTERDOWN` during a failover) is asked again, as a
+    /// resend, with backoff for up to twice the I/O timeout; after that
+    /// the call fails with [`Error::OutcomeUnknown`] (writes) or
+    /// [`Error::Redis`] (reads).
+    ///
+    /// [`LockClientBuilder::build`] fails with [`Error::InvalidArgument`]
+    /// when there is no URL or one does not parse.
     pub fn cluster<S: AsRef<str>>(mut self, urls: impl IntoIterator<Item = S>) -> Self {
         self.servers = Servers::Cluster(urls.into_iter().map(|u| u.as_ref().to_owned()).collect());
         self
     }
 
     /// The primary that Redis Sentinel names `master`, given some sentinels
-    /// (`redis://host:port`, with their own credentials in the URL). See
-    /// [`LockClient::open_sentinel`] for the failover behaviour and hazard.
+    /// (`redis://host:port`, with their own credentials in the URL; with
+    /// `rediss://` the primary is spoken to with TLS too). How to log in
+    /// to the primary: [`LockClientBuilder::sentinel_primary`].
+    ///
+    /// Every new connection asks the sentinels for the current primary and
+    /// checks its `ROLE`, so after a failover the client reaches the
+    /// promoted replica: connections to the old primary break (Sentinel
+    /// disconnects the clients of a demoted primary), the failed call is
+    /// retried on a fresh connection, and the subscriber connection asks the
+    /// sentinels again too.
+    ///
+    /// **The failover hazard.** Replication is asynchronous: a lock written
+    /// to the old primary just before it died may never reach the replica
+    /// that is promoted, and then a second owner gets the same lock. Set
+    /// [`LockOptions::min_replicas`](crate::LockOptions::min_replicas) so an
+    /// acquisition only counts once a replica has the key, and use
+    /// [`fencing`](crate::LockOptions::fencing) tokens where a double owner
+    /// would do damage.
+    ///
+    /// [`LockClientBuilder::build`] fails with [`Error::InvalidArgument`]
+    /// when there is no sentinel URL or one does not parse.
     pub fn sentinel<S: AsRef<str>>(
         mut self,
         sentinels: impl IntoIterator<Item = S>,

@@ -252,10 +252,17 @@ impl Target {
                 .map(|url| LockClient::open(url).expect("RedLock node client"))
                 .collect(),
             Deployment::Cluster => {
-                vec![LockClient::open_cluster(&self.urls).expect("cluster lock client")]
+                vec![
+                    LockClient::builder()
+                        .cluster(&self.urls)
+                        .build()
+                        .expect("cluster lock client"),
+                ]
             }
             Deployment::Sentinel => vec![
-                LockClient::open_sentinel(&self.urls, SentinelSet::MASTER)
+                LockClient::builder()
+                    .sentinel(&self.urls, SentinelSet::MASTER)
+                    .build()
                     .expect("sentinel lock client"),
             ],
         }

@@ -164,7 +164,10 @@ impl RedisCluster {
 
     /// A lock client over the whole cluster.
     pub fn lock_client(&self) -> redmutex::LockClient {
-        redmutex::LockClient::open_cluster(self.urls()).expect("open a cluster LockClient")
+        redmutex::LockClient::builder()
+            .cluster(self.urls())
+            .build()
+            .expect("open a cluster LockClient")
     }
 
     /// The cluster as one node sees it (`CLUSTER NODES`).
@@ -422,7 +425,9 @@ impl SentinelSet {
 
     /// A lock client that finds the primary through the sentinels.
     pub fn lock_client(&self) -> redmutex::LockClient {
-        redmutex::LockClient::open_sentinel(self.sentinel_urls(), Self::MASTER)
+        redmutex::LockClient::builder()
+            .sentinel(self.sentinel_urls(), Self::MASTER)
+            .build()
             .expect("open a sentinel LockClient")
     }
 
