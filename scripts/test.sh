@@ -1,7 +1,48 @@
 #!/usr/bin/env bash
-# Quick start 2/2: the whole test suite against private redis-server processes.
+# Quick start 2/2: the tests, against private redis-server processes.
+#
+#   scripts/test.sh          the default tier: every lock type, every kind of
+#                            deployment, the fault proxy, the CLI, the doc
+#                            tests and a short chaos run (a few minutes)
+#   scripts/test.sh --full   everything (what CI runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/ensure-redis-server.sh
-cargo test --all-features --all-targets
+
+if [ "${1:-}" = "--full" ]; then
+  cargo test --all-features --all-targets
+  cargo test --all-features --doc
+  exit 0
+elif [ -n "${1:-}" ]; then
+  echo "usage: scripts/test.sh [--full]" >&2
+  exit 2
+fi
+
+# Whole test files: the lock types, waiting, the watchdog, lost replies
+# through the fault proxy, mutual exclusion across processes, the CLI.
+whole=(lock reentrant_lock rwlock semaphore notify watchdog lost_reply exclusion cli)
+# One test or two of the slow files: a deployment kind each, RedLock, and
+# the short chaos run. Each entry: file, then name filters.
+picked=(
+  "redlock a_majority_is_needed_for_every_subset_of_taken_nodes errors_say_how_many_granted"
+  "sentinel min_replicas_is_met_through_sentinel"
+  "cluster mutual_exclusion_on_keys_of_every_primary rwlock_reentrant_lock_and_semaphore_work_on_a_cluster"
+  "tls lock_and_unlock_over_tls the_watchdog_renews_over_tls"
+  "chaos short_chaos"
+)
+
+targets=(--lib)
+for t in "${whole[@]}"; do targets+=(--test "$t"); done
+for p in "${picked[@]}"; do read -r t _ <<< "$p"; targets+=(--test "$t"); done
+# Built together (in parallel), then run.
+cargo test --all-features --no-run "${targets[@]}"
+cargo test --all-features --lib
+for t in "${whole[@]}"; do
+  cargo test --all-features --test "$t"
+done
+for p in "${picked[@]}"; do
+  read -r t filters <<< "$p"
+  # shellcheck disable=SC2086 # the filters are words
+  cargo test --all-features --test "$t" -- $filters
+done
 cargo test --all-features --doc

@@ -53,6 +53,20 @@ fn chaos() {
     chaos_with(Deployment::Single, 0, 25.0, &[]);
 }
 
+/// The default test tier's chaos: the same on one server, 2 processes x 2
+/// threads for 6 s.
+#[test]
+fn short_chaos() {
+    chaos_in(
+        chaos::Config {
+            processes: 2,
+            threads: 2,
+            ..config(Deployment::Single, 0, 6.0)
+        },
+        &[],
+    );
+}
+
 /// The same chaos on permits of a semaphore of 3: never more than 3 holders
 /// that claim validity at once (recorded intervals, 4 processes x 4
 /// threads, holders stopped past their lease and killed).
@@ -99,12 +113,9 @@ fn sentinel_chaos() {
     );
 }
 
-fn chaos_with(deployment: Deployment, limit: u32, secs: f64, faults: &[&str]) -> chaos::Report {
-    if std::env::var_os(ROLE).is_some() {
-        return chaos::Report::default();
-    }
-    let _serial = support::serial();
-    let config = chaos::Config {
+/// 4 processes x 4 threads on `deployment` for `secs`.
+fn config(deployment: Deployment, limit: u32, secs: f64) -> chaos::Config {
+    chaos::Config {
         deployment,
         min_replicas: false,
         limit,
@@ -112,7 +123,18 @@ fn chaos_with(deployment: Deployment, limit: u32, secs: f64, faults: &[&str]) ->
         threads: 4,
         secs,
         seed: std::process::id() as u64,
-    };
+    }
+}
+
+fn chaos_with(deployment: Deployment, limit: u32, secs: f64, faults: &[&str]) -> chaos::Report {
+    chaos_in(config(deployment, limit, secs), faults)
+}
+
+fn chaos_in(config: chaos::Config, faults: &[&str]) -> chaos::Report {
+    if std::env::var_os(ROLE).is_some() {
+        return chaos::Report::default();
+    }
+    let _serial = support::serial();
     let exe = std::env::current_exe().expect("test binary");
     let started = Instant::now();
     let report = chaos::run(&config, &|target, resource, threads, secs, limit| {
