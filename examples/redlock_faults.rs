@@ -93,7 +93,7 @@ fn main() {
                     .wait(Duration::from_secs(5)),
             )
             .expect("redlock")
-            .node_timeout(Duration::from_millis(args.node_timeout_ms))
+            .with_node_timeout(Duration::from_millis(args.node_timeout_ms))
         })
         .collect();
     println!(

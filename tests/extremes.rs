@@ -1,6 +1,6 @@
 //! Case 10: whatever durations and counts a caller passes, nothing panics:
 //! every call gives a clear error or behaves correctly, within its bounds.
-//! On main `RedLock::node_timeout(Duration::MAX)`, an `RwLock` with a huge
+//! On main `RedLock::with_node_timeout(Duration::MAX)`, an `RwLock` with a huge
 //! `Backoff::max`, and a notify waiter whose holder's key had no expiry
 //! with a huge backoff cap all panicked on overflow.
 
@@ -224,7 +224,7 @@ fn exercise(server: &RedisServer, client: &LockClient, case: u64, x: &Extremes) 
     }
     let redlock = RedLock::with_options(vec![client.clone()], format!("rl{case}"), x.lease())
         .expect("one node")
-        .node_timeout(x.node_timeout);
+        .with_node_timeout(x.node_timeout);
     if let Some(Some(guard)) = clear("redlock", redlock.try_lock()) {
         drop(guard);
     }

@@ -339,7 +339,7 @@ fn redlock_survives_lost_replies_on_a_node() {
         LeaseOptions::from(&options()).ttl(Duration::from_secs(10)),
     )
     .expect("redlock")
-    .node_timeout(Duration::from_secs(2));
+    .with_node_timeout(Duration::from_secs(2));
     proxy.lose_reply("NX", 1);
     let guard = lock.lock().expect("lock");
     // The round is decided at the majority: the proxied node's resend

@@ -113,7 +113,7 @@ fn stopped_nodes_time_out_and_keep_nothing() {
     let ttl = Duration::from_secs(2);
     let lock = RedLock::with_options(clients(&nodes), "stop", LeaseOptions::default().ttl(ttl))
         .expect("redlock")
-        .node_timeout(Duration::from_millis(100));
+        .with_node_timeout(Duration::from_millis(100));
     nodes[2].signal("STOP");
     let guard = lock.try_lock().expect("try").expect("2 of 3 answer");
     let started = Instant::now();
@@ -163,7 +163,7 @@ fn validity_shrinks_with_node_latency_and_a_reply_slower_than_the_ttl_never_yiel
     let ttl = Duration::from_secs(2);
     let lock = RedLock::with_options(clients(&nodes), "slow", LeaseOptions::default().ttl(ttl))
         .expect("redlock")
-        .node_timeout(Duration::from_secs(1));
+        .with_node_timeout(Duration::from_secs(1));
     let fast = lock.try_lock().expect("try").expect("acquired");
     let fast_validity = fast.validity();
     fast.unlock().expect("unlock");
@@ -194,7 +194,7 @@ fn validity_shrinks_with_node_latency_and_a_reply_slower_than_the_ttl_never_yiel
         LeaseOptions::default().ttl(Duration::from_millis(300)),
     )
     .expect("redlock")
-    .node_timeout(Duration::from_secs(2));
+    .with_node_timeout(Duration::from_secs(2));
     let stalls = [stall(&nodes[0], 0.8), stall(&nodes[1], 0.8)];
     std::thread::sleep(Duration::from_millis(60)); // the stalls are under way
     assert!(
@@ -220,7 +220,7 @@ fn mutual_exclusion_across_two_redlock_clients_while_a_node_restarts() {
         .map(|_| {
             RedLock::with_options(clients(&nodes), "mx", options)
                 .expect("redlock")
-                .node_timeout(Duration::from_millis(250))
+                .with_node_timeout(Duration::from_millis(250))
         })
         .collect();
     let intervals = Arc::new(Mutex::new(Vec::new()));
@@ -295,7 +295,7 @@ fn with_two_of_five_blackholed_unlock_returns_at_the_majority() {
             .wait(Duration::from_secs(5)),
     )
     .expect("redlock")
-    .node_timeout(Duration::from_millis(200));
+    .with_node_timeout(Duration::from_millis(200));
     lock.lock()
         .expect("healthy")
         .unlock()
@@ -355,7 +355,7 @@ fn requests_for_unreachable_nodes_are_not_applied_after_they_heal() {
         LeaseOptions::default().ttl(Duration::from_secs(30)),
     )
     .expect("redlock")
-    .node_timeout(Duration::from_millis(100));
+    .with_node_timeout(Duration::from_millis(100));
     for proxy in &proxies {
         proxy.blackhole(true);
     }

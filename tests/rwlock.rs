@@ -203,7 +203,7 @@ fn a_waiting_writer_holds_new_readers_back_unless_readers_are_preferred() {
         fields(&server, "pref").iter().any(|f| f.starts_with("q:"))
     }));
     assert!(lock.try_read().expect("try").is_none(), "writer preference");
-    let eager = lock.clone().prefer_readers(true);
+    let eager = lock.clone().with_prefer_readers(true);
     let extra = eager.try_read().expect("try").expect("readers preferred");
     drop(extra);
     drop(reader);

@@ -416,7 +416,7 @@ fn a_redlock_release_that_misses_a_node_is_finished_later() {
     let lock =
         redmutex::RedLock::with_options(nodes, "rl", redmutex::LeaseOptions::from(&options()))
             .expect("redlock")
-            .node_timeout(Duration::from_secs(1));
+            .with_node_timeout(Duration::from_secs(1));
     let guard = lock.lock().expect("lock");
     // Every node has the key before the blackhole (the round returned at
     // the majority).

@@ -412,9 +412,19 @@ impl RedLock {
     /// How long each node may take to answer. Defaults to 5 % of the ttl;
     /// never more than the ttl.
     #[must_use]
-    pub fn node_timeout(mut self, timeout: Duration) -> RedLock {
+    pub fn with_node_timeout(mut self, timeout: Duration) -> RedLock {
         self.node_timeout = Some(timeout);
         self
+    }
+
+    /// How long each node may take to answer
+    /// ([`RedLock::with_node_timeout`]; 5 % of the ttl by default).
+    pub fn node_timeout(&self) -> Duration {
+        self.node_timeout_within(self.options.ttl)
+    }
+
+    fn node_timeout_within(&self, ttl: Duration) -> Duration {
+        self.node_timeout.unwrap_or(ttl / 20).min(ttl)
     }
 
     /// The lock key as it is in Redis (the same on every node), the nodes'
@@ -555,7 +565,7 @@ impl RedLock {
         let millis = ttl_millis(self.options.ttl)?;
         crate::client::check_cluster_key(self.nodes.cluster, &self.key)?;
         let ttl = Duration::from_millis(millis);
-        let timeout = self.node_timeout.unwrap_or(ttl / 20).min(ttl);
+        let timeout = self.node_timeout_within(ttl);
         let token = self.meter.new_token_local();
         let started = Instant::now();
         let give_up = later(started, timeout);

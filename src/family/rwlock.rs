@@ -43,7 +43,7 @@ impl std::fmt::Debug for Local {
 ///
 /// **Writer preference** by default: once a writer waits, new readers wait
 /// too, so a stream of overlapping readers cannot starve writers;
-/// [`RwLock::prefer_readers`] lets readers in regardless. Releases publish
+/// [`RwLock::with_prefer_readers`] lets readers in regardless. Releases publish
 /// on the key's release channel; in [`WaitMode::Notify`] (the default)
 /// waiting threads of a client queue up and the head sleeps until a release
 /// message, never longer than the earliest holder deadline or a backoff
@@ -146,7 +146,7 @@ impl RwLock {
     }
 
     /// Whether new readers get in while writers wait
-    /// ([`RwLock::prefer_readers`]).
+    /// ([`RwLock::with_prefer_readers`]).
     pub fn prefers_readers(&self) -> bool {
         self.prefer_readers
     }
@@ -155,7 +155,7 @@ impl RwLock {
     /// as long as readers keep overlapping). Defaults to `false`: writer
     /// preference.
     #[must_use]
-    pub fn prefer_readers(mut self, prefer: bool) -> RwLock {
+    pub fn with_prefer_readers(mut self, prefer: bool) -> RwLock {
         self.prefer_readers = prefer;
         self
     }
@@ -229,7 +229,7 @@ impl RwLock {
     }
 
     /// Attempts the write lock until `wait` has passed; while it waits, new
-    /// readers wait too (unless [`RwLock::prefer_readers`]).
+    /// readers wait too (unless [`RwLock::with_prefer_readers`]).
     ///
     /// # Errors
     ///
@@ -241,7 +241,7 @@ impl RwLock {
 
     /// Attempts the write lock until `deadline` (at least one attempt, even
     /// with a deadline already past); while it waits, new readers wait too
-    /// (unless [`RwLock::prefer_readers`]).
+    /// (unless [`RwLock::with_prefer_readers`]).
     ///
     /// # Errors
     ///

@@ -292,7 +292,7 @@ pub fn worker(target: &str, resource_url: &str, threads: usize, secs: f64, limit
             .wait(Duration::from_secs(5));
         RedLock::with_options(clients.clone(), KEY, options)
             .expect("RedLock")
-            .node_timeout(NODE_TIMEOUT)
+            .with_node_timeout(NODE_TIMEOUT)
     });
     let fenced = limit == 0 && target.deployment.fenced();
     let resource = redis::Client::open(resource_url).expect("resource");
