@@ -10,7 +10,7 @@ RUSTC_BOOTSTRAP=1 cargo rustdoc --quiet --all-features --lib -- \
   -Z unstable-options --output-format json
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-python3 - target/doc/redmutex.json > "$out" <<'PY'
+python3 - "${CARGO_TARGET_DIR:-target}/doc/redmutex.json" > "$out" <<'PY'
 import json, sys
 
 FORMAT = 57
