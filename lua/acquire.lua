@@ -31,14 +31,18 @@
 --              counter never leaves a lock nobody holds
 --
 -- Safe to run twice: the second run recognises its own token.
-if not KEYS[2] then
-  local previous = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
-  if previous == false or previous == ARGV[1] then
-    return {1, 0, 0}
-  end
-  return {0, redis.call('PTTL', KEYS[1]), 0}
-end
+-- (No SET NX GET: Redis 6.2 refuses NX with GET, and this script is also
+-- what acquires there.)
 local previous = redis.call('GET', KEYS[1])
+if not KEYS[2] then
+  if previous == ARGV[1] then
+    return {1, 0, 0}
+  elseif previous then
+    return {0, redis.call('PTTL', KEYS[1]), 0}
+  end
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return {1, 0, 0}
+end
 if previous == ARGV[1] then
   return {1, 0, tonumber(redis.pcall('GET', KEYS[2])) or 0}
 elseif previous then

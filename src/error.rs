@@ -358,7 +358,7 @@ impl Error {
     /// Maps a Redis error about `key`, turning WRONGTYPE (alone or inside a
     /// pipeline's errors) into [`Error::WrongType`] with the key's name.
     pub(crate) fn from_redis(key: &str, err: redis::RedisError) -> Error {
-        let wrong_type = err.code() == Some("WRONGTYPE")
+        let wrong_type = server_code(&err) == Some("WRONGTYPE")
             || err
                 .clone()
                 .into_server_errors()
@@ -419,6 +419,7 @@ fn unsupported(err: &redis::RedisError) -> Option<Error> {
         .to_owned();
     let needed_by = match command.to_ascii_uppercase().as_str() {
         "WAIT" => "min_replicas (turn it off for this server)",
+        "GETDEL" => "force_release (GETDEL needs Redis 6.2 or newer)",
         "SCRIPT" | "EVAL" | "EVALSHA" => {
             "every lock type but the plain lock's quick path (they run Lua scripts)"
         }
@@ -429,6 +430,39 @@ fn unsupported(err: &redis::RedisError) -> Option<Error> {
         needed_by,
         detail: detail.to_owned(),
     })
+}
+
+/// The error's code, also for an error raised inside a script: Redis
+/// before 7.0 wraps those as `ERR Error running script (call to f_…):
+/// @user_script:N: CODE message`.
+pub(crate) fn server_code(err: &redis::RedisError) -> Option<&str> {
+    let code = err.code()?;
+    if code != "ERR" {
+        return Some(code);
+    }
+    let inner = err
+        .detail()
+        .filter(|detail| detail.starts_with("Error running script"))
+        .and_then(|detail| detail.split(": ").nth(2))
+        .and_then(|message| message.split(' ').next())
+        .filter(|word| !word.is_empty() && word.bytes().all(|b| b.is_ascii_uppercase()));
+    Some(inner.unwrap_or(code))
+}
+
+/// The server's "syntax error": a command it parsed and refused whole,
+/// such as `SET … NX … GET` before Redis 7.0. Nothing ran.
+pub(crate) fn syntax_error(err: &redis::RedisError) -> bool {
+    err.code() == Some("ERR") && err.detail().is_some_and(|d| d.starts_with("syntax error"))
+}
+
+/// A syntax error answering a resend is known too: every send of that same
+/// request met the same refusal, so none of them ran. (Otherwise a
+/// resend's error leaves the first send's outcome unknown.)
+pub(crate) fn known_refusal(err: Error) -> Error {
+    match err {
+        Error::OutcomeUnknown { source, .. } if syntax_error(&source) => Error::Redis(source),
+        other => other,
+    }
 }
 
 /// A cluster's answer that the key's slot is moving or unserved right now:

@@ -102,6 +102,9 @@ struct Inner {
     /// The server refused a release marker (an ACL without the
     /// `{KEY}:released:*` keys): releases go without one from then on.
     markers_refused: AtomicBool,
+    /// The server answered `SET … NX … GET` with a syntax error (Redis
+    /// before 7.0): acquisitions go through the acquire script from then on.
+    set_get_refused: AtomicBool,
     /// The key prefix, part of the client's identity like the pool.
     names: Namespace,
     /// The server's clock, for the acquisition time in holder metadata.
@@ -137,6 +140,7 @@ impl Inner {
             single,
             compat_pool: OnceLock::new(),
             markers_refused: AtomicBool::new(false),
+            set_get_refused: AtomicBool::new(false),
             names,
             clock: ServerClock::default(),
             behind_ok: Arc::new(AtomicBool::new(false)),
@@ -601,6 +605,23 @@ impl LockClient {
     /// Whether releases may leave markers (the server has not refused one).
     pub(crate) fn markers_allowed(&self) -> bool {
         !self.inner.markers_refused.load(Ordering::Relaxed)
+    }
+
+    /// Whether the plain `SET … NX … GET` may be sent (the server has not
+    /// refused it).
+    pub(crate) fn set_get_allowed(&self) -> bool {
+        !self.inner.set_get_refused.load(Ordering::Relaxed)
+    }
+
+    /// The server refused `SET … NX … GET` (Redis 6.2 takes `NX` or `GET`,
+    /// not both; 7.0 takes both): from now on acquisitions run the acquire
+    /// script, which does the same in two steps.
+    pub(crate) fn refuse_set_get(&self) {
+        if !self.inner.set_get_refused.swap(true, Ordering::Relaxed) {
+            log::info!(
+                "redmutex: the server does not take SET NX GET (Redis before 7.0);                  acquiring by script"
+            );
+        }
     }
 
     /// The server refused a marker key (`NOPERM`): from now on releases

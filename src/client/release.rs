@@ -263,7 +263,7 @@ pub(crate) fn with_marker<T>(
     mut invoke: impl FnMut(Option<&str>) -> RedisResult<T>,
 ) -> RedisResult<T> {
     match invoke(marker) {
-        Err(err) if marker.is_some() && err.code() == Some("NOPERM") => {
+        Err(err) if marker.is_some() && crate::error::server_code(&err) == Some("NOPERM") => {
             client.refuse_markers();
             markerless.set(true);
             invoke(None)

@@ -181,6 +181,37 @@ impl Health {
     }
 }
 
+/// One node's grant: `SET key token NX PX millis GET` (the key free, or
+/// already ours: a resend after a lost reply), or on a server that
+/// refuses it (Redis 6.x) the acquire script, which does the same in two
+/// steps. `Ok(true)` when the key holds `token`.
+fn grant(client: &LockClient, key: &str, token: &str, millis: u64) -> Result<bool, Error> {
+    client.counters().commands(1);
+    if client.set_get_allowed() {
+        let previous: Result<Option<Vec<u8>>, Error> = client.run(Op::Acquire, key, |con, _| {
+            redis::cmd("SET")
+                .arg(key)
+                .arg(token)
+                .arg("NX")
+                .arg("PX")
+                .arg(millis)
+                .arg("GET")
+                .query(con)
+        });
+        match previous.map_err(crate::error::known_refusal) {
+            Ok(previous) => return Ok(previous.is_none_or(|v| v == token.as_bytes())),
+            // Refused whole before it ran: nothing was set.
+            Err(Error::Redis(err)) if crate::error::syntax_error(&err) => client.refuse_set_get(),
+            Err(err) => return Err(err),
+        }
+    }
+    let (acquired, _pttl, _fence): (i64, i64, u64) =
+        client.run(Op::AcquireScript, key, |con, _| {
+            script::ACQUIRE.key(key).arg(token).arg(millis).invoke(con)
+        })?;
+    Ok(acquired == 1)
+}
+
 /// Where the nodes' answers to one request arrive, as `(node, Sent)`.
 type Results<T> = mpsc::Receiver<(usize, Sent<Result<T, Error>>)>;
 
@@ -592,23 +623,11 @@ impl RedLock {
                     let _ = tx.send((node, Sent::Abandoned));
                     return;
                 }
-                client.counters().commands(1);
-                let previous: Result<Option<Vec<u8>>, Error> =
-                    client.run(Op::Acquire, &key, |con, _| {
-                        redis::cmd("SET")
-                            .arg(&key)
-                            .arg(&sent_token)
-                            .arg("NX")
-                            .arg("PX")
-                            .arg(millis)
-                            .arg("GET")
-                            .query(con)
-                    });
-                health.record(&previous);
-                let reply = match previous {
-                    Ok(None) => Reply::Granted,
-                    Ok(Some(v)) if v == sent_token.as_bytes() => Reply::Granted,
-                    Ok(Some(_)) => Reply::Refused,
+                let granted = grant(client, &key, &sent_token, millis);
+                health.record(&granted);
+                let reply = match granted {
+                    Ok(true) => Reply::Granted,
+                    Ok(false) => Reply::Refused,
                     Err(err) => {
                         // It may have set the key: not counted, so released
                         // by the cleanup once the node answers, whatever

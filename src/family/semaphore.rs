@@ -482,7 +482,9 @@ impl Contender for Take<'_> {
                     detail: err.detail().unwrap_or("unusable").to_owned(),
                 });
             }
-            Err(Error::Redis(err)) if err.code() == Some("NOPERM") && fence_key.is_some() => {
+            Err(Error::Redis(err))
+                if crate::error::server_code(&err) == Some("NOPERM") && fence_key.is_some() =>
+            {
                 return Err(crate::mutex::fence_refused(
                     key,
                     &fence_key.unwrap_or_default(),

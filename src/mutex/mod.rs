@@ -288,7 +288,9 @@ impl DistributedLock {
                 {
                     // The marker, or the key itself: the GETDEL below
                     // tells which.
-                    Err(err) if err.code() == Some("NOPERM") => markerless.set(true),
+                    Err(err) if crate::error::server_code(&err) == Some("NOPERM") => {
+                        markerless.set(true)
+                    }
                     other => return other,
                 }
             }
@@ -433,6 +435,7 @@ impl DistributedLock {
                 self.await_replicas(con, token, millis, send.resend, connection)?,
             ))
         });
+        let result = result.map_err(crate::error::known_refusal);
         let (acquired, short) = self.settle(result, token, &set)?;
         self.check_replicated(short)?;
         Ok(if acquired {
@@ -589,7 +592,9 @@ impl DistributedLock {
                     detail: err.detail().unwrap_or("unusable").to_owned(),
                 }
             }
-            (Error::Redis(err), Some(counter)) if err.code() == Some("NOPERM") => {
+            (Error::Redis(err), Some(counter))
+                if crate::error::server_code(&err) == Some("NOPERM") =>
+            {
                 fence_refused(key, counter)
             }
             (err, _) => err,
@@ -676,8 +681,15 @@ impl Contender for Plain<'_> {
     /// Quick: the plain `SET` (Redis does less for it than for the script),
     /// unless a fencing token is needed.
     fn attempt(&mut self, quick: bool) -> Result<Attempt<Rc<Lease>>, Error> {
-        if quick && !self.lock.options.fencing {
-            return self.lock.set_nx(self.token, self.millis);
+        if quick && !self.lock.options.fencing && self.lock.client.set_get_allowed() {
+            match self.lock.set_nx(self.token, self.millis) {
+                // Refused whole before it ran (Redis 6.x): nothing was set,
+                // so the script may be sent instead, now and from now on.
+                Err(Error::Redis(err)) if crate::error::syntax_error(&err) => {
+                    self.lock.client.refuse_set_get();
+                }
+                done => return done,
+            }
         }
         self.lock.attempt(self.token, self.millis)
     }

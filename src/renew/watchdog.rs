@@ -882,7 +882,7 @@ fn renew_group(
                         Err(reason) => d.entry.lost(reason.into()),
                     },
                     // This key alone holds something else now: taken.
-                    Err(err) if err.code() == Some("WRONGTYPE") => {
+                    Err(err) if crate::error::server_code(&err) == Some("WRONGTYPE") => {
                         d.entry.lost(LossReason::OwnedByOther);
                     }
                     Err(err) => {
