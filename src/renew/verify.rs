@@ -154,7 +154,7 @@ impl Chain {
                 }
             }
             // Another type's value, or another owner's data: taken.
-            (_, Err(err)) if crate::error::server_code(&err) == Some("WRONGTYPE") => {
+            (_, Err(err)) if crate::error::server_code(err) == Some("WRONGTYPE") => {
                 Some(LossReason::OwnedByOther)
             }
             // Failed on the way (or a reply of no known shape): no news;
