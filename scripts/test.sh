@@ -5,17 +5,43 @@
 #                            deployment, the fault proxy, the CLI, the doc
 #                            tests and a short chaos run (a few minutes)
 #   scripts/test.sh --full   everything (what CI runs)
+#   scripts/test.sh --server NAME
+#                            the default tier against another server: a
+#                            binary's path, or an archive's name that
+#                            scripts/servers.sh builds (redis-6.2.16,
+#                            valkey-8.0.1, ...); without the TLS tests
+#                            (those builds have no TLS)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/ensure-redis-server.sh
 
-if [ "${1:-}" = "--full" ]; then
+full=
+server=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --full) full=1 ;;
+    --server) server=${2:?--server needs a name or a path}; shift ;;
+    *) echo "usage: scripts/test.sh [--full] [--server NAME|PATH]" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [ -n "$server" ]; then
+  if [ ! -x "$server" ]; then
+    server=$(bash scripts/servers.sh "$server" | tail -1)
+  fi
+  REDIS_SERVER=$(realpath "$server")
+  export REDIS_SERVER
+  if [ -x "$(dirname "$REDIS_SERVER")/redis-cli" ]; then
+    export REDIS_CLI="$(dirname "$REDIS_SERVER")/redis-cli"
+  fi
+  echo "testing against $("$REDIS_SERVER" --version)"
+else
+  bash scripts/ensure-redis-server.sh
+fi
+
+if [ -n "$full" ]; then
   cargo test --all-features --all-targets
   cargo test --all-features --doc
   exit 0
-elif [ -n "${1:-}" ]; then
-  echo "usage: scripts/test.sh [--full]" >&2
-  exit 2
 fi
 
 # Whole test files: the lock types, waiting, the watchdog, lost replies
@@ -27,9 +53,11 @@ picked=(
   "redlock a_majority_is_needed_for_every_subset_of_taken_nodes errors_say_how_many_granted"
   "sentinel min_replicas_is_met_through_sentinel"
   "cluster mutual_exclusion_on_keys_of_every_primary rwlock_reentrant_lock_and_semaphore_work_on_a_cluster"
-  "tls lock_and_unlock_over_tls the_watchdog_renews_over_tls"
   "chaos short_chaos"
 )
+if [ -z "$server" ]; then
+  picked+=("tls lock_and_unlock_over_tls the_watchdog_renews_over_tls")
+fi
 
 targets=(--lib)
 for t in "${whole[@]}"; do targets+=(--test "$t"); done

@@ -135,8 +135,15 @@ fn a_failed_try_lock_starts_no_watchdog() {
     assert!(lock.try_lock().expect("try").is_none());
     // A watchdog would have renewed something by now (every ttl/3 = 100 ms).
     std::thread::sleep(Duration::from_millis(350));
-    // The client's one TIME (holder metadata), and the one attempt.
-    assert_eq!(client.stats().commands, 2, "only the one attempt was sent");
+    // The client's one TIME (holder metadata), and the one attempt (before
+    // Redis 7.0 the refused SET NX GET, then the acquire script, once per
+    // client).
+    let attempt = if support::server_major() >= 7 { 1 } else { 2 };
+    assert_eq!(
+        client.stats().commands,
+        1 + attempt,
+        "only the one attempt was sent"
+    );
 }
 
 #[test]

@@ -987,7 +987,9 @@ fn left_on(server: &RedisServer) -> Option<String> {
                 && !c.contains(" flags=S ")
                 && !c.contains(" flags=M ")
                 && !c.contains("cmd=restore-asking")
+                // This one: `client|list` (`client` before Redis 7.0).
                 && !c.contains("cmd=client|list")
+                && !c.contains(" cmd=client ")
         })
         .collect();
     (!keys.is_empty() || subscribers > 0 || !clients.is_empty()).then(|| {

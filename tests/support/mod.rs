@@ -73,6 +73,22 @@ pub fn free_port() -> u16 {
     listener.local_addr().expect("local address").port()
 }
 
+/// A free port whose cluster bus port (it plus 10000, before Redis 7.0)
+/// is free too.
+pub(crate) fn free_port_with_bus() -> u16 {
+    let mut port = free_port();
+    for _ in 0..50 {
+        let bus_free = port
+            .checked_add(10_000)
+            .is_some_and(|bus| TcpListener::bind((Ipv4Addr::LOCALHOST, bus)).is_ok());
+        if bus_free {
+            break;
+        }
+        port = free_port();
+    }
+    port
+}
+
 /// A free port that is not `taken` (two picks in a row can coincide).
 pub(crate) fn free_port_other_than(taken: u16) -> u16 {
     let mut port = free_port();
@@ -113,6 +129,15 @@ impl RedisServer {
     /// every retry fail the same way.
     pub fn start_cluster_node(extra: &[&str]) -> RedisServer {
         let fixed: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        if server_major() < 7 {
+            // No `cluster-port` before Redis 7.0: the bus is the data port
+            // plus 10000, which must be free too.
+            return RedisServer::start_tries_on(temp_dir(), None, free_port_with_bus, |_| {
+                let mut args: Vec<String> = vec!["--cluster-enabled".into(), "yes".into()];
+                args.extend(fixed.iter().cloned());
+                args
+            });
+        }
         RedisServer::start_tries(temp_dir(), None, |port| {
             let bus = free_port_other_than(port);
             let mut args: Vec<String> = ["--cluster-enabled", "yes", "--cluster-port"]
@@ -139,11 +164,21 @@ impl RedisServer {
     pub(crate) fn start_tries(
         dir: tempfile::TempDir,
         config: Option<PathBuf>,
+        extra_for: impl FnMut(u16) -> Vec<String>,
+    ) -> RedisServer {
+        RedisServer::start_tries_on(dir, config, free_port, extra_for)
+    }
+
+    /// [`RedisServer::start_tries`] on ports `pick` gives.
+    pub(crate) fn start_tries_on(
+        dir: tempfile::TempDir,
+        config: Option<PathBuf>,
+        pick: fn() -> u16,
         mut extra_for: impl FnMut(u16) -> Vec<String>,
     ) -> RedisServer {
         let mut last_log = String::new();
         for _ in 0..START_TRIES {
-            let port = free_port();
+            let port = pick();
             let extra = extra_for(port);
             match spawn(port, dir.path(), config.as_deref(), &extra) {
                 Ok(child) => {
