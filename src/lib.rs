@@ -286,7 +286,9 @@
 //!
 //! ## Requirements
 //!
-//! Redis 7.0 or newer (`SET … NX … GET`), Rust 1.95. The notify wait mode's
+//! Redis 6.2 or newer, or Valkey (the tested servers: the guide's
+//! deployments chapter), Rust 1.95. Before Redis 7.0 an acquisition goes
+//! by script (`SET … NX … GET` needs 7.0). The notify wait mode's
 //! subscriber connection speaks plain TCP, TLS or a Unix socket (with `AUTH`
 //! from the URL), so waiters are woken by release messages on all three.
 

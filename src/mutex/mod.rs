@@ -43,7 +43,9 @@ const FORCE_MARKER_MILLIS: u64 = 3_600_000;
 /// Acquiring sends `SET key token NX PX ttl GET` (one round trip, a fresh
 /// token per acquisition, a random secret followed by the holder metadata; the `GET` makes a wrong-typed key an error
 /// instead of a lock that is never free, and lets a reply lost on a dropped
-/// connection be recognised on retry). Redis 7.0 or newer is required.
+/// connection be recognised on retry). A server before Redis 7.0 refuses
+/// `NX` with `GET`: from its first refusal on, the client acquires with a
+/// script that does the same in two steps.
 ///
 /// A thread that already holds the key through the same [`LockClient`] gets
 /// a nested guard at once, with nothing sent to Redis.

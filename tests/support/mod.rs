@@ -40,7 +40,7 @@ pub fn redis_server_binary() -> PathBuf {
         Some(path) => path,
         None => panic!(
             "redis-server was not found on the PATH. These tests start private \
-             redis-server processes (Redis 7.0 or newer). Install it with \
+             redis-server processes (Redis 6.2 or newer, or Valkey). Install it with \
              `sudo apt-get install -y redis-server` (Debian/Ubuntu), \
              `brew install redis` (macOS), or point $REDIS_SERVER at the binary."
         ),
