@@ -231,6 +231,40 @@ fn a_wrong_ca_is_a_clear_error_within_the_timeout() {
     assert!(dropped.elapsed() < Duration::from_secs(3));
 }
 
+/// A self-signed server certificate marked `CA:TRUE` (what `openssl req
+/// -x509` makes), given as the CA: TLS refuses a CA certificate as a
+/// server's own whatever the client trusts, and the error says so and
+/// what to do, instead of asking for the CA the user already gave. The
+/// same server with a certificate that CA signed is accepted.
+#[test]
+fn a_ca_certificate_used_as_the_servers_own_is_explained() {
+    let server = TlsServer::start_self_signed_ca();
+    let client = short(
+        LockClient::builder()
+            .url(server.url())
+            .tls_ca_file(server.pki.self_signed_ca()),
+    );
+    let err = DistributedLock::new(&client, "tls-self-signed")
+        .try_lock()
+        .expect_err("a CA certificate as the server's own");
+    let text = err.to_string();
+    assert!(
+        text.contains("CA certificate") && text.contains("signed by"),
+        "the error says what is wrong and what to do: {text}"
+    );
+    assert!(!text.contains("give the CA"), "{text}");
+    assert!(!support::exists(&server.server, "tls-self-signed"));
+
+    let signed = TlsServer::start(false);
+    let client = short(signed.builder());
+    DistributedLock::new(&client, "tls-signed")
+        .try_lock()
+        .expect("a server certificate signed by the CA")
+        .expect("free")
+        .unlock()
+        .expect("unlock");
+}
+
 #[test]
 fn a_plain_url_on_the_tls_port_and_the_reverse_are_clear_errors() {
     let server = TlsServer::start(false);

@@ -539,6 +539,9 @@ fn explain(addr: &redis::ConnectionAddr, err: RedisError) -> RedisError {
         {
             "the server refused our client certificate: is it signed by a CA the server trusts?"
         }
+        redis::ConnectionAddr::TcpTls { .. } if lower.contains("causedasendentity") => {
+            crate::conn::tls::CA_AS_SERVER_CERTIFICATE
+        }
         redis::ConnectionAddr::TcpTls { .. } if lower.contains("certificate") => {
             "the server's certificate was refused: give the CA that signed it (tls_ca_file, --tls-ca)"
         }

@@ -20,6 +20,15 @@ use std::path::PathBuf;
 
 use crate::error::Error;
 
+/// What to say when rustls refuses the server's certificate as a CA
+/// certificate (`CaUsedAsEndEntity`): a self-signed certificate made with
+/// `openssl req -x509` is marked `CA:TRUE`, and TLS does not accept a CA
+/// as a server's own, whatever the client trusts.
+pub(crate) const CA_AS_SERVER_CERTIFICATE: &str = "the server presents a CA certificate \
+     (CA:TRUE, as `openssl req -x509` makes) as its own, which TLS refuses even when it is \
+     the CA given: give the server a certificate signed by that CA (see TLS in the guide's \
+     deployments chapter) and keep the CA as tls_ca_file, --tls-ca";
+
 /// A PEM blob given directly or as a file read when the client is built.
 #[derive(Clone)]
 pub(crate) enum Pem {
@@ -294,9 +303,19 @@ mod imp {
     /// The server's certificate or the handshake failed: say so in words
     /// that point at the usual causes.
     fn handshake_error(err: io::Error, host: &str, port: u16) -> io::Error {
+        let text = err.to_string();
         let hint = match err.kind() {
-            io::ErrorKind::InvalidData if err.to_string().contains("corrupt message") => {
+            io::ErrorKind::InvalidData if text.contains("corrupt message") => {
                 " (the server does not speak TLS on this port: use redis://)"
+            }
+            _ if text.contains("CaUsedAsEndEntity") => {
+                return io::Error::new(
+                    err.kind(),
+                    format!(
+                        "TLS handshake with {host}:{port} failed: {err} ({})",
+                        super::CA_AS_SERVER_CERTIFICATE
+                    ),
+                );
             }
             io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => {
                 " (the server closed the connection: does it require a client certificate?)"

@@ -56,6 +56,19 @@ impl Pki {
         let client_cert = client.signed_by(&client_key, &ca).expect("sign client");
         write("client.pem", &client_cert.pem());
         write("client.key", &client_key.serialize_pem());
+
+        // What `openssl req -x509 -newkey rsa -subj /CN=... -addext
+        // subjectAltName=IP:127.0.0.1` makes: a self-signed certificate
+        // marked CA:TRUE, used as the server's own.
+        let mut own = CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()])
+            .expect("self-signed names");
+        own.distinguished_name
+            .push(DnType::CommonName, "redis-server");
+        own.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let own_key = KeyPair::generate().expect("self-signed key");
+        let own_cert = own.self_signed(&own_key).expect("self-sign");
+        write("self-signed-ca.pem", &own_cert.pem());
+        write("self-signed-ca.key", &own_key.serialize_pem());
         Pki { dir }
     }
 
@@ -81,16 +94,28 @@ impl Pki {
         self.path("client.key")
     }
 
+    /// A self-signed server certificate marked `CA:TRUE`, as `openssl req
+    /// -x509` makes one ([`TlsServer::start_self_signed_ca`]).
+    pub fn self_signed_ca(&self) -> PathBuf {
+        self.path("self-signed-ca.pem")
+    }
+
     /// The redis-server arguments for a TLS port with these files.
     pub fn server_args(&self, tls_port: u16, require_client_cert: bool) -> Vec<String> {
+        self.server_args_with(tls_port, require_client_cert, "server")
+    }
+
+    /// As [`Pki::server_args`], with `NAME.pem` and `NAME.key` as the
+    /// server's certificate and key.
+    fn server_args_with(&self, tls_port: u16, require_client_cert: bool, own: &str) -> Vec<String> {
         let path = |name: &str| self.path(name).display().to_string();
         vec![
             "--tls-port".into(),
             tls_port.to_string(),
             "--tls-cert-file".into(),
-            path("server.pem"),
+            path(&format!("{own}.pem")),
             "--tls-key-file".into(),
-            path("server.key"),
+            path(&format!("{own}.key")),
             "--tls-ca-cert-file".into(),
             path("ca.pem"),
             "--tls-auth-clients".into(),
@@ -129,6 +154,22 @@ impl TlsServer {
         let server = RedisServer::start_tries(temp_dir(), None, |port| {
             tls_port = free_port_other_than(port);
             pki.server_args(tls_port, require_client_cert)
+        });
+        TlsServer {
+            server,
+            tls_port,
+            pki,
+        }
+    }
+
+    /// One whose certificate is self-signed and marked `CA:TRUE`
+    /// ([`Pki::self_signed_ca`]).
+    pub fn start_self_signed_ca() -> TlsServer {
+        let pki = Pki::new();
+        let mut tls_port = 0;
+        let server = RedisServer::start_tries(temp_dir(), None, |port| {
+            tls_port = free_port_other_than(port);
+            pki.server_args_with(tls_port, false, "self-signed-ca")
         });
         TlsServer {
             server,
