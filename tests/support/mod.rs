@@ -47,22 +47,32 @@ pub fn redis_server_binary() -> PathBuf {
     }
 }
 
-/// The major version of [`redis_server_binary`] (`redis-server
-/// --version`, Valkey's too), read once; 7 when it cannot be read.
+/// The major version of [`redis_server_binary`] (see [`server_version`]).
 pub fn server_major() -> u32 {
-    static MAJOR: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    *MAJOR.get_or_init(|| {
+    server_version().0
+}
+
+/// The major and minor version of [`redis_server_binary`] (`redis-server
+/// --version`, Valkey's too), read once; 7.0 when it cannot be read.
+pub fn server_version() -> (u32, u32) {
+    static VERSION: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+    *VERSION.get_or_init(|| {
         let out = Command::new(redis_server_binary())
             .arg("--version")
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default();
         // "Redis server v=6.2.16 sha=…" or "Valkey server v=8.0.1 …".
-        out.split("v=")
+        let mut parts = out
+            .split("v=")
             .nth(1)
-            .and_then(|v| v.split('.').next())
-            .and_then(|m| m.parse().ok())
-            .unwrap_or(7)
+            .unwrap_or_default()
+            .split('.')
+            .map(|p| p.parse::<u32>().ok());
+        match (parts.next().flatten(), parts.next().flatten()) {
+            (Some(major), Some(minor)) => (major, minor),
+            _ => (7, 0),
+        }
     })
 }
 

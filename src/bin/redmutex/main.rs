@@ -9,6 +9,8 @@
 //! | 1 | the lock is held elsewhere (`run` did not start the command; `release --token`: not that token's) |
 //! | 2 | bad usage: unknown option, missing `--` or command, zero ttl |
 //! | 3 | `list`: cut short by `--timeout` (what was found is printed) |
+//! | 4 | `doctor`: a warning (the worst finding) |
+//! | 5 | `doctor`: an error (the worst finding) |
 //! | 69 | Redis unreachable or failing (`EX_UNAVAILABLE`) |
 //! | 75 | `run`: the lock was lost, or could not be renewed, while the command ran (or its job was stopped, or during `--min-hold`); it was terminated (`EX_TEMPFAIL`) |
 //! | 124 | `run --max-run`: the command ran too long and was terminated |
@@ -24,6 +26,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+mod doctor;
 mod list;
 mod release;
 mod run;
@@ -39,6 +42,8 @@ use redmutex::{
 const EXIT_CONFLICT: u8 = 1;
 const EXIT_USAGE: u8 = 2;
 const EXIT_INCOMPLETE: u8 = 3;
+const EXIT_DOCTOR_WARNING: u8 = 4;
+const EXIT_DOCTOR_ERROR: u8 = 5;
 const EXIT_UNAVAILABLE: u8 = 69;
 const EXIT_LOST: u8 = 75;
 const EXIT_MAX_RUN: u8 = 124;
@@ -56,6 +61,7 @@ Exit codes:
   1        the lock is held elsewhere: the command was not run (see --conflict-exit-code)
   2        bad usage
   3        list: cut short by --timeout (what was found is printed)
+  4, 5     doctor: the worst finding is a warning (4) or an error (5)
   69       Redis unreachable or failing
   75       the lock was lost, or could not be renewed, while the command ran (or
            while its job was stopped, or during --min-hold); the command was
@@ -72,6 +78,7 @@ Examples:
   redmutex run --no-wait --quiet-if-held --min-hold 1m --max-run 50m -- ./hourly.sh
   redmutex status nightly-report --json
   redmutex list 'deploy:*' --json
+  redmutex doctor
   redmutex --cluster --url redis://10.0.0.1:7000,redis://10.0.0.2:7000 run job -- ./job.sh
   redmutex --sentinel mymaster --url redis://10.0.0.1:26379,redis://10.0.0.2:26379 status job
   REDMUTEX_PASSWORD=… redmutex --url rediss://redis.example.com:6380 --user app --tls-ca ca.pem list
@@ -172,6 +179,19 @@ enum Sub {
     /// List every held lock and semaphore (under the key prefix) whose name
     /// matches PATTERN: kind, time left, holders; never a token.
     List(ListArgs),
+    /// Check the deployment for what breaks locks (eviction, persistence,
+    /// replicas, missing commands, ACLs, clocks, latency) and say what to
+    /// change; read-only.
+    Doctor(DoctorArgs),
+}
+
+#[derive(Args)]
+struct DoctorArgs {
+    /// Print JSON: {"target", "worst", "findings": [{"check", "node",
+    /// "severity", "found", "why", "fix"}]} ("severity": ok, info, warning
+    /// or error).
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -331,6 +351,7 @@ fn main() -> ExitCode {
         Sub::Status(args) => status::status(&cli, args),
         Sub::Release(args) => release::release(&cli, args),
         Sub::List(args) => list::list(&cli, args),
+        Sub::Doctor(args) => doctor::doctor(&cli, args),
     };
     match outcome {
         Ok(code) => ExitCode::from(code),
@@ -359,6 +380,16 @@ fn builder(cli: &Cli) -> LockClientBuilder {
     } else {
         LockClient::builder().url(&cli.url)
     };
+    with_settings(cli, builder)
+}
+
+/// A client of the one server at `url`, with `cli`'s key prefix, TLS and
+/// login.
+fn builder_for(cli: &Cli, url: &str) -> LockClientBuilder {
+    with_settings(cli, LockClient::builder().url(url))
+}
+
+fn with_settings(cli: &Cli, builder: LockClientBuilder) -> LockClientBuilder {
     let mut builder = builder.key_prefix(&cli.key_prefix);
     if let Some(ca) = &cli.tls_ca {
         builder = builder.tls_ca_file(ca);
