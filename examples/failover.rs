@@ -33,7 +33,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let mut set = SentinelSet::start();
     println!(
-        "primary 127.0.0.1:{}, replica 127.0.0.1:{}, sentinels {:?} (down-after 1 s)",
+        "primary 127.0.0.1:{}, replica 127.0.0.1:{}, sentinels {:?} (down-after 3 s)",
         set.primary.port(),
         set.replica.port(),
         set.sentinel_urls()

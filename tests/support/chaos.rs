@@ -97,6 +97,9 @@ pub const UNRESOLVED_REDIRECTION: &str = "redirection-outcome-unknown";
 /// Marks an overlap that began inside a failover's window.
 const IN_A_FAILOVER: &str = "inside a failover's window";
 
+/// Marks an overlap that began while two data nodes were primaries.
+const WITH_TWO_PRIMARIES: &str = "while two nodes were primaries";
+
 /// The longest `unlock()` allowed while a minority of RedLock nodes is
 /// unreachable: it returns at a majority, within the node timeout; this
 /// leaves room for a loaded machine, and catches an unlock that waits
@@ -466,6 +469,15 @@ pub struct Report {
     /// possible there (a lock not yet replicated is lost; documented),
     /// and only there.
     pub failovers: Vec<(u64, u64)>,
+    /// Sentinel: each time two data nodes both said they were the primary
+    /// (`ROLE`, polled on the nodes themselves), from when it was seen
+    /// until it ended (wall nanoseconds). The controller never makes one
+    /// (a killed primary comes back as a replica); Sentinel failing over a
+    /// healthy primary on its own does (see `sentinel_config`). Two
+    /// primaries are the deployment's split brain: no client can keep one
+    /// holder then, so overlaps that begin in one (or a lease after) are
+    /// allowed, as in a failover's window.
+    pub two_primaries: Vec<(u64, u64)>,
     pub acquisitions: u64,
     pub accepted_writes: u64,
     pub counter: u64,
@@ -518,11 +530,14 @@ impl Report {
             }
         }
         // Only a failover may make two holders (and only on Cluster and
-        // Sentinel, which do not promise otherwise).
+        // Sentinel, which do not promise otherwise), or two nodes that are
+        // primaries at once (seen on the servers themselves: no client can
+        // make one, so it is the deployment's split brain, which no lock
+        // survives; the report counts them).
         failures.extend(
             self.overlaps
                 .iter()
-                .filter(|o| !o.contains(IN_A_FAILOVER))
+                .filter(|o| !o.contains(IN_A_FAILOVER) && !o.contains(WITH_TWO_PRIMARIES))
                 .cloned(),
         );
         if let Some(window) = self.window {
@@ -598,7 +613,7 @@ enum ServerFault {
     /// `CLIENT KILL TYPE normal`: every client connection cut.
     ClientKill,
     /// `DEBUG SLEEP` 50-300 ms: below Cluster's node timeout and
-    /// Sentinel's down-after (1 s), a stall, not a failover.
+    /// Sentinel's down-after (3 s), a stall, not a failover.
     DebugSleep,
     /// `SCRIPT FLUSH`: every script must be loaded again.
     ScriptFlush,
@@ -1001,6 +1016,68 @@ fn left_on(server: &RedisServer) -> Option<String> {
     })
 }
 
+/// Polls `ROLE` on each data node of a Sentinel deployment (directly, not
+/// through its proxy) and records when more than one says `master`.
+struct PrimaryWatch {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<(u64, u64)>>,
+}
+
+impl PrimaryWatch {
+    fn start(ports: Vec<u16>) -> PrimaryWatch {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let is_primary = |port: u16| -> bool {
+                let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}/")) else {
+                    return false;
+                };
+                let Ok(mut con) = client.get_connection_with_timeout(Duration::from_millis(200))
+                else {
+                    return false;
+                };
+                if con
+                    .set_read_timeout(Some(Duration::from_millis(500)))
+                    .is_err()
+                {
+                    return false;
+                }
+                matches!(
+                    redis::cmd("ROLE").query::<Vec<redis::Value>>(&mut con).as_deref(),
+                    Ok([redis::Value::BulkString(role), ..]) if role.as_slice() == b"master"
+                )
+            };
+            let mut windows: Vec<(u64, u64)> = Vec::new();
+            let mut open: Option<u64> = None;
+            while !stopped.load(Ordering::SeqCst) {
+                let seen = wall();
+                let primaries = ports.iter().filter(|p| is_primary(**p)).count();
+                match (primaries > 1, open) {
+                    (true, None) => open = Some(seen),
+                    (false, Some(from)) => {
+                        windows.push((from, seen));
+                        open = None;
+                    }
+                    _ => {}
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if let Some(from) = open {
+                windows.push((from, wall()));
+            }
+            windows
+        });
+        PrimaryWatch { stop, thread }
+    }
+
+    /// Stops polling (its connections are closed by then); the windows
+    /// with two primaries.
+    fn stop(self) -> Vec<(u64, u64)> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
 /// Runs the chaos: `spawn(target, resource_url, threads, secs, limit)`
 /// gives the command of one worker process (the test binary or the
 /// example, run again in worker mode, which calls [`worker`]).
@@ -1055,6 +1132,12 @@ pub fn run(config: &Config, spawn: &dyn Fn(&str, &str, usize, f64, u32) -> Comma
     let started = Instant::now();
     let chaos_began = wall();
     let until = started + Duration::from_secs_f64(config.secs);
+    let watch = match &deploy {
+        Deploy::Sentinel { set, .. } => Some(PrimaryWatch::start(
+            set.nodes.iter().map(RedisServer::port).collect(),
+        )),
+        _ => None,
+    };
     let mut workers: Vec<Worker> = (0..config.processes)
         .map(|_| start_worker(config.secs))
         .collect();
@@ -1173,6 +1256,9 @@ pub fn run(config: &Config, spawn: &dyn Fn(&str, &str, usize, f64, u32) -> Comma
             report.survivors.push(threads);
         }
     }
+    if let Some(watch) = watch {
+        report.two_primaries = watch.stop();
+    }
     let allowed = config.limit.max(1) as usize;
     let valid: Vec<(u64, u64, String)> = holds
         .iter()
@@ -1193,6 +1279,17 @@ pub fn run(config: &Config, spawn: &dyn Fn(&str, &str, usize, f64, u32) -> Comma
             began.is_some_and(|at| report.failovers.iter().any(|(a, b)| (*a..*b).contains(&at)));
         let line = if failover {
             format!("{line}; {IN_A_FAILOVER}")
+        } else {
+            line
+        };
+        let split = began.is_some_and(|at| {
+            report
+                .two_primaries
+                .iter()
+                .any(|(a, b)| (*a..after_a_lease(*b)).contains(&at))
+        });
+        let line = if split {
+            format!("{line}; {WITH_TWO_PRIMARIES}")
         } else {
             line
         };
@@ -1486,6 +1583,10 @@ pub fn render(config: &Config, report: &Report, took: Duration) -> String {
                     .filter(|o| o.contains(IN_A_FAILOVER))
                     .count()
             ),
+        ),
+        (
+            "times two data nodes were primaries at once (Sentinel)",
+            report.two_primaries.len().to_string(),
         ),
         (
             "most valid holders at once",

@@ -644,7 +644,20 @@ fn three_sentinels(port: u16) -> Vec<RedisServer> {
 }
 
 /// A temporary directory with a `sentinel.conf` that monitors `master` at
-/// 127.0.0.1:`port` (quorum 2, down after 1 s), for a sentinel to rewrite.
+/// 127.0.0.1:`port` (quorum 2, down after 3 s), for a sentinel to rewrite.
+///
+/// Down-after is well above one second on purpose. After a failover each
+/// sentinel starts the new primary's clock afresh (its last reply "now")
+/// and drops its link to it, but reconnects at most once a second counted
+/// from its last attempt at the dead primary, so its first `PING` can go
+/// out about a second after the switch. With down-after 1 s that races the
+/// down-after check: a sentinel found the healthy new primary down, the
+/// "down" answers the other sentinels gave about the dead one (kept 5 s)
+/// made the quorum at once, and the sentinels failed over again, promoting
+/// the old primary just restarted as a replica while the new primary stayed
+/// a writable primary (Sentinel demotes such a one only seconds later):
+/// two primaries, clients on each taking the lock (the chaos run's split
+/// brain, not the crate's).
 pub(crate) fn sentinel_config(master: &str, port: u16) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = super::temp_dir();
     let config = dir.path().join("sentinel.conf");
@@ -652,7 +665,7 @@ pub(crate) fn sentinel_config(master: &str, port: u16) -> (tempfile::TempDir, st
         &config,
         format!(
             "sentinel monitor {master} 127.0.0.1 {port} 2\n\
-             sentinel down-after-milliseconds {master} 1000\n\
+             sentinel down-after-milliseconds {master} 3000\n\
              sentinel failover-timeout {master} 5000\n\
              sentinel parallel-syncs {master} 1\n"
         ),
