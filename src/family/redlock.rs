@@ -186,17 +186,10 @@ impl Health {
 /// refuses it (Redis 6.x) the acquire script, which does the same in two
 /// steps. `Ok(true)` when the key holds `token`.
 fn grant(client: &LockClient, key: &str, token: &str, millis: u64) -> Result<bool, Error> {
-    client.counters().commands(1);
     if client.set_get_allowed() {
+        client.counters().commands(1);
         let previous: Result<Option<Vec<u8>>, Error> = client.run(Op::Acquire, key, |con, _| {
-            redis::cmd("SET")
-                .arg(key)
-                .arg(token)
-                .arg("NX")
-                .arg("PX")
-                .arg(millis)
-                .arg("GET")
-                .query(con)
+            script::set_nx_get(key, token, millis).query(con)
         });
         match previous.map_err(crate::error::known_refusal) {
             Ok(previous) => return Ok(previous.is_none_or(|v| v == token.as_bytes())),
@@ -205,6 +198,7 @@ fn grant(client: &LockClient, key: &str, token: &str, millis: u64) -> Result<boo
             Err(err) => return Err(err),
         }
     }
+    client.counters().commands(1);
     let (acquired, _pttl, _fence): (i64, i64, u64) =
         client.run(Op::AcquireScript, key, |con, _| {
             script::ACQUIRE.key(key).arg(token).arg(millis).invoke(con)

@@ -416,14 +416,7 @@ impl DistributedLock {
         let set = Cell::new(false);
         let result = self.client.run(Op::Acquire, key, |con, send| {
             let connection = self.node_connection_id(con)?;
-            let previous: Option<Vec<u8>> = redis::cmd("SET")
-                .arg(key)
-                .arg(token)
-                .arg("NX")
-                .arg("PX")
-                .arg(millis)
-                .arg("GET")
-                .query(con)?;
+            let previous: Option<Vec<u8>> = script::set_nx_get(key, token, millis).query(con)?;
             let acquired = match previous {
                 None => true,
                 Some(holder) => holder == token.as_bytes(),

@@ -31,6 +31,21 @@ pub(crate) static ACQUIRE: LazyLock<Script> =
 /// one integer: `n + 3` released (the message reached `n` subscribers), 1
 /// released (message not sent), 2 released by an earlier run, 0 gone, -1
 /// other owner (-2, -3: the same, marker unreadable).
+/// `SET key token NX PX millis GET`: the quick acquisition (Redis 7.0 and
+/// later; older servers refuse `NX` with `GET`, see `LockClient::refuse_set_get`).
+/// Its reply is `nil` when it set the key, else the key's value: the token
+/// itself after a resend whose first send set it.
+pub(crate) fn set_nx_get(key: &str, token: &str, millis: u64) -> Cmd {
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(key)
+        .arg(token)
+        .arg("NX")
+        .arg("PX")
+        .arg(millis)
+        .arg("GET");
+    cmd
+}
+
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SOURCE));
 
 /// The source of `lua/release.lua`, for an `EVAL` where `EVALSHA` cannot

@@ -421,7 +421,8 @@ fn server(con: &mut dyn redis::ConnectionLike, node: &str, findings: &mut Vec<Fi
 
     // The clocks: leases do not depend on them, holder metadata does.
     if let Ok((secs, micros)) = redis::cmd("TIME").query::<(u64, u64)>(con) {
-        let server = Duration::from_secs(secs) + Duration::from_micros(micros);
+        // The reply is the network's: no overflow whatever it says.
+        let server = Duration::from_secs(secs).saturating_add(Duration::from_micros(micros));
         let here = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
@@ -432,11 +433,7 @@ fn server(con: &mut dyn redis::ConnectionLike, node: &str, findings: &mut Vec<Fi
         };
         add(
             "clock",
-            if offset > Duration::from_secs(60) {
-                Severity::Warning
-            } else {
-                Severity::Ok
-            },
+            warning_above(offset, Duration::from_secs(60)),
             format!("the server's clock is {offset:.3?} {ahead} this machine's"),
             "holder metadata times are the server's; leases use no wall clock",
             "run NTP (chrony, systemd-timesyncd) on both",
@@ -458,11 +455,7 @@ fn server(con: &mut dyn redis::ConnectionLike, node: &str, findings: &mut Vec<Fi
         let p99 = times[times.len() - 1];
         add(
             "latency",
-            if p99 > Duration::from_millis(100) {
-                Severity::Warning
-            } else {
-                Severity::Ok
-            },
+            warning_above(p99, Duration::from_millis(100)),
             format!(
                 "PING p50 {p50:.1?}, p99 {p99:.1?} ({} round trips)",
                 times.len()
@@ -470,6 +463,15 @@ fn server(con: &mut dyn redis::ConnectionLike, node: &str, findings: &mut Vec<Fi
             "every acquisition and renewal costs round trips; a ttl near them is lost",
             "a closer server, or a ttl of seconds at least",
         );
+    }
+}
+
+/// A warning when `value` is above `limit`, else ok.
+fn warning_above(value: Duration, limit: Duration) -> Severity {
+    if value > limit {
+        Severity::Warning
+    } else {
+        Severity::Ok
     }
 }
 
