@@ -207,3 +207,106 @@ fn a_stalled_cluster_primary_costs_no_lease_on_the_others() {
         let _ = guard.unlock();
     }
 }
+
+/// Lets a stopped server go on when the test ends, however it ends.
+struct Continue<'a>(&'a support::RedisServer);
+
+impl Drop for Continue<'_> {
+    fn drop(&mut self) {
+        self.0.signal("CONT");
+    }
+}
+
+/// Connections a server has accepted so far.
+fn accepted(server: &support::RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query(&mut server.conn())
+        .expect("INFO stats");
+    info.lines()
+        .find_map(|line| line.strip_prefix("total_connections_received:"))
+        .and_then(|count| count.trim().parse().ok())
+        .expect("total_connections_received")
+}
+
+/// On a cluster, a new pooled link never waits for a stalled node: it is
+/// opened from a seed that answers (once an opening has found the first
+/// seed stalled, later ones start from the seed that answered) and opens
+/// the other nodes only when a request goes to them; a reply lost on the
+/// stalled node closes that node's socket only, and the same link goes on
+/// serving the healthy primaries without connecting to them again.
+#[test]
+fn a_new_cluster_link_never_waits_for_a_stalled_node() {
+    let _serial = support::serial();
+    let cluster = support::RedisCluster::start_with_node_timeout(3, 0, 30_000);
+    let keys = cluster.key_per_primary("fresh");
+    let healthy = cluster.primary_for(&keys[0]);
+    let stalled = cluster.primary_for(&keys[1]);
+    // The stalled node is the first seed.
+    let mut seeds = vec![stalled.url()];
+    seeds.extend(
+        cluster
+            .urls()
+            .into_iter()
+            .filter(|url| *url != stalled.url()),
+    );
+    stalled.signal("STOP");
+    let _continue = Continue(stalled);
+    let client = LockClient::builder()
+        .cluster(seeds)
+        .timeout(T)
+        .pool_size(8)
+        .build()
+        .expect("client");
+    // The first opening tries the stalled seed: one timeout, then the next.
+    let first = support::connection_of(&client);
+    drop(first);
+    // Every later opening starts from the seed that answered, and none
+    // connects to the stalled node.
+    let mut links = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for _ in 0..6 {
+        let started = Instant::now();
+        links.push(client.connection().expect("a new link"));
+        slowest = slowest.max(started.elapsed());
+    }
+    assert!(
+        slowest < T / 2,
+        "opening a link took {slowest:?} with one node stalled (timeout {T:?})"
+    );
+    drop(links);
+    // Locks on the healthy primaries, each on a link that may be new.
+    for key in [&keys[0], &keys[2]] {
+        let lock = DistributedLock::new(&client, key.as_str());
+        let started = Instant::now();
+        let guard = lock.try_lock().expect("try_lock").expect("free");
+        guard.unlock().expect("unlock");
+        assert!(started.elapsed() < T / 2, "{key}: {:?}", started.elapsed());
+    }
+    // One link only from here on: a request to the stalled node loses its
+    // reply on it; the link goes back to the pool and serves the healthy
+    // primary without connecting to it again.
+    let client = LockClient::builder()
+        .cluster(cluster.urls())
+        .timeout(T)
+        .pool_size(1)
+        .build()
+        .expect("client");
+    let get = |key: &str| {
+        let mut con = support::connection_of(&client);
+        redis::cmd("GET").arg(key).query::<Option<String>>(&mut con)
+    };
+    get(&keys[0]).expect("GET on a healthy primary");
+    let before = accepted(healthy);
+    let lost = get(&keys[1]);
+    assert!(lost.is_err(), "GET on a stopped primary: {lost:?}");
+    let started = Instant::now();
+    get(&keys[0]).expect("GET on a healthy primary");
+    assert!(started.elapsed() < T / 2, "{:?}", started.elapsed());
+    // One more: the query's own connection.
+    assert_eq!(
+        accepted(healthy),
+        before + 1,
+        "the healthy primary was connected to again after a reply lost on another"
+    );
+}

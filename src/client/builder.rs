@@ -14,7 +14,7 @@ use crate::client::{
     CLUSTER_RETRIES, DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT, LockClient, check_timeout, parse_url,
     parse_urls,
 };
-use crate::conn::backend::{Backend, SentinelTarget, Target, tcp_settings};
+use crate::conn::backend::{Backend, ClusterTarget, SentinelTarget, Target, tcp_settings};
 #[cfg(feature = "tls-rustls")]
 use crate::conn::tls::Tls;
 use crate::conn::tls::{Pem, TlsSettings};
@@ -545,48 +545,53 @@ impl LockClientBuilder {
                     .iter()
                     .map(|seed| self.prepare(seed, tls.as_ref(), true))
                     .collect::<Result<Vec<_>, _>>()?;
-                let builder = ClusterClient::builder(
-                    seeds
-                        .iter()
-                        .map(redis::Client::get_connection_info)
-                        .cloned(),
-                );
-                // Nodes found through `CLUSTER SLOTS` get the same
-                // certificates as the seeds.
-                // `certs` alone would make them verified even for an
-                // `#insecure` seed: say which mode the seeds asked for.
-                #[cfg(feature = "tls-rustls")]
-                let builder = match &tls {
-                    Some(tls) => {
-                        let insecure = seeds.first().is_some_and(|seed| {
-                            matches!(
-                                seed.get_connection_info().addr(),
-                                redis::ConnectionAddr::TcpTls { insecure: true, .. }
-                            )
-                        });
-                        builder
-                            .tls(if insecure {
-                                redis::TlsMode::Insecure
-                            } else {
-                                redis::TlsMode::Secure
-                            })
-                            .certs(tls.certificates())
-                    }
-                    None => builder,
+                // One client per seed, listing the seeds from that one on:
+                // a new connection starts from the seed that answered last.
+                let build = |infos: Vec<redis::ConnectionInfo>| {
+                    let builder = ClusterClient::builder(infos);
+                    // Nodes found through `CLUSTER SLOTS` get the same
+                    // certificates as the seeds.
+                    // `certs` alone would make them verified even for an
+                    // `#insecure` seed: say which mode the seeds asked for.
+                    #[cfg(feature = "tls-rustls")]
+                    let builder = match &tls {
+                        Some(tls) => {
+                            let insecure = seeds.first().is_some_and(|seed| {
+                                matches!(
+                                    seed.get_connection_info().addr(),
+                                    redis::ConnectionAddr::TcpTls { insecure: true, .. }
+                                )
+                            });
+                            builder
+                                .tls(if insecure {
+                                    redis::TlsMode::Insecure
+                                } else {
+                                    redis::TlsMode::Secure
+                                })
+                                .certs(tls.certificates())
+                        }
+                        None => builder,
+                    };
+                    builder
+                        .connection_timeout(timeout)
+                        .response_timeout(timeout)
+                        .tcp_settings(tcp_settings(timeout))
+                        // redis-rs waits at least 1.28 s per retry by default, up
+                        // to 16 times: a lock call must fail sooner than that.
+                        .retries(CLUSTER_RETRIES)
+                        .min_retry_wait(10)
+                        .max_retry_wait(500)
+                        .build()
+                        .map_err(|e| {
+                            Error::InvalidArgument(format!("cannot use the cluster URLs: {e}"))
+                        })
                 };
-                let cluster = builder
-                    .connection_timeout(timeout)
-                    .response_timeout(timeout)
-                    .tcp_settings(tcp_settings(timeout))
-                    // redis-rs waits at least 1.28 s per retry by default, up
-                    // to 16 times: a lock call must fail sooner than that.
-                    .retries(CLUSTER_RETRIES)
-                    .min_retry_wait(10)
-                    .max_retry_wait(500)
-                    .build()
-                    .map_err(|e| {
-                        Error::InvalidArgument(format!("cannot use the cluster URLs: {e}"))
-                    })?;
+                let infos = seeds
+                    .iter()
+                    .map(redis::Client::get_connection_info)
+                    .cloned()
+                    .collect::<Vec<_>>();
+                let cluster = ClusterTarget::new(infos, build)?;
                 let backend = Backend::own(Target::Cluster(cluster), timeout, size);
                 LockClient::build(
                     backend,

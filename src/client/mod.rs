@@ -23,6 +23,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 
 use crate::client::holder::{Identity, ServerClock};
 use crate::client::options::LockOptions;
@@ -302,7 +303,16 @@ impl LockClient {
             self.inner.stats.commands(1);
             // A read: resent on a fresh connection after a lost reply.
             self.run(Op::Read, key, |con, _| {
-                redis::cmd("TIME").query::<(u64, u64)>(con)
+                let time = redis::cmd("TIME");
+                // On a cluster, the key's own node: redis-rs sends a
+                // keyless command to any node, maybe one that stalls.
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                    Route::with_key(key, SlotAddr::Master),
+                ));
+                match con.on_cluster(|cluster| cluster.route(&time, route)) {
+                    Some(reply) => Ok(redis::from_redis_value(reply?)?),
+                    None => time.query::<(u64, u64)>(con),
+                }
             })
         })
     }

@@ -12,11 +12,15 @@
 //! * **No harm to others.** A connection is opened by the thread that
 //!   needs it, within its wait: a stalled server delays its own callers,
 //!   never a connect to another server (no thread is shared between
-//!   pools, and none is left trying when its caller has gone).
+//!   pools, and none is left trying when its caller has gone). On a
+//!   cluster, a connection opens a seed (the one that answered last first)
+//!   and each other node only when a request goes there ([`NodeLink`]): a
+//!   stalled node delays the requests for its slots, not the others.
 //! * **No reuse after a lost reply.** A connection whose request went out
 //!   and whose reply did not come back (timeout, reset, EOF, `EINTR`) may
 //!   still receive that reply later; it is marked broken and the pool drops
-//!   it, so no later user reads somebody else's reply.
+//!   it, so no later user reads somebody else's reply. On a cluster only
+//!   that node's socket is closed (and opened again for a later request).
 //! * **No walk through dead connections.** When one connection finds the
 //!   server gone (reset, EOF), every idle connection older than that is
 //!   presumed dead too (a restart or a reset drops them all) and is
@@ -113,11 +117,25 @@ fn connect_plain(
 ///   ([`Deadline`]): redis-rs retries a request that timed out, up to its
 ///   retry count, each try with a whole timeout of its own, and would reuse
 ///   the link whose reply was lost;
-/// * once a reply was lost on it, it is never used again: every later
-///   request fails at once, as a timeout, so redis-rs gives up and the
-///   crate's own resend policy decides.
+/// * it opens its node only when a request goes there: redis-rs connects
+///   to every node of the slot map (and `PING`s each) when it opens a
+///   cluster connection or refreshes its map, so one stalled node would
+///   cost every new pooled link, whatever it was needed for, a timeout.
+///   Only the seed a new cluster connection starts from is opened at once
+///   (while [`Seeding`]), and redis-rs's `PING` right after connecting is
+///   answered here for a node not open yet;
+/// * once a reply was lost on it, the request it was lost in gets no
+///   second try on it (every later try fails at once, as a timeout, so
+///   redis-rs gives up and the crate's own resend policy decides); its
+///   socket is closed, so no reply of that request can be read as
+///   another's, and a later request opens the node again. One sick node
+///   costs the pooled cluster link nothing on its other nodes.
 pub(crate) struct NodeLink {
-    con: redis::Connection,
+    /// `None` until a request needs the node, and after a lost reply.
+    con: Option<redis::Connection>,
+    client: redis::Client,
+    /// The connect bound redis-rs gave (its connection timeout).
+    connect_timeout: Option<Duration>,
     /// Its number for [`last_node`].
     number: u64,
     /// Its address for [`last_address`] (`None` for a Unix socket).
@@ -125,10 +143,15 @@ pub(crate) struct NodeLink {
     /// The read timeout last asked for (by redis-rs or the crate), put
     /// back after a cut.
     read: std::cell::Cell<Option<Duration>>,
+    /// The write timeout last asked for.
+    write: std::cell::Cell<Option<Duration>>,
     /// The read and write timeouts are cut to a deadline now.
     cut: bool,
-    /// A reply was lost on it.
-    lost: bool,
+    /// The request ([`Deadline`]) a reply was lost in; 0 for one outside
+    /// any request, after which the link is never used again.
+    lost_in: Option<u64>,
+    /// No request was made on it yet.
+    fresh: bool,
 }
 
 std::thread_local! {
@@ -142,6 +165,13 @@ std::thread_local! {
     static KEEP_REPLIES: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// The replies kept, refusals included.
     static KEPT: std::cell::RefCell<Option<Vec<Value>>> = const { std::cell::RefCell::new(None) };
+    /// The request this thread is in ([`Deadline`]), 0 for none.
+    static REQUEST: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// A cluster connection is being opened on this thread: node links
+    /// connect at once, until one answers ([`Seeding`]).
+    static SEEDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The node number of the seed that answered while [`SEEDING`].
+    static SEED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     /// The address of the node this thread's last cluster request went to.
     static LAST_ADDRESS: std::cell::RefCell<Option<(Arc<str>, u16)>> =
         const { std::cell::RefCell::new(None) };
@@ -182,10 +212,17 @@ pub(crate) fn last_node() -> Option<u64> {
 
 /// While alive, every [`NodeLink`] request of this thread ends by `at`
 /// (or an earlier deadline already set); the one before is put back when
-/// it is dropped.
+/// it is dropped. The outermost one is also one request of the crate's,
+/// numbered, however many tries redis-rs makes inside it: a node link
+/// that lost a reply refuses the rest of that request only.
 struct Deadline {
     before: Option<Instant>,
+    /// It numbered the request (the outermost).
+    outermost: bool,
 }
+
+/// Numbers the crate's requests on cluster connections (0 is none).
+static NEXT_REQUEST: AtomicU64 = AtomicU64::new(1);
 
 impl Deadline {
     fn at_most(at: Option<Instant>) -> Deadline {
@@ -195,20 +232,65 @@ impl Deadline {
             (a, b) => a.or(b),
         };
         DEADLINE.with(|deadline| deadline.set(sooner));
-        Deadline { before }
+        Deadline {
+            before,
+            outermost: Deadline::number(),
+        }
     }
-}
 
-impl Deadline {
     fn replacing(at: Option<Instant>) -> Deadline {
         let before = DEADLINE.with(|deadline| deadline.replace(at));
-        Deadline { before }
+        Deadline {
+            before,
+            outermost: Deadline::number(),
+        }
+    }
+
+    /// Numbers this thread's request unless it is in one already.
+    fn number() -> bool {
+        REQUEST.with(|request| {
+            if request.get() != 0 {
+                return false;
+            }
+            // Wraps after 2^64 requests, past any link's life; 0 skipped.
+            let next = NEXT_REQUEST.fetch_add(1, Ordering::Relaxed).max(1);
+            request.set(next);
+            true
+        })
     }
 }
 
 impl Drop for Deadline {
     fn drop(&mut self) {
         DEADLINE.with(|deadline| deadline.set(self.before));
+        if self.outermost {
+            REQUEST.with(|request| request.set(0));
+        }
+    }
+}
+
+/// While alive, the calling thread opens a cluster connection: its node
+/// links connect at once, until one answers (that seed is then remembered
+/// in [`SEED`], and the links to the other nodes wait for a request).
+struct Seeding;
+
+impl Seeding {
+    fn start() -> Seeding {
+        SEEDING.with(|seeding| seeding.set(true));
+        SEED.with(|seed| seed.set(0));
+        Seeding
+    }
+
+    /// The node number of the seed that answered, if one did.
+    fn answered(&self) -> Option<u64> {
+        let seed = SEED.with(|seed| seed.replace(0));
+        (seed != 0).then_some(seed)
+    }
+}
+
+impl Drop for Seeding {
+    fn drop(&mut self) {
+        SEEDING.with(|seeding| seeding.set(false));
     }
 }
 
@@ -229,40 +311,93 @@ fn time_ran_out(what: &str) -> RedisError {
 impl NodeLink {
     /// Ready for one request: not after a lost reply, not past the
     /// deadline, and with the timeouts cut to what is left of it.
-    fn ready(&mut self) -> RedisResult<()> {
-        if self.lost {
-            return Err(time_ran_out("after a lost reply on this node's link"));
+    fn ready(&mut self) -> RedisResult<&mut redis::Connection> {
+        self.fresh = false;
+        if let Some(lost_in) = self.lost_in {
+            if lost_in == 0 || lost_in == REQUEST.with(|request| request.get()) {
+                return Err(time_ran_out("after a lost reply on this node's link"));
+            }
+            // A later request: the node is opened again.
+            self.lost_in = None;
         }
         LAST_NODE.with(|last| last.set(self.number));
         LAST_ADDRESS.with(|last| last.borrow_mut().clone_from(&self.address));
-        match deadline_left() {
-            Some(left) if left.is_zero() => Err(time_ran_out("before a node was asked")),
-            Some(left) if self.read.get().is_none_or(|read| left < read) => {
-                self.cut = true;
-                let result = self
-                    .con
-                    .set_read_timeout(Some(left))
-                    .and_then(|()| self.con.set_write_timeout(Some(left)));
-                self.seen(result)
-            }
-            _ if self.cut => {
-                self.cut = false;
-                let read = self.read.get();
-                let result = self
-                    .con
-                    .set_read_timeout(read)
-                    .and_then(|()| self.con.set_write_timeout(read));
-                self.seen(result)
-            }
-            _ => Ok(()),
+        let left = deadline_left();
+        if left.is_some_and(|left| left.is_zero()) {
+            return Err(time_ran_out("before a node was asked"));
         }
+        if self.con.is_none() {
+            let opened = self.open(left);
+            self.con = Some(self.seen(opened)?);
+            self.cut = false;
+        }
+        let read = self.read.get();
+        let write = self.write.get();
+        let (read, write, cut) = match left {
+            Some(left) if read.is_none_or(|read| left < read) => (Some(left), Some(left), true),
+            _ if self.cut => (read, write, false),
+            _ => return self.connection(),
+        };
+        self.cut = cut;
+        let result = self.connection().and_then(|con| {
+            con.set_read_timeout(read)?;
+            con.set_write_timeout(write)
+        });
+        self.seen(result)?;
+        self.connection()
     }
 
+    fn connection(&mut self) -> RedisResult<&mut redis::Connection> {
+        self.con
+            .as_mut()
+            .ok_or_else(|| time_ran_out("after a lost reply on this node's link"))
+    }
+
+    /// Connects to the node within its connect bound and what is left of
+    /// the request, with the timeouts asked for in force from the start.
+    fn open(&self, left: Option<Duration>) -> RedisResult<redis::Connection> {
+        let timeout = match (self.connect_timeout, left) {
+            (Some(timeout), Some(left)) => Some(timeout.min(left)),
+            (timeout, left) => timeout.or(left),
+        };
+        let con = match timeout {
+            Some(timeout) => self.client.get_connection_with_timeout(timeout),
+            None => self.client.get_connection(),
+        }
+        .map_err(|err| explain(self.client.get_connection_info().addr(), err))?;
+        con.set_read_timeout(self.read.get())?;
+        con.set_write_timeout(self.write.get())?;
+        Ok(con)
+    }
+
+    /// A lost reply closes the socket (no reply of this request can be read
+    /// later as another's) and refuses the rest of the request.
     fn seen<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
-        if result.as_ref().is_err_and(reply_lost) {
-            self.lost = true;
+        match &result {
+            Err(err) if reply_lost(err) => {
+                self.con = None;
+                self.lost_in = Some(REQUEST.with(|request| request.get()));
+            }
+            Ok(_) if SEEDING.with(|seeding| seeding.get()) => {
+                // The seed answered: the other nodes wait for a request.
+                SEEDING.with(|seeding| seeding.set(false));
+                SEED.with(|seed| seed.set(self.number));
+            }
+            _ => {}
         }
         result
+    }
+
+    /// Whether `cmd` is redis-rs's `PING` right after connecting, on a link
+    /// not open yet: answered here, the node is opened by the first request
+    /// that needs it.
+    fn greeted(&mut self, cmd: &Cmd) -> bool {
+        let greeting = self.fresh
+            && self.con.is_none()
+            && cmd.args_iter().count() == 1
+            && matches!(cmd.args_iter().next(), Some(redis::Arg::Simple(name)) if name.eq_ignore_ascii_case(b"PING"));
+        self.fresh = false;
+        greeting
     }
 }
 
@@ -366,25 +501,7 @@ impl redis::cluster::Connect for NodeLink {
         T: IntoConnectionInfo,
     {
         let info = info.into_connection_info()?;
-        // A node redis-rs connects to again in the middle of a request
-        // (after a reset, a redirection) is within the request's deadline.
-        let left = deadline_left();
-        if left.is_some_and(|left| left.is_zero()) {
-            return Err(time_ran_out("before a node could be connected to"));
-        }
-        let timeout = match (timeout, left) {
-            (Some(timeout), Some(left)) => Some(timeout.min(left)),
-            (timeout, left) => timeout.or(left),
-        };
         let client = redis::Client::open(info.clone())?;
-        let con = match timeout {
-            Some(timeout) => client.get_connection_with_timeout(timeout),
-            None => client.get_connection(),
-        }
-        .map_err(|err| explain(info.addr(), err))?;
-        // The first reply too: redis-rs sets its own timeouts after it.
-        con.set_read_timeout(timeout)?;
-        con.set_write_timeout(timeout)?;
         let address = match info.addr() {
             redis::ConnectionAddr::Tcp(host, port)
             | redis::ConnectionAddr::TcpTls { host, port, .. } => {
@@ -392,41 +509,63 @@ impl redis::cluster::Connect for NodeLink {
             }
             _ => None,
         };
-        Ok(NodeLink {
-            con,
+        let mut link = NodeLink {
+            con: None,
+            client,
+            connect_timeout: timeout,
             number: node_number(&info.addr().to_string()),
             address,
+            // The first reply too: redis-rs sets its own timeouts after it.
             read: std::cell::Cell::new(timeout),
+            write: std::cell::Cell::new(timeout),
             cut: false,
-            lost: false,
-        })
+            lost_in: None,
+            fresh: true,
+        };
+        // A seed is connected to now, so redis-rs can go on to the next
+        // when it does not answer; a node redis-rs connects to in the
+        // middle of a request (after a reset, a redirection) within the
+        // request's deadline.
+        if SEEDING.with(|seeding| seeding.get()) {
+            let left = deadline_left();
+            if left.is_some_and(|left| left.is_zero()) {
+                return Err(time_ran_out("before a node could be connected to"));
+            }
+            link.con = Some(link.open(left)?);
+        }
+        Ok(link)
     }
 
     fn send_packed_command(&mut self, cmd: &[u8]) -> RedisResult<()> {
-        self.ready()?;
-        let result = self.con.send_packed_command(cmd);
+        let result = self.ready()?.send_packed_command(cmd);
         self.seen(result)
     }
 
     fn set_write_timeout(&self, dur: Option<Duration>) -> RedisResult<()> {
-        self.con.set_write_timeout(dur)
+        self.write.set(dur);
+        match &self.con {
+            Some(con) => con.set_write_timeout(dur),
+            None => Ok(()),
+        }
     }
 
     fn set_read_timeout(&self, dur: Option<Duration>) -> RedisResult<()> {
         self.read.set(dur);
-        self.con.set_read_timeout(dur)
+        match &self.con {
+            Some(con) => con.set_read_timeout(dur),
+            None => Ok(()),
+        }
     }
 
     fn recv_response(&mut self) -> RedisResult<Value> {
-        let result = self.con.recv_response();
+        let result = self.connection()?.recv_response();
         self.seen(result)
     }
 }
 
 impl ConnectionLike for NodeLink {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
-        self.ready()?;
-        let result = self.con.req_packed_command(cmd);
+        let result = self.ready()?.req_packed_command(cmd);
         self.seen(result)
     }
 
@@ -436,10 +575,10 @@ impl ConnectionLike for NodeLink {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
-        self.ready()?;
+        let number = self.number;
+        let read = self.read.get();
+        let con = self.ready()?;
         let result = if offset == 0 {
-            let number = self.number;
-            let read = self.read.get();
             let mut cut = |con: &redis::Connection| -> RedisResult<()> {
                 LAST_NODE.with(|last| last.set(number));
                 match deadline_left() {
@@ -452,12 +591,12 @@ impl ConnectionLike for NodeLink {
                     _ => Ok(()),
                 }
             };
-            let result = pipeline_each(&mut self.con, cmd, count, &mut cut);
+            let result = pipeline_each(con, cmd, count, &mut cut);
             // Cut from here on: `ready` puts the timeouts back.
             self.cut = true;
             result
         } else {
-            self.con.req_packed_commands(cmd, offset, count)
+            con.req_packed_commands(cmd, offset, count)
         };
         let result = self.seen(result);
         if !KEEP_REPLIES.with(|keep| keep.get()) {
@@ -480,25 +619,32 @@ impl ConnectionLike for NodeLink {
     }
 
     fn req_command(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        self.ready()?;
-        let result = self.con.req_command(cmd);
+        if self.greeted(cmd) {
+            return Ok(Value::SimpleString("PONG".to_owned()));
+        }
+        let result = self.ready()?.req_command(cmd);
         self.seen(result)
     }
 
     fn get_db(&self) -> i64 {
-        self.con.get_db()
+        // A cluster has database 0 only.
+        0
     }
 
     fn supports_pipelining(&self) -> bool {
-        self.con.supports_pipelining()
+        true
     }
 
+    /// No round trip: redis-rs checks every node link this way when it
+    /// refreshes its slot map, and a `PING` to a stalled node would cost
+    /// that refresh a timeout. A link whose node went away fails its next
+    /// request, which redis-rs answers by connecting again.
     fn check_connection(&mut self) -> bool {
-        !self.lost && self.con.check_connection()
+        self.is_open()
     }
 
     fn is_open(&self) -> bool {
-        !self.lost && self.con.is_open()
+        self.lost_in != Some(0) && self.con.as_ref().is_none_or(ConnectionLike::is_open)
     }
 }
 
@@ -556,8 +702,73 @@ fn explain(addr: &redis::ConnectionAddr, err: RedisError) -> RedisError {
 /// What a pool of this crate connects to.
 pub(crate) enum Target {
     Single(redis::ConnectionInfo),
-    Cluster(ClusterClient),
+    Cluster(ClusterTarget),
     Sentinel(SentinelTarget),
+}
+
+/// A Redis Cluster, opened from its seeds: a new connection starts from
+/// the seed that answered last, so a seed that stalls costs one opening
+/// its timeout, not every one.
+pub(crate) struct ClusterTarget {
+    /// One client per seed, listing the seeds from that one on.
+    clients: Vec<ClusterClient>,
+    /// Each seed's node number ([`node_number`]), in the order given.
+    seeds: Vec<u64>,
+    /// The client to start from.
+    first: AtomicUsize,
+}
+
+impl ClusterTarget {
+    /// `build` makes a client of seeds in the order given.
+    pub(crate) fn new<E>(
+        seeds: Vec<redis::ConnectionInfo>,
+        build: impl Fn(Vec<redis::ConnectionInfo>) -> Result<ClusterClient, E>,
+    ) -> Result<ClusterTarget, E> {
+        let count = seeds.len();
+        let clients = (0..count)
+            .map(|first| {
+                build(
+                    seeds
+                        .iter()
+                        .cycle()
+                        .skip(first)
+                        .take(count)
+                        .cloned()
+                        .collect(),
+                )
+            })
+            .collect::<Result<Vec<_>, E>>()?;
+        Ok(ClusterTarget {
+            clients,
+            seeds: seeds
+                .iter()
+                .map(|seed| node_number(&seed.addr().to_string()))
+                .collect(),
+            first: AtomicUsize::new(0),
+        })
+    }
+
+    /// A cluster connection: a seed connected to and asked for the slot
+    /// map, the other nodes opened when a request needs them
+    /// ([`NodeLink`]).
+    fn connect(&self) -> RedisResult<Cluster> {
+        let first = self.first.load(Ordering::Relaxed);
+        let Some(client) = self.clients.get(first).or(self.clients.first()) else {
+            return Err(RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "no cluster node to connect to",
+            )));
+        };
+        let seeding = Seeding::start();
+        let result = client.get_generic_connection::<NodeLink>();
+        if let Some(seed) = seeding
+            .answered()
+            .and_then(|number| self.seeds.iter().position(|seed| *seed == number))
+        {
+            self.first.store(seed, Ordering::Relaxed);
+        }
+        result
+    }
 }
 
 /// A primary named by Sentinel, looked up again for every new connection.
@@ -910,12 +1121,10 @@ impl Manager {
             Target::Single(info) => {
                 LinkKind::Plain(connect_plain(info, self.timeout, limit.min(self.timeout))?)
             }
-            // Bounded per node by the client's timeout (a connect and a
-            // first reply each, see `NodeLink`), not by `limit`: redis-rs
-            // opens the nodes it needs one after another.
-            Target::Cluster(client) => {
-                LinkKind::Cluster(Box::new(client.get_generic_connection::<NodeLink>()?))
-            }
+            // Bounded per seed tried by the client's timeout (a connect
+            // and a first reply each, see `NodeLink`), not by `limit`; the
+            // other nodes are opened by the requests that go to them.
+            Target::Cluster(target) => LinkKind::Cluster(Box::new(target.connect()?)),
             Target::Sentinel(target) => LinkKind::Plain(target.connect(self.timeout, limit)?),
         };
         Ok(Link {
@@ -1363,14 +1572,16 @@ impl Connection {
         {
             link.answered = coarse_millis();
         }
+        // A cluster link stays: the node link that lost the reply closed
+        // its socket and opens it again for a later request ([`NodeLink`]),
+        // and one node gone says nothing of the links to the others.
         if let Err(err) = &result
             && reply_lost(err)
             && let Pooled::Own(link) = &mut self.pooled
+            && let LinkKind::Plain(_) = link.kind
         {
             link.broken = true;
-            // One node of a cluster gone says nothing of the links to
-            // the others (redis-rs reconnects that node by itself).
-            if err.is_connection_dropped() && !matches!(link.kind, LinkKind::Cluster(_)) {
+            if err.is_connection_dropped() {
                 link.epochs.fetch_add(1, Ordering::SeqCst);
             }
         }
