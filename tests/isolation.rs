@@ -159,10 +159,10 @@ fn a_stalled_cluster_primary_costs_no_lease_on_the_others() {
         .timeout(T)
         .build()
         .expect("client");
-    // Idle links in the pool, opened while every node answered: a link
-    // opened while a node stalls waits for that node's connect (one
-    // timeout: the documented connect bound on a cluster), which the
-    // renewal groups of the healthy nodes should not need to pay.
+    // Idle links in the pool, opened while every node answered: the first
+    // link opened while the first seed stalls pays that seed's timeout
+    // (the documented connect bound on a cluster), which the renewal
+    // groups of the healthy nodes should not need to pay.
     let warm: Vec<_> = (0..6).map(|_| support::connection_of(&client)).collect();
     drop(warm);
     let ttl = Duration::from_millis(1500);
