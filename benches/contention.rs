@@ -17,8 +17,7 @@
 //!   the watchdog on, then released; time per lock. (Their memory, in the
 //!   client and in Redis, and the renewals' round trips: `examples/watchdog.rs`.)
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use redmutex_test_support as support;
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};

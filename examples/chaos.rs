@@ -37,8 +37,7 @@
 //! lost), errors by kind (a redirection reaching a caller is a failure),
 //! the longest wait and `unlock()`, and exits 1 if a property failed.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use redmutex_test_support as support;
 
 use std::process::{Command, ExitCode};
 use std::time::Instant;

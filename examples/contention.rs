@@ -36,8 +36,7 @@
 //! answer) and lock + drop (the floor is 1: the drop writes its release
 //! behind, and the next lock's request carries it in the same round trip).
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use redmutex_test_support as support;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};

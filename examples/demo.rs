@@ -4,8 +4,7 @@
 //! redis-server first when it is missing). With `--url URL` it uses your
 //! server instead.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use redmutex_test_support as support;
 
 use std::time::{Duration, Instant};
 

@@ -5,8 +5,7 @@
 //!
 //! `cargo run --release --example deployments -- [--rounds 2000]`
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use redmutex_test_support as support;
 
 use std::time::{Duration, Instant};
 

@@ -6,8 +6,7 @@
 //!
 //! `cargo run --release --example failover -- [--after-ms 500]`
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use redmutex_test_support as support;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -11,8 +11,7 @@
 //! tokens are large numbers, at least the server's clock in microseconds;
 //! only their order matters.)
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use redmutex_test_support as support;
 
 use std::time::Duration;
 

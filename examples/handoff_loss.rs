@@ -18,8 +18,7 @@
 //! that found it lost on taking it), next to a PING round trip: the bound
 //! is 1 ms plus one round trip.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use redmutex_test_support as support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -22,8 +22,7 @@
 //! at the end, and shows the book's own 5 listers/5 buyers figures beside
 //! ours. Without `--url` it starts a private redis-server.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use redmutex_test_support as support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

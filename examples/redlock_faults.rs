@@ -7,8 +7,7 @@
 //! Prints, per phase: acquisitions per second, the longest `unlock()`, and
 //! the p99 of `unlock()`; then the keys left on any node after the heal.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use redmutex_test_support as support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

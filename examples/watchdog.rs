@@ -6,8 +6,7 @@
 //!
 //! `cargo run --release --example watchdog -- [--locks 1,100,1000,10000] [--ttl-ms 3000] [--secs 9] [--url URL]`
 
-#[path = "../tests/support/mod.rs"]
-mod support;
+use redmutex_test_support as support;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicI64, Ordering};

@@ -2,7 +2,7 @@
 //! every lock type, and a user without channel permissions (the Redis 7
 //! default for new users) still releases, and waits by backoff.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::time::{Duration, Instant};
 

@@ -8,7 +8,7 @@
 //! A "paused holder" is a holder that stops between two of its steps (a GC
 //! pause, a swapped-out process, a slow network) for longer than its lease.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! debug build on a loaded 2-core machine adds in scheduling, never a
 //! multiple of the bound.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -14,7 +14,7 @@
 //! The runs take turns (`support::serial`): two at once would be eight
 //! worker processes and up to ten servers on two cores.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! no subscribed channel, no busy pooled connection, no thread. (A test
 //! binary of its own, so no other test's threads are counted.)
 
-mod support;
+use redmutex_test_support as support;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The `redmutex` command against a private redis-server.
 #![cfg(feature = "cli")]
 
-mod support;
+use redmutex_test_support as support;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

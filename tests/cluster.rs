@@ -1,7 +1,7 @@
 //! The lock on Redis Cluster: 3 primaries (and replicas where a test needs
 //! them) made by `redis-cli --cluster create` on free loopback ports.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

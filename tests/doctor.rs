@@ -2,7 +2,7 @@
 //! badly, one of each kind of deployment.
 #![cfg(feature = "cli")]
 
-mod support;
+use redmutex_test_support as support;
 
 use std::process::Command;
 

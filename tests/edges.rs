@@ -3,7 +3,7 @@
 //! `validity()` that must never wait on the network, and corrupt fencing
 //! counters.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! must not overlap. Across threads, across OS processes, and with a holder
 //! process killed by SIGKILL.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

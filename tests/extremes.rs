@@ -4,7 +4,7 @@
 //! `Backoff::max`, and a notify waiter whose holder's key had no expiry
 //! with a huge backoff cap all panicked on overflow.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::time::Duration;
 

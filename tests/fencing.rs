@@ -4,7 +4,7 @@
 //! every token the old primary gave out, as long as its clock is not behind
 //! the old primary's by more than the failover took.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! no other test's thread holds a lock at the moment of the fork.
 #![cfg(unix)]
 
-mod support;
+use redmutex_test_support as support;
 
 use redmutex::{DistributedLock, Error, LockClient, ReentrantLock, Unlocked};
 use support::{RedisServer, get};

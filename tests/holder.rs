@@ -3,7 +3,7 @@
 //! acquisition itself, `list` and `status` read it back without the
 //! token's secret, and a lost or refused `TIME` never costs the lock.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -5,7 +5,7 @@
 //! node of three stalled keeps its quorum, and a watched lease on a healthy
 //! server whose links were reset keeps being renewed.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

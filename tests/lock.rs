@@ -1,7 +1,7 @@
 //! The plain lock against a real redis-server: acquire, release, extend,
 //! validity, waiting, bad input and broken servers.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! (see `src/policy.rs`): an operation whose reply was lost is applied at
 //! most once, and its caller is told the truth.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::time::{Duration, Instant};
 

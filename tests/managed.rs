@@ -3,7 +3,7 @@
 //! `Error::Unsupported` naming the command and what needs it, and leaves
 //! nothing behind; without pub/sub, waiting falls back to backoff.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::time::Duration;
 

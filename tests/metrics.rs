@@ -2,7 +2,7 @@
 //! losses, errors, wait and hold distributions) and, with the `metrics`
 //! feature, the same events through the `metrics` facade.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! `WaitMode::Notify`: local queues, pub/sub wake-up, in-process handoff.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

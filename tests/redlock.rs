@@ -2,7 +2,7 @@
 //! nodes (go-redsync style), validity under latency, late replies, and
 //! mutual exclusion while a node is killed and restarted.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

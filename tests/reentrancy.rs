@@ -1,7 +1,7 @@
 //! Thread-local reentrancy: nested guards cost no Redis command, the lock is
 //! released when the last guard of a hold goes, whatever the drop order.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! sessions of the article "Distributed locks by Redis" (one field per
 //! hold instead of a counter).
 
-mod support;
+use redmutex_test_support as support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! hazard it narrows. Replicas are extra redis-server processes started with
 //! `--replicaof`.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! The read-write lock: readers share, writers exclude, crashed readers
 //! expire alone, writers are not starved, a reader releases only itself.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};

@@ -1,7 +1,7 @@
 //! `Semaphore` (issue 13): at most N permits, the server's clock, the limit
 //! stored with it, exactly once under lost replies.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! sentinels on free loopback ports; the primary is killed and the client
 //! follows the promoted replica.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::time::{Duration, Instant};
 

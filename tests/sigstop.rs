@@ -5,7 +5,7 @@
 //! while Redis kept the lock under a token nobody owned. Now the call is
 //! resent like one whose connection dropped, and the caller gets its lock.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};

@@ -3,7 +3,7 @@
 //! bounded, the pool recovers once the server heals, and a watched lease is
 //! reported lost before anyone else can take the key.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::time::{Duration, Instant};
 

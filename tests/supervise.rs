@@ -4,7 +4,7 @@
 //! ignored on entry, daemonizing commands, and the exit codes of each.
 #![cfg(all(feature = "cli", target_os = "linux"))]
 
-mod support;
+use redmutex_test_support as support;
 
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};

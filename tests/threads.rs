@@ -4,7 +4,7 @@
 //! threads alive for about 30 s (602 threads 5 s after dropping 200
 //! clients). One test in this binary: it counts the process's threads.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -5,7 +5,7 @@
 //! within the timeout. Certificates are made at test time (`support::tls`).
 #![cfg(feature = "tls-rustls")]
 
-mod support;
+use redmutex_test_support as support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

@@ -2,7 +2,7 @@
 //! on it. A leftover WATCH would make the next user's MULTI/EXEC abort when
 //! the watched key changes.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::time::Duration;
 

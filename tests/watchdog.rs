@@ -1,6 +1,6 @@
 //! The watchdog (renewal, loss signal, hold cap) and fencing tokens.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

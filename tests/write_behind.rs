@@ -6,7 +6,7 @@
 //! cache flushed, a server that never answers, a process that exits right
 //! after the drop.
 
-mod support;
+use redmutex_test_support as support;
 
 use std::process::Command;
 use std::sync::Arc;

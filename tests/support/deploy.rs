@@ -602,7 +602,7 @@ pub struct Lost {
 
 /// Whether every sentinel knows `master`'s one replica and the other two
 /// sentinels (so a failover can be agreed on).
-pub(crate) fn sentinels_know_each_other(sentinels: &[RedisServer], master: &str) -> bool {
+pub fn sentinels_know_each_other(sentinels: &[RedisServer], master: &str) -> bool {
     sentinels.iter().all(|s| {
         let replicas: Vec<redis::Value> = s
             .try_query(redis::cmd("SENTINEL").arg("REPLICAS").arg(master))
@@ -615,7 +615,7 @@ pub(crate) fn sentinels_know_each_other(sentinels: &[RedisServer], master: &str)
 }
 
 /// The port `sentinel` names for `master`'s primary, if it answers.
-pub(crate) fn named_primary(sentinel: &RedisServer, master: &str) -> Option<u16> {
+pub fn named_primary(sentinel: &RedisServer, master: &str) -> Option<u16> {
     let (_host, port): (String, u16) = sentinel.try_query(
         redis::cmd("SENTINEL")
             .arg("GET-MASTER-ADDR-BY-NAME")
@@ -658,7 +658,7 @@ fn three_sentinels(port: u16) -> Vec<RedisServer> {
 /// a writable primary (Sentinel demotes such a one only seconds later):
 /// two primaries, clients on each taking the lock (the chaos run's split
 /// brain, not the crate's).
-pub(crate) fn sentinel_config(master: &str, port: u16) -> (tempfile::TempDir, std::path::PathBuf) {
+pub fn sentinel_config(master: &str, port: u16) -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = super::temp_dir();
     let config = dir.path().join("sentinel.conf");
     std::fs::write(

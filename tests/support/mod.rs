@@ -2,9 +2,9 @@
 //!
 //! Each [`RedisServer`] runs on a free loopback port (never 6379 or any fixed
 //! port), with no persistence, in its own temporary directory, and is killed
-//! when dropped. Shared by `tests/`, `benches/` and `examples/` through
-//! `#[path = "…/tests/support/mod.rs"]`.
-#![allow(dead_code)]
+//! when dropped. The crate `redmutex-test-support` (never published),
+//! shared by `tests/`, `benches/` and `examples/` as a dev-dependency, so it
+//! is compiled once.
 
 pub mod chaos;
 mod deploy;
@@ -85,7 +85,7 @@ pub fn free_port() -> u16 {
 
 /// A free port whose cluster bus port (it plus 10000, before Redis 7.0)
 /// is free too.
-pub(crate) fn free_port_with_bus() -> u16 {
+pub fn free_port_with_bus() -> u16 {
     let mut port = free_port();
     for _ in 0..50 {
         let bus_free = port
@@ -100,7 +100,7 @@ pub(crate) fn free_port_with_bus() -> u16 {
 }
 
 /// A free port that is not `taken` (two picks in a row can coincide).
-pub(crate) fn free_port_other_than(taken: u16) -> u16 {
+pub fn free_port_other_than(taken: u16) -> u16 {
     let mut port = free_port();
     for _ in 0..START_TRIES {
         if port != taken {
@@ -160,7 +160,7 @@ impl RedisServer {
         })
     }
 
-    pub(crate) fn start_in(
+    pub fn start_in(
         dir: tempfile::TempDir,
         config: Option<PathBuf>,
         extra: &[&str],
@@ -171,7 +171,7 @@ impl RedisServer {
 
     /// Tries up to [`START_TRIES`] free ports; `extra_for(port)` gives the
     /// extra arguments for one try (ports they name must be fresh too).
-    pub(crate) fn start_tries(
+    pub fn start_tries(
         dir: tempfile::TempDir,
         config: Option<PathBuf>,
         extra_for: impl FnMut(u16) -> Vec<String>,
@@ -180,7 +180,7 @@ impl RedisServer {
     }
 
     /// [`RedisServer::start_tries`] on ports `pick` gives.
-    pub(crate) fn start_tries_on(
+    pub fn start_tries_on(
         dir: tempfile::TempDir,
         config: Option<PathBuf>,
         pick: fn() -> u16,
@@ -353,7 +353,7 @@ impl Drop for RedisServer {
     }
 }
 
-pub(crate) fn temp_dir() -> tempfile::TempDir {
+pub fn temp_dir() -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix("redmutex-redis-")
         .tempdir()
