@@ -8,6 +8,9 @@
 -- ARGV[1]  the token written by this owner's acquisition
 -- ARGV[2]  the key's release channel (redmutex:released:{tag}...)
 -- ARGV[3]  how long the marker lives, in milliseconds (a positive integer)
+-- ARGV[4]  (optional) 's': announce with SPUBLISH (Redis Cluster 7.0+: the
+--          message stays in the key's shard); PUBLISH when absent, or when
+--          the server refuses SPUBLISH
 --
 -- Returns one integer (an integer is the cheapest reply to send and to
 -- parse):
@@ -34,7 +37,13 @@ if current == ARGV[1] then
   if KEYS[2] then
     redis.pcall('PSETEX', KEYS[2], ARGV[3], '1')
   end
-  local n = redis.pcall('PUBLISH', ARGV[2], '')
+  local n
+  if ARGV[4] == 's' then
+    n = redis.pcall('SPUBLISH', ARGV[2], '')
+  end
+  if type(n) ~= 'number' then
+    n = redis.pcall('PUBLISH', ARGV[2], '')
+  end
   if type(n) ~= 'number' then
     return 1
   end

@@ -10,6 +10,9 @@
 --          is: a reader, the writer, a waiting writer)
 -- ARGV[3]  the release channel to PUBLISH on
 -- ARGV[4]  how long the marker lives, in milliseconds (a positive integer)
+-- ARGV[5]  (optional) 's': announce with SPUBLISH (Redis Cluster 7.0+: the
+--          message stays in the key's shard); PUBLISH when absent, or when
+--          the server refuses SPUBLISH
 --
 -- Returns:
 --    1  released (by this run, or by an earlier run of this same request
@@ -78,7 +81,13 @@ if result == 1 then
     redis.pcall('PSETEX', KEYS[2], ARGV[4], '1')
   end
   if ARGV[2] ~= 'q' then
-    redis.pcall('PUBLISH', ARGV[3], '')
+    local n
+    if ARGV[5] == 's' then
+      n = redis.pcall('SPUBLISH', ARGV[3], '')
+    end
+    if type(n) ~= 'number' then
+      redis.pcall('PUBLISH', ARGV[3], '')
+    end
   end
 elseif KEYS[2] then
   local marked = redis.pcall('EXISTS', KEYS[2])

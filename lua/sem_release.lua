@@ -7,6 +7,9 @@
 -- ARGV[1]  the permit's id
 -- ARGV[2]  the semaphore's release channel
 -- ARGV[3]  how long the marker lives, in milliseconds (a positive integer)
+-- ARGV[4]  (optional) 's': announce with SPUBLISH (Redis Cluster 7.0+: the
+--          message stays in the key's shard); PUBLISH when absent, or when
+--          the server refuses SPUBLISH
 --
 -- Returns {outcome, receivers}:
 --   {1, n}   released now (the hash is deleted with its last permit); the
@@ -37,7 +40,13 @@ if deadline > now then
   if KEYS[2] then
     redis.pcall('PSETEX', KEYS[2], ARGV[3], '1')
   end
-  local receivers = redis.pcall('PUBLISH', ARGV[2], '')
+  local receivers
+  if ARGV[4] == 's' then
+    receivers = redis.pcall('SPUBLISH', ARGV[2], '')
+  end
+  if type(receivers) ~= 'number' then
+    receivers = redis.pcall('PUBLISH', ARGV[2], '')
+  end
   if type(receivers) ~= 'number' then
     receivers = 0
   end

@@ -368,15 +368,31 @@ fn min_replicas_waits_on_the_node_that_wrote_the_key() {
 fn waiters_on_another_client_are_woken_by_the_release_message() {
     let cluster = RedisCluster::start(3, 0);
     let key = cluster.key_per_primary("notify").remove(1);
+    let owner = cluster.primary_for(&key).port();
     let waited = support::release_wakes_waiter(
         &cluster.lock_client(),
         &cluster.lock_client(),
         &key,
         |channel| {
-            cluster
+            // Sharded on 7.0+: on the node that owns the key's slot, and
+            // nowhere else.
+            let sharded = cluster
                 .nodes()
                 .iter()
-                .any(|n| support::numsub(n, channel) > 0)
+                .filter(|n| support::shard_numsub(n, channel) > 0)
+                .map(|n| n.port())
+                .collect::<Vec<_>>();
+            let plain = cluster
+                .nodes()
+                .iter()
+                .any(|n| support::numsub(n, channel) > 0);
+            if support::server_major() >= 7 {
+                assert!(!plain, "a SUBSCRIBE where SSUBSCRIBE was wanted");
+                assert!(sharded.iter().all(|port| *port == owner), "{sharded:?}");
+                !sharded.is_empty()
+            } else {
+                plain
+            }
         },
     );
     assert!(
@@ -648,4 +664,129 @@ fn the_lock_keys_slot_migrates_under_load_without_errors() {
         errors.len(),
         errors.first()
     );
+}
+
+/// Release messages follow a slot to its new owner: a waiter subscribed
+/// (`SSUBSCRIBE`) on the node that owns its key's slot is unsubscribed by
+/// that node when the slot migrates away, subscribes again on the new
+/// owner (after its `MOVED`), and is woken there by the release message.
+/// Redis 7.0+ (sharded pub/sub); older servers use `SUBSCRIBE`, checked by
+/// `waiters_on_another_client_are_woken_by_the_release_message`.
+#[test]
+fn release_messages_follow_a_migrated_slot_to_its_new_owner() {
+    if support::server_major() < 7 {
+        eprintln!("no sharded pub/sub before Redis 7.0: nothing to follow");
+        return;
+    }
+    let _serial = support::serial();
+    let cluster = RedisCluster::start(3, 0);
+    let key = cluster.key_per_primary("follow").remove(0);
+    let slot = cluster.slot(&key);
+    let from = cluster.primary_for_slot(slot);
+    let to = cluster
+        .topology()
+        .into_iter()
+        .find(|n| n.primary && n.id != from.id)
+        .expect("another primary");
+    let (holder, waiter) = (cluster.lock_client(), cluster.lock_client());
+    let options = || LockOptions::default().wait(Duration::from_secs(20));
+    let guard = DistributedLock::with_options(&holder, key.as_str(), options())
+        .lock()
+        .expect("lock");
+    let before = waiter.stats().notifications;
+    let waiting = std::thread::spawn({
+        let (waiter, key) = (waiter.clone(), key.clone());
+        let slow = options().backoff(redmutex::Backoff::constant(Duration::from_secs(8)));
+        move || {
+            let lock = DistributedLock::with_options(&waiter, key, slow);
+            let guard = lock.lock().expect("lock after the release");
+            let at = Instant::now();
+            guard.unlock().expect("unlock");
+            at
+        }
+    });
+    let channel = waiter.release_channel(&key);
+    let on = |port: u16| support::shard_numsub(cluster.node(port), &channel);
+    assert!(
+        support::wait_until(Duration::from_secs(10), || on(from.port) > 0),
+        "subscribed on the owner"
+    );
+    cluster.migrate_slot(slot, &from, &to).expect("migrate");
+    assert!(
+        support::wait_until(Duration::from_secs(10), || on(to.port) > 0
+            && on(from.port) == 0),
+        "the subscription followed the slot: {} on the old owner, {} on the new",
+        on(from.port),
+        on(to.port)
+    );
+    let released = Instant::now();
+    guard.unlock().expect("unlock on the new owner");
+    let taken = waiting.join().expect("waiter");
+    let waited = taken.saturating_duration_since(released);
+    assert!(
+        waited < Duration::from_secs(4),
+        "woken by the message on the new owner: {waited:?} after the release"
+    );
+    assert!(
+        waiter.stats().notifications > before,
+        "{:?}",
+        waiter.stats()
+    );
+}
+
+/// Cluster bus messages a node has sent, by type (`CLUSTER INFO`).
+fn bus_sent(node: &support::RedisServer, kind: &str) -> u64 {
+    let info: String = redis::cmd("CLUSTER")
+        .arg("INFO")
+        .query(&mut node.conn())
+        .expect("CLUSTER INFO");
+    let field = format!("cluster_stats_messages_{kind}_sent:");
+    info.lines()
+        .find_map(|line| line.strip_prefix(field.as_str()))
+        .and_then(|count| count.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A release message stays in its key's shard: with sharded pub/sub
+/// (Redis 7.0+) a release sends no `PUBLISH` over the cluster bus (a
+/// `PUBLISH` goes from the node it ran on to every other node), and with
+/// no replicas, no shard message either. Prints the bus messages per
+/// release.
+#[test]
+fn a_release_message_stays_in_its_shard() {
+    let cluster = RedisCluster::start(3, 0);
+    let client = cluster.lock_client();
+    let keys = cluster.key_per_primary("shard");
+    let sum = |kind: &str| {
+        cluster
+            .nodes()
+            .iter()
+            .map(|n| bus_sent(n, kind))
+            .sum::<u64>()
+    };
+    let (publish, shard) = (sum("publish"), sum("publishshard"));
+    let rounds = 30u64;
+    for _ in 0..rounds {
+        for key in &keys {
+            let guard = DistributedLock::new(&client, key.as_str())
+                .lock()
+                .expect("lock");
+            guard.unlock().expect("unlock");
+        }
+    }
+    let releases = rounds * keys.len() as u64;
+    let publish = sum("publish") - publish;
+    let shard = sum("publishshard") - shard;
+    eprintln!(
+        "{releases} releases on {} primaries: {publish} PUBLISH and {shard} shard messages \
+         on the cluster bus ({:.2} per release)",
+        keys.len(),
+        (publish + shard) as f64 / releases as f64
+    );
+    if support::server_major() >= 7 {
+        assert_eq!(publish, 0, "releases announced with PUBLISH");
+        assert_eq!(shard, 0, "shard messages without replicas");
+    } else {
+        assert!(publish >= releases, "{publish} for {releases} releases");
+    }
 }

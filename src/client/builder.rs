@@ -595,7 +595,7 @@ impl LockClientBuilder {
                 let backend = Backend::own(Target::Cluster(cluster), timeout, size);
                 LockClient::build(
                     backend,
-                    notify(Source::servers(&seeds, tls.as_ref())),
+                    notify(Source::cluster(&seeds, tls.as_ref())),
                     None,
                     names,
                 )

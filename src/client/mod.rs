@@ -206,7 +206,13 @@ impl LockClient {
         };
         #[cfg(not(feature = "tls-rustls"))]
         let tls = None;
-        match Source::servers([client], tls.as_ref()) {
+        // On a cluster, each channel on its slot's node ([`LockClient::sharded`]).
+        let source = if self.deployment() == Deployment::Cluster {
+            Source::cluster([client], tls.as_ref())
+        } else {
+            Source::servers([client], tls.as_ref())
+        };
+        match source {
             Some(source) => {
                 if !self.inner.subscriber.set_source(source) {
                     log::debug!(
@@ -338,6 +344,17 @@ impl LockClient {
     /// Which kind of deployment this client talks to.
     pub fn deployment(&self) -> Deployment {
         self.inner.backend.deployment()
+    }
+
+    /// Whether releases announce on `channel` with `SPUBLISH` (and waiters
+    /// `SSUBSCRIBE`): on Redis Cluster, for a channel in its key's slot
+    /// (every channel but those of keys with a stray `}`), so the message
+    /// stays in the key's shard instead of reaching every node. The
+    /// release scripts fall back to `PUBLISH` on a server without it
+    /// (before 7.0), as the subscriber does to `SUBSCRIBE`.
+    pub(crate) fn sharded(&self, channel: &str) -> bool {
+        self.deployment() == Deployment::Cluster
+            && crate::script::names::hash_tag(channel).is_some()
     }
 
     /// A plain connection pool to the server of a single-node client: the
@@ -654,9 +671,10 @@ impl LockClient {
         let window = policy::marker_ttl(self.timeout());
         log::debug!("redmutex: releasing what a failed acquisition of {key:?} may have left");
         let channel = self.inner.names.release_channel(key);
+        let sharded = self.sharded(&channel);
         self.inner
             .watchdog
-            .clean_up(Orphan::new(key, channel, kind, window));
+            .clean_up(Orphan::new(key, channel, kind, window).sharded(sharded));
     }
 }
 

@@ -59,6 +59,14 @@ pub(crate) struct Marker<'a> {
     pub(crate) millis: u64,
 }
 
+/// Where a release is announced: the key's release channel, and whether
+/// with `SPUBLISH` ([`LockClient::sharded`](crate::LockClient)).
+#[derive(Clone, Copy)]
+pub(crate) struct Announce<'a> {
+    pub(crate) channel: &'a str,
+    pub(crate) sharded: bool,
+}
+
 /// `EVALSHA lua/release.lua`: one round trip (two after a `NOSCRIPT`).
 /// Sets `markerless` when the script could not read the marker (an ACL
 /// refuses it).
@@ -67,7 +75,7 @@ pub(crate) fn release_lua(
     stats: &Stats,
     key: &str,
     token: &str,
-    channel: &str,
+    announce: Announce<'_>,
     marker: Marker<'_>,
     markerless: &Cell<bool>,
 ) -> RedisResult<Outcome> {
@@ -76,11 +84,11 @@ pub(crate) fn release_lua(
     if let Some(marker) = marker.key {
         script.key(marker);
     }
-    let reply: i64 = script
-        .arg(token)
-        .arg(channel)
-        .arg(marker.millis)
-        .invoke(con)?;
+    script.arg(token).arg(announce.channel).arg(marker.millis);
+    if announce.sharded {
+        script.arg(script::SHARDED);
+    }
+    let reply: i64 = script.invoke(con)?;
     Ok(released(reply, markerless))
 }
 
@@ -125,17 +133,20 @@ pub(crate) fn release_watch(
     stats: &Stats,
     key: &str,
     token: &str,
-    channel: &str,
+    announce: Announce<'_>,
     marker: Marker<'_>,
     markerless: &Cell<bool>,
 ) -> RedisResult<Outcome> {
+    let Announce { channel, sharded } = announce;
     // Both transactions are built before WATCH goes out: nothing but a
     // round trip lies between WATCH and EXEC.
     let transaction = |bare: bool| {
         let mut exec = pipe();
         exec.atomic().cmd("DEL").arg(key);
         if !bare {
-            exec.cmd("PUBLISH").arg(channel).arg("");
+            exec.cmd(if sharded { "SPUBLISH" } else { "PUBLISH" })
+                .arg(channel)
+                .arg("");
             if let Some(marker_key) = marker.key {
                 exec.cmd("PSETEX")
                     .arg(marker_key)
@@ -386,8 +397,10 @@ pub(crate) fn release_behind(
     if !con.can_write_behind() {
         return false;
     }
-    let request = script::release_unmarked(&release.key, &release.token, &release.channel, false)
-        .get_packed_command();
+    // Never on a cluster (no writing behind there): `PUBLISH`.
+    let request =
+        script::release_unmarked(&release.key, &release.token, &release.channel, false, false)
+            .get_packed_command();
     let pending = Pending::new(release.key, release.token, release.channel);
     let cleanups = client.watchdog().cleanups();
     let window = marker_ttl(client.timeout());
@@ -541,6 +554,7 @@ impl Owed for OwedRelease {
                     &self.pending.key,
                     &self.pending.token,
                     &self.pending.channel,
+                    false,
                     true,
                 )
                 .get_packed_command();
@@ -610,6 +624,10 @@ fn release_as(
     };
     let stats = client.counters();
     let markerless = Cell::new(marker.key.is_none());
+    let announce = Announce {
+        channel,
+        sharded: client.sharded(channel),
+    };
     let result = client.run(Op::Release, key, |con, send| {
         let outcome = match how {
             crate::client::options::Release::Lua => {
@@ -618,11 +636,17 @@ fn release_as(
                         key: key_of_marker,
                         ..marker
                     };
-                    release_lua(con, stats, key, token, channel, marker, &markerless)
+                    release_lua(con, stats, key, token, announce, marker, &markerless)
                 })?
             }
             crate::client::options::Release::Watch => {
-                release_watch(con, stats, key, token, channel, marker, &markerless)?
+                // A transaction with a command the server lacks fails
+                // whole: `SPUBLISH` only where `SET NX GET` (7.0) works.
+                let announce = Announce {
+                    sharded: announce.sharded && client.set_get_allowed(),
+                    ..announce
+                };
+                release_watch(con, stats, key, token, announce, marker, &markerless)?
             }
         };
         Ok((outcome, send.replied()))

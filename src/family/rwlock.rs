@@ -442,12 +442,11 @@ fn release_field(
             if let Some(marker) = marker {
                 script.key(marker);
             }
-            script
-                .arg(token)
-                .arg(code)
-                .arg(&channel)
-                .arg(millis)
-                .invoke(con)
+            script.arg(token).arg(code).arg(&channel).arg(millis);
+            if client.sharded(&channel) {
+                script.arg(script::SHARDED);
+            }
+            script.invoke(con)
         })?;
         Ok((reply, send.replied()))
     })?;

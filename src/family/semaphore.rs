@@ -423,12 +423,13 @@ impl Take<'_> {
             return Ok(None);
         }
         client.counters().commands(1);
-        let _released: (i64, u64) = script::SEM_RELEASE
-            .key(key)
-            .arg(id)
-            .arg(client.release_channel(key))
-            .arg(1)
-            .invoke(con)?;
+        let channel = client.release_channel(key);
+        let mut release = script::SEM_RELEASE.key(key);
+        release.arg(id).arg(&channel).arg(1);
+        if client.sharded(&channel) {
+            release.arg(script::SHARDED);
+        }
+        let _released: (i64, u64) = release.invoke(con)?;
         Ok(Some(acked))
     }
 }
@@ -992,7 +993,11 @@ fn release_id(client: &LockClient, key: &str, id: &str) -> Result<Option<u64>, E
                 if let Some(marker) = marker {
                     script.key(marker);
                 }
-                script.arg(id).arg(&channel).arg(millis).invoke(con)
+                script.arg(id).arg(&channel).arg(millis);
+                if client.sharded(&channel) {
+                    script.arg(script::SHARDED);
+                }
+                script.invoke(con)
             })?;
         Ok((reply, send.replied()))
     });

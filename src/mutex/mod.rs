@@ -506,7 +506,10 @@ impl DistributedLock {
             self.client.counters(),
             &self.key,
             token,
-            &channel,
+            release::Announce {
+                channel: &channel,
+                sharded: self.client.sharded(&channel),
+            },
             release::Marker {
                 key: marker.as_deref(),
                 millis: marker_millis,

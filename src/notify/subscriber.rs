@@ -21,10 +21,24 @@
 //! keepalive probes watch the socket as well. A channel the server refuses
 //! (`-NOPERM`: an ACL user without it) is not asked for again on that
 //! connection, and its waiters fall back to backoff timing at once.
+//!
+//! On Redis Cluster the releases announce with `SPUBLISH`, which stays in
+//! the key's shard (a `PUBLISH` reaches every node of the cluster), and a
+//! [`Router`] subscribes each channel with `SSUBSCRIBE` on the node that
+//! owns its slot: one connection and thread per node with waiters. It
+//! learns owners from the nodes themselves: a channel asked of the wrong
+//! node is answered `MOVED` and subscribed again where that says; a
+//! channel whose slot leaves its node (a migration, a failover) is
+//! unsubscribed by the server and subscribed again, starting from the
+//! seeds; a node whose connection fails has its channels moved the same
+//! way. Meanwhile the channel is not live and its waiters use backoff
+//! timing. A server without sharded pub/sub (before 7.0) refuses
+//! `SSUBSCRIBE`: the client then subscribes with `SUBSCRIBE` on a seed,
+//! and the release scripts fall back to `PUBLISH` the same way.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -32,7 +46,8 @@ use redis::Value;
 
 use crate::conn::stats::Stats;
 use crate::conn::worker::{STOP_WAIT, Worker};
-use crate::notify::transport::{Reader, Source, Stream, connect, left_of, write_command};
+use crate::notify::transport::{Endpoint, Reader, Source, Stream, connect, left_of, write_command};
+use redis::cluster_routing::Slot;
 
 /// Wakes the waiters of one channel: called on each release message, and
 /// when the connection is lost.
@@ -63,6 +78,18 @@ impl Channel {
     fn is_live(&self) -> bool {
         self.subscribe_at.is_some_and(|at| self.acked >= at)
     }
+}
+
+/// What the server said of a channel that the [`Router`] acts on, after the
+/// connection's lock is let go.
+enum Moved {
+    /// `-MOVED slot host:port` to a `SSUBSCRIBE`: that node owns it.
+    To(String, String),
+    /// A `sunsubscribe` the client did not ask for: the channel's slot left
+    /// this node.
+    Away(String),
+    /// `SSUBSCRIBE` is an unknown command here (a server before 7.0).
+    Unsupported,
 }
 
 /// A command written on the connection whose reply has not been read:
@@ -106,11 +133,12 @@ impl State {
         }
     }
 
-    fn subscribe(&mut self, name: &str) {
+    fn subscribe(&mut self, name: &str, sharded: bool) {
         if self.writer.is_none() || self.denied.contains(name) {
             return; // subscribed on (re)connect; or refused on this one
         }
-        if self.write(&[b"SUBSCRIBE", name.as_bytes()])
+        let command: &[u8] = if sharded { b"SSUBSCRIBE" } else { b"SUBSCRIBE" };
+        if self.write(&[command, name.as_bytes()])
             && let Some(channel) = self.channels.get_mut(name)
         {
             channel.sent += 1;
@@ -119,8 +147,13 @@ impl State {
         }
     }
 
-    fn unsubscribe(&mut self, name: &str) -> bool {
-        let sent = self.write(&[b"UNSUBSCRIBE", name.as_bytes()]);
+    fn unsubscribe(&mut self, name: &str, sharded: bool) -> bool {
+        let command: &[u8] = if sharded {
+            b"SUNSUBSCRIBE"
+        } else {
+            b"UNSUBSCRIBE"
+        };
+        let sent = self.write(&[command, name.as_bytes()]);
         if sent {
             self.pending
                 .push_back(Pending::Unsubscribe(name.to_owned()));
@@ -146,6 +179,13 @@ impl State {
 
 struct Shared {
     source: Source,
+    /// `SSUBSCRIBE` (one node of a cluster, for its [`Router`]) rather
+    /// than `SUBSCRIBE`.
+    sharded: bool,
+    /// The router this node's subscriber reports moves to.
+    router: Weak<Router>,
+    /// The node's address, as the router names it.
+    node: String,
     stats: Arc<Stats>,
     /// Connect, handshake and write timeout; also the heartbeat's period.
     timeout: Duration,
@@ -153,11 +193,125 @@ struct Shared {
     changed: Condvar,
 }
 
+impl Shared {
+    fn new(source: Source, stats: Arc<Stats>, timeout: Duration) -> Arc<Shared> {
+        Arc::new(Shared {
+            source,
+            sharded: false,
+            router: Weak::new(),
+            node: String::new(),
+            stats,
+            timeout,
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+        })
+    }
+
+    /// One more handle on `channel`, whose messages call `waker`; the
+    /// thread is started on first use. `false` after shutdown.
+    fn register(self: &Arc<Shared>, channel: &str, waker: Waker) -> bool {
+        let mut state = self.state.lock();
+        if state.shutdown {
+            return false;
+        }
+        let entry = state.channels.entry(channel.to_owned()).or_insert(Channel {
+            refs: 0,
+            sent: 0,
+            acked: 0,
+            subscribe_at: None,
+            waker: None,
+        });
+        entry.refs += 1;
+        entry.waker = Some(waker);
+        if entry.subscribe_at.is_none() {
+            state.subscribe(channel, self.sharded);
+        }
+        if !state.thread_started {
+            state.thread_started = true;
+            let thread_shared = self.clone();
+            match Worker::spawn(THREAD_NAME, move || run(&thread_shared)) {
+                Ok(worker) => state.thread = Some(worker),
+                Err(err) => log::warn!("redmutex: cannot start the subscriber thread: {err}"),
+            }
+        }
+        true
+    }
+
+    /// One handle on `channel` less; unsubscribed with the last.
+    fn release(&self, channel: &str) {
+        let mut state = self.state.lock();
+        let Some(entry) = state.channels.get_mut(channel) else {
+            return;
+        };
+        entry.refs = entry.refs.saturating_sub(1);
+        if entry.refs > 0 {
+            return;
+        }
+        let was_subscribed = entry.subscribe_at.take().is_some();
+        if was_subscribed && state.unsubscribe(channel, self.sharded) {
+            if let Some(entry) = state.channels.get_mut(channel) {
+                entry.sent += 1;
+            }
+        } else {
+            state.channels.remove(channel);
+        }
+    }
+
+    fn is_live(&self, channel: &str) -> bool {
+        self.state.lock().is_live(channel)
+    }
+
+    /// Waits until `channel` is live, at most until `until`.
+    fn wait_live(&self, channel: &str, until: Instant) -> Wait {
+        let mut state = self.state.lock();
+        loop {
+            if state.is_live(channel) {
+                return Wait::Live;
+            }
+            if state.shutdown || state.failed || state.denied.contains(channel) {
+                return Wait::Never;
+            }
+            if self.changed.wait_until(&mut state, until).timed_out() {
+                return Wait::TimedOut;
+            }
+        }
+    }
+
+    /// Stops the thread (within [`STOP_WAIT`], see [`Subscriber`]'s drop).
+    fn shut_down(&self) -> Option<Worker> {
+        let mut state = self.state.lock();
+        state.shutdown = true;
+        if let Some(writer) = state.writer.take() {
+            writer.shutdown();
+        }
+        self.changed.notify_all();
+        state.thread.take()
+    }
+}
+
+/// How a wait for a live subscription ended.
+#[derive(PartialEq)]
+enum Wait {
+    Live,
+    /// Not on this connection now (lost, refused, shut down).
+    Never,
+    TimedOut,
+}
+
+/// Where a client's subscriptions go.
+enum Hub {
+    /// One connection: a single server, a Sentinel's primary, or one node
+    /// of a cluster named by `with_notify_client`.
+    One(Arc<Shared>),
+    /// A cluster: each channel on the node that owns its slot.
+    Shards(Arc<Router>),
+}
+
 /// The client's subscriber: started on first use, stopped when dropped.
 pub(crate) struct Subscriber {
     /// Set once, when the client knows where to connect (at build, or by
     /// `with_notify_client`).
-    shared: OnceLock<Arc<Shared>>,
+    hub: OnceLock<Hub>,
     stats: Arc<Stats>,
     timeout: Duration,
 }
@@ -165,7 +319,7 @@ pub(crate) struct Subscriber {
 impl Subscriber {
     pub(crate) fn new(source: Option<Source>, stats: Arc<Stats>, timeout: Duration) -> Subscriber {
         let subscriber = Subscriber {
-            shared: OnceLock::new(),
+            hub: OnceLock::new(),
             stats,
             timeout,
         };
@@ -178,48 +332,35 @@ impl Subscriber {
     /// Tells a subscriber without a server where to connect; `false` (and
     /// nothing changes) when it has one.
     pub(crate) fn set_source(&self, source: Source) -> bool {
-        self.shared
-            .set(Arc::new(Shared {
-                source,
-                stats: self.stats.clone(),
-                timeout: self.timeout,
-                state: Mutex::new(State::default()),
-                changed: Condvar::new(),
-            }))
-            .is_ok()
+        let hub = match source {
+            Source::Cluster(seeds) => {
+                Hub::Shards(Router::new(seeds, self.stats.clone(), self.timeout))
+            }
+            source => Hub::One(Shared::new(source, self.stats.clone(), self.timeout)),
+        };
+        self.hub.set(hub).is_ok()
     }
 
     /// A handle that keeps `channel` subscribed while it lives, calling
     /// `waker` on each release message. `None` when this client has no
     /// subscriber (TLS, or a pool given without a `redis::Client`).
     pub(crate) fn subscribe(&self, channel: &str, waker: Waker) -> Option<Subscription> {
-        let shared = self.shared.get()?;
-        let mut state = shared.state.lock();
-        if state.shutdown {
-            return None;
-        }
-        let entry = state.channels.entry(channel.to_owned()).or_insert(Channel {
-            refs: 0,
-            sent: 0,
-            acked: 0,
-            subscribe_at: None,
-            waker: None,
-        });
-        entry.refs += 1;
-        entry.waker = Some(waker);
-        if entry.subscribe_at.is_none() {
-            state.subscribe(channel);
-        }
-        if !state.thread_started {
-            state.thread_started = true;
-            let thread_shared = shared.clone();
-            match Worker::spawn(THREAD_NAME, move || run(&thread_shared)) {
-                Ok(worker) => state.thread = Some(worker),
-                Err(err) => log::warn!("redmutex: cannot start the subscriber thread: {err}"),
+        let via = match self.hub.get()? {
+            Hub::One(shared) => {
+                if !shared.register(channel, waker) {
+                    return None;
+                }
+                Via::One(shared.clone())
             }
-        }
+            Hub::Shards(router) => {
+                if !router.register(channel, waker) {
+                    return None;
+                }
+                Via::Routed(router.clone())
+            }
+        };
         Some(Subscription {
-            shared: shared.clone(),
+            via,
             channel: channel.to_owned(),
         })
     }
@@ -227,79 +368,395 @@ impl Subscriber {
 
 impl Drop for Subscriber {
     fn drop(&mut self) {
-        let Some(shared) = self.shared.get() else {
-            return;
+        // Every thread told first, then each waited for: they end
+        // together. A thread may be inside a connect or a sentinel lookup:
+        // it ends by itself when that returns.
+        let threads: Vec<Worker> = match self.hub.get() {
+            None => return,
+            Some(Hub::One(shared)) => shared.shut_down().into_iter().collect(),
+            Some(Hub::Shards(router)) => router.shut_down(),
         };
-        let thread = {
-            let mut state = shared.state.lock();
-            state.shutdown = true;
-            if let Some(writer) = state.writer.take() {
-                writer.shutdown();
-            }
-            shared.changed.notify_all();
-            state.thread.take()
-        };
-        // The thread may be inside a connect or a sentinel lookup: it ends
-        // by itself when that returns.
-        if let Some(thread) = thread {
+        for thread in threads {
             thread.stop_within(STOP_WAIT);
         }
     }
 }
 
+enum Via {
+    One(Arc<Shared>),
+    Routed(Arc<Router>),
+}
+
 /// Keeps a channel subscribed; unsubscribes when the last handle goes.
 pub(crate) struct Subscription {
-    shared: Arc<Shared>,
+    via: Via,
     channel: String,
 }
 
 impl Subscription {
     /// Whether release messages for the channel are being delivered now.
     pub(crate) fn is_live(&self) -> bool {
-        self.shared.state.lock().is_live(&self.channel)
+        match &self.via {
+            Via::One(shared) => shared.is_live(&self.channel),
+            Via::Routed(router) => router
+                .home(&self.channel)
+                .is_some_and(|shared| shared.is_live(&self.channel)),
+        }
     }
 
     /// Waits until the subscription is live, at most until `until`.
     pub(crate) fn wait_live(&self, until: Instant) -> bool {
-        let mut state = self.shared.state.lock();
-        loop {
-            if state.is_live(&self.channel) {
-                return true;
-            }
-            if state.shutdown
-                || state.failed
-                || state.denied.contains(&self.channel)
-                || self
-                    .shared
-                    .changed
-                    .wait_until(&mut state, until)
-                    .timed_out()
-            {
-                return false;
+        match &self.via {
+            Via::One(shared) => shared.wait_live(&self.channel, until) == Wait::Live,
+            Via::Routed(router) => {
+                // Its home may change while it waits (a `MOVED`): looked
+                // up again every slice. Bounded by `until`.
+                loop {
+                    let Some(shared) = router.home(&self.channel) else {
+                        return false;
+                    };
+                    let slice = Instant::now()
+                        .checked_add(ROUTED_SLICE)
+                        .map_or(until, |end| end.min(until));
+                    match shared.wait_live(&self.channel, slice) {
+                        Wait::Live => return true,
+                        Wait::Never => return false,
+                        Wait::TimedOut if Instant::now() >= until => return false,
+                        Wait::TimedOut => {}
+                    }
+                }
             }
         }
     }
 }
 
+/// How long a routed subscription's wait looks at one home before it
+/// looks its channel up again.
+const ROUTED_SLICE: Duration = Duration::from_millis(50);
+
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let mut state = self.shared.state.lock();
-        let Some(channel) = state.channels.get_mut(&self.channel) else {
-            return;
-        };
-        channel.refs = channel.refs.saturating_sub(1);
-        if channel.refs > 0 {
-            return;
-        }
-        let was_subscribed = channel.subscribe_at.take().is_some();
-        if was_subscribed && state.unsubscribe(&self.channel) {
-            if let Some(channel) = state.channels.get_mut(&self.channel) {
-                channel.sent += 1;
-            }
-        } else {
-            state.channels.remove(&self.channel);
+        match &self.via {
+            Via::One(shared) => shared.release(&self.channel),
+            Via::Routed(router) => router.release(&self.channel),
         }
     }
+}
+
+/// A channel's place on a cluster.
+struct Homed {
+    /// The node it is subscribed on; `None`: the seeds' `SUBSCRIBE`
+    /// connection (a channel outside its key's slot, or a server before
+    /// 7.0).
+    node: Option<String>,
+    refs: usize,
+    waker: Waker,
+}
+
+#[derive(Default)]
+struct Routes {
+    /// Slot owners the nodes told (`MOVED`), forgotten when they change.
+    owners: HashMap<Slot, String>,
+    nodes: HashMap<String, Arc<Shared>>,
+    channels: HashMap<String, Homed>,
+    /// A node refused `SSUBSCRIBE` as unknown: the cluster's servers
+    /// predate sharded pub/sub.
+    unsupported: bool,
+    shutdown: bool,
+}
+
+/// The subscriptions of a cluster client, each channel on the node that
+/// owns its slot (see the module docs).
+pub(crate) struct Router {
+    seeds: Vec<Endpoint>,
+    stats: Arc<Stats>,
+    timeout: Duration,
+    /// `SUBSCRIBE` on the seeds.
+    plain: Arc<Shared>,
+    routes: Mutex<Routes>,
+    me: Weak<Router>,
+}
+
+impl Router {
+    fn new(seeds: Vec<Endpoint>, stats: Arc<Stats>, timeout: Duration) -> Arc<Router> {
+        let plain = Shared::new(Source::Fixed(seeds.clone()), stats.clone(), timeout);
+        Arc::new_cyclic(|me| Router {
+            seeds,
+            stats,
+            timeout,
+            plain,
+            routes: Mutex::new(Routes::default()),
+            me: me.clone(),
+        })
+    }
+
+    fn register(&self, channel: &str, waker: Waker) -> bool {
+        let mut routes = self.routes.lock();
+        if routes.shutdown {
+            return false;
+        }
+        if let Some(homed) = routes.channels.get_mut(channel) {
+            homed.refs += 1;
+            homed.waker = waker;
+            return true;
+        }
+        let (node, shared) = self.place(&mut routes, channel, None);
+        if !shared.register(channel, waker.clone()) {
+            return false;
+        }
+        routes.channels.insert(
+            channel.to_owned(),
+            Homed {
+                node,
+                refs: 1,
+                waker,
+            },
+        );
+        true
+    }
+
+    fn release(&self, channel: &str) {
+        let shared = {
+            let mut routes = self.routes.lock();
+            let Some(homed) = routes.channels.get_mut(channel) else {
+                return;
+            };
+            homed.refs = homed.refs.saturating_sub(1);
+            if homed.refs > 0 {
+                return;
+            }
+            let node = routes.channels.remove(channel).and_then(|homed| homed.node);
+            match node {
+                Some(node) => routes.nodes.get(&node).cloned(),
+                None => Some(self.plain.clone()),
+            }
+        };
+        if let Some(shared) = shared {
+            shared.release(channel);
+        }
+    }
+
+    /// The connection `channel` is subscribed on now.
+    fn home(&self, channel: &str) -> Option<Arc<Shared>> {
+        let routes = self.routes.lock();
+        match &routes.channels.get(channel)?.node {
+            Some(node) => routes.nodes.get(node).cloned(),
+            None => Some(self.plain.clone()),
+        }
+    }
+
+    /// Where `channel` goes: the node its slot's owner is known to be, else
+    /// the first seed other than `avoid`; the seeds' plain connection for a
+    /// channel without a hash tag or on servers without sharded pub/sub.
+    fn place(
+        &self,
+        routes: &mut Routes,
+        channel: &str,
+        avoid: Option<&str>,
+    ) -> (Option<String>, Arc<Shared>) {
+        if routes.unsupported || crate::script::names::hash_tag(channel).is_none() {
+            return (None, self.plain.clone());
+        }
+        let known = routes
+            .owners
+            .get(&Slot::for_key(channel))
+            .filter(|owner| Some(owner.as_str()) != avoid)
+            .cloned();
+        let seed = || {
+            self.seeds
+                .iter()
+                .filter_map(|seed| seed.address().map(|address| (address, seed)))
+                .find(|(address, _)| Some(address.as_str()) != avoid)
+                .or_else(|| {
+                    self.seeds
+                        .iter()
+                        .find_map(|seed| seed.address().map(|address| (address, seed)))
+                })
+        };
+        let (address, endpoint) = match known {
+            Some(owner) => {
+                let endpoint = endpoint_at(&self.seeds, &owner);
+                (owner, endpoint)
+            }
+            None => match seed() {
+                Some((address, seed)) => (address, Some(seed.clone())),
+                // Only Unix sockets: no cluster node can be named.
+                None => return (None, self.plain.clone()),
+            },
+        };
+        let Some(endpoint) = endpoint else {
+            return (None, self.plain.clone());
+        };
+        let shared = routes
+            .nodes
+            .entry(address.clone())
+            .or_insert_with(|| {
+                Arc::new(Shared {
+                    source: Source::Fixed(vec![endpoint]),
+                    sharded: true,
+                    router: self.me.clone(),
+                    node: address.clone(),
+                    stats: self.stats.clone(),
+                    timeout: self.timeout,
+                    state: Mutex::new(State::default()),
+                    changed: Condvar::new(),
+                })
+            })
+            .clone();
+        (Some(address), shared)
+    }
+
+    /// What `node`'s connection said of a channel: move it, and wake its
+    /// waiters (they use backoff timing until it is live again).
+    fn moved(&self, node: &str, moved: Moved) {
+        let mut moves = Vec::new();
+        {
+            let mut routes = self.routes.lock();
+            if routes.shutdown {
+                return;
+            }
+            let channels: Vec<String> = match &moved {
+                Moved::To(channel, owner) => {
+                    routes
+                        .owners
+                        .insert(Slot::for_key(channel.as_str()), owner.clone());
+                    vec![channel.clone()]
+                }
+                Moved::Away(channel) => {
+                    let slot = Slot::for_key(channel.as_str());
+                    if routes.owners.get(&slot).is_some_and(|owner| owner == node) {
+                        routes.owners.remove(&slot);
+                    }
+                    vec![channel.clone()]
+                }
+                Moved::Unsupported => {
+                    if !routes.unsupported {
+                        log::info!(
+                            "redmutex: the cluster has no sharded pub/sub (SSUBSCRIBE): \
+                             release messages go by SUBSCRIBE"
+                        );
+                    }
+                    routes.unsupported = true;
+                    routes
+                        .channels
+                        .iter()
+                        .filter(|(_, homed)| homed.node.as_deref() == Some(node))
+                        .map(|(channel, _)| channel.clone())
+                        .collect()
+                }
+            };
+            for channel in channels {
+                if let Some(step) = self.rehome(&mut routes, &channel, node, false) {
+                    moves.push(step);
+                }
+            }
+        }
+        for step in moves {
+            step.run();
+        }
+    }
+
+    /// `node`'s connection failed: its channels go where their slots' owners
+    /// are found now, starting from another seed.
+    fn node_failed(&self, node: &str) {
+        let mut moves = Vec::new();
+        {
+            let mut routes = self.routes.lock();
+            if routes.shutdown {
+                return;
+            }
+            routes.owners.retain(|_, owner| owner != node);
+            let channels: Vec<String> = routes
+                .channels
+                .iter()
+                .filter(|(_, homed)| homed.node.as_deref() == Some(node))
+                .map(|(channel, _)| channel.clone())
+                .collect();
+            for channel in channels {
+                if let Some(step) = self.rehome(&mut routes, &channel, node, true) {
+                    moves.push(step);
+                }
+            }
+        }
+        for step in moves {
+            step.run();
+        }
+    }
+
+    /// Moves `channel` off `from` (when it is there) to where [`Router::place`]
+    /// says now; the connections are told after the routes' lock is let go.
+    fn rehome(
+        &self,
+        routes: &mut Routes,
+        channel: &str,
+        from: &str,
+        avoid: bool,
+    ) -> Option<Rehome> {
+        let homed = routes.channels.get(channel)?;
+        if homed.node.as_deref() != Some(from) {
+            return None;
+        }
+        let waker = homed.waker.clone();
+        let old = routes.nodes.get(from).cloned();
+        let (node, new) = self.place(routes, channel, avoid.then_some(from));
+        if let Some(homed) = routes.channels.get_mut(channel) {
+            homed.node = node;
+        }
+        Some(Rehome {
+            channel: channel.to_owned(),
+            old,
+            new,
+            waker,
+        })
+    }
+
+    fn shut_down(&self) -> Vec<Worker> {
+        let nodes: Vec<Arc<Shared>> = {
+            let mut routes = self.routes.lock();
+            routes.shutdown = true;
+            routes.nodes.values().cloned().collect()
+        };
+        nodes
+            .iter()
+            .chain(std::iter::once(&self.plain))
+            .filter_map(|shared| shared.shut_down())
+            .collect()
+    }
+}
+
+/// A channel moving from one connection to another.
+struct Rehome {
+    channel: String,
+    old: Option<Arc<Shared>>,
+    new: Arc<Shared>,
+    waker: Waker,
+}
+
+impl Rehome {
+    fn run(self) {
+        if let Some(old) = &self.old
+            && !Arc::ptr_eq(old, &self.new)
+        {
+            old.release(&self.channel);
+            self.new.register(&self.channel, self.waker.clone());
+        } else if let Some(old) = &self.old {
+            // The same node again (no other to try): asked once more.
+            old.release(&self.channel);
+            old.register(&self.channel, self.waker.clone());
+        } else {
+            self.new.register(&self.channel, self.waker.clone());
+        }
+        // Its waiters look again: not live until the new home confirms.
+        (self.waker)();
+    }
+}
+
+/// The endpoint of the node at `address` (`host:port`), spoken to as the
+/// seeds are.
+fn endpoint_at(seeds: &[Endpoint], address: &str) -> Option<Endpoint> {
+    let (host, port) = address.rsplit_once(':')?;
+    let port = port.parse().ok()?;
+    Some(seeds.first()?.at(host, port))
 }
 
 /// The subscriber thread: connect, subscribe what is wanted, read pushes,
@@ -346,7 +803,7 @@ fn run(shared: &Shared) {
                         channel.subscribe_at = None;
                     }
                     for name in names {
-                        state.subscribe(&name);
+                        state.subscribe(&name, shared.sharded);
                     }
                     shared.changed.notify_all();
                 }
@@ -378,6 +835,11 @@ fn run(shared: &Shared) {
         };
         for wake in wakers {
             wake();
+        }
+        // A cluster node's channels go looking for their slots' owners
+        // (a failover promoted another node), at this thread's pace.
+        if let Some(router) = shared.router.upgrade() {
+            router.node_failed(&shared.node);
         }
         let mut state = shared.state.lock();
         if !state.shutdown {
@@ -423,6 +885,7 @@ fn read_pushes(shared: &Shared, mut reader: Reader) {
         };
         let mut state = shared.state.lock();
         state.ping_unanswered = false;
+        let mut moved = None;
         match frame {
             Value::Array(items) | Value::Push { data: items, .. } => {
                 let (Some(Value::BulkString(kind)), Some(Value::BulkString(name))) =
@@ -432,15 +895,28 @@ fn read_pushes(shared: &Shared, mut reader: Reader) {
                 };
                 let name = String::from_utf8_lossy(name).into_owned();
                 match kind.as_slice() {
-                    b"message" => {
+                    b"message" | b"smessage" => {
                         let waker = state.channels.get(&name).and_then(|c| c.waker.clone());
                         drop(state);
                         shared.stats.notification();
                         if let Some(wake) = waker {
                             wake();
                         }
+                        continue;
                     }
-                    b"subscribe" | b"unsubscribe" => {
+                    b"sunsubscribe"
+                        if !matches!(state.pending.front(),
+                            Some(Pending::Unsubscribe(asked)) if *asked == name) =>
+                    {
+                        // Not asked for: the channel's slot left this node
+                        // (a migration, or the node became a replica).
+                        if let Some(channel) = state.channels.get_mut(&name) {
+                            channel.subscribe_at = None;
+                        }
+                        shared.changed.notify_all();
+                        moved = Some(Moved::Away(name));
+                    }
+                    b"subscribe" | b"unsubscribe" | b"ssubscribe" | b"sunsubscribe" => {
                         state.pending.pop_front();
                         state.acknowledge(&name);
                         shared.changed.notify_all();
@@ -456,6 +932,28 @@ fn read_pushes(shared: &Shared, mut reader: Reader) {
                 state.pending.pop_front();
             }
             Value::ServerError(err) => match state.pending.pop_front() {
+                Some(Pending::Subscribe(name)) if shared.sharded && moved_to(&err).is_some() => {
+                    if let Some(channel) = state.channels.get_mut(&name) {
+                        channel.subscribe_at = None;
+                    }
+                    state.acknowledge(&name);
+                    shared.changed.notify_all();
+                    let owner = moved_to(&err).unwrap_or_default();
+                    moved = Some(Moved::To(name, owner_address(&owner, &shared.node)));
+                }
+                Some(Pending::Subscribe(name))
+                    if shared.sharded
+                        && err
+                            .details()
+                            .is_some_and(|detail| detail.contains("unknown command")) =>
+                {
+                    if let Some(channel) = state.channels.get_mut(&name) {
+                        channel.subscribe_at = None;
+                    }
+                    state.acknowledge(&name);
+                    shared.changed.notify_all();
+                    moved = Some(Moved::Unsupported);
+                }
                 Some(Pending::Subscribe(name)) => {
                     log::warn!(
                         "redmutex: the server refuses to subscribe to {name:?} ({err}); \
@@ -478,5 +976,33 @@ fn read_pushes(shared: &Shared, mut reader: Reader) {
             },
             _ => {}
         }
+        drop(state);
+        if let Some(moved) = moved
+            && let Some(router) = shared.router.upgrade()
+        {
+            router.moved(&shared.node, moved);
+        }
+    }
+}
+
+/// The `host:port` of a `MOVED` error (`MOVED slot host:port`).
+fn moved_to(err: &redis::ServerError) -> Option<String> {
+    if err.code() != "MOVED" {
+        return None;
+    }
+    let detail = err.details()?;
+    let address = detail.split_whitespace().nth(1)?;
+    Some(address.to_owned())
+}
+
+/// A `MOVED` address as a node name: an empty host (a node that does not
+/// know its own address) is the host of the node that said it.
+fn owner_address(owner: &str, from: &str) -> String {
+    match owner.strip_prefix(':') {
+        Some(port) => {
+            let host = from.rsplit_once(':').map_or("", |(host, _)| host);
+            format!("{host}:{port}")
+        }
+        None => owner.to_owned(),
     }
 }

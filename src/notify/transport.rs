@@ -66,6 +66,42 @@ impl std::fmt::Debug for Endpoint {
     }
 }
 
+impl Endpoint {
+    /// Its `host:port`, as a cluster names its nodes (`None` for a Unix
+    /// socket).
+    pub(crate) fn address(&self) -> Option<String> {
+        match &self.target {
+            Target::Tcp { host, port } => Some(format!("{host}:{port}")),
+            #[cfg(feature = "tls-rustls")]
+            Target::Tls { host, port, .. } => Some(format!("{host}:{port}")),
+            #[cfg(unix)]
+            Target::Unix(_) => None,
+        }
+    }
+
+    /// Another node of the same cluster, spoken to as this one is (TLS and
+    /// its checks, the credentials).
+    pub(crate) fn at(&self, host: &str, port: u16) -> Endpoint {
+        let target = match &self.target {
+            #[cfg(feature = "tls-rustls")]
+            Target::Tls { config, .. } => Target::Tls {
+                host: host.to_owned(),
+                port,
+                config: config.clone(),
+            },
+            _ => Target::Tcp {
+                host: host.to_owned(),
+                port,
+            },
+        };
+        Endpoint {
+            target,
+            username: self.username.clone(),
+            password: self.password.clone(),
+        }
+    }
+}
+
 /// The client's TLS, when it has any (`rediss://` URLs).
 #[cfg(feature = "tls-rustls")]
 pub(crate) type TlsRef<'a> = Option<&'a Tls>;
@@ -113,9 +149,12 @@ impl Endpoint {
 
 /// Where the subscriber connects, asked again before every reconnection.
 pub(crate) enum Source {
-    /// Fixed servers, tried in turn: one node, or a cluster's seed nodes
-    /// (a `PUBLISH` on any cluster node reaches subscribers on every node).
+    /// Fixed servers, tried in turn: one node (or one node of a cluster:
+    /// a `PUBLISH` on any cluster node reaches subscribers on every node).
     Fixed(Vec<Endpoint>),
+    /// A Redis Cluster's seed nodes: channels are subscribed with
+    /// `SSUBSCRIBE` on the node that owns their slot (see the subscriber).
+    Cluster(Vec<Endpoint>),
     /// The primary the sentinels name now, so the subscriber follows a
     /// failover. Asked with this module's own RESP and timeouts: a stalled
     /// sentinel must not stall the thread (nor the client's drop).
@@ -141,6 +180,18 @@ impl Source {
             .filter_map(|client| Endpoint::of(client, tls))
             .collect();
         (!endpoints.is_empty()).then_some(Source::Fixed(endpoints))
+    }
+
+    /// [`Source::servers`] for a cluster's seeds: `None` when no seed can
+    /// be spoken to.
+    pub(crate) fn cluster<'a>(
+        seeds: impl IntoIterator<Item = &'a redis::Client>,
+        tls: TlsRef<'_>,
+    ) -> Option<Source> {
+        match Source::servers(seeds, tls)? {
+            Source::Fixed(endpoints) => Some(Source::Cluster(endpoints)),
+            other => Some(other),
+        }
     }
 
     /// `None` when no sentinel can be spoken to. The primary is spoken to
@@ -174,7 +225,7 @@ impl Source {
     /// The server for connection attempt number `attempt`.
     pub(crate) fn resolve(&self, attempt: usize, timeout: Duration) -> io::Result<Endpoint> {
         match self {
-            Source::Fixed(endpoints) => endpoints
+            Source::Fixed(endpoints) | Source::Cluster(endpoints) => endpoints
                 .get(attempt % endpoints.len().max(1))
                 .cloned()
                 .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no server")),

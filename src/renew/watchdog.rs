@@ -151,6 +151,8 @@ pub(crate) struct Orphan {
     key: Arc<str>,
     /// The key's release channel, named by the client (its prefix).
     channel: Arc<str>,
+    /// Announced with `SPUBLISH` ([`LockClient::sharded`](crate::LockClient)).
+    sharded: bool,
     kind: OrphanKind,
     /// Cleanups go on until then: a request delayed on its way (by a proxy
     /// holding it, say) can still set the key until it arrives.
@@ -188,6 +190,11 @@ pub(crate) enum OrphanKind {
 }
 
 impl Orphan {
+    /// The same, its release announced with `SPUBLISH` when `sharded`.
+    pub(crate) fn sharded(self, sharded: bool) -> Orphan {
+        Orphan { sharded, ..self }
+    }
+
     /// An orphan of `key` (whose releases are announced on `channel`),
     /// watched for `window` from now.
     pub(crate) fn new(
@@ -201,6 +208,7 @@ impl Orphan {
         Orphan {
             key: key.into(),
             channel: channel.into(),
+            sharded: false,
             kind,
             until: now.checked_add(window).unwrap_or(now).min(last),
             window,
@@ -1044,7 +1052,7 @@ fn cleanup_call(orphan: &Orphan) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     match &orphan.kind {
         OrphanKind::Plain { token } => {
-            return script::release_unmarked(&orphan.key, token, channel, false);
+            return script::release_unmarked(&orphan.key, token, channel, orphan.sharded, false);
         }
         OrphanKind::Reentrant { owner, hold } => {
             cmd.arg(script::REENTRANT_RELEASE.get_hash())
@@ -1061,6 +1069,9 @@ fn cleanup_call(orphan: &Orphan) -> redis::Cmd {
                 .arg(id)
                 .arg(channel)
                 .arg(1);
+            if orphan.sharded {
+                cmd.arg(script::SHARDED);
+            }
         }
         OrphanKind::Rw { token } => {
             cmd.arg(script::RW_RELEASE.get_hash())
@@ -1070,6 +1081,9 @@ fn cleanup_call(orphan: &Orphan) -> redis::Cmd {
                 .arg("x")
                 .arg(channel)
                 .arg(1);
+            if orphan.sharded {
+                cmd.arg(script::SHARDED);
+            }
         }
     }
     cmd

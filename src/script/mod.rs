@@ -56,7 +56,13 @@ pub(crate) const RELEASE_SOURCE: &str = include_str!("../../lua/release.lua");
 /// `eval`): the owner-checked release of `token` from `key`, announced on
 /// `channel`, for a caller who never sends it twice on its own (a drop
 /// writing it behind, the cleanup of an orphan).
-pub(crate) fn release_unmarked(key: &str, token: &str, channel: &str, eval: bool) -> Cmd {
+pub(crate) fn release_unmarked(
+    key: &str,
+    token: &str,
+    channel: &str,
+    sharded: bool,
+    eval: bool,
+) -> Cmd {
     let mut cmd = if eval {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(RELEASE_SOURCE);
@@ -67,8 +73,15 @@ pub(crate) fn release_unmarked(key: &str, token: &str, channel: &str, eval: bool
         cmd
     };
     cmd.arg(1).arg(key).arg(token).arg(channel).arg(1);
+    if sharded {
+        cmd.arg(SHARDED);
+    }
     cmd
 }
+
+/// The release scripts' last argument when the message goes out with
+/// `SPUBLISH` (see [`LockClient::sharded`](crate::LockClient)).
+pub(crate) const SHARDED: &str = "s";
 
 /// `lua/force_release.lua`: delete whatever the key holds, once per request.
 /// Returns the token it held, or nil.

@@ -633,6 +633,17 @@ pub fn numsub(server: &RedisServer, channel: &str) -> u64 {
     reply.1
 }
 
+/// Subscribers of the shard channel `channel` on `server` (`SSUBSCRIBE`,
+/// Redis 7.0+; 0 on older servers).
+pub fn shard_numsub(server: &RedisServer, channel: &str) -> u64 {
+    let reply: (String, u64) = redis::cmd("PUBSUB")
+        .arg("SHARDNUMSUB")
+        .arg(channel)
+        .query(&mut server.conn())
+        .unwrap_or_default();
+    reply.1
+}
+
 /// Holds `key` through `holder` while a thread of `waiter` waits for it with
 /// a 5 s backoff step; once `subscribed(channel)` says the waiter's
 /// subscription reached Redis, releases. Returns how long the waiter waited,
