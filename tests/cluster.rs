@@ -790,3 +790,89 @@ fn a_release_message_stays_in_its_shard() {
         assert!(publish >= releases, "{publish} for {releases} releases");
     }
 }
+
+/// Release messages follow a failover: the primary a waiter subscribed on
+/// is killed, its replica takes over, and the subscription moves there
+/// (the lost node's channels are asked for again until a node names the
+/// new owner), where the release message wakes the waiter.
+#[test]
+fn release_messages_follow_a_failover_to_the_promoted_replica() {
+    if support::server_major() < 7 {
+        eprintln!("no sharded pub/sub before Redis 7.0: nothing to follow");
+        return;
+    }
+    let _serial = support::serial();
+    let cluster = RedisCluster::start(3, 1);
+    let key = cluster.key_per_primary("failover").remove(1);
+    let slot = cluster.slot(&key);
+    let primary = cluster.primary_for_slot(slot);
+    let (holder, waiter) = (cluster.lock_client(), cluster.lock_client());
+    let options = || LockOptions::default().wait(Duration::from_secs(30));
+    let guard = DistributedLock::with_options(
+        &holder,
+        key.as_str(),
+        options().min_replicas(1, Duration::from_secs(1)),
+    )
+    .lock()
+    .expect("lock, on the replica too");
+    let before = waiter.stats().notifications;
+    let waiting = std::thread::spawn({
+        let (waiter, key) = (waiter.clone(), key.clone());
+        let slow = options().backoff(redmutex::Backoff::constant(Duration::from_secs(10)));
+        move || {
+            let lock = DistributedLock::with_options(&waiter, key, slow);
+            // A call that meets the killed node fails (its outcome
+            // unknown): waited for again, as a program would.
+            let mut errors = Vec::new();
+            for _ in 0..50 {
+                match lock.lock() {
+                    Ok(guard) => {
+                        let at = Instant::now();
+                        guard.unlock().expect("unlock");
+                        return (at, errors);
+                    }
+                    Err(err)
+                        if err.is_connection() || matches!(err, Error::OutcomeUnknown { .. }) =>
+                    {
+                        errors.push(err.to_string());
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    Err(err) => panic!("lock after the release: {err}"),
+                }
+            }
+            panic!("never taken: {errors:?}");
+        }
+    });
+    let channel = waiter.release_channel(&key);
+    let on = |port: u16| support::shard_numsub(cluster.node(port), &channel);
+    assert!(
+        support::wait_until(Duration::from_secs(10), || on(primary.port) > 0),
+        "subscribed on the primary"
+    );
+    cluster.node(primary.port).signal("KILL");
+    let promoted = support::wait_until(Duration::from_secs(20), || {
+        cluster
+            .try_primary_for_slot(slot)
+            .is_some_and(|owner| owner.port != primary.port)
+    });
+    assert!(promoted, "a replica took the slot over");
+    let owner = cluster.primary_for_slot(slot);
+    assert!(
+        support::wait_until(Duration::from_secs(20), || on(owner.port) > 0),
+        "the subscription followed the slot to the promoted replica"
+    );
+    let released = Instant::now();
+    guard.unlock().expect("unlock on the promoted replica");
+    let (taken, errors) = waiting.join().expect("waiter");
+    eprintln!("the waiter's failed calls during the failover: {errors:?}");
+    let waited = taken.saturating_duration_since(released);
+    assert!(
+        waited < Duration::from_secs(5),
+        "woken by the message on the promoted replica: {waited:?} after the release"
+    );
+    assert!(
+        waiter.stats().notifications > before,
+        "{:?}",
+        waiter.stats()
+    );
+}

@@ -1572,17 +1572,27 @@ impl Connection {
         {
             link.answered = coarse_millis();
         }
-        // A cluster link stays: the node link that lost the reply closed
-        // its socket and opens it again for a later request ([`NodeLink`]),
-        // and one node gone says nothing of the links to the others.
         if let Err(err) = &result
             && reply_lost(err)
             && let Pooled::Own(link) = &mut self.pooled
-            && let LinkKind::Plain(_) = link.kind
         {
-            link.broken = true;
-            if err.is_connection_dropped() {
-                link.epochs.fetch_add(1, Ordering::SeqCst);
+            match link.kind {
+                LinkKind::Plain(_) => {
+                    link.broken = true;
+                    if err.is_connection_dropped() {
+                        link.epochs.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                // A node gone (refused, reset, closed) may have been failed
+                // over, and redis-rs learns a new slot map only from a
+                // `MOVED`, which a dead node never sends: the next cluster
+                // connection asks a seed for it. A node that only stalls
+                // (timeouts) costs the link nothing: the node link that
+                // lost the reply closed its socket and opens it again for
+                // a later request ([`NodeLink`]), and the links to the
+                // other nodes stay.
+                LinkKind::Cluster(_) if err.is_connection_dropped() => link.broken = true,
+                LinkKind::Cluster(_) => {}
             }
         }
         result
