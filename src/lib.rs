@@ -137,8 +137,10 @@
 //!   followed, lost scripts are reloaded on every primary, `WAIT` goes to
 //!   the key's primary. [`Release::Watch`] is refused there
 //!   ([`Error::InvalidArgument`]): a redirection between `WATCH` and `EXEC`
-//!   would make the delete unchecked. Release messages use classic
-//!   `PUBLISH`, which the cluster bus carries to every node.
+//!   would make the delete unchecked. Release messages use sharded
+//!   pub/sub (`SPUBLISH` in the key's slot, `SSUBSCRIBE` on the node that
+//!   owns it; Redis 7.0+, `PUBLISH` before), so a release costs the nodes
+//!   of other shards nothing.
 //! * [`RedLock`] over N independent [`LockClient`]s of any kind.
 //!
 //! **TLS** (`rediss://`, the `tls-rustls` feature; `tls-rustls-webpki-roots`

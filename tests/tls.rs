@@ -575,13 +575,16 @@ fn a_cluster_over_tls_locks_on_every_primary_and_notifies() {
         .lock()
         .expect("lock");
     assert_woken_by_the_release(guard, waiter, "tls-cluster-wake", || {
+        // Sharded (`SSUBSCRIBE`, on the key's node) on Redis 7.0+.
         cluster.nodes.iter().any(|n| {
-            let reply: Option<(String, u64)> = n.try_query(
-                redis::cmd("PUBSUB")
-                    .arg("NUMSUB")
-                    .arg("redmutex:released:{tls-cluster-wake}"),
-            );
-            reply.is_some_and(|r| r.1 >= 1)
+            ["SHARDNUMSUB", "NUMSUB"].iter().any(|kind| {
+                let reply: Option<(String, u64)> = n.try_query(
+                    redis::cmd("PUBSUB")
+                        .arg(*kind)
+                        .arg("redmutex:released:{tls-cluster-wake}"),
+                );
+                reply.is_some_and(|r| r.1 >= 1)
+            })
         })
     });
 }

@@ -989,7 +989,7 @@ fn left_on(server: &RedisServer) -> Option<String> {
         return silent();
     };
     let keys: Vec<String> = keys.into_iter().filter(|k| *k != fence).collect();
-    let subscribers = super::numsub(server, &channel);
+    let subscribers = super::numsub(server, &channel) + super::shard_numsub(server, &channel);
     let Some(clients) = server.try_query::<String>(redis::cmd("CLIENT").arg("LIST")) else {
         return silent();
     };

@@ -514,6 +514,13 @@ fn acl(client: &LockClient, findings: &mut Vec<Finding>) {
             .map(|p| (*p).to_owned())
             .collect::<Vec<String>>()
     };
+    // On a cluster, releases are announced by sharded pub/sub (ACL DRYRUN
+    // itself needs 7.0, as sharded pub/sub does).
+    let (publish, subscribe) = if client.deployment() == redmutex::Deployment::Cluster {
+        ("SPUBLISH", "SSUBSCRIBE")
+    } else {
+        ("PUBLISH", "SUBSCRIBE")
+    };
     let probes: Vec<(Vec<String>, &str, Severity)> = vec![
         (
             set(&["SET", &key, "v", "NX", "PX", "1000"]),
@@ -532,12 +539,12 @@ fn acl(client: &LockClient, findings: &mut Vec<Finding>) {
         ),
         (set(&["INCR", &fence]), "fencing tokens", Severity::Warning),
         (
-            set(&["PUBLISH", &channel, "x"]),
+            set(&[publish, &channel, "x"]),
             "release messages",
             Severity::Warning,
         ),
         (
-            set(&["SUBSCRIBE", &channel]),
+            set(&[subscribe, &channel]),
             "notify waiting",
             Severity::Warning,
         ),
