@@ -466,10 +466,12 @@ pub(crate) fn known_refusal(err: Error) -> Error {
 }
 
 /// A cluster's answer that the key's slot is moving or unserved right now:
-/// the command did not run.
+/// the command did not run. `NOSCRIPT` too: it reaches the caller only
+/// when the script was just loaded where the call went and the call, sent
+/// again, met a node without it (the slot moved in between).
 pub(crate) fn redirected(err: &redis::RedisError) -> bool {
     matches!(
         err.code(),
-        Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN")
+        Some("MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN" | "NOSCRIPT")
     )
 }

@@ -271,6 +271,10 @@ impl Shared {
             if state.shutdown || state.failed || state.denied.contains(channel) {
                 return Wait::Never;
             }
+            // Moved to another connection by the router: look it up again.
+            if state.channels.get(channel).is_none_or(|c| c.refs == 0) {
+                return Wait::Moved;
+            }
             if self.changed.wait_until(&mut state, until).timed_out() {
                 return Wait::TimedOut;
             }
@@ -295,6 +299,8 @@ enum Wait {
     Live,
     /// Not on this connection now (lost, refused, shut down).
     Never,
+    /// The channel left this connection (a cluster router moved it).
+    Moved,
     TimedOut,
 }
 
@@ -408,6 +414,8 @@ impl Subscription {
     pub(crate) fn wait_live(&self, until: Instant) -> bool {
         match &self.via {
             Via::One(shared) => shared.wait_live(&self.channel, until) == Wait::Live,
+            // Bounded: every pass waits a slice, or finds a new home (a
+            // move is a server's reply, not a spin).
             Via::Routed(router) => {
                 // Its home may change while it waits (a `MOVED`): looked
                 // up again every slice. Bounded by `until`.
@@ -421,6 +429,7 @@ impl Subscription {
                     match shared.wait_live(&self.channel, slice) {
                         Wait::Live => return true,
                         Wait::Never => return false,
+                        Wait::Moved => {}
                         Wait::TimedOut if Instant::now() >= until => return false,
                         Wait::TimedOut => {}
                     }
@@ -734,17 +743,14 @@ struct Rehome {
 
 impl Rehome {
     fn run(self) {
-        if let Some(old) = &self.old
-            && !Arc::ptr_eq(old, &self.new)
-        {
+        // The new home first, so a waiter that finds the channel gone from
+        // the old one finds it there. On the same node again (no other to
+        // try) the channel, no longer subscribed there, is asked once more.
+        self.new.register(&self.channel, self.waker.clone());
+        if let Some(old) = &self.old {
             old.release(&self.channel);
-            self.new.register(&self.channel, self.waker.clone());
-        } else if let Some(old) = &self.old {
-            // The same node again (no other to try): asked once more.
-            old.release(&self.channel);
-            old.register(&self.channel, self.waker.clone());
-        } else {
-            self.new.register(&self.channel, self.waker.clone());
+            // A waiter waiting on the old connection looks again.
+            old.changed.notify_all();
         }
         // Its waiters look again: not live until the new home confirms.
         (self.waker)();
