@@ -373,17 +373,11 @@ impl NodeLink {
     /// A lost reply closes the socket (no reply of this request can be read
     /// later as another's) and refuses the rest of the request.
     fn seen<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
-        match &result {
-            Err(err) if reply_lost(err) => {
-                self.con = None;
-                self.lost_in = Some(REQUEST.with(|request| request.get()));
-            }
-            Ok(_) if SEEDING.with(|seeding| seeding.get()) => {
-                // The seed answered: the other nodes wait for a request.
-                SEEDING.with(|seeding| seeding.set(false));
-                SEED.with(|seed| seed.set(self.number));
-            }
-            _ => {}
+        if let Err(err) = &result
+            && reply_lost(err)
+        {
+            self.con = None;
+            self.lost_in = Some(REQUEST.with(|request| request.get()));
         }
         result
     }
@@ -623,7 +617,16 @@ impl ConnectionLike for NodeLink {
             return Ok(Value::SimpleString("PONG".to_owned()));
         }
         let result = self.ready()?.req_command(cmd);
-        self.seen(result)
+        let result = self.seen(result);
+        // A seed that answered (not with an error: `LOADING`, `NOAUTH`):
+        // the other nodes wait for a request.
+        if SEEDING.with(|seeding| seeding.get())
+            && matches!(&result, Ok(reply) if !matches!(reply, Value::ServerError(_)))
+        {
+            SEEDING.with(|seeding| seeding.set(false));
+            SEED.with(|seed| seed.set(self.number));
+        }
+        result
     }
 
     fn get_db(&self) -> i64 {
@@ -637,10 +640,13 @@ impl ConnectionLike for NodeLink {
 
     /// No round trip: redis-rs checks every node link this way when it
     /// refreshes its slot map, and a `PING` to a stalled node would cost
-    /// that refresh a timeout. A link whose node went away fails its next
-    /// request, which redis-rs answers by connecting again.
+    /// that refresh a timeout. A link that lost a reply says no, so redis-rs
+    /// replaces it by a fresh one (opened when a request needs it) rather
+    /// than ask that node for the slot map; a link whose node went away
+    /// otherwise fails its next request, which redis-rs answers by
+    /// connecting again.
     fn check_connection(&mut self) -> bool {
-        self.is_open()
+        self.lost_in.is_none() && self.is_open()
     }
 
     fn is_open(&self) -> bool {

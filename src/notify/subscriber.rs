@@ -210,10 +210,19 @@ impl Shared {
     /// One more handle on `channel`, whose messages call `waker`; the
     /// thread is started on first use. `false` after shutdown.
     fn register(self: &Arc<Shared>, channel: &str, waker: Waker) -> bool {
+        self.register_with(channel, waker, true)
+    }
+
+    /// [`Shared::register`]; when not `now`, the channel is asked for only
+    /// at the connection's next retry of unsubscribed channels (a channel
+    /// that keeps moving, see [`Router::moved`]).
+    fn register_with(self: &Arc<Shared>, channel: &str, waker: Waker, now: bool) -> bool {
         let mut state = self.state.lock();
         if state.shutdown {
             return false;
         }
+        // A node's thread that idles without channels looks again.
+        self.changed.notify_all();
         let entry = state.channels.entry(channel.to_owned()).or_insert(Channel {
             refs: 0,
             sent: 0,
@@ -223,7 +232,7 @@ impl Shared {
         });
         entry.refs += 1;
         entry.waker = Some(waker);
-        if entry.subscribe_at.is_none() {
+        if entry.subscribe_at.is_none() && now {
             state.subscribe(channel, self.sharded);
         }
         if !state.thread_started {
@@ -248,12 +257,40 @@ impl Shared {
             return;
         }
         let was_subscribed = entry.subscribe_at.take().is_some();
+        // Kept while replies to it are owed: a re-registration must not
+        // count them afresh (`acknowledge` removes it with the last).
+        let owed = entry.acked < entry.sent;
         if was_subscribed && state.unsubscribe(channel, self.sharded) {
             if let Some(entry) = state.channels.get_mut(channel) {
                 entry.sent += 1;
             }
-        } else {
+        } else if !owed || state.writer.is_none() {
             state.channels.remove(channel);
+        }
+    }
+
+    /// The waker of the latest subscription to `channel`.
+    fn set_waker(&self, channel: &str, waker: Waker) {
+        if let Some(entry) = self.state.lock().channels.get_mut(channel) {
+            entry.waker = Some(waker);
+        }
+    }
+
+    /// Asks again for the channels wanted here but not subscribed (after a
+    /// cluster error other than a redirection, or a channel parked because
+    /// it kept moving): at most once per timeout.
+    fn retry_unsubscribed(&self) {
+        let mut state = self.state.lock();
+        let names: Vec<String> = state
+            .channels
+            .iter()
+            .filter(|(name, c)| {
+                c.refs > 0 && c.subscribe_at.is_none() && !state.denied.contains(*name)
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in names {
+            state.subscribe(&name, self.sharded);
         }
     }
 
@@ -460,7 +497,17 @@ struct Homed {
     node: Option<String>,
     refs: usize,
     waker: Waker,
+    /// When its current burst of moves began, and how many it counts.
+    moved_at: Instant,
+    moves: u32,
 }
+
+/// Moves of one channel within [`BURST`] past which the next is not asked
+/// for at once but at its node's next retry (one timeout later): two nodes
+/// that redirect to each other mid-migration cost a few round trips, not a
+/// spin.
+const BURST_MOVES: u32 = 8;
+const BURST: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 struct Routes {
@@ -475,7 +522,8 @@ struct Routes {
 }
 
 /// The subscriptions of a cluster client, each channel on the node that
-/// owns its slot (see the module docs).
+/// owns its slot (see the module docs). Lock order: the routes, then a
+/// connection's state; wakers are called with neither held.
 pub(crate) struct Router {
     seeds: Vec<Endpoint>,
     stats: Arc<Stats>,
@@ -506,7 +554,13 @@ impl Router {
         }
         if let Some(homed) = routes.channels.get_mut(channel) {
             homed.refs += 1;
-            homed.waker = waker;
+            homed.waker = waker.clone();
+            let node = homed.node.clone();
+            // The node calls the latest subscription's waker, as a single
+            // connection does.
+            if let Some(shared) = self.connection(&routes, node.as_deref()) {
+                shared.set_waker(channel, waker);
+            }
             return true;
         }
         let (node, shared) = self.place(&mut routes, channel, None);
@@ -519,39 +573,41 @@ impl Router {
                 node,
                 refs: 1,
                 waker,
+                moved_at: Instant::now(),
+                moves: 0,
             },
         );
         true
     }
 
     fn release(&self, channel: &str) {
-        let shared = {
-            let mut routes = self.routes.lock();
-            let Some(homed) = routes.channels.get_mut(channel) else {
-                return;
-            };
-            homed.refs = homed.refs.saturating_sub(1);
-            if homed.refs > 0 {
-                return;
-            }
-            let node = routes.channels.remove(channel).and_then(|homed| homed.node);
-            match node {
-                Some(node) => routes.nodes.get(&node).cloned(),
-                None => Some(self.plain.clone()),
-            }
+        let mut routes = self.routes.lock();
+        let Some(homed) = routes.channels.get_mut(channel) else {
+            return;
         };
-        if let Some(shared) = shared {
+        homed.refs = homed.refs.saturating_sub(1);
+        if homed.refs > 0 {
+            return;
+        }
+        let node = routes.channels.remove(channel).and_then(|homed| homed.node);
+        if let Some(shared) = self.connection(&routes, node.as_deref()) {
             shared.release(channel);
+        }
+    }
+
+    /// The connection of `node` (`None`: the seeds' plain one).
+    fn connection(&self, routes: &Routes, node: Option<&str>) -> Option<Arc<Shared>> {
+        match node {
+            Some(node) => routes.nodes.get(node).cloned(),
+            None => Some(self.plain.clone()),
         }
     }
 
     /// The connection `channel` is subscribed on now.
     fn home(&self, channel: &str) -> Option<Arc<Shared>> {
         let routes = self.routes.lock();
-        match &routes.channels.get(channel)?.node {
-            Some(node) => routes.nodes.get(node).cloned(),
-            None => Some(self.plain.clone()),
-        }
+        let node = routes.channels.get(channel)?.node.clone();
+        self.connection(&routes, node.as_deref())
     }
 
     /// Where `channel` goes: the node its slot's owner is known to be, else
@@ -618,8 +674,7 @@ impl Router {
     /// What `node`'s connection said of a channel: move it, and wake its
     /// waiters (they use backoff timing until it is live again).
     fn moved(&self, node: &str, moved: Moved) {
-        let mut moves = Vec::new();
-        {
+        let wakers = {
             let mut routes = self.routes.lock();
             if routes.shutdown {
                 return;
@@ -646,77 +701,77 @@ impl Router {
                         );
                     }
                     routes.unsupported = true;
-                    routes
-                        .channels
-                        .iter()
-                        .filter(|(_, homed)| homed.node.as_deref() == Some(node))
-                        .map(|(channel, _)| channel.clone())
-                        .collect()
+                    on_node(&routes, node)
                 }
             };
-            for channel in channels {
-                if let Some(step) = self.rehome(&mut routes, &channel, node, false) {
-                    moves.push(step);
-                }
-            }
-        }
-        for step in moves {
-            step.run();
+            self.rehome(&mut routes, &channels, node, false)
+        };
+        for wake in wakers {
+            wake();
         }
     }
 
     /// `node`'s connection failed: its channels go where their slots' owners
-    /// are found now, starting from another seed.
+    /// are found now, starting from another seed (at the pace of that
+    /// node's reconnections).
     fn node_failed(&self, node: &str) {
-        let mut moves = Vec::new();
-        {
+        let wakers = {
             let mut routes = self.routes.lock();
             if routes.shutdown {
                 return;
             }
             routes.owners.retain(|_, owner| owner != node);
-            let channels: Vec<String> = routes
-                .channels
-                .iter()
-                .filter(|(_, homed)| homed.node.as_deref() == Some(node))
-                .map(|(channel, _)| channel.clone())
-                .collect();
-            for channel in channels {
-                if let Some(step) = self.rehome(&mut routes, &channel, node, true) {
-                    moves.push(step);
-                }
-            }
-        }
-        for step in moves {
-            step.run();
+            let channels = on_node(&routes, node);
+            self.rehome(&mut routes, &channels, node, true)
+        };
+        for wake in wakers {
+            wake();
         }
     }
 
-    /// Moves `channel` off `from` (when it is there) to where [`Router::place`]
-    /// says now; the connections are told after the routes' lock is let go.
+    /// Moves each of `channels` still on `from` to where [`Router::place`]
+    /// says now, all under the routes' lock (so no registration or release
+    /// interleaves), and returns their wakers: their waiters look again.
     fn rehome(
         &self,
         routes: &mut Routes,
-        channel: &str,
+        channels: &[String],
         from: &str,
         avoid: bool,
-    ) -> Option<Rehome> {
-        let homed = routes.channels.get(channel)?;
-        if homed.node.as_deref() != Some(from) {
-            return None;
-        }
-        let waker = homed.waker.clone();
+    ) -> Vec<Waker> {
+        let mut wakers = Vec::new();
         let old = routes.nodes.get(from).cloned();
-        let (node, new) = self.place(routes, channel, avoid.then_some(from));
-        if let Some(homed) = routes.channels.get_mut(channel) {
-            homed.node = node;
+        for channel in channels {
+            let Some(homed) = routes.channels.get_mut(channel) else {
+                continue;
+            };
+            if homed.node.as_deref() != Some(from) {
+                continue;
+            }
+            if homed.moved_at.elapsed() > BURST {
+                homed.moved_at = Instant::now();
+                homed.moves = 0;
+            }
+            homed.moves = homed.moves.saturating_add(1);
+            let now = homed.moves <= BURST_MOVES;
+            let waker = homed.waker.clone();
+            let (node, new) = self.place(routes, channel, avoid.then_some(from));
+            if let Some(homed) = routes.channels.get_mut(channel) {
+                homed.node = node;
+            }
+            // The new home first, so a waiter that finds the channel gone
+            // from the old one finds it there. On the same node again (no
+            // other to try) the channel, no longer subscribed there, is
+            // asked for once more.
+            new.register_with(channel, waker.clone(), now);
+            if let Some(old) = &old {
+                old.release(channel);
+                // A waiter waiting on the old connection looks again.
+                old.changed.notify_all();
+            }
+            wakers.push(waker);
         }
-        Some(Rehome {
-            channel: channel.to_owned(),
-            old,
-            new,
-            waker,
-        })
+        wakers
     }
 
     fn shut_down(&self) -> Vec<Worker> {
@@ -733,28 +788,14 @@ impl Router {
     }
 }
 
-/// A channel moving from one connection to another.
-struct Rehome {
-    channel: String,
-    old: Option<Arc<Shared>>,
-    new: Arc<Shared>,
-    waker: Waker,
-}
-
-impl Rehome {
-    fn run(self) {
-        // The new home first, so a waiter that finds the channel gone from
-        // the old one finds it there. On the same node again (no other to
-        // try) the channel, no longer subscribed there, is asked once more.
-        self.new.register(&self.channel, self.waker.clone());
-        if let Some(old) = &self.old {
-            old.release(&self.channel);
-            // A waiter waiting on the old connection looks again.
-            old.changed.notify_all();
-        }
-        // Its waiters look again: not live until the new home confirms.
-        (self.waker)();
-    }
+/// The channels homed on `node`.
+fn on_node(routes: &Routes, node: &str) -> Vec<String> {
+    routes
+        .channels
+        .iter()
+        .filter(|(_, homed)| homed.node.as_deref() == Some(node))
+        .map(|(channel, _)| channel.clone())
+        .collect()
 }
 
 /// The endpoint of the node at `address` (`host:port`), spoken to as the
@@ -771,8 +812,17 @@ fn run(shared: &Shared) {
     let mut pause = RECONNECT_MIN;
     let mut attempt = 0;
     loop {
-        if shared.state.lock().shutdown {
-            return;
+        {
+            let mut state = shared.state.lock();
+            // A cluster node's connection without channels (all moved
+            // away, say after it failed) is not opened again until one
+            // comes back to it.
+            while shared.sharded && !state.shutdown && state.channels.is_empty() {
+                let _ = shared.changed.wait_for(&mut state, shared.timeout);
+            }
+            if state.shutdown {
+                return;
+            }
         }
         // The lookup and the connect within one timeout together: a
         // dropped client's thread ends within it, however the servers
@@ -787,7 +837,6 @@ fn run(shared: &Shared) {
         attempt = attempt.wrapping_add(1);
         match connected {
             Ok((reader, writer)) => {
-                pause = RECONNECT_MIN;
                 // Reconnect to the same server first next time.
                 attempt = attempt.wrapping_sub(1);
                 {
@@ -813,7 +862,12 @@ fn run(shared: &Shared) {
                     }
                     shared.changed.notify_all();
                 }
-                read_pushes(shared, reader);
+                // The pause starts again only after a connection the
+                // server spoke on: one that closes at once (maxclients)
+                // is retried at a growing pace.
+                if read_pushes(shared, reader) {
+                    pause = RECONNECT_MIN;
+                }
             }
             // A refused certificate or a server that does not speak TLS is
             // a setting to fix, not an outage to ride out: say it loudly.
@@ -847,10 +901,14 @@ fn run(shared: &Shared) {
         if let Some(router) = shared.router.upgrade() {
             router.node_failed(&shared.node);
         }
+        // The whole pause, whatever else wakes the condition (a channel
+        // registered here), unless the client is dropped.
+        let until = Instant::now().checked_add(pause);
         let mut state = shared.state.lock();
-        if !state.shutdown {
-            let _ = shared.changed.wait_for(&mut state, pause);
-        }
+        while let Some(until) = until
+            && !state.shutdown
+            && !shared.changed.wait_until(&mut state, until).timed_out()
+        {}
         pause = (pause * 2).min(RECONNECT_MAX);
     }
 }
@@ -870,11 +928,24 @@ fn heartbeat(shared: &Shared) -> bool {
     true
 }
 
-/// Reads pushed frames until the connection ends or goes silent.
-fn read_pushes(shared: &Shared, mut reader: Reader) {
+/// Reads pushed frames until the connection ends or goes silent; whether
+/// any came.
+fn read_pushes(shared: &Shared, mut reader: Reader) -> bool {
+    let mut spoke = false;
+    let mut retried = Instant::now();
     loop {
+        // A cluster node's channels not subscribed (a cluster error other
+        // than a redirection, a channel that kept moving) are asked for
+        // again once per timeout.
+        if shared.sharded && retried.elapsed() >= shared.timeout {
+            retried = Instant::now();
+            shared.retry_unsubscribed();
+        }
         let frame = match reader.read() {
-            Ok(frame) => frame,
+            Ok(frame) => {
+                spoke = true;
+                frame
+            }
             // One timeout without a whole frame; a frame cut by it is kept
             // by the parser and finished on the next read.
             Err(err) if err.kind() == io::ErrorKind::TimedOut => {
@@ -882,11 +953,11 @@ fn read_pushes(shared: &Shared, mut reader: Reader) {
                     continue;
                 }
                 log::debug!("redmutex: subscriber link silent for two timeouts: reconnecting");
-                return;
+                return spoke;
             }
             Err(err) => {
                 log::debug!("redmutex: subscriber connection ended: {err}");
-                return;
+                return spoke;
             }
         };
         let mut state = shared.state.lock();
@@ -938,6 +1009,19 @@ fn read_pushes(shared: &Shared, mut reader: Reader) {
                 state.pending.pop_front();
             }
             Value::ServerError(err) => match state.pending.pop_front() {
+                // A `MOVED` for another slot than this channel's answers
+                // the `SUNSUBSCRIBE` before it, whose channel the server
+                // had just unsubscribed by itself (a migration): that push
+                // was taken for the reply. The channel's reply is still
+                // to come.
+                Some(Pending::Subscribe(name))
+                    if shared.sharded
+                        && moved_slot(&err).is_some_and(|slot| {
+                            Slot::new(slot) != Some(Slot::for_key(name.as_str()))
+                        }) =>
+                {
+                    state.pending.push_front(Pending::Subscribe(name));
+                }
                 Some(Pending::Subscribe(name)) if shared.sharded && moved_to(&err).is_some() => {
                     if let Some(channel) = state.channels.get_mut(&name) {
                         channel.subscribe_at = None;
@@ -946,6 +1030,22 @@ fn read_pushes(shared: &Shared, mut reader: Reader) {
                     shared.changed.notify_all();
                     let owner = moved_to(&err).unwrap_or_default();
                     moved = Some(Moved::To(name, owner_address(&owner, &shared.node)));
+                }
+                // The slot is not served here right now (a failover, a
+                // migration's `ASK`): not subscribed, and asked for again
+                // at the next retry; waiters use backoff timing meanwhile.
+                Some(Pending::Subscribe(name))
+                    if shared.sharded
+                        && matches!(
+                            err.code(),
+                            "ASK" | "TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "MASTERDOWN"
+                        ) =>
+                {
+                    if let Some(channel) = state.channels.get_mut(&name) {
+                        channel.subscribe_at = None;
+                    }
+                    state.acknowledge(&name);
+                    shared.changed.notify_all();
                 }
                 Some(Pending::Subscribe(name))
                     if shared.sharded
@@ -989,6 +1089,14 @@ fn read_pushes(shared: &Shared, mut reader: Reader) {
             router.moved(&shared.node, moved);
         }
     }
+}
+
+/// The slot of a `MOVED` error (`MOVED slot host:port`).
+fn moved_slot(err: &redis::ServerError) -> Option<u16> {
+    if err.code() != "MOVED" {
+        return None;
+    }
+    err.details()?.split_whitespace().next()?.parse().ok()
 }
 
 /// The `host:port` of a `MOVED` error (`MOVED slot host:port`).
