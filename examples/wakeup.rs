@@ -147,7 +147,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         at(0.5),
         at(0.99),
         latencies.last().copied().unwrap_or(0),
-        messages as f64 / f64::from(args.rounds.max(1))
+        // Two releases a round: the holder's and the waiter's.
+        messages as f64 / (2.0 * f64::from(args.rounds.max(1)))
     );
     Ok(())
 }
