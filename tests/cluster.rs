@@ -822,9 +822,11 @@ fn release_messages_follow_a_failover_to_the_promoted_replica() {
         move || {
             let lock = DistributedLock::with_options(&waiter, key, slow);
             // A call that meets the killed node fails (its outcome
-            // unknown): waited for again, as a program would.
+            // unknown): waited for again, as a program would, for as long
+            // as a failover may take on a loaded machine.
             let mut errors = Vec::new();
-            for _ in 0..50 {
+            let deadline = Instant::now() + Duration::from_secs(40);
+            while Instant::now() < deadline {
                 match lock.lock() {
                     Ok(guard) => {
                         let at = Instant::now();

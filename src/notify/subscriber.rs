@@ -1120,3 +1120,38 @@ fn owner_address(owner: &str, from: &str) -> String {
         None => owner.to_owned(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server_error(reply: &[u8]) -> redis::ServerError {
+        match redis::parse_redis_value(reply) {
+            Ok(Value::ServerError(err)) => err,
+            other => panic!("not an error reply: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_moved_reply_names_the_slot_and_the_owner() {
+        let moved = server_error(b"-MOVED 3999 127.0.0.1:6381\r\n");
+        assert_eq!(moved_slot(&moved), Some(3999));
+        assert_eq!(moved_to(&moved).as_deref(), Some("127.0.0.1:6381"));
+        let other = server_error(b"-CLUSTERDOWN Hash slot not served\r\n");
+        assert_eq!(moved_slot(&other), None);
+        assert_eq!(moved_to(&other), None);
+        let garbled = server_error(b"-MOVED x\r\n");
+        assert_eq!(moved_slot(&garbled), None);
+        assert_eq!(moved_to(&garbled), None);
+    }
+
+    #[test]
+    fn an_owner_without_a_host_is_on_the_host_that_said_it() {
+        assert_eq!(owner_address(":7002", "10.0.0.5:7000"), "10.0.0.5:7002");
+        assert_eq!(
+            owner_address("10.0.0.6:7003", "10.0.0.5:7000"),
+            "10.0.0.6:7003"
+        );
+        assert_eq!(owner_address(":7002", "[::1]:7000"), "[::1]:7002");
+    }
+}

@@ -1,0 +1,215 @@
+//! What one uncontended cycle costs the client, beside the hand-written
+//! pair a user would write (`SET key token NX PX`, then a compare-and-delete
+//! script, on a redis-rs connection of its own): cycles per second, heap
+//! allocations per cycle (a counting global allocator), the process's CPU
+//! per cycle (user + system, `getrusage`) and the commands Redis ran per
+//! cycle (`INFO stats`). Every row is run three times, interleaved with the
+//! others, and the median printed.
+//!
+//! `cargo bench --bench cycle -- [CYCLES]` (default 20,000 per row and run)
+//!
+//! A private redis-server on a free loopback port; not a criterion bench:
+//! allocations and CPU are counted over whole runs.
+
+use redmutex_test_support as support;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use redmutex::{DistributedLock, LockClient, Semaphore};
+
+/// The system allocator, counting allocations.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is passed to the system allocator unchanged; only a
+// counter is updated beside it.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// The process's user + system CPU time so far.
+fn cpu() -> Duration {
+    // SAFETY: `usage` is a valid, writable rusage; the call fills it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_SELF is always valid.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return Duration::ZERO;
+    }
+    let of = |t: libc::timeval| {
+        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+    };
+    of(usage.ru_utime) + of(usage.ru_stime)
+}
+
+fn commands(con: &mut redis::Connection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("stats")
+        .query(con)
+        .unwrap_or_default();
+    info.lines()
+        .find_map(|line| line.strip_prefix("total_commands_processed:"))
+        .and_then(|count| count.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+type Outcome = Result<(), Box<dyn std::error::Error>>;
+type Cycle<'a> = Box<dyn FnMut() -> Outcome + 'a>;
+
+/// One run of `cycles` cycles: cycles/s, allocations, CPU µs and Redis
+/// commands per cycle.
+#[derive(Clone, Copy)]
+struct Run {
+    per_sec: f64,
+    allocations: f64,
+    cpu_us: f64,
+    commands: f64,
+}
+
+fn run(
+    cycles: u32,
+    admin: &mut redis::Connection,
+    cycle: &mut dyn FnMut() -> Outcome,
+) -> Result<Run, Box<dyn std::error::Error>> {
+    for _ in 0..cycles / 10 {
+        cycle()?;
+    }
+    let n = f64::from(cycles.max(1));
+    let commands_before = commands(admin);
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed);
+    let cpu_before = cpu();
+    let started = Instant::now();
+    for _ in 0..cycles {
+        cycle()?;
+    }
+    let elapsed = started.elapsed();
+    let cpu_used = cpu().saturating_sub(cpu_before);
+    let allocated = ALLOCATIONS
+        .load(Ordering::Relaxed)
+        .saturating_sub(allocations);
+    // The INFO that reads the count is one command too.
+    let ran = commands(admin)
+        .saturating_sub(commands_before)
+        .saturating_sub(1);
+    Ok(Run {
+        per_sec: n / elapsed.as_secs_f64().max(f64::MIN_POSITIVE),
+        allocations: allocated as f64 / n,
+        cpu_us: cpu_used.as_secs_f64() * 1e6 / n,
+        commands: ran as f64 / n,
+    })
+}
+
+fn median(runs: &[Run], field: impl Fn(&Run) -> f64) -> f64 {
+    let mut values: Vec<f64> = runs.iter().map(field).collect();
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // `cargo bench` passes `--bench`; a number is the cycles per run.
+    let cycles: u32 = std::env::args()
+        .skip(1)
+        .find_map(|arg| arg.parse().ok())
+        .unwrap_or(20_000);
+    let server = support::RedisServer::start();
+    let url = server.url();
+    let mut admin = server.conn();
+    let client = LockClient::open(&url)?;
+    let mut raw = redis::Client::open(url.as_str())?.get_connection()?;
+    let compare_and_delete = redis::Script::new(
+        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+    );
+    let lock = DistributedLock::new(&client, "bench:cycle");
+    let semaphore = Semaphore::new(&client, "bench:sem", 1);
+    let mut rows: Vec<(&str, Cycle)> = vec![
+        (
+            "hand-written pair (SET NX PX + compare-and-delete)",
+            Box::new(|| {
+                let token = uuid::Uuid::new_v4().to_string();
+                let set: Option<String> = redis::cmd("SET")
+                    .arg("bench:pair")
+                    .arg(&token)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(30_000)
+                    .query(&mut raw)?;
+                if set.is_none() {
+                    return Err("bench:pair was held".into());
+                }
+                let _: i64 = compare_and_delete
+                    .key("bench:pair")
+                    .arg(&token)
+                    .invoke(&mut raw)?;
+                Ok(())
+            }),
+        ),
+        ("lock() + unlock()", Box::new(|| Ok(lock.lock()?.unlock()?))),
+        (
+            "lock() + drop (release written behind)",
+            Box::new(|| {
+                drop(lock.lock()?);
+                Ok(())
+            }),
+        ),
+        (
+            "Semaphore acquire() + release()",
+            Box::new(|| Ok(semaphore.acquire()?.release()?)),
+        ),
+        (
+            "Semaphore acquire() + drop",
+            Box::new(|| {
+                drop(semaphore.acquire()?);
+                Ok(())
+            }),
+        ),
+    ];
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); rows.len()];
+    for _ in 0..3 {
+        for (row, (_, cycle)) in rows.iter_mut().enumerate() {
+            let measured = run(cycles, &mut admin, cycle.as_mut())?;
+            if let Some(kept) = runs.get_mut(row) {
+                kept.push(measured);
+            }
+        }
+    }
+    let pair = runs
+        .first()
+        .map_or(1.0, |pair| median(pair, |r| r.per_sec))
+        .max(f64::MIN_POSITIVE);
+    println!(
+        "| cycle ({cycles} per run, median of 3) | cycles/s | x pair | allocations | CPU µs | Redis commands |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for ((name, _), runs) in rows.iter().zip(&runs) {
+        let per_sec = median(runs, |r| r.per_sec);
+        println!(
+            "| {name} | {per_sec:.0} | {:.2} | {:.1} | {:.1} | {:.2} |",
+            per_sec / pair,
+            median(runs, |r| r.allocations),
+            median(runs, |r| r.cpu_us),
+            median(runs, |r| r.commands),
+        );
+    }
+    Ok(())
+}
