@@ -137,32 +137,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut admin = server.conn();
     let client = LockClient::open(&url)?;
     let mut raw = redis::Client::open(url.as_str())?.get_connection()?;
-    let compare_and_delete = redis::Script::new(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-    );
     let lock = DistributedLock::new(&client, "bench:cycle");
     let semaphore = Semaphore::new(&client, "bench:sem", 1);
     let mut rows: Vec<(&str, Cycle)> = vec![
         (
             "hand-written pair (SET NX PX + compare-and-delete)",
-            Box::new(|| {
-                let token = uuid::Uuid::new_v4().to_string();
-                let set: Option<String> = redis::cmd("SET")
-                    .arg("bench:pair")
-                    .arg(&token)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(30_000)
-                    .query(&mut raw)?;
-                if set.is_none() {
-                    return Err("bench:pair was held".into());
-                }
-                let _: i64 = compare_and_delete
-                    .key("bench:pair")
-                    .arg(&token)
-                    .invoke(&mut raw)?;
-                Ok(())
-            }),
+            Box::new(
+                || match support::hand_written_pair(&mut raw, "bench:pair")? {
+                    true => Ok(()),
+                    false => Err("bench:pair was held".into()),
+                },
+            ),
         ),
         ("lock() + unlock()", Box::new(|| Ok(lock.lock()?.unlock()?))),
         (

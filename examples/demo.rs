@@ -116,31 +116,16 @@ fn main() -> Result<(), Error> {
     // its own. Each measured three times, interleaved; the median is shown.
     let rounds = 2_000;
     let mut raw = redis::Client::open(url.as_str())?.get_connection()?;
-    let compare_and_delete = redis::Script::new(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-    );
     let lock = DistributedLock::new(&client, "demo:cycle");
     let mut pair = Vec::new();
     let mut unlocked = Vec::new();
     let mut dropped = Vec::new();
     for _ in 0..3 {
         pair.push(time(rounds, || {
-            let token = uuid::Uuid::new_v4().to_string();
-            let set: Option<String> = redis::cmd("SET")
-                .arg("demo:pair")
-                .arg(&token)
-                .arg("NX")
-                .arg("PX")
-                .arg(30_000)
-                .query(&mut raw)?;
-            if set.is_none() {
-                return Err(Error::InvalidArgument("demo:pair was held".into()));
+            match support::hand_written_pair(&mut raw, "demo:pair")? {
+                true => Ok(()),
+                false => Err(Error::InvalidArgument("demo:pair was held".into())),
             }
-            let _: i64 = compare_and_delete
-                .key("demo:pair")
-                .arg(&token)
-                .invoke(&mut raw)?;
-            Ok(())
         })?);
         unlocked.push(time(rounds, || lock.lock()?.unlock())?);
         dropped.push(time(rounds, || lock.lock().map(drop))?);

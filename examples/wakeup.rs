@@ -63,16 +63,7 @@ fn waiter(seeds: &str) -> Result<(), Box<dyn std::error::Error>> {
 
 /// Subscribers of `channel` on `node`, sharded or not.
 fn subscribers(node: &support::RedisServer, channel: &str) -> u64 {
-    ["SHARDNUMSUB", "NUMSUB"]
-        .iter()
-        .map(|kind| {
-            redis::cmd("PUBSUB")
-                .arg(*kind)
-                .arg(channel)
-                .query::<(String, u64)>(&mut node.conn())
-                .map_or(0, |(_, count)| count)
-        })
-        .sum()
+    support::shard_numsub(node, channel) + support::numsub(node, channel)
 }
 
 fn bus(cluster: &RedisCluster) -> u64 {

@@ -179,13 +179,9 @@ impl State {
 
 struct Shared {
     source: Source,
-    /// `SSUBSCRIBE` (one node of a cluster, for its [`Router`]) rather
-    /// than `SUBSCRIBE`.
-    sharded: bool,
-    /// The router this node's subscriber reports moves to.
-    router: Weak<Router>,
-    /// The node's address, as the router names it.
-    node: String,
+    /// One node of a cluster, for its [`Router`]: its channels go by
+    /// `SSUBSCRIBE` rather than `SUBSCRIBE`.
+    routed: Option<Routed>,
     stats: Arc<Stats>,
     /// Connect, handshake and write timeout; also the heartbeat's period.
     timeout: Duration,
@@ -193,18 +189,46 @@ struct Shared {
     changed: Condvar,
 }
 
+/// What a cluster node's connection reports to.
+struct Routed {
+    router: Weak<Router>,
+    /// The node's address, as the router names it.
+    node: String,
+}
+
 impl Shared {
-    fn new(source: Source, stats: Arc<Stats>, timeout: Duration) -> Arc<Shared> {
+    fn new(
+        source: Source,
+        routed: Option<Routed>,
+        stats: Arc<Stats>,
+        timeout: Duration,
+    ) -> Arc<Shared> {
         Arc::new(Shared {
             source,
-            sharded: false,
-            router: Weak::new(),
-            node: String::new(),
+            routed,
             stats,
             timeout,
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
         })
+    }
+
+    /// `SSUBSCRIBE`: a cluster node's connection.
+    fn sharded(&self) -> bool {
+        self.routed.is_some()
+    }
+
+    /// The router this node's connection reports to, while it lives.
+    fn router(&self) -> Option<Arc<Router>> {
+        self.routed.as_ref()?.router.upgrade()
+    }
+
+    /// The node's address, as the router names it ("" for a connection
+    /// of its own).
+    fn node(&self) -> &str {
+        self.routed
+            .as_ref()
+            .map_or("", |routed| routed.node.as_str())
     }
 
     /// One more handle on `channel`, whose messages call `waker`; the
@@ -233,7 +257,7 @@ impl Shared {
         entry.refs += 1;
         entry.waker = Some(waker);
         if entry.subscribe_at.is_none() && now {
-            state.subscribe(channel, self.sharded);
+            state.subscribe(channel, self.sharded());
         }
         if !state.thread_started {
             state.thread_started = true;
@@ -260,7 +284,7 @@ impl Shared {
         // Kept while replies to it are owed: a re-registration must not
         // count them afresh (`acknowledge` removes it with the last).
         let owed = entry.acked < entry.sent;
-        if was_subscribed && state.unsubscribe(channel, self.sharded) {
+        if was_subscribed && state.unsubscribe(channel, self.sharded()) {
             if let Some(entry) = state.channels.get_mut(channel) {
                 entry.sent += 1;
             }
@@ -290,7 +314,7 @@ impl Shared {
             .map(|(name, _)| name.clone())
             .collect();
         for name in names {
-            state.subscribe(&name, self.sharded);
+            state.subscribe(&name, self.sharded());
         }
     }
 
@@ -379,7 +403,7 @@ impl Subscriber {
             Source::Cluster(seeds) => {
                 Hub::Shards(Router::new(seeds, self.stats.clone(), self.timeout))
             }
-            source => Hub::One(Shared::new(source, self.stats.clone(), self.timeout)),
+            source => Hub::One(Shared::new(source, None, self.stats.clone(), self.timeout)),
         };
         self.hub.set(hub).is_ok()
     }
@@ -536,7 +560,7 @@ pub(crate) struct Router {
 
 impl Router {
     fn new(seeds: Vec<Endpoint>, stats: Arc<Stats>, timeout: Duration) -> Arc<Router> {
-        let plain = Shared::new(Source::Fixed(seeds.clone()), stats.clone(), timeout);
+        let plain = Shared::new(Source::Fixed(seeds.clone()), None, stats.clone(), timeout);
         Arc::new_cyclic(|me| Router {
             seeds,
             stats,
@@ -656,16 +680,15 @@ impl Router {
             .nodes
             .entry(address.clone())
             .or_insert_with(|| {
-                Arc::new(Shared {
-                    source: Source::Fixed(vec![endpoint]),
-                    sharded: true,
-                    router: self.me.clone(),
-                    node: address.clone(),
-                    stats: self.stats.clone(),
-                    timeout: self.timeout,
-                    state: Mutex::new(State::default()),
-                    changed: Condvar::new(),
-                })
+                Shared::new(
+                    Source::Fixed(vec![endpoint]),
+                    Some(Routed {
+                        router: self.me.clone(),
+                        node: address.clone(),
+                    }),
+                    self.stats.clone(),
+                    self.timeout,
+                )
             })
             .clone();
         (Some(address), shared)
@@ -817,7 +840,7 @@ fn run(shared: &Shared) {
             // A cluster node's connection without channels (all moved
             // away, say after it failed) is not opened again until one
             // comes back to it.
-            while shared.sharded && !state.shutdown && state.channels.is_empty() {
+            while shared.sharded() && !state.shutdown && state.channels.is_empty() {
                 let _ = shared.changed.wait_for(&mut state, shared.timeout);
             }
             if state.shutdown {
@@ -858,7 +881,7 @@ fn run(shared: &Shared) {
                         channel.subscribe_at = None;
                     }
                     for name in names {
-                        state.subscribe(&name, shared.sharded);
+                        state.subscribe(&name, shared.sharded());
                     }
                     shared.changed.notify_all();
                 }
@@ -898,8 +921,8 @@ fn run(shared: &Shared) {
         }
         // A cluster node's channels go looking for their slots' owners
         // (a failover promoted another node), at this thread's pace.
-        if let Some(router) = shared.router.upgrade() {
-            router.node_failed(&shared.node);
+        if let Some(router) = shared.router() {
+            router.node_failed(shared.node());
         }
         // The whole pause, whatever else wakes the condition (a channel
         // registered here), unless the client is dropped.
@@ -937,7 +960,7 @@ fn read_pushes(shared: &Shared, mut reader: Reader) -> bool {
         // A cluster node's channels not subscribed (a cluster error other
         // than a redirection, a channel that kept moving) are asked for
         // again once per timeout.
-        if shared.sharded && retried.elapsed() >= shared.timeout {
+        if shared.sharded() && retried.elapsed() >= shared.timeout {
             retried = Instant::now();
             shared.retry_unsubscribed();
         }
@@ -1015,27 +1038,27 @@ fn read_pushes(shared: &Shared, mut reader: Reader) -> bool {
                 // was taken for the reply. The channel's reply is still
                 // to come.
                 Some(Pending::Subscribe(name))
-                    if shared.sharded
+                    if shared.sharded()
                         && moved_slot(&err).is_some_and(|slot| {
                             Slot::new(slot) != Some(Slot::for_key(name.as_str()))
                         }) =>
                 {
                     state.pending.push_front(Pending::Subscribe(name));
                 }
-                Some(Pending::Subscribe(name)) if shared.sharded && moved_to(&err).is_some() => {
+                Some(Pending::Subscribe(name)) if shared.sharded() && moved_to(&err).is_some() => {
                     if let Some(channel) = state.channels.get_mut(&name) {
                         channel.subscribe_at = None;
                     }
                     state.acknowledge(&name);
                     shared.changed.notify_all();
                     let owner = moved_to(&err).unwrap_or_default();
-                    moved = Some(Moved::To(name, owner_address(&owner, &shared.node)));
+                    moved = Some(Moved::To(name, owner_address(&owner, shared.node())));
                 }
                 // The slot is not served here right now (a failover, a
                 // migration's `ASK`): not subscribed, and asked for again
                 // at the next retry; waiters use backoff timing meanwhile.
                 Some(Pending::Subscribe(name))
-                    if shared.sharded
+                    if shared.sharded()
                         && matches!(
                             err.code(),
                             "ASK" | "TRYAGAIN" | "CLUSTERDOWN" | "LOADING" | "MASTERDOWN"
@@ -1048,7 +1071,7 @@ fn read_pushes(shared: &Shared, mut reader: Reader) -> bool {
                     shared.changed.notify_all();
                 }
                 Some(Pending::Subscribe(name))
-                    if shared.sharded
+                    if shared.sharded()
                         && err
                             .details()
                             .is_some_and(|detail| detail.contains("unknown command")) =>
@@ -1084,9 +1107,9 @@ fn read_pushes(shared: &Shared, mut reader: Reader) -> bool {
         }
         drop(state);
         if let Some(moved) = moved
-            && let Some(router) = shared.router.upgrade()
+            && let Some(router) = shared.router()
         {
-            router.moved(&shared.node, moved);
+            router.moved(shared.node(), moved);
         }
     }
 }

@@ -625,23 +625,49 @@ pub fn wait_until(within: Duration, mut condition: impl FnMut() -> bool) -> bool
 
 /// Subscribers of `channel` on `server` (`PUBSUB NUMSUB`).
 pub fn numsub(server: &RedisServer, channel: &str) -> u64 {
+    subscribers(server, "NUMSUB", channel)
+}
+
+/// Subscribers of the shard channel `channel` on `server` (`SSUBSCRIBE`,
+/// Redis 7.0+; 0 on older servers).
+pub fn shard_numsub(server: &RedisServer, channel: &str) -> u64 {
+    subscribers(server, "SHARDNUMSUB", channel)
+}
+
+fn subscribers(server: &RedisServer, count: &str, channel: &str) -> u64 {
     let reply: (String, u64) = redis::cmd("PUBSUB")
-        .arg("NUMSUB")
+        .arg(count)
         .arg(channel)
         .query(&mut server.conn())
         .unwrap_or_default();
     reply.1
 }
 
-/// Subscribers of the shard channel `channel` on `server` (`SSUBSCRIBE`,
-/// Redis 7.0+; 0 on older servers).
-pub fn shard_numsub(server: &RedisServer, channel: &str) -> u64 {
-    let reply: (String, u64) = redis::cmd("PUBSUB")
-        .arg("SHARDNUMSUB")
-        .arg(channel)
-        .query(&mut server.conn())
-        .unwrap_or_default();
-    reply.1
+/// One cycle of the lock a program without this crate would write, the
+/// yardstick of the benches and the demo: `SET key token NX PX 30000` with
+/// a fresh UUID, then a compare-and-delete script, on `con`. `false` when
+/// the key was held.
+pub fn hand_written_pair(con: &mut redis::Connection, key: &str) -> redis::RedisResult<bool> {
+    static COMPARE_AND_DELETE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(
+        || {
+            redis::Script::new(
+                "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
+            )
+        },
+    );
+    let token = uuid::Uuid::new_v4().to_string();
+    let set: Option<String> = redis::cmd("SET")
+        .arg(key)
+        .arg(&token)
+        .arg("NX")
+        .arg("PX")
+        .arg(30_000)
+        .query(con)?;
+    if set.is_none() {
+        return Ok(false);
+    }
+    let _: i64 = COMPARE_AND_DELETE.key(key).arg(&token).invoke(con)?;
+    Ok(true)
 }
 
 /// Holds `key` through `holder` while a thread of `waiter` waits for it with
