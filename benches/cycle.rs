@@ -2,51 +2,25 @@
 //! pair a user would write (`SET key token NX PX`, then a compare-and-delete
 //! script, on a redis-rs connection of its own): cycles per second, heap
 //! allocations per cycle (a counting global allocator), the process's CPU
-//! per cycle (user + system, `getrusage`) and the commands Redis ran per
-//! cycle (`INFO stats`). Every row is run three times, interleaved with the
+//! per cycle (user + system, `getrusage`), the server's CPU per cycle
+//! (`INFO cpu`) and the commands Redis ran per cycle (`INFO stats`). Every row is run three times, interleaved with the
 //! others, and the median printed.
 //!
-//! `cargo bench --bench cycle -- [CYCLES]` (default 20,000 per row and run)
+//! `cargo bench --bench cycle -- [CYCLES]` (default 20,000 per row and run).
+//! `CYCLE_ONLY=ROW` runs one row (0: the pair, 1: lock + unlock, ...) alone,
+//! for a profiler; `CYCLE_TRACE=ROW` prints where one cycle of it allocates.
 //!
 //! A private redis-server on a free loopback port; not a criterion bench:
 //! allocations and CPU are counted over whole runs.
 
 use redmutex_test_support as support;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use redmutex::{DistributedLock, LockClient, Semaphore};
 
-/// The system allocator, counting allocations.
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is passed to the system allocator unchanged; only a
-// counter is updated beside it.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: support::Counting = support::Counting;
 
 /// The process's user + system CPU time so far.
 fn cpu() -> Duration {
@@ -74,6 +48,20 @@ fn commands(con: &mut redis::Connection) -> u64 {
         .unwrap_or(0)
 }
 
+/// The server's CPU time so far (`INFO cpu`: user + system, main thread
+/// and the rest).
+fn server_cpu(con: &mut redis::Connection) -> f64 {
+    let info: String = redis::cmd("INFO").arg("cpu").query(con).unwrap_or_default();
+    info.lines()
+        .filter_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            matches!(name, "used_cpu_sys" | "used_cpu_user")
+                .then(|| value.trim().parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
+}
+
 type Outcome = Result<(), Box<dyn std::error::Error>>;
 type Cycle<'a> = Box<dyn FnMut() -> Outcome + 'a>;
 
@@ -84,6 +72,7 @@ struct Run {
     per_sec: f64,
     allocations: f64,
     cpu_us: f64,
+    server_us: f64,
     commands: f64,
 }
 
@@ -97,7 +86,8 @@ fn run(
     }
     let n = f64::from(cycles.max(1));
     let commands_before = commands(admin);
-    let allocations = ALLOCATIONS.load(Ordering::Relaxed);
+    let server_before = server_cpu(admin);
+    let allocations = support::allocations();
     let cpu_before = cpu();
     let started = Instant::now();
     for _ in 0..cycles {
@@ -105,9 +95,8 @@ fn run(
     }
     let elapsed = started.elapsed();
     let cpu_used = cpu().saturating_sub(cpu_before);
-    let allocated = ALLOCATIONS
-        .load(Ordering::Relaxed)
-        .saturating_sub(allocations);
+    let server_used = (server_cpu(admin) - server_before).max(0.0);
+    let allocated = support::allocations().saturating_sub(allocations);
     // The INFO that reads the count is one command too.
     let ran = commands(admin)
         .saturating_sub(commands_before)
@@ -116,6 +105,7 @@ fn run(
         per_sec: n / elapsed.as_secs_f64().max(f64::MIN_POSITIVE),
         allocations: allocated as f64 / n,
         cpu_us: cpu_used.as_secs_f64() * 1e6 / n,
+        server_us: server_used * 1e6 / n,
         commands: ran as f64 / n,
     })
 }
@@ -169,6 +159,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }),
         ),
     ];
+    // One row alone, for a profiler or `strace -c`.
+    if let Ok(row) = std::env::var("CYCLE_ONLY") {
+        let (_, cycle) = rows.get_mut(row.parse::<usize>()?).ok_or("no such row")?;
+        for _ in 0..cycles {
+            cycle()?;
+        }
+        return Ok(());
+    }
+    // Where one cycle of a row allocates, after a warm-up.
+    if let Ok(row) = std::env::var("CYCLE_TRACE") {
+        let (_, cycle) = rows.get_mut(row.parse::<usize>()?).ok_or("no such row")?;
+        for _ in 0..100 {
+            cycle()?;
+        }
+        support::counting_trace(true);
+        let traced = cycle();
+        support::counting_trace(false);
+        return traced;
+    }
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); rows.len()];
     for _ in 0..3 {
         for (row, (_, cycle)) in rows.iter_mut().enumerate() {
@@ -183,16 +192,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map_or(1.0, |pair| median(pair, |r| r.per_sec))
         .max(f64::MIN_POSITIVE);
     println!(
-        "| cycle ({cycles} per run, median of 3) | cycles/s | x pair | allocations | CPU µs | Redis commands |"
+        "| cycle ({cycles} per run, median of 3) | cycles/s | x pair | allocations | client CPU µs | Redis CPU µs | Redis commands |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for ((name, _), runs) in rows.iter().zip(&runs) {
         let per_sec = median(runs, |r| r.per_sec);
         println!(
-            "| {name} | {per_sec:.0} | {:.2} | {:.1} | {:.1} | {:.2} |",
+            "| {name} | {per_sec:.0} | {:.2} | {:.1} | {:.1} | {:.1} | {:.2} |",
             per_sec / pair,
             median(runs, |r| r.allocations),
             median(runs, |r| r.cpu_us),
+            median(runs, |r| r.server_us),
             median(runs, |r| r.commands),
         );
     }

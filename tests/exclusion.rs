@@ -7,6 +7,7 @@ use redmutex_test_support as support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -376,4 +377,111 @@ fn passed_on_after_its_loss(server: &RedisServer, client: &LockClient, arm: impl
         return;
     }
     panic!("A's unlock never handed the lease on in 20 tries");
+}
+
+/// A check of a lease in Redis, as the verifier sends it (a whole request:
+/// the scripts' own `GET`s never cross the wire).
+const CHECK: &str = "*2\r\n$3\r\nGET\r\n";
+
+/// The slow chain: A holds a few milliseconds, hands the lease to W, W
+/// holds a few more and releases it in Redis within 20 ms of A's
+/// acquisition. W's release
+/// answers for the lease: no check is sent. (Each check would cost a
+/// command per two acquisitions on a key held this way by two threads.)
+/// Tried until one round was fast enough to count (a loaded machine may
+/// take longer than 20 ms for a round).
+#[test]
+fn a_lease_handed_on_once_while_young_costs_no_check() {
+    let server = RedisServer::start();
+    let proxy = support::FaultProxy::to(&server);
+    let client = LockClient::open(&proxy.url()).expect("client");
+    let lock = DistributedLock::new(&client, "young:once");
+    for _ in 0..50 {
+        proxy.heal();
+        proxy.lose_reply(CHECK, 1);
+        let started = Instant::now();
+        let held = lock.lock().expect("A");
+        let token = held.token().to_owned();
+        let waiter = {
+            let lock = lock.clone();
+            std::thread::spawn(move || {
+                let guard = lock.try_lock_for(Duration::from_secs(2)).expect("W");
+                let passed = guard.as_ref().map(|g| g.token().to_owned());
+                if let Some(guard) = guard {
+                    // A slow hold: long enough for a check due at once to
+                    // go out before the release.
+                    std::thread::sleep(Duration::from_millis(5));
+                    guard.unlock().expect("W's unlock");
+                }
+                (passed, Instant::now())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(3));
+        held.unlock().expect("A's unlock");
+        let (passed, done) = waiter.join().expect("waiter");
+        let fast = done.duration_since(started) < Duration::from_millis(15);
+        if passed.as_deref() != Some(token.as_str()) || !fast {
+            continue;
+        }
+        // Past the young window: a check still queued would have gone out.
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(proxy.armed(), 1, "a young lease handed on once was checked");
+        return;
+    }
+    panic!("no round handed the lease on within 15 ms in 50 tries");
+}
+
+/// The same young chain handed on a second time: its check is not skipped
+/// (brought forward to 1 ms after the acquisition, `verify.rs`) and goes
+/// out while the second receiver holds the lease.
+#[test]
+fn a_lease_handed_on_twice_while_young_is_checked() {
+    let server = RedisServer::start();
+    let proxy = support::FaultProxy::to(&server);
+    let client = LockClient::open(&proxy.url()).expect("client");
+    let options = LockOptions::default()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(5))
+        .handoff_budget(256, Duration::from_secs(10));
+    let lock = DistributedLock::with_options(&client, "young:twice", options);
+    for _ in 0..20 {
+        proxy.heal();
+        proxy.lose_reply(CHECK, 1);
+        let held = lock.lock().expect("A");
+        let token = held.token().to_owned();
+        let order = AtomicUsize::new(0);
+        // (handed the lease, nth receiver, the check went out while held)
+        let received: Vec<(bool, usize, bool)> = std::thread::scope(|scope| {
+            let waiters: Vec<_> = (0..2)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let guard = lock.try_lock_for(Duration::from_secs(2)).expect("W")?;
+                        let handed = guard.token() == token;
+                        let nth = order.fetch_add(1, Ordering::SeqCst);
+                        let checked = handed
+                            && nth == 1
+                            && support::wait_until(Duration::from_secs(2), || proxy.armed() == 0);
+                        guard.unlock().expect("W's unlock");
+                        Some((handed, nth, checked))
+                    })
+                })
+                .collect();
+            std::thread::sleep(Duration::from_millis(3));
+            held.unlock().expect("A's unlock");
+            waiters
+                .into_iter()
+                .filter_map(|waiter| waiter.join().expect("waiter"))
+                .collect()
+        });
+        if received.len() != 2 || !received.iter().all(|(handed, _, _)| *handed) {
+            continue;
+        }
+        let second = received.iter().find(|(_, nth, _)| *nth == 1);
+        assert!(
+            second.is_some_and(|(_, _, checked)| *checked),
+            "a young lease handed on twice was never checked: {received:?}"
+        );
+        return;
+    }
+    panic!("the lease was never handed on twice in 20 tries");
 }

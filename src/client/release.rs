@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use redis::{ConnectionLike, RedisError, RedisResult, Value, pipe};
 
+use crate::conn::backend::Connection;
 use crate::conn::ledger::{Owed, Rewrite};
 use crate::conn::policy::{Op, Replied, marker_ttl};
 use crate::conn::stats::{Stats, Tag};
@@ -71,7 +72,7 @@ pub(crate) struct Announce<'a> {
 /// Sets `markerless` when the script could not read the marker (an ACL
 /// refuses it).
 pub(crate) fn release_lua(
-    con: &mut dyn ConnectionLike,
+    con: &mut Connection,
     stats: &Stats,
     key: &str,
     token: &str,
@@ -79,16 +80,26 @@ pub(crate) fn release_lua(
     marker: Marker<'_>,
     markerless: &Cell<bool>,
 ) -> RedisResult<Outcome> {
+    use script::wire::Arg;
     stats.commands(1);
-    let mut script = script::RELEASE.key(key);
-    if let Some(marker) = marker.key {
-        script.key(marker);
-    }
-    script.arg(token).arg(announce.channel).arg(marker.millis);
-    if announce.sharded {
-        script.arg(script::SHARDED);
-    }
-    let reply: i64 = script.invoke(con)?;
+    let key = Arg::from(key);
+    let (keys, keys_used): ([Arg<'_>; 2], usize) = match marker.key {
+        Some(marker) => ([key, Arg::from(marker)], 2),
+        None => ([key, key], 1),
+    };
+    let args = [
+        Arg::from(token),
+        Arg::from(announce.channel),
+        Arg::Int(marker.millis),
+        Arg::from(script::SHARDED),
+    ];
+    let args_used = if announce.sharded { 4 } else { 3 };
+    let reply: i64 = script::wire::evalsha(
+        con,
+        &script::RELEASE,
+        keys.get(..keys_used).unwrap_or_default(),
+        args.get(..args_used).unwrap_or_default(),
+    )?;
     Ok(released(reply, markerless))
 }
 
@@ -251,16 +262,31 @@ pub(crate) fn marker_of(
     key: &str,
     id: &str,
 ) -> (Option<String>, u64) {
+    let mut marker = String::new();
+    let written = write_marker(client, &mut marker, key, id);
+    (written.then_some(marker), marker_millis(client))
+}
+
+/// How long a release's marker lives on `client` ([`marker_ttl`]).
+pub(crate) fn marker_millis(client: &crate::client::LockClient) -> u64 {
+    u64::try_from(marker_ttl(client.timeout()).as_millis()).unwrap_or(u64::MAX)
+}
+
+/// [`marker_of`]'s name written into `out` (its allocation kept by the
+/// caller); false when there is none.
+pub(crate) fn write_marker(
+    client: &crate::client::LockClient,
+    out: &mut String,
+    key: &str,
+    id: &str,
+) -> bool {
     let id = id.split_once('|').map_or(id, |(secret, _)| secret);
-    let millis = u64::try_from(marker_ttl(client.timeout()).as_millis()).unwrap_or(u64::MAX);
-    let marker = if !client.markers_allowed() {
-        None
-    } else if client.deployment() == crate::conn::backend::Deployment::Cluster {
-        client.names().release_marker(key, id)
-    } else {
-        Some(client.names().marker_anywhere(key, id))
-    };
-    (marker, millis)
+    if !client.markers_allowed() {
+        out.clear();
+        return false;
+    }
+    let anywhere = client.deployment() != crate::conn::backend::Deployment::Cluster;
+    client.names().write_marker(out, key, id, anywhere)
 }
 
 /// Runs a release script with its marker, and, when the server refuses the
@@ -397,10 +423,6 @@ pub(crate) fn release_behind(
     if !con.can_write_behind() {
         return false;
     }
-    // Never on a cluster (no writing behind there): `PUBLISH`.
-    let request =
-        script::release_unmarked(&release.key, &release.token, &release.channel, false, false)
-            .get_packed_command();
     let pending = Pending::new(release.key, release.token, release.channel);
     let cleanups = client.watchdog().cleanups();
     let window = marker_ttl(client.timeout());
@@ -415,7 +437,19 @@ pub(crate) fn release_behind(
         scripts_work: client.behind_flag(),
         rewritten: false,
     });
-    if con.write_behind(&request, owed).is_err() {
+    // Never on a cluster (no writing behind there): `PUBLISH`, and the
+    // request in the thread's buffer (`script::release_unmarked`'s bytes).
+    use script::wire::Arg;
+    let request = [
+        Arg::from("EVALSHA"),
+        Arg::from(script::RELEASE.get_hash()),
+        Arg::Int(1),
+        Arg::from(&*pending.key),
+        Arg::from(&*pending.token),
+        Arg::from(&*pending.channel),
+        Arg::Int(1),
+    ];
+    if script::wire::with_packed(&request, |request| con.write_behind(request, owed)).is_err() {
         return false;
     }
     client.counters().commands(1);
@@ -617,9 +651,16 @@ fn release_as(
     token: &str,
     how: crate::client::options::Release,
 ) -> Result<Option<u64>, Error> {
-    let (marker_key, millis) = marker_of(client, key, token);
+    // The marker's name in a buffer the thread keeps: no allocation per
+    // release (taken out while in use, so a nested release only allocates).
+    thread_local! {
+        static MARKER: Cell<String> = const { Cell::new(String::new()) };
+    }
+    let mut marker_key = MARKER.try_with(Cell::take).unwrap_or_default();
+    let millis = marker_millis(client);
+    let has_marker = write_marker(client, &mut marker_key, key, token);
     let marker = Marker {
-        key: marker_key.as_deref(),
+        key: has_marker.then_some(marker_key.as_str()),
         millis,
     };
     let stats = client.counters();
@@ -654,6 +695,7 @@ fn release_as(
     let outcome = result.and_then(|(outcome, replied)| {
         check_resend(key, outcome, replied, !markerless.get(), millis)
     });
+    let _ = MARKER.try_with(|kept| kept.set(marker_key));
     outcome?
         .map(Released::receivers)
         .map_err(|reason| Error::not_held(key, reason))

@@ -1293,7 +1293,7 @@ impl Backend {
                         pool::Failure::Refused(detail) => Error::Refused { detail },
                         pool::Failure::TimedOut(last) => Error::Pool(PoolError::timed_out(last)),
                     })?;
-                Pooled::Own(Box::new(link))
+                Pooled::Own(link)
             }
             Pools::Single(pool) => {
                 Pooled::Single(pool.get_timeout(wait.min(pool.connection_timeout()))?)
@@ -1429,8 +1429,10 @@ pub(crate) fn slot_of(cmd: &Cmd) -> Option<Slot> {
 }
 
 enum Pooled {
-    // Boxed: a pooled cluster connection is much larger than the others.
-    Own(Box<Checked<Manager>>),
+    // Not boxed: the common case, handed out for every request (an
+    // allocation each time otherwise). A pooled cluster connection of a
+    // caller's pool is much larger than the others: boxed.
+    Own(Checked<Manager>),
     Single(r2d2::PooledConnection<redis::Client>),
     Cluster(Box<r2d2::PooledConnection<ClusterClient>>),
     Sentinel(r2d2::PooledConnection<LockedSentinelClient>),
@@ -1469,6 +1471,12 @@ impl Connection {
     fn deadline_replacing(&self) -> Option<Deadline> {
         self.own_cluster()
             .then(|| Deadline::replacing(Instant::now().checked_add(self.limit)))
+    }
+
+    /// Whether this is a cluster connection, which routes each command
+    /// by its parsed arguments.
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.own_cluster() || matches!(self.pooled, Pooled::Cluster(_))
     }
 
     fn own_cluster(&self) -> bool {

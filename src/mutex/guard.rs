@@ -91,7 +91,7 @@ impl LockGuard {
     /// fires when the lease is found lost.
     pub fn loss_signal(&self) -> LossSignal {
         LossSignal {
-            state: self.lease.loss.clone(),
+            state: self.lease.loss_state().clone(),
         }
     }
 

@@ -2,7 +2,7 @@
 //! of a reentrant hold, released (or handed to a queued thread of the same
 //! client) when the last of them goes.
 
-use std::cell::Cell;
+use std::cell::{Cell, OnceCell};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -125,7 +125,10 @@ pub(crate) struct Lease {
     /// The watchdog's entry, when it renews this lease (it then owns the
     /// lease's timing).
     watch: Option<Arc<WatchEntry>>,
-    pub(crate) loss: Arc<LossState>,
+    /// Made when first shared (a watchdog, a check, a handoff, a loss
+    /// signal) or set: a lease nobody else watches costs no allocation for
+    /// it, and nobody can have found it lost before it exists.
+    loss: OnceCell<Arc<LossState>>,
     /// Its checks in Redis, once it has been passed on (moved, not
     /// cloned, from holder to holder).
     chain: Cell<Option<Arc<Chain>>>,
@@ -155,7 +158,7 @@ impl Lease {
         if handoff.queued {
             local.queues.hold(&key, &token, sent + ttl, Capacity::One);
         }
-        let loss: Arc<LossState> = Arc::default();
+        let loss: OnceCell<Arc<LossState>> = OnceCell::new();
         let watch = options.watchdog.then(|| {
             let cap = options.max_hold.and_then(|cap| sent.checked_add(cap));
             client.watchdog().watch(
@@ -166,7 +169,7 @@ impl Lease {
                 sent,
                 ttl,
                 cap,
-                loss.clone(),
+                loss.get_or_init(Arc::default).clone(),
             )
         });
         Lease {
@@ -215,7 +218,7 @@ impl Lease {
             released: Cell::new(false),
             fence: None,
             watch: handoff.watch,
-            loss: handoff.loss,
+            loss: OnceCell::from(handoff.loss),
             chain: Cell::new(handoff.chain),
             tag: tag_of(options),
             held_since: Cell::new(None),
@@ -233,7 +236,7 @@ impl Lease {
                 self.key.clone(),
                 self.token.clone(),
                 Probe::Plain,
-                self.loss.clone(),
+                self.loss_state().clone(),
                 self.acquired_at,
             )
         });
@@ -259,7 +262,7 @@ impl Lease {
                     self.sent.get(),
                     self.ttl.get(),
                     cap,
-                    self.loss.clone(),
+                    self.loss_state().clone(),
                 );
                 self.watch = Some(entry);
             }
@@ -287,7 +290,12 @@ impl Lease {
     }
 
     pub(crate) fn is_lost(&self) -> bool {
-        self.loss.reason().is_some()
+        self.loss.get().is_some_and(|loss| loss.reason().is_some())
+    }
+
+    /// The lease's loss state, made on first use.
+    pub(crate) fn loss_state(&self) -> &Arc<LossState> {
+        self.loss.get_or_init(Arc::default)
     }
 
     pub(crate) fn is_released(&self) -> bool {
@@ -351,7 +359,7 @@ impl Lease {
                 Ok(())
             }
             Err(reason) => {
-                self.loss.lose(reason.into());
+                self.loss_state().lose(reason.into());
                 Err(Error::not_held(key, reason))
             }
         }
@@ -407,7 +415,7 @@ impl Lease {
                 handoffs: self.handoffs + 1,
                 acquired_at: self.acquired_at,
                 watch: self.watch.clone(),
-                loss: self.loss.clone(),
+                loss: self.loss_state().clone(),
                 chain: self.chain.take(),
             };
             // Interceptable only after a hold shorter than a thread's wake-up:
@@ -447,7 +455,8 @@ impl Lease {
         // loss by the local clock, renewals failing or the hold cap, is
         // released all the same: Redis may still hold our token, and the
         // answer is Redis's.)
-        if let Some(reason @ (LossReason::Expired | LossReason::OwnedByOther)) = self.loss.reason()
+        if let Some(reason @ (LossReason::Expired | LossReason::OwnedByOther)) =
+            self.loss.get().and_then(|loss| loss.reason())
         {
             self.local.queues.released(&self.key, None);
             return Err(Error::not_held(&self.key, reason.not_held_reason()));

@@ -408,35 +408,70 @@ impl DistributedLock {
 
     /// `SET key token NX PX millis GET`: `nil` means we set it; our own
     /// token means an earlier send of this very request set it and its reply
-    /// was lost.
-    fn set_nx(&self, shared: &Arc<str>, millis: u64) -> Result<Attempt<Rc<Lease>>, Error> {
+    /// was lost. With `pttl`, a key held by another is followed by its
+    /// `PTTL` (a second round trip, only when the first did not win: a
+    /// waiter that must not sleep past the holder's expiry learns it for
+    /// two commands where `lua/acquire.lua` costs three, and one when the
+    /// key is free, as it is for a waiter woken by a release).
+    fn set_nx(
+        &self,
+        shared: &Arc<str>,
+        millis: u64,
+        pttl: bool,
+    ) -> Result<Attempt<Rc<Lease>>, Error> {
         let (key, token): (&str, &str) = (&self.key, shared);
         let sent = Instant::now();
         self.client.counters().commands(1);
         let set = Cell::new(false);
         let result = self.client.run(Op::Acquire, key, |con, send| {
             let connection = self.node_connection_id(con)?;
-            let previous: Option<Vec<u8>> = script::set_nx_get(key, token, millis).query(con)?;
+            use script::wire::Arg;
+            let previous: Option<Vec<u8>> = script::wire::query(
+                con,
+                &[
+                    Arg::from("SET"),
+                    Arg::from(key),
+                    Arg::from(token),
+                    Arg::from("NX"),
+                    Arg::from("PX"),
+                    Arg::Int(millis),
+                    Arg::from("GET"),
+                ],
+            )?;
             let acquired = match previous {
                 None => true,
                 Some(holder) => holder == token.as_bytes(),
             };
             if !acquired {
-                return Ok((false, None));
+                // Read-only: safe to send again with the rest of a resend.
+                let left = if pttl {
+                    self.client.counters().commands(1);
+                    let left: i64 = script::wire::query(con, &[Arg::from("PTTL"), Arg::from(key)])?;
+                    Some(left)
+                } else {
+                    None
+                };
+                return Ok((false, left, None));
             }
             set.set(true);
             Ok((
                 true,
+                None,
                 self.await_replicas(con, token, millis, send.resend, connection)?,
             ))
         });
         let result = result.map_err(crate::error::known_refusal);
-        let (acquired, short) = self.settle(result, token, &set)?;
+        let (acquired, left, short) = self.settle(result, token, &set)?;
         self.check_replicated(short)?;
         Ok(if acquired {
             Attempt::Won(self.new_lease(shared, sent, millis, None))
         } else {
-            Attempt::Held(None)
+            // -1: a key without expiry (not ours), wait for a message; -2:
+            // gone since the `SET`, ask again at once.
+            Attempt::Held(left.and_then(|left| match left {
+                -2 => Some(Duration::ZERO),
+                left => u64::try_from(left).ok().map(Duration::from_millis),
+            }))
         })
     }
 
@@ -676,11 +711,12 @@ impl Contender for Plain<'_> {
     type Won = Rc<Lease>;
     type Gift = Handoff;
 
-    /// Quick: the plain `SET` (Redis does less for it than for the script),
-    /// unless a fencing token is needed.
+    /// The plain `SET` (Redis does less for it than for the script),
+    /// followed by a `PTTL` when it did not win and the waiter needs the
+    /// holder's time left (not `quick`), unless a fencing token is needed.
     fn attempt(&mut self, quick: bool) -> Result<Attempt<Rc<Lease>>, Error> {
-        if quick && !self.lock.options.fencing && self.lock.client.set_get_allowed() {
-            match self.lock.set_nx(self.token, self.millis) {
+        if !self.lock.options.fencing && self.lock.client.set_get_allowed() {
+            match self.lock.set_nx(self.token, self.millis, !quick) {
                 // Refused whole before it ran (Redis 6.x): nothing was set,
                 // so the script may be sent instead, now and from now on.
                 Err(Error::Redis(err)) if crate::error::syntax_error(&err) => {

@@ -56,6 +56,14 @@ pub(crate) const THREAD_NAME: &str = "redmutex-check";
 /// The least time between two checks of one chain.
 pub(crate) const MIN_GAP: Duration = Duration::from_millis(1);
 
+/// A lease handed on once this soon after its acquisition waits this long
+/// from the acquisition for its first check (a second handoff brings the
+/// check forward to [`MIN_GAP`]): no staler than a lease this far into a
+/// single hold, which nothing checks. Twice the default handoff budget, so
+/// the common slow chain (one holder, one handoff, then the release in
+/// Redis the budget asks for) costs no command beyond the release.
+pub(crate) const YOUNG: Duration = Duration::from_millis(20);
+
 /// What a chain is in Redis, and so how it is checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Probe {
@@ -77,6 +85,9 @@ pub(crate) struct Chain {
     loss: Arc<LossState>,
     /// A check was asked for and not sent yet.
     requested: AtomicBool,
+    /// Handed on once and never checked: its check is due [`YOUNG`] after
+    /// the acquisition.
+    young: AtomicBool,
     /// The stored limit differs from the permit's: no more handoffs.
     stale: AtomicBool,
     state: Mutex<ChainState>,
@@ -106,6 +117,7 @@ impl Chain {
             probe,
             loss,
             requested: AtomicBool::new(false),
+            young: AtomicBool::new(true),
             stale: AtomicBool::new(false),
             state: Mutex::new(ChainState {
                 done: false,
@@ -117,7 +129,12 @@ impl Chain {
     /// When its next check is due.
     fn due(&self) -> Instant {
         let vouched = self.state.lock().vouched;
-        vouched.checked_add(MIN_GAP).unwrap_or(vouched)
+        let gap = if self.young.load(Ordering::Acquire) {
+            YOUNG
+        } else {
+            MIN_GAP
+        };
+        vouched.checked_add(gap).unwrap_or(vouched)
     }
 
     /// Whether the lease may still be handed on, as far as checks tell:
@@ -237,6 +254,11 @@ impl Verifier {
     /// it would sleep past this chain's check.
     pub(crate) fn verify(&self, chain: &Arc<Chain>) {
         if chain.requested.load(Ordering::Acquire) || chain.requested.swap(true, Ordering::AcqRel) {
+            // A second handoff of a young chain: its check, asked for
+            // [`YOUNG`] after the acquisition, is brought forward.
+            if chain.young.load(Ordering::Acquire) && chain.young.swap(false, Ordering::AcqRel) {
+                self.bring_forward(chain);
+            }
             return;
         }
         let due = chain.due();
@@ -262,6 +284,28 @@ impl Verifier {
             }
         }
         if wake {
+            self.shared.wake.notify_one();
+        }
+    }
+}
+
+impl Verifier {
+    /// Moves `chain`'s queued check to [`MIN_GAP`] after its vouching. Not
+    /// queued any more (the thread took it meanwhile): nothing to do, its
+    /// next request is due that soon anyway.
+    fn bring_forward(&self, chain: &Arc<Chain>) {
+        let due = chain.due();
+        let mut queue = self.shared.queue.lock();
+        let Some(entry) = queue
+            .asked
+            .iter_mut()
+            .find(|(_, queued)| Arc::ptr_eq(queued, chain))
+        else {
+            return;
+        };
+        entry.0 = entry.0.min(due);
+        if queue.wake_at.is_none_or(|at| at > due) {
+            queue.wake_at = Some(due);
             self.shared.wake.notify_one();
         }
     }
@@ -320,6 +364,7 @@ fn run(shared: &Shared) {
         // chain for the next. A chain that ended meanwhile needs no check:
         // its release in Redis answered for it.
         due.retain(|chain| {
+            chain.young.store(false, Ordering::Release);
             chain.requested.store(false, Ordering::Release);
             let mut state = chain.state.lock();
             state.vouched = now;
@@ -390,6 +435,16 @@ mod tests {
             std::io::ErrorKind::TimedOut,
         ))));
         assert!(failed.may_pass(), "no news is not a loss");
+    }
+
+    #[test]
+    fn a_young_chain_is_checked_later_until_handed_on_again() {
+        let young = chain(Probe::Plain);
+        let vouched = young.state.lock().vouched;
+        assert_eq!(young.due(), vouched + YOUNG);
+        // What a second handoff (or a check) does.
+        young.young.store(false, Ordering::Release);
+        assert_eq!(young.due(), vouched + MIN_GAP);
     }
 
     #[test]

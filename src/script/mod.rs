@@ -20,6 +20,7 @@ use crate::conn::backend::{ClusterOps, Connection, last_address, last_node, slot
 use crate::conn::stats::Stats;
 
 pub(crate) mod names;
+pub(crate) mod wire;
 
 /// `lua/acquire.lua`: SET NX PX GET (the fence counter bumped first), or
 /// the holder's PTTL. Returns `{1, 0, fence}` acquired or `{0, pttl, 0}`

@@ -151,6 +151,7 @@ impl Namespace {
     }
 
     /// [`release_marker`] of `key` and `id`, prefixed.
+    #[cfg(test)]
     pub(crate) fn release_marker(&self, key: &str, id: &str) -> Option<String> {
         release_marker(key, id).map(|name| self.prefixed(name))
     }
@@ -158,6 +159,34 @@ impl Namespace {
     /// [`marker_anywhere`] of `key` and `id`, prefixed.
     pub(crate) fn marker_anywhere(&self, key: &str, id: &str) -> String {
         self.prefixed(marker_anywhere(key, id))
+    }
+
+    /// [`Namespace::release_marker`] of `key` and `id` (with `anywhere`,
+    /// [`Namespace::marker_anywhere`]) written into `out`, whose
+    /// allocation the caller keeps for the next one; false, and `out`
+    /// empty, when there is none.
+    pub(crate) fn write_marker(
+        &self,
+        out: &mut String,
+        key: &str,
+        id: &str,
+        anywhere: bool,
+    ) -> bool {
+        out.clear();
+        out.push_str(&self.prefix);
+        let pieces: [&str; 6] = match hash_tag(key) {
+            Some(tag) => ["{", tag, "}:released:", key, ":", id],
+            None if key.contains('}') && !anywhere => {
+                out.clear();
+                return false;
+            }
+            None if key.contains('}') => ["redmutex:released:", key, ":", id, "", ""],
+            None => ["{", key, "}:released:", id, "", ""],
+        };
+        for piece in pieces {
+            out.push_str(piece);
+        }
+        true
     }
 
     fn prefixed(&self, name: String) -> String {
@@ -174,6 +203,23 @@ impl Namespace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_written_marker_is_the_formatted_one() {
+        let mut out = String::from("left over");
+        for prefix in ["", "team:"] {
+            let names = Namespace::new(prefix).expect("a valid prefix");
+            for key in ["job", "{tag}job", "a}b", "{}x", "}{x}", ""] {
+                assert_eq!(
+                    names.write_marker(&mut out, key, "id", false),
+                    names.release_marker(key, "id").is_some()
+                );
+                assert_eq!(out, names.release_marker(key, "id").unwrap_or_default());
+                assert!(names.write_marker(&mut out, key, "id", true));
+                assert_eq!(out, names.marker_anywhere(key, "id"));
+            }
+        }
+    }
     use redis::cluster_routing::Slot;
 
     /// redis-rs's own slot computation, as its cluster routing uses it.

@@ -154,6 +154,10 @@ impl Capacity {
     }
 }
 
+/// How many keys may keep an entry in [`Queues::hold`]'s table with no
+/// lease held.
+const KEPT_EMPTY: usize = 256;
+
 /// The leases of one key held by threads of one client.
 struct Holds {
     capacity: Capacity,
@@ -211,9 +215,16 @@ impl<G: Send + 'static> Queues<G> {
     /// other tokens, stay).
     pub(crate) fn unhold(&self, key: &str, token: &str) {
         let mut held = self.held.lock();
+        let crowded = held.len() > KEPT_EMPTY;
         if let Some(holds) = held.get_mut(key) {
             holds.by.retain(|(held_by, _)| &**held_by != token);
-            if holds.by.is_empty() {
+            // An entry nobody holds is kept while the client's holds are
+            // few: the key's next hold (the common case, one key locked
+            // again and again) then copies no key and grows no list. An
+            // empty entry answers as an absent one (see `held_until` and
+            // `has_limit`); there are at most `KEPT_EMPTY` beside the ones
+            // held.
+            if holds.by.is_empty() && crowded {
                 held.remove(key);
             }
         }
@@ -233,10 +244,9 @@ impl<G: Send + 'static> Queues<G> {
     /// Whether `key` is a semaphore's: its holds by this client's count say
     /// nothing of a limit changed elsewhere.
     pub(crate) fn has_limit(&self, key: &str) -> bool {
-        self.held
-            .lock()
-            .get(key)
-            .is_some_and(|holds| matches!(holds.capacity, Capacity::Limit(_)))
+        self.held.lock().get(key).is_some_and(|holds| {
+            !holds.by.is_empty() && matches!(holds.capacity, Capacity::Limit(_))
+        })
     }
 
     /// Whether any thread of this client waits for `key`.
@@ -305,6 +315,7 @@ impl<G: Send + 'static> Queues<G> {
             .held
             .lock()
             .get(key)
+            .filter(|holds| !holds.by.is_empty())
             .is_none_or(|holds| holds.capacity == Capacity::One);
         let mut state = queue.state.lock();
         if exclusive && state.waiters.iter().any(|slot| slot.gift.is_some()) {
@@ -337,6 +348,7 @@ impl<G: Send + 'static> Queues<G> {
             .held
             .lock()
             .get(key)
+            .filter(|holds| !holds.by.is_empty())
             .is_none_or(|holds| holds.capacity == Capacity::One);
         if !exclusive {
             return None;
@@ -845,7 +857,30 @@ mod tests {
         queues.unhold("k", "a");
         assert!(queues.held_until("k").is_none());
         queues.unhold("k", "c");
-        assert!(queues.held.lock().is_empty(), "nothing kept for a free key");
+        assert!(!queues.has_limit("k"), "a free key's kept entry is no hold");
+        assert!(queues.held_until("k").is_none());
+    }
+
+    #[test]
+    fn free_keys_keep_their_entries_only_while_few() {
+        let queues = Queues::<Handoff>::default();
+        let soon = Instant::now() + Duration::from_secs(5);
+        let token: Arc<str> = Arc::from("t");
+        for n in 0..KEPT_EMPTY * 2 {
+            let key = format!("k{n}");
+            queues.hold(&key, &token, soon, Capacity::One);
+            queues.unhold(&key, "t");
+        }
+        assert_eq!(queues.held.lock().len(), KEPT_EMPTY);
+        // Held keys are never dropped, however many there are.
+        for n in 0..KEPT_EMPTY * 2 {
+            queues.hold(&format!("h{n}"), &token, soon, Capacity::One);
+        }
+        queues.unhold("k0", "t");
+        assert!(
+            (0..KEPT_EMPTY * 2).all(|n| queues.held_until(&format!("h{n}")).is_some()),
+            "every held key is still held"
+        );
     }
 }
 

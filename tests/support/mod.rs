@@ -7,10 +7,12 @@
 //! is compiled once.
 
 pub mod chaos;
+mod counting;
 mod deploy;
 mod proxy;
 pub mod tls;
 #[allow(unused_imports)]
+pub use counting::{Counting, allocations, in_use, trace as counting_trace};
 pub use deploy::*;
 #[allow(unused_imports)]
 pub use proxy::*;
