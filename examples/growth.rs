@@ -1,5 +1,6 @@
 //! How the crate's costs grow with what a program does, for every lock
-//! type: hold 1, 100 or 10,000 at once with the watchdog on, and measure
+//! type: hold 1, 100 or 10,000 at once (with the watchdog on for the
+//! types that have one: `DistributedLock`, `Semaphore`), and measure
 //! the client's memory per held lock (every byte allocated and not freed
 //! while taking them, counted by a wrapping allocator), Redis's memory per
 //! key (`MEMORY USAGE`, the mean of up to 100 keys) and the renewals' round
@@ -67,6 +68,10 @@ impl Kind {
         Kind::Permit,
     ];
 
+    fn watched(self) -> bool {
+        matches!(self, Kind::Lock | Kind::Permit)
+    }
+
     fn name(self) -> &'static str {
         match self {
             Kind::Lock => "`DistributedLock`",
@@ -87,11 +92,13 @@ enum Held {
 }
 
 impl Held {
+    /// Lost: found lost by its watchdog, or (the types without one) out
+    /// of time by the local clock.
     fn is_lost(&self) -> bool {
         match self {
             Held::Lock(guard) => guard.is_lost(),
-            Held::Reentrant(guard) => guard.is_lost(),
-            Held::Rw(guard) => guard.is_lost(),
+            Held::Reentrant(guard) => guard.validity().is_zero(),
+            Held::Rw(guard) => guard.validity().is_zero(),
             Held::Permit(permit) => permit.is_lost(),
         }
     }
@@ -99,7 +106,7 @@ impl Held {
     fn release(self) -> Result<(), redmutex::Error> {
         match self {
             Held::Lock(guard) => guard.unlock(),
-            Held::Reentrant(guard) => guard.unlock(),
+            Held::Reentrant(guard) => guard.unlock().map(drop),
             Held::Rw(guard) => guard.unlock(),
             Held::Permit(permit) => permit.release(),
         }
@@ -113,7 +120,12 @@ fn take(
     key: &str,
     ttl: Duration,
 ) -> Result<Held, redmutex::Error> {
-    let lease = LeaseOptions::default().ttl(ttl).watchdog(true);
+    // The types with a watchdog have it on; the others hold for their ttl.
+    let lease = LeaseOptions::default().ttl(if kind.watched() {
+        ttl
+    } else {
+        ttl.max(Duration::from_secs(120))
+    });
     Ok(match kind {
         Kind::Lock => Held::Lock(
             DistributedLock::with_options(
@@ -131,7 +143,7 @@ fn take(
                 client,
                 key,
                 10,
-                SemaphoreOptions::from(lease),
+                SemaphoreOptions::from(lease).watchdog(true),
             )
             .acquire()?,
         ),
@@ -198,7 +210,9 @@ fn throughput(
             match worker.join() {
                 Ok(Ok(())) => {}
                 Ok(Err(err)) => result = Err(err),
-                Err(_) => result = Err(redmutex::Error::InvalidArgument("a worker panicked".into())),
+                Err(_) => {
+                    result = Err(redmutex::Error::InvalidArgument("a worker panicked".into()))
+                }
             }
         }
         // Counted over the measured time; the last cycles after `stop`
@@ -245,11 +259,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let secs = started.elapsed().as_secs_f64();
             let after = client.stats();
             let lost = held.iter().filter(|h| h.is_lost()).count();
+            let renewals = if kind.watched() {
+                format!(
+                    "{:.1} | {:.0}",
+                    (after.renewal_round_trips - before.renewal_round_trips) as f64 / secs,
+                    (after.renewals - before.renewals) as f64 / secs,
+                )
+            } else {
+                "no watchdog | –".to_owned()
+            };
             println!(
-                "| {} | {n} | {per_lock:.0} B | {per_key:.0} B | {:.1} | {:.0} | {lost} |",
+                "| {} | {n} | {per_lock:.0} B | {per_key:.0} B | {renewals} | {lost} |",
                 kind.name(),
-                (after.renewal_round_trips - before.renewal_round_trips) as f64 / secs,
-                (after.renewals - before.renewals) as f64 / secs,
             );
             for h in held {
                 h.release()?;
@@ -265,7 +286,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!();
     println!("|---|{}", "---|".repeat(args.keys.len()));
     for &threads in &args.threads {
-        print!("| {threads} thread{} |", if threads == 1 { "" } else { "s" });
+        print!(
+            "| {threads} thread{} |",
+            if threads == 1 { "" } else { "s" }
+        );
         for &keys in &args.keys {
             print!(" {:.0} |", throughput(&client, threads, keys, args.secs)?);
         }

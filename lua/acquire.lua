@@ -1,5 +1,6 @@
--- Acquire, for waiters that sleep until a release message and for fenced
--- locks: take the lock if it is free (with a new fencing token when asked),
+-- Acquire, for fenced locks and on servers that refuse SET NX with GET
+-- (before 7.0; elsewhere SET NX PX GET, then PTTL when it lost): take the
+-- lock if it is free (with a new fencing token when asked),
 -- else say how long the holder's lease has left, so the waiter never sleeps
 -- past an expiry that sends no message.
 --

@@ -80,10 +80,12 @@
 //!   Reentrant holds are unaffected: a handoff happens only when the
 //!   outermost guard goes.
 //!   A lease passed on is checked in Redis (read-only, owner-checked, by a
-//!   thread of the client, 1 ms after Redis last vouched for it): one that
+//!   thread of the client, 1 ms after Redis last vouched for it; 20 ms
+//!   after the acquisition for a lease passed on only once): one that
 //!   Redis no longer holds (deleted, expired early, lost in a restart or
 //!   failover) reads as lost on every holder within 1 ms and a round trip
-//!   of the first handoff after the loss, is never passed on again, and its
+//!   of the first handoff after the loss (a lease passed on once while
+//!   young: 20 ms after its acquisition and a round trip), is never passed on again, and its
 //!   `unlock()` reports [`Error::NotHeld`]. A semaphore permit passed on is
 //!   checked with the stored limit, and passes only to a handle opened with
 //!   its limit.
@@ -197,7 +199,8 @@
 //!   or reported as [`Error::OutcomeUnknown`]. See below.
 //! * **No second holder made here**: a lease passed between threads is
 //!   checked in Redis and found lost within 1 ms and a round trip of the
-//!   first handoff after Redis lost it (see the handoff above); lock types
+//!   first handoff after Redis lost it, 20 ms of its acquisition for one
+//!   passed on once (see the handoff above); lock types
 //!   refuse each other's keys ([`Error::WrongType`], nothing changed); a
 //!   client inherited through `fork()` refuses every call in the child
 //!   (build a new one there), whose reentrant owner id is its own.

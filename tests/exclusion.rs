@@ -485,3 +485,77 @@ fn a_lease_handed_on_twice_while_young_is_checked() {
     }
     panic!("the lease was never handed on twice in 20 tries");
 }
+
+/// A young lease lost in Redis while its first receiver holds it (its
+/// check not due yet) is not passed on a second time: the receiver checks
+/// it in Redis before passing it on, finds it another's, and its unlock
+/// says `NotHeld`; the next waiter never gets it.
+#[test]
+fn a_young_lease_lost_is_not_passed_on_a_second_time() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let options = LockOptions::default()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(5))
+        .handoff_budget(256, Duration::from_secs(10));
+    for attempt in 0..20 {
+        let key = format!("young:lost:{attempt}");
+        let lock = DistributedLock::with_options(&client, &key, options.clone());
+        let held = lock.lock().expect("A");
+        let token = held.token().to_owned();
+        let order = AtomicUsize::new(0);
+        // (nth receiver, its token, its unlock's outcome)
+        type Received = (usize, String, Result<(), redmutex::Error>);
+        let (received, theirs): (Vec<Received>, _) = std::thread::scope(|scope| {
+            let waiters: Vec<_> = (0..2)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let guard = lock.try_lock_for(Duration::from_millis(300)).expect("W")?;
+                        let nth = order.fetch_add(1, Ordering::SeqCst);
+                        let got = guard.token().to_owned();
+                        std::thread::sleep(Duration::from_millis(2));
+                        Some((nth, got, guard.unlock()))
+                    })
+                })
+                .collect();
+            std::thread::sleep(Duration::from_millis(3));
+            // Deleted and taken by another client while A holds it.
+            let breaker = server.lock_client();
+            DistributedLock::new(&breaker, &key)
+                .force_release()
+                .expect("force_release");
+            let other = server.lock_client();
+            let theirs = DistributedLock::new(&other, &key)
+                .try_lock()
+                .expect("try_lock")
+                .expect("the other client takes it");
+            let _ = held.unlock();
+            let received = waiters
+                .into_iter()
+                .filter_map(|waiter| waiter.join().expect("waiter"))
+                .collect();
+            (received, theirs)
+        });
+        assert_eq!(
+            support::get(&server, &key).as_deref(),
+            Some(theirs.token()),
+            "the other client still holds it"
+        );
+        theirs.unlock().expect("theirs");
+        let passed: Vec<_> = received
+            .iter()
+            .filter(|(_, got, _)| *got == token)
+            .collect();
+        if passed.is_empty() {
+            // A's unlock did not hand it on (no waiter queued yet).
+            continue;
+        }
+        assert_eq!(passed.len(), 1, "passed on twice: {received:?}");
+        assert!(
+            matches!(passed[0].2, Err(redmutex::Error::NotHeld { .. })),
+            "{received:?}"
+        );
+        return;
+    }
+    panic!("A's unlock never handed the lease on in 20 tries");
+}

@@ -695,7 +695,9 @@ fn release_as(
     let outcome = result.and_then(|(outcome, replied)| {
         check_resend(key, outcome, replied, !markerless.get(), millis)
     });
-    let _ = MARKER.try_with(|kept| kept.set(marker_key));
+    if marker_key.capacity() <= script::wire::KEPT {
+        let _ = MARKER.try_with(|kept| kept.set(marker_key));
+    }
     outcome?
         .map(Released::receivers)
         .map_err(|reason| Error::not_held(key, reason))

@@ -35,13 +35,15 @@ use crate::error::Error;
 /// never comes back but Redis ran it?".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Op {
-    /// `SET key token NX PX ttl GET` (and `WAIT` after it). *Made safe*: a
+    /// `SET key token NX PX ttl GET` (and `WAIT` after it, or the read-only
+    /// `PTTL` of a key held by another). *Made safe*: a
     /// resend that finds our own token in the key knows an earlier send set
     /// it; before `WAIT` it first writes on its new connection (an
     /// owner-checked `PEXPIRE`), since `WAIT` counts only that connection's
     /// writes.
     Acquire,
-    /// `lua/acquire.lua` (waiters and fenced locks). *Made safe* the same
+    /// `lua/acquire.lua` (fenced locks; every acquisition on a server
+    /// before 7.0). *Made safe* the same
     /// way; the fencing counter is read back, not bumped again.
     AcquireScript,
     /// `lua/release.lua`, or the `WATCH` release. *Made safe*: a release

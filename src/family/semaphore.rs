@@ -712,9 +712,8 @@ impl Permit {
     }
 
     /// A permit passed on by another thread is checked in Redis (its chain
-    /// made at its first handoff): a permit gone there, or a limit changed
-    /// elsewhere, stops its handoffs within a millisecond and a round trip
-    /// of this one.
+    /// made at its first handoff; see `renew::verify` for when): a permit
+    /// gone there, or a limit changed elsewhere, stops its handoffs.
     fn passed_on(&mut self) {
         let chain = self.chain.take().unwrap_or_else(|| {
             Chain::new(
@@ -771,6 +770,12 @@ impl Permit {
             && self.acquired_at.elapsed() < budget.max_time
             && !self.is_lost()
             && !self.timing_left().is_zero()
+            // Last: it may ask Redis (a young chain, `Verifier::may_pass`),
+            // worth it only with a waiter to pass the permit to.
+            && self.chain.as_ref().is_none_or(|chain| {
+                self.local.queues.has_waiters(&self.queue_key)
+                    && self.client.verifier().may_pass(chain)
+            })
     }
 
     /// The lease left by the local clock (released or not).

@@ -226,9 +226,9 @@ impl Lease {
     }
 
     /// A handed-over lease was accepted: its hold begins now, and it is
-    /// checked in Redis (its chain made at its first handoff), so a lease
-    /// Redis no longer holds is found lost within a millisecond and a round
-    /// trip of its handoff, and passed on no further.
+    /// checked in Redis (its chain made at its first handoff; see
+    /// `renew::verify` for when), so a lease Redis no longer holds is found
+    /// lost and passed on no further.
     pub(crate) fn accepted(&self) {
         self.held_since.set(Some(Instant::now()));
         let chain = self.chain.take().unwrap_or_else(|| {
@@ -377,6 +377,23 @@ impl Lease {
                 let (sent, ttl) = self.timing();
                 !remaining(sent, ttl, Instant::now()).is_zero()
             }
+            && self.chain_may_pass()
+    }
+
+    /// What the lease's checks in Redis say of passing it on (a young
+    /// chain is checked here first, `Verifier::may_pass`: only with a
+    /// waiter to pass it to, or the check would be a round trip for
+    /// nothing; without one the offer would find nobody anyway).
+    fn chain_may_pass(&self) -> bool {
+        let chain = self.chain.take();
+        let may = match &chain {
+            None => true,
+            Some(chain) => {
+                self.local.queues.has_waiters(&self.key) && self.client.verifier().may_pass(chain)
+            }
+        };
+        self.chain.set(chain);
+        may
     }
 
     /// Releases, once: hands the lease to a queued thread of this client when

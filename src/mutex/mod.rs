@@ -2,9 +2,10 @@
 //! its lease, its guard and the thread-local holds.
 //!
 //! Depends on `client`, `wait`, `renew`, `lease` and `script`. Supplies the
-//! acquire loop with one attempt (`SET NX PX GET`, or `lua/acquire.lua` when
-//! the holder's time left or a fencing token is needed) and with handoffs
-//! taken from other threads of the same client.
+//! acquire loop with one attempt (`SET NX PX GET`, followed by `PTTL` when
+//! it lost and the holder's time left is needed; `lua/acquire.lua` for a
+//! fencing token, or on a server that refuses `NX` with `GET`) and with
+//! handoffs taken from other threads of the same client.
 //!
 //! Invariants: a token is fresh per acquisition and never reused after a
 //! release; at most one lease per client, thread and key is live in the
@@ -467,7 +468,7 @@ impl DistributedLock {
             Attempt::Won(self.new_lease(shared, sent, millis, None))
         } else {
             // -1: a key without expiry (not ours), wait for a message; -2:
-            // gone since the `SET`, ask again at once.
+            // gone since the `SET`, ask again after the shortest pause.
             Attempt::Held(left.and_then(|left| match left {
                 -2 => Some(Duration::ZERO),
                 left => u64::try_from(left).ok().map(Duration::from_millis),

@@ -23,9 +23,23 @@
 //! the stored limit: a limit changed elsewhere stops the permit's
 //! handoffs (a handoff is an admission, which the new limit must decide).
 //!
+//! One exception: a lease handed on only once within [`YOUNG`] of its
+//! acquisition waits until [`YOUNG`] after it for its first check. Such a
+//! lease is no staler than a lease [`YOUNG`] into a single hold, which
+//! nothing checks, and the slow chain the handoff budget makes (a hold of
+//! a few milliseconds, one handoff, a second hold, then the release in
+//! Redis) costs no command beyond its release: a check there cost one
+//! `GET` per two acquisitions, half again the key's whole cost in Redis.
+//! It is never passed on a second time unchecked: the thread about to do
+//! so, when Redis vouched for it more than [`MIN_GAP`] ago, checks it on
+//! its own thread first ([`Verifier::may_pass`], only with a waiter to
+//! pass it to) and releases it in Redis instead when Redis says no.
+//!
 //! The bound: a chain is found lost within [`MIN_GAP`] + one round trip
 //! after the first handoff that follows the loss (on a hot chain, after
-//! the loss itself), while the verifier's connection answers and its
+//! the loss itself; a young chain handed on once: [`YOUNG`] after its
+//! acquisition + one round trip, or at its release or its next handoff),
+//! while the verifier's connection answers and its
 //! thread gets a processor; or its release in Redis, the chain's end,
 //! says so sooner. One client's checks go one pipeline at a time, so with
 //! a round trip longer than [`MIN_GAP`] the bound is two round trips. A chain costs at most one command per [`MIN_GAP`], and
@@ -57,8 +71,8 @@ pub(crate) const THREAD_NAME: &str = "redmutex-check";
 pub(crate) const MIN_GAP: Duration = Duration::from_millis(1);
 
 /// A lease handed on once this soon after its acquisition waits this long
-/// from the acquisition for its first check (a second handoff brings the
-/// check forward to [`MIN_GAP`]): no staler than a lease this far into a
+/// from the acquisition for its first check (and is checked by the thread
+/// passing it on before a second handoff): no staler than a lease this far into a
 /// single hold, which nothing checks. Twice the default handoff budget, so
 /// the common slow chain (one holder, one handoff, then the release in
 /// Redis the budget asks for) costs no command beyond the release.
@@ -103,7 +117,8 @@ struct ChainState {
 
 impl Chain {
     /// The chain of a lease whose acquisition (or last renewal) left at
-    /// `vouched`: the first check is due [`MIN_GAP`] after that.
+    /// `vouched`, made at its first handoff: young, its first check due
+    /// [`YOUNG`] after that (see the module).
     pub(crate) fn new(
         key: Arc<str>,
         token: Arc<str>,
@@ -248,9 +263,11 @@ impl Verifier {
     }
 
     /// A handoff of `chain` happened: check it in Redis, [`MIN_GAP`] after
-    /// Redis last vouched for it (at once when that is past). One atomic
-    /// load when a check is already asked for (the common case on a hot
-    /// chain); otherwise one short lock, and the thread woken only when
+    /// Redis last vouched for it (at once when that is past), or [`YOUNG`]
+    /// after for a young chain's first handoff; a second handoff of a young
+    /// chain brings its check forward. One atomic load when a check is
+    /// already asked for and the chain is not young (the common case on a
+    /// hot chain); otherwise one short lock, and the thread woken only when
     /// it would sleep past this chain's check.
     pub(crate) fn verify(&self, chain: &Arc<Chain>) {
         if chain.requested.load(Ordering::Acquire) || chain.requested.swap(true, Ordering::AcqRel) {
@@ -290,6 +307,49 @@ impl Verifier {
 }
 
 impl Verifier {
+    /// Whether a holder may pass `chain`'s lease on, checking it first, on
+    /// the calling thread, when it is young (handed on once, never
+    /// checked) and Redis vouched for it more than [`MIN_GAP`] ago: its
+    /// queued check is not due before [`YOUNG`], and a lease lost meanwhile
+    /// must not reach a second receiver unchecked. One read-only,
+    /// owner-checked round trip (resent after a lost reply, like any
+    /// read); a check that fails on the network says no (the lease is then
+    /// released in Redis, whose owner-checked answer decides). Otherwise
+    /// what the checks so far say ([`Chain::may_pass`]).
+    pub(crate) fn may_pass(&self, chain: &Chain) -> bool {
+        if !chain.young.load(Ordering::Acquire) {
+            return chain.may_pass();
+        }
+        let vouched = chain.state.lock().vouched;
+        if vouched.elapsed() < MIN_GAP {
+            return chain.may_pass();
+        }
+        let call = [chain.call()];
+        let sent = Instant::now();
+        let shared = &self.shared;
+        shared.stats.commands(1);
+        let replies = policy::run_within(
+            &shared.backend,
+            &shared.stats,
+            Op::Read,
+            &chain.key,
+            shared.backend.timeout(),
+            |con, _| script::pipelined(con, &call, &[&script::SEM_CHECK], &shared.stats),
+        );
+        let Ok(Some(reply)) = replies.map(|replies| replies.into_iter().next()) else {
+            return false;
+        };
+        chain.apply(&reply);
+        if reply.is_err() || !chain.may_pass() {
+            return false;
+        }
+        // Ours as of `sent`: checked, so no longer young.
+        let mut state = chain.state.lock();
+        state.vouched = state.vouched.max(sent);
+        chain.young.store(false, Ordering::Release);
+        true
+    }
+
     /// Moves `chain`'s queued check to [`MIN_GAP`] after its vouching. Not
     /// queued any more (the thread took it meanwhile): nothing to do, its
     /// next request is due that soon anyway.

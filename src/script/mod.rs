@@ -28,10 +28,6 @@ pub(crate) mod wire;
 pub(crate) static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/acquire.lua")));
 
-/// `lua/release.lua`: owner-checked delete, marker and PUBLISH. Returns
-/// one integer: `n + 3` released (the message reached `n` subscribers), 1
-/// released (message not sent), 2 released by an earlier run, 0 gone, -1
-/// other owner (-2, -3: the same, marker unreadable).
 /// `SET key token NX PX millis GET`: the quick acquisition (Redis 7.0 and
 /// later; older servers refuse `NX` with `GET`, see `LockClient::refuse_set_get`).
 /// Its reply is `nil` when it set the key, else the key's value: the token
@@ -47,6 +43,10 @@ pub(crate) fn set_nx_get(key: &str, token: &str, millis: u64) -> Cmd {
     cmd
 }
 
+/// `lua/release.lua`: owner-checked delete, marker and PUBLISH. Returns
+/// one integer: `n + 3` released (the message reached `n` subscribers), 1
+/// released (message not sent), 2 released by an earlier run, 0 gone, -1
+/// other owner (-2, -3: the same, marker unreadable).
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_SOURCE));
 
 /// The source of `lua/release.lua`, for an `EVAL` where `EVALSHA` cannot

@@ -40,7 +40,7 @@ impl From<u64> for Arg<'_> {
 
 /// A buffer kept past this size is given back: one huge key must not pin
 /// its memory on the thread for good.
-const KEPT: usize = 64 * 1024;
+pub(crate) const KEPT: usize = 64 * 1024;
 
 thread_local! {
     static BUFFER: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };

@@ -9,6 +9,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::wait::sync::{Condvar, Mutex, now};
@@ -131,8 +132,12 @@ pub(crate) struct Queues<G> {
     /// Keys threads of this client hold, with the local end of each lease:
     /// while they fill the key's capacity, queued threads wait for a
     /// handoff or a release instead of asking Redis for what their own
-    /// process holds.
+    /// process holds. Also free keys' entries, kept empty for their next
+    /// hold (`unhold`).
     held: Mutex<HashMap<String, Holds>>,
+    /// Entries of `held` nobody holds (kept for the key's next hold), as
+    /// counted under `held`'s lock.
+    free: AtomicUsize,
 }
 
 /// How many holders a key admits at once.
@@ -155,7 +160,7 @@ impl Capacity {
 }
 
 /// How many keys may keep an entry in [`Queues::hold`]'s table with no
-/// lease held.
+/// lease held before all such entries are dropped.
 const KEPT_EMPTY: usize = 256;
 
 /// The leases of one key held by threads of one client.
@@ -170,6 +175,7 @@ impl<G> Default for Queues<G> {
         Queues {
             by_key: Mutex::default(),
             held: Mutex::default(),
+            free: AtomicUsize::new(0),
         }
     }
 }
@@ -193,7 +199,12 @@ impl<G: Send + 'static> Queues<G> {
         // Looked up before an entry is made: the key is copied only for a
         // key nobody of this client held.
         let holds = match held.get_mut(key) {
-            Some(holds) => holds,
+            Some(holds) => {
+                if holds.by.is_empty() {
+                    self.free.fetch_sub(1, Ordering::Relaxed);
+                }
+                holds
+            }
             None => held.entry(key.to_owned()).or_insert_with(|| Holds {
                 capacity,
                 by: Vec::with_capacity(1),
@@ -215,18 +226,26 @@ impl<G: Send + 'static> Queues<G> {
     /// other tokens, stay).
     pub(crate) fn unhold(&self, key: &str, token: &str) {
         let mut held = self.held.lock();
-        let crowded = held.len() > KEPT_EMPTY;
-        if let Some(holds) = held.get_mut(key) {
-            holds.by.retain(|(held_by, _)| &**held_by != token);
-            // An entry nobody holds is kept while the client's holds are
-            // few: the key's next hold (the common case, one key locked
-            // again and again) then copies no key and grows no list. An
-            // empty entry answers as an absent one (see `held_until` and
-            // `has_limit`); there are at most `KEPT_EMPTY` beside the ones
-            // held.
-            if holds.by.is_empty() && crowded {
-                held.remove(key);
-            }
+        let Some(holds) = held.get_mut(key) else {
+            return;
+        };
+        if holds.by.is_empty() {
+            return;
+        }
+        holds.by.retain(|(held_by, _)| &**held_by != token);
+        if !holds.by.is_empty() {
+            return;
+        }
+        // An entry nobody holds is kept: the key's next hold (the common
+        // case, one key locked again and again) then copies no key and
+        // grows no list. An empty entry answers as an absent one (see
+        // `held_until`, `has_limit`, `exclusive`). When more than
+        // `KEPT_EMPTY` are kept, all are dropped at once: one step per entry
+        // of the table (held ones too) under its lock, paid once per
+        // `KEPT_EMPTY` releases of free keys.
+        if self.free.fetch_add(1, Ordering::Relaxed) + 1 > KEPT_EMPTY {
+            held.retain(|_, holds| !holds.by.is_empty());
+            self.free.store(0, Ordering::Relaxed);
         }
     }
 
@@ -871,7 +890,7 @@ mod tests {
             queues.hold(&key, &token, soon, Capacity::One);
             queues.unhold(&key, "t");
         }
-        assert_eq!(queues.held.lock().len(), KEPT_EMPTY);
+        assert!(queues.held.lock().len() <= KEPT_EMPTY);
         // Held keys are never dropped, however many there are.
         for n in 0..KEPT_EMPTY * 2 {
             queues.hold(&format!("h{n}"), &token, soon, Capacity::One);
@@ -1057,8 +1076,13 @@ mod model {
                 self.redis.held.lock().unwrap().is_empty(),
                 "a lease never given back"
             );
+            // Entries of free keys are kept (empty) for their next hold.
             assert!(
-                self.queues.held.lock().is_empty(),
+                self.queues
+                    .held
+                    .lock()
+                    .values()
+                    .all(|holds| holds.by.is_empty()),
                 "a local hold left behind"
             );
             assert!(!self.queues.has_waiters(K), "a waiter left in the queue");
