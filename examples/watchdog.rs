@@ -8,44 +8,13 @@
 
 use redmutex_test_support as support;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use redmutex::{DistributedLock, LockClient, LockOptions};
 
-/// The system allocator, counting the bytes in use.
-struct Counting;
-
-static IN_USE: AtomicI64 = AtomicI64::new(0);
-static ALLOCATIONS: AtomicI64 = AtomicI64::new(0);
-
-// SAFETY: every call is passed to the system allocator unchanged; only a
-// counter is updated beside it.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        IN_USE.fetch_add(layout.size() as i64, Ordering::Relaxed);
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        IN_USE.fetch_sub(layout.size() as i64, Ordering::Relaxed);
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        IN_USE.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
-        // SAFETY: the caller's contract, passed on.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: support::Counting = support::Counting;
 
 #[derive(Parser)]
 #[command(about = "Watchdog and memory cost of many held locks")]
@@ -111,12 +80,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 DistributedLock::with_options(&client, format!("redmutex-dog:{i}"), options.clone())
             })
             .collect();
-        let empty = IN_USE.load(Ordering::Relaxed);
+        let empty = support::in_use();
         let guards = locks
             .iter()
             .map(DistributedLock::lock)
             .collect::<Result<Vec<_>, _>>()?;
-        let per_lock = (IN_USE.load(Ordering::Relaxed) - empty) as f64 / n.max(1) as f64;
+        let per_lock = (support::in_use() - empty) as f64 / n.max(1) as f64;
         let per_key = redis_bytes_per_key(&mut admin, n)?;
         let before = (client.stats(), evalsha_calls(&mut admin)?);
         let started = Instant::now();
@@ -143,14 +112,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // What one uncontended cycle allocates, the client's default options.
     let lock = DistributedLock::new(&client, "redmutex-dog:cycle");
     let per_cycle = |cycle: &dyn Fn() -> Result<(), redmutex::Error>| {
-        const CYCLES: i64 = 1000;
-        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        const CYCLES: u64 = 1000;
+        let before = support::allocations();
         for _ in 0..CYCLES {
             cycle()?;
         }
-        Ok::<f64, redmutex::Error>(
-            (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / CYCLES as f64,
-        )
+        Ok::<f64, redmutex::Error>((support::allocations() - before) as f64 / CYCLES as f64)
     };
     let unlocked = per_cycle(&|| lock.lock()?.unlock())?;
     let dropped = per_cycle(&|| lock.lock().map(drop))?;

@@ -370,6 +370,9 @@ impl Lease {
     /// reads the lease's time itself.
     fn may_hand_off(&self) -> bool {
         self.handoff.enabled
+            // Nobody to pass it to: no handoff built (and no loss state
+            // made for it) only for the offer to find nobody.
+            && self.local.queues.has_waiters(&self.key)
             && self.handoffs < self.handoff.budget.max_handoffs
             && self.acquired_at.elapsed() < self.handoff.budget.max_time
             && !self.is_lost()
@@ -381,17 +384,13 @@ impl Lease {
     }
 
     /// What the lease's checks in Redis say of passing it on (a young
-    /// chain is checked here first, `Verifier::may_pass`: only with a
-    /// waiter to pass it to, or the check would be a round trip for
-    /// nothing; without one the offer would find nobody anyway).
+    /// chain is checked here first, `Verifier::may_pass`; asked only with
+    /// a waiter to pass it to, see `may_hand_off`).
     fn chain_may_pass(&self) -> bool {
         let chain = self.chain.take();
-        let may = match &chain {
-            None => true,
-            Some(chain) => {
-                self.local.queues.has_waiters(&self.key) && self.client.verifier().may_pass(chain)
-            }
-        };
+        let may = chain
+            .as_ref()
+            .is_none_or(|chain| self.client.verifier().may_pass(chain));
         self.chain.set(chain);
         may
     }
