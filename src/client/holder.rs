@@ -268,9 +268,10 @@ impl Identity {
         // 121 random bits are left.
         let mut bytes = *secret.as_bytes();
         bytes[0] &= 0x7f;
+        // The whole token at once: one allocation for a new `String`.
+        out.reserve(22 + HOST.len() + f.program.len() + f.label.len() + 36);
         push_base64url(&bytes, out);
         {
-            out.reserve(HOST.len() + f.program.len() + f.label.len() + 36);
             out.push('|');
             out.push_str(&HOST);
             // Writing a number into a String cannot fail.

@@ -262,7 +262,9 @@ pub(crate) fn marker_of(
     key: &str,
     id: &str,
 ) -> (Option<String>, u64) {
-    let mut marker = String::new();
+    // Room for the longest name (`write_marker`): one allocation.
+    let mut marker =
+        String::with_capacity(client.names().prefix().len() + 2 * key.len() + id.len() + 24);
     let written = write_marker(client, &mut marker, key, id);
     (written.then_some(marker), marker_millis(client))
 }

@@ -306,7 +306,10 @@ impl Semaphore {
     /// may be opened with: a waiter takes a permit handed over only if it
     /// was granted under its own limit (`Take::accept`).
     fn queue_key(&self) -> String {
-        format!("{}\u{0}sem", self.key)
+        let mut queue = String::with_capacity(self.key.len() + 4);
+        queue.push_str(&self.key);
+        queue.push_str("\u{0}sem");
+        queue
     }
 
     /// Whether a released permit may go straight to a queued thread: with
@@ -451,15 +454,22 @@ impl Contender for Take<'_> {
         let reply = client.run(Op::SemAcquire, key, |con, send| {
             let connection =
                 replicas::node_connection_id(con, key, options.min_replicas.is_some())?;
-            let mut script = script::SEM_ACQUIRE.key(key);
-            if let Some(fence_key) = &fence_key {
-                script.key(fence_key);
-            }
-            let reply: (i64, i64, u64) = script
-                .arg(id)
-                .arg(semaphore.permits)
-                .arg(self.millis)
-                .invoke(con)?;
+            use script::wire::Arg;
+            let keys = [
+                Arg::from(key),
+                Arg::from(fence_key.as_deref().unwrap_or(key)),
+            ];
+            let reply: (i64, i64, u64) = script::wire::evalsha(
+                con,
+                &script::SEM_ACQUIRE,
+                keys.get(..if fence_key.is_some() { 2 } else { 1 })
+                    .unwrap_or_default(),
+                &[
+                    Arg::from(id),
+                    Arg::Int(u64::from(semaphore.permits)),
+                    Arg::Int(self.millis),
+                ],
+            )?;
             if reply.0 != 1 {
                 return Ok((reply, None));
             }
@@ -994,15 +1004,22 @@ fn release_id(client: &LockClient, key: &str, id: &str) -> Result<Option<u64>, E
     let result = client.run(Op::SemRelease, key, |con, send| {
         let reply: (i64, u64) =
             release::with_marker(client, marker.as_deref(), &markerless, |marker| {
-                let mut script = script::SEM_RELEASE.key(key);
-                if let Some(marker) = marker {
-                    script.key(marker);
-                }
-                script.arg(id).arg(&channel).arg(millis);
-                if client.sharded(&channel) {
-                    script.arg(script::SHARDED);
-                }
-                script.invoke(con)
+                use script::wire::Arg;
+                let keys = [Arg::from(key), Arg::from(marker.unwrap_or(key))];
+                let args = [
+                    Arg::from(id),
+                    Arg::from(channel.as_str()),
+                    Arg::Int(millis),
+                    Arg::from(script::SHARDED),
+                ];
+                script::wire::evalsha(
+                    con,
+                    &script::SEM_RELEASE,
+                    keys.get(..if marker.is_some() { 2 } else { 1 })
+                        .unwrap_or_default(),
+                    args.get(..if client.sharded(&channel) { 4 } else { 3 })
+                        .unwrap_or_default(),
+                )
             })?;
         Ok((reply, send.replied()))
     });
