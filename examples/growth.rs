@@ -150,28 +150,6 @@ fn take(
     })
 }
 
-/// The mean `MEMORY USAGE` of up to 100 of the `held` keys named
-/// `prefix{i}`.
-fn redis_bytes_per_key(
-    con: &mut redis::Connection,
-    prefix: &str,
-    held: usize,
-) -> redis::RedisResult<f64> {
-    let sample = held.clamp(1, 100);
-    let step = (held / sample).max(1);
-    let mut total = 0u64;
-    for i in (0..held).step_by(step).take(sample) {
-        let bytes: Option<u64> = redis::cmd("MEMORY")
-            .arg("USAGE")
-            .arg(format!("{prefix}{i}"))
-            .arg("SAMPLES")
-            .arg(0)
-            .query(con)?;
-        total += bytes.unwrap_or(0);
-    }
-    Ok(total as f64 / sample as f64)
-}
-
 /// Acquisitions per second of `threads` threads over `keys` keys.
 fn throughput(
     client: &LockClient,
@@ -252,7 +230,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .map(|i| take(&client, kind, &format!("{prefix}{i}"), ttl))
                 .collect::<Result<Vec<_>, _>>()?;
             let per_lock = (support::in_use() - empty) as f64 / n.max(1) as f64;
-            let per_key = redis_bytes_per_key(&mut admin, &prefix, n)?;
+            let per_key = support::memory_usage_mean(&mut admin, &prefix, n)?;
             let before = client.stats();
             let started = Instant::now();
             std::thread::sleep(Duration::from_secs_f64(args.secs));

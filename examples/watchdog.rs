@@ -38,23 +38,6 @@ fn evalsha_calls(con: &mut redis::Connection) -> redis::RedisResult<u64> {
     Ok(support::parse_calls(&info, "evalsha"))
 }
 
-/// The mean `MEMORY USAGE` of up to 100 of the `held` keys.
-fn redis_bytes_per_key(con: &mut redis::Connection, held: usize) -> redis::RedisResult<f64> {
-    let sample = held.min(100);
-    let step = (held / sample.max(1)).max(1);
-    let mut total = 0u64;
-    for i in (0..held).step_by(step).take(sample) {
-        let bytes: Option<u64> = redis::cmd("MEMORY")
-            .arg("USAGE")
-            .arg(format!("redmutex-dog:{i}"))
-            .arg("SAMPLES")
-            .arg(0)
-            .query(con)?;
-        total += bytes.unwrap_or(0);
-    }
-    Ok(total as f64 / sample.max(1) as f64)
-}
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let (_private, url) = support::server_or(args.url.as_deref());
@@ -86,7 +69,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(DistributedLock::lock)
             .collect::<Result<Vec<_>, _>>()?;
         let per_lock = (support::in_use() - empty) as f64 / n.max(1) as f64;
-        let per_key = redis_bytes_per_key(&mut admin, n)?;
+        let per_key = support::memory_usage_mean(&mut admin, "redmutex-dog:", n)?;
         let before = (client.stats(), evalsha_calls(&mut admin)?);
         let started = Instant::now();
         std::thread::sleep(Duration::from_secs_f64(args.secs));

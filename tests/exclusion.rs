@@ -287,17 +287,22 @@ fn a_lost_reply_to_a_lease_check_is_sent_again() {
     assert!(proxy.lost_replies() >= 1, "the fault fired");
 }
 
+/// Options for a lease passed along a chain of threads: a handoff budget
+/// long enough for the holds here (the default's 10 ms would release in
+/// Redis instead of handing on).
+fn chain_options() -> LockOptions {
+    LockOptions::default()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(5))
+        .handoff_budget(256, Duration::from_secs(10))
+}
+
 /// Thread A of `client` holds a key with two threads of the client queued
 /// behind it; the key is deleted and taken by another client; `arm` runs;
 /// A's unlock hands the lease on. The receiver must find it lost, say
 /// `NotHeld` and pass it on no further.
 fn passed_on_after_its_loss(server: &RedisServer, client: &LockClient, arm: impl Fn()) {
-    // A budget long enough for the holds here (the default's 10 ms would
-    // release in Redis instead of handing on).
-    let options = LockOptions::default()
-        .ttl(Duration::from_secs(30))
-        .wait(Duration::from_secs(5))
-        .handoff_budget(256, Duration::from_secs(10));
+    let options = chain_options();
     // Whether the waiters are queued when A lets go cannot be seen from
     // outside: tried until A's unlock handed the lease on (almost always
     // the first time).
@@ -439,10 +444,7 @@ fn a_lease_handed_on_twice_while_young_is_checked() {
     let server = RedisServer::start();
     let proxy = support::FaultProxy::to(&server);
     let client = LockClient::open(&proxy.url()).expect("client");
-    let options = LockOptions::default()
-        .ttl(Duration::from_secs(30))
-        .wait(Duration::from_secs(5))
-        .handoff_budget(256, Duration::from_secs(10));
+    let options = chain_options();
     let lock = DistributedLock::with_options(&client, "young:twice", options);
     for _ in 0..20 {
         proxy.heal();
@@ -494,13 +496,40 @@ fn a_lease_handed_on_twice_while_young_is_checked() {
 fn a_young_lease_lost_is_not_passed_on_a_second_time() {
     let server = RedisServer::start();
     let client = server.lock_client();
-    let options = LockOptions::default()
-        .ttl(Duration::from_secs(30))
-        .wait(Duration::from_secs(5))
-        .handoff_budget(256, Duration::from_secs(10));
+    young_and_lost(&server, &client, || {}, || true);
+}
+
+/// The same, with the reply to the receiver's own check lost: a read, sent
+/// again, and it still finds the loss before passing the lease on.
+#[test]
+fn a_lost_reply_to_a_check_before_passing_on_is_sent_again() {
+    let server = RedisServer::start();
+    let proxy = support::FaultProxy::to(&server);
+    let client = LockClient::open(&proxy.url()).expect("client");
+    young_and_lost(
+        &server,
+        &client,
+        || {
+            proxy.heal();
+            proxy.lose_reply(CHECK, 1);
+        },
+        || proxy.lost_replies() >= 1,
+    );
+}
+
+/// A holds a young lease with two threads queued; the key is deleted and
+/// taken by another client; `arm` runs and A hands the lease on. Tried
+/// until A handed it on and `fired` says the round counts.
+fn young_and_lost(
+    server: &RedisServer,
+    client: &LockClient,
+    arm: impl Fn(),
+    fired: impl Fn() -> bool,
+) {
+    let options = chain_options();
     for attempt in 0..20 {
         let key = format!("young:lost:{attempt}");
-        let lock = DistributedLock::with_options(&client, &key, options.clone());
+        let lock = DistributedLock::with_options(client, &key, options.clone());
         let held = lock.lock().expect("A");
         let token = held.token().to_owned();
         let order = AtomicUsize::new(0);
@@ -529,6 +558,7 @@ fn a_young_lease_lost_is_not_passed_on_a_second_time() {
                 .try_lock()
                 .expect("try_lock")
                 .expect("the other client takes it");
+            arm();
             let _ = held.unlock();
             let received = waiters
                 .into_iter()
@@ -537,7 +567,7 @@ fn a_young_lease_lost_is_not_passed_on_a_second_time() {
             (received, theirs)
         });
         assert_eq!(
-            support::get(&server, &key).as_deref(),
+            support::get(server, &key).as_deref(),
             Some(theirs.token()),
             "the other client still holds it"
         );
@@ -546,8 +576,9 @@ fn a_young_lease_lost_is_not_passed_on_a_second_time() {
             .iter()
             .filter(|(_, got, _)| *got == token)
             .collect();
-        if passed.is_empty() {
-            // A's unlock did not hand it on (no waiter queued yet).
+        if passed.is_empty() || !fired() {
+            // A's unlock did not hand it on (no waiter queued yet), or the
+            // fault this round was armed for did not fire.
             continue;
         }
         assert_eq!(passed.len(), 1, "passed on twice: {received:?}");
@@ -557,5 +588,5 @@ fn a_young_lease_lost_is_not_passed_on_a_second_time() {
         );
         return;
     }
-    panic!("A's unlock never handed the lease on in 20 tries");
+    panic!("A's unlock never handed the lease on (with the fault fired) in 20 tries");
 }

@@ -561,3 +561,38 @@ fn a_listing_survives_lost_replies_to_its_scan_and_inspect_steps() {
     }
     guard.unlock().expect("unlock");
 }
+
+/// A queued waiter's `SET NX PX GET` found the key held and the reply to
+/// the `PTTL` after it was lost: both are sent again (the `SET` finds the
+/// key still another's, the `PTTL` only reads), nothing in Redis changes,
+/// and the waiter takes the lock once it is released.
+#[test]
+fn a_waiters_lost_pttl_reply_is_sent_again() {
+    let server = server();
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy);
+    let holder = server.lock_client();
+    let held = DistributedLock::with_options(&holder, "w", options())
+        .lock()
+        .expect("the holder");
+    proxy.lose_reply("*2\r\n$4\r\nPTTL\r\n", 1);
+    let lock = DistributedLock::with_options(&client, "w", options());
+    let (token, stored) = std::thread::scope(|scope| {
+        let waiter = scope.spawn(|| {
+            let guard = lock.lock().expect("the waiter's lock");
+            let stored = get(&server, "w");
+            let token = guard.token().to_owned();
+            guard.unlock().expect("the waiter's unlock");
+            (token, stored)
+        });
+        assert!(
+            wait_until(Duration::from_secs(5), || proxy.lost_replies() == 1),
+            "the head waiter's PTTL reply was never lost"
+        );
+        assert_eq!(get(&server, "w").as_deref(), Some(held.token()));
+        held.unlock().expect("the holder's unlock");
+        waiter.join().expect("waiter")
+    });
+    assert_eq!(stored.as_deref(), Some(token.as_str()));
+    assert!(client.stats().resends >= 1, "{:?}", client.stats());
+}

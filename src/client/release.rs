@@ -80,25 +80,18 @@ pub(crate) fn release_lua(
     marker: Marker<'_>,
     markerless: &Cell<bool>,
 ) -> RedisResult<Outcome> {
-    use script::wire::Arg;
+    use script::wire::{Arg, present};
     stats.commands(1);
-    let key = Arg::from(key);
-    let (keys, keys_used): ([Arg<'_>; 2], usize) = match marker.key {
-        Some(marker) => ([key, Arg::from(marker)], 2),
-        None => ([key, key], 1),
-    };
-    let args = [
-        Arg::from(token),
-        Arg::from(announce.channel),
-        Arg::Int(marker.millis),
-        Arg::from(script::SHARDED),
-    ];
-    let args_used = if announce.sharded { 4 } else { 3 };
     let reply: i64 = script::wire::evalsha(
         con,
         &script::RELEASE,
-        keys.get(..keys_used).unwrap_or_default(),
-        args.get(..args_used).unwrap_or_default(),
+        &present([Some(Arg::from(key)), marker.key.map(Arg::from)]),
+        &present([
+            Some(Arg::from(token)),
+            Some(Arg::from(announce.channel)),
+            Some(Arg::Int(marker.millis)),
+            announce.sharded.then_some(Arg::from(script::SHARDED)),
+        ]),
     )?;
     Ok(released(reply, markerless))
 }
@@ -439,18 +432,10 @@ pub(crate) fn release_behind(
         scripts_work: client.behind_flag(),
         rewritten: false,
     });
-    // Never on a cluster (no writing behind there): `PUBLISH`, and the
-    // request in the thread's buffer (`script::release_unmarked`'s bytes).
-    use script::wire::Arg;
-    let request = [
-        Arg::from("EVALSHA"),
-        Arg::from(script::RELEASE.get_hash()),
-        Arg::Int(1),
-        Arg::from(&*pending.key),
-        Arg::from(&*pending.token),
-        Arg::from(&*pending.channel),
-        Arg::Int(1),
-    ];
+    // Never on a cluster (no writing behind there): `PUBLISH`. Encoded in
+    // the thread's buffer.
+    let request =
+        script::release_unmarked(&pending.key, &pending.token, &pending.channel, false, false);
     if script::wire::with_packed(&request, |request| con.write_behind(request, owed)).is_err() {
         return false;
     }
@@ -586,14 +571,16 @@ impl Owed for OwedRelease {
                 // The script cache was flushed: the release did not run.
                 // Sent again with the source, behind like the first.
                 self.rewritten = true;
-                let request = script::release_unmarked(
-                    &self.pending.key,
-                    &self.pending.token,
-                    &self.pending.channel,
-                    false,
-                    true,
-                )
-                .get_packed_command();
+                let request = script::wire::with_packed(
+                    &script::release_unmarked(
+                        &self.pending.key,
+                        &self.pending.token,
+                        &self.pending.channel,
+                        false,
+                        true,
+                    ),
+                    <[u8]>::to_vec,
+                );
                 self.stats.commands(1);
                 Some(Rewrite {
                     request,

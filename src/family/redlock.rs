@@ -189,7 +189,7 @@ fn grant(client: &LockClient, key: &str, token: &str, millis: u64) -> Result<boo
     if client.set_get_allowed() {
         client.counters().commands(1);
         let previous: Result<Option<Vec<u8>>, Error> = client.run(Op::Acquire, key, |con, _| {
-            script::set_nx_get(key, token, millis).query(con)
+            script::wire::query(con, &script::set_nx_get(key, token, millis))
         });
         match previous.map_err(crate::error::known_refusal) {
             Ok(previous) => return Ok(previous.is_none_or(|v| v == token.as_bytes())),

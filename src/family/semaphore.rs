@@ -454,16 +454,11 @@ impl Contender for Take<'_> {
         let reply = client.run(Op::SemAcquire, key, |con, send| {
             let connection =
                 replicas::node_connection_id(con, key, options.min_replicas.is_some())?;
-            use script::wire::Arg;
-            let keys = [
-                Arg::from(key),
-                Arg::from(fence_key.as_deref().unwrap_or(key)),
-            ];
+            use script::wire::{Arg, present};
             let reply: (i64, i64, u64) = script::wire::evalsha(
                 con,
                 &script::SEM_ACQUIRE,
-                keys.get(..if fence_key.is_some() { 2 } else { 1 })
-                    .unwrap_or_default(),
+                &present([Some(Arg::from(key)), fence_key.as_deref().map(Arg::from)]),
                 &[
                     Arg::from(id),
                     Arg::Int(u64::from(semaphore.permits)),
@@ -1004,21 +999,19 @@ fn release_id(client: &LockClient, key: &str, id: &str) -> Result<Option<u64>, E
     let result = client.run(Op::SemRelease, key, |con, send| {
         let reply: (i64, u64) =
             release::with_marker(client, marker.as_deref(), &markerless, |marker| {
-                use script::wire::Arg;
-                let keys = [Arg::from(key), Arg::from(marker.unwrap_or(key))];
-                let args = [
-                    Arg::from(id),
-                    Arg::from(channel.as_str()),
-                    Arg::Int(millis),
-                    Arg::from(script::SHARDED),
-                ];
+                use script::wire::{Arg, present};
                 script::wire::evalsha(
                     con,
                     &script::SEM_RELEASE,
-                    keys.get(..if marker.is_some() { 2 } else { 1 })
-                        .unwrap_or_default(),
-                    args.get(..if client.sharded(&channel) { 4 } else { 3 })
-                        .unwrap_or_default(),
+                    &present([Some(Arg::from(key)), marker.map(Arg::from)]),
+                    &present([
+                        Some(Arg::from(id)),
+                        Some(Arg::from(channel.as_str())),
+                        Some(Arg::Int(millis)),
+                        client
+                            .sharded(&channel)
+                            .then_some(Arg::from(script::SHARDED)),
+                    ]),
                 )
             })?;
         Ok((reply, send.replied()))

@@ -427,18 +427,8 @@ impl DistributedLock {
         let result = self.client.run(Op::Acquire, key, |con, send| {
             let connection = self.node_connection_id(con)?;
             use script::wire::Arg;
-            let previous: Option<Vec<u8>> = script::wire::query(
-                con,
-                &[
-                    Arg::from("SET"),
-                    Arg::from(key),
-                    Arg::from(token),
-                    Arg::from("NX"),
-                    Arg::from("PX"),
-                    Arg::Int(millis),
-                    Arg::from("GET"),
-                ],
-            )?;
+            let previous: Option<Vec<u8>> =
+                script::wire::query(con, &script::set_nx_get(key, token, millis))?;
             let acquired = match previous {
                 None => true,
                 Some(holder) => holder == token.as_bytes(),

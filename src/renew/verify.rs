@@ -316,7 +316,7 @@ impl Verifier {
     /// read); a check that fails on the network says no (the lease is then
     /// released in Redis, whose owner-checked answer decides). Otherwise
     /// what the checks so far say ([`Chain::may_pass`]).
-    pub(crate) fn may_pass(&self, chain: &Chain) -> bool {
+    pub(crate) fn may_pass(&self, chain: &Arc<Chain>) -> bool {
         if !chain.young.load(Ordering::Acquire) {
             return chain.may_pass();
         }
@@ -324,23 +324,8 @@ impl Verifier {
         if vouched.elapsed() < MIN_GAP {
             return chain.may_pass();
         }
-        let call = [chain.call()];
         let sent = Instant::now();
-        let shared = &self.shared;
-        shared.stats.commands(1);
-        let replies = policy::run_within(
-            &shared.backend,
-            &shared.stats,
-            Op::Read,
-            &chain.key,
-            shared.backend.timeout(),
-            |con, _| script::pipelined(con, &call, &[&script::SEM_CHECK], &shared.stats),
-        );
-        let Ok(Some(reply)) = replies.map(|replies| replies.into_iter().next()) else {
-            return false;
-        };
-        chain.apply(&reply);
-        if reply.is_err() || !chain.may_pass() {
+        if !check(&self.shared, std::slice::from_ref(chain)) || !chain.may_pass() {
             return false;
         }
         // Ours as of `sent`: checked, so no longer young.
@@ -438,7 +423,9 @@ fn run(shared: &Shared) {
 
 /// One pipeline of checks, within one I/O timeout; sent again on a fresh
 /// connection after a lost reply (they only read).
-fn check(shared: &Shared, due: &[Arc<Chain>]) {
+/// Checks `due` in one pipeline and applies each reply; true when every
+/// check was answered (with a verdict or "still ours").
+fn check(shared: &Shared, due: &[Arc<Chain>]) -> bool {
     let calls: Vec<redis::Cmd> = due.iter().map(|chain| chain.call()).collect();
     let key = due.first().map_or("", |chain| &*chain.key);
     shared.stats.commands(calls.len() as u64);
@@ -452,11 +439,16 @@ fn check(shared: &Shared, due: &[Arc<Chain>]) {
     );
     match replies {
         Ok(replies) => {
+            let answered = replies.len() == due.len() && replies.iter().all(Result::is_ok);
             for (chain, reply) in due.iter().zip(replies) {
                 chain.apply(&reply);
             }
+            answered
         }
-        Err(err) => log::debug!("redmutex: checking leases passed between threads failed: {err}"),
+        Err(err) => {
+            log::debug!("redmutex: checking leases passed between threads failed: {err}");
+            false
+        }
     }
 }
 

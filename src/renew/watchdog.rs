@@ -1052,7 +1052,13 @@ fn cleanup_call(orphan: &Orphan) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     match &orphan.kind {
         OrphanKind::Plain { token } => {
-            return script::release_unmarked(&orphan.key, token, channel, orphan.sharded, false);
+            return script::wire::command(&script::release_unmarked(
+                &orphan.key,
+                token,
+                channel,
+                orphan.sharded,
+                false,
+            ));
         }
         OrphanKind::Reentrant { owner, hold } => {
             cmd.arg(script::REENTRANT_RELEASE.get_hash())

@@ -32,15 +32,17 @@ pub(crate) static ACQUIRE: LazyLock<Script> =
 /// later; older servers refuse `NX` with `GET`, see `LockClient::refuse_set_get`).
 /// Its reply is `nil` when it set the key, else the key's value: the token
 /// itself after a resend whose first send set it.
-pub(crate) fn set_nx_get(key: &str, token: &str, millis: u64) -> Cmd {
-    let mut cmd = redis::cmd("SET");
-    cmd.arg(key)
-        .arg(token)
-        .arg("NX")
-        .arg("PX")
-        .arg(millis)
-        .arg("GET");
-    cmd
+pub(crate) fn set_nx_get<'a>(key: &'a str, token: &'a str, millis: u64) -> [wire::Arg<'a>; 7] {
+    use wire::Arg;
+    [
+        Arg::from("SET"),
+        Arg::from(key),
+        Arg::from(token),
+        Arg::from("NX"),
+        Arg::from("PX"),
+        Arg::Int(millis),
+        Arg::from("GET"),
+    ]
 }
 
 /// `lua/release.lua`: owner-checked delete, marker and PUBLISH. Returns
@@ -57,27 +59,29 @@ pub(crate) const RELEASE_SOURCE: &str = include_str!("../../lua/release.lua");
 /// `eval`): the owner-checked release of `token` from `key`, announced on
 /// `channel`, for a caller who never sends it twice on its own (a drop
 /// writing it behind, the cleanup of an orphan).
-pub(crate) fn release_unmarked(
-    key: &str,
-    token: &str,
-    channel: &str,
+pub(crate) fn release_unmarked<'a>(
+    key: &'a str,
+    token: &'a str,
+    channel: &'a str,
     sharded: bool,
     eval: bool,
-) -> Cmd {
-    let mut cmd = if eval {
-        let mut cmd = redis::cmd("EVAL");
-        cmd.arg(RELEASE_SOURCE);
-        cmd
+) -> wire::Present<'a, 8> {
+    use wire::Arg;
+    let (call, script) = if eval {
+        ("EVAL", RELEASE_SOURCE)
     } else {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(RELEASE.get_hash());
-        cmd
+        ("EVALSHA", RELEASE.get_hash())
     };
-    cmd.arg(1).arg(key).arg(token).arg(channel).arg(1);
-    if sharded {
-        cmd.arg(SHARDED);
-    }
-    cmd
+    wire::present([
+        Some(Arg::from(call)),
+        Some(Arg::from(script)),
+        Some(Arg::Int(1)),
+        Some(Arg::from(key)),
+        Some(Arg::from(token)),
+        Some(Arg::from(channel)),
+        Some(Arg::Int(1)),
+        sharded.then_some(Arg::from(SHARDED)),
+    ])
 }
 
 /// The release scripts' last argument when the message goes out with

@@ -38,6 +38,37 @@ impl From<u64> for Arg<'_> {
     }
 }
 
+/// Up to `N` arguments with the absent ones (`None`) left out, in order: a
+/// command's optional trailing arguments (a marker key, the sharded flag)
+/// without index arithmetic at each caller. Derefs to the arguments.
+pub(crate) struct Present<'a, const N: usize> {
+    args: [Arg<'a>; N],
+    len: usize,
+}
+
+/// [`Present`] of `args`.
+pub(crate) fn present<const N: usize>(args: [Option<Arg<'_>>; N]) -> Present<'_, N> {
+    let mut kept = Present {
+        args: [Arg::Int(0); N],
+        len: 0,
+    };
+    for arg in args.into_iter().flatten() {
+        if let Some(slot) = kept.args.get_mut(kept.len) {
+            *slot = arg;
+            kept.len += 1;
+        }
+    }
+    kept
+}
+
+impl<'a, const N: usize> std::ops::Deref for Present<'a, N> {
+    type Target = [Arg<'a>];
+
+    fn deref(&self) -> &[Arg<'a>] {
+        self.args.get(..self.len).unwrap_or_default()
+    }
+}
+
 /// A buffer kept past this size is given back: one huge key must not pin
 /// its memory on the thread for good.
 pub(crate) const KEPT: usize = 64 * 1024;
@@ -85,8 +116,9 @@ fn bulk(out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// `args` as a `redis::Cmd`, for a cluster connection (see the module).
-fn command(args: &[Arg<'_>]) -> Cmd {
+/// `args` as a `redis::Cmd`, for a cluster connection (see the module),
+/// or a caller that keeps the command.
+pub(crate) fn command(args: &[Arg<'_>]) -> Cmd {
     let mut cmd = Cmd::with_capacity(args.len(), 0);
     for arg in args {
         match *arg {
@@ -193,35 +225,31 @@ mod tests {
         );
     }
 
+    /// What the thread's kept buffer shows, through `look`.
+    fn kept<T>(look: impl FnOnce(&Vec<u8>) -> T) -> T {
+        BUFFER.with(|cell| {
+            let buffer = cell.take();
+            let seen = look(&buffer);
+            cell.set(buffer);
+            seen
+        })
+    }
+
     #[test]
     fn the_buffer_is_reused_and_a_huge_one_given_back() {
         let _ = packed(&[Arg::from("PING")]);
-        let before = BUFFER.with(|b| {
-            let kept = b.take();
-            let ptr = kept.as_ptr();
-            b.set(kept);
-            ptr
-        });
+        let before = kept(|buffer| buffer.as_ptr());
         let _ = packed(&[Arg::from("PING")]);
-        assert_eq!(
-            BUFFER.with(|b| {
-                let kept = b.take();
-                let ptr = kept.as_ptr();
-                b.set(kept);
-                ptr
-            }),
-            before
-        );
+        assert_eq!(kept(|buffer| buffer.as_ptr()), before);
         let huge = vec![b'x'; KEPT + 1];
         let _ = packed(&[Arg::Bytes(&huge)]);
-        assert_eq!(
-            BUFFER.with(|b| {
-                let kept = b.take();
-                let capacity = kept.capacity();
-                b.set(kept);
-                capacity
-            }),
-            0
-        );
+        assert_eq!(kept(Vec::capacity), 0);
+    }
+
+    #[test]
+    fn absent_arguments_are_left_out_in_order() {
+        let args = present([Some(Arg::from("a")), None, Some(Arg::Int(7)), None]);
+        assert_eq!(packed(&args), packed(&[Arg::from("a"), Arg::Int(7)]));
+        assert!(present::<2>([None, None]).is_empty());
     }
 }

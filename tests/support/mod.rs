@@ -438,6 +438,28 @@ pub fn server_or(url: Option<&str>) -> (Option<RedisServer>, String) {
     }
 }
 
+/// The mean `MEMORY USAGE` of up to 100 of the `held` keys named
+/// `{prefix}{i}` (i from 0), spread evenly over them.
+pub fn memory_usage_mean(
+    con: &mut redis::Connection,
+    prefix: &str,
+    held: usize,
+) -> redis::RedisResult<f64> {
+    let sample = held.clamp(1, 100);
+    let step = (held / sample).max(1);
+    let mut total = 0u64;
+    for i in (0..held).step_by(step).take(sample) {
+        let bytes: Option<u64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(format!("{prefix}{i}"))
+            .arg("SAMPLES")
+            .arg(0)
+            .query(con)?;
+        total += bytes.unwrap_or(0);
+    }
+    Ok(total as f64 / sample as f64)
+}
+
 /// Reads `cmdstat_<command>:calls=N,...` out of `INFO commandstats`.
 pub fn parse_calls(info: &str, command: &str) -> u64 {
     let prefix = format!("cmdstat_{}:", command.to_ascii_lowercase());
