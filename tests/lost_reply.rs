@@ -568,6 +568,11 @@ fn a_listing_survives_lost_replies_to_its_scan_and_inspect_steps() {
 /// and the waiter takes the lock once it is released.
 #[test]
 fn a_waiters_lost_pttl_reply_is_sent_again() {
+    // Before 7.0 a waiter sends `lua/acquire.lua` instead (no `SET NX` with
+    // `GET`, so no `PTTL` after it): its lost reply is covered above.
+    if support::server_major() < 7 {
+        return;
+    }
     let server = server();
     let proxy = FaultProxy::to(&server);
     let client = client(&proxy);
