@@ -35,37 +35,57 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local mine = 'p:' .. ARGV[1]
-if tonumber(redis.call('HGET', KEYS[1], mine) or '0') > now then
-  return {1, 0, tonumber(redis.call('HGET', KEYS[1], 'f:' .. ARGV[1]) or '0')}
-end
 local limit = tonumber(ARGV[2])
+-- One read of the whole hash answers every question below (a place of
+-- this id already, the stored limit, the other permits' deadlines).
 local fields = redis.call('HGETALL', KEYS[1])
-if #fields > 0 and not redis.call('HGET', KEYS[1], 'limit') then
-  return redis.error_reply('WRONGTYPE the key is a hash without a limit: another lock type, not a semaphore')
-end
+local stored, foreign = nil, nil
 for i = 1, #fields, 2 do
-  local name, kind = fields[i], string.sub(fields[i], 1, 2)
-  if name ~= 'limit' and kind ~= 'p:' and kind ~= 'f:' then
-    return redis.error_reply('WRONGTYPE the key is a hash of another lock type (field ' .. name .. '), not a semaphore')
+  local name = fields[i]
+  if name == 'limit' then
+    stored = tonumber(fields[i + 1])
+  elseif foreign == nil then
+    local kind = string.sub(name, 1, 2)
+    if kind ~= 'p:' and kind ~= 'f:' then
+      foreign = name
+    end
   end
 end
-local held, soonest, latest, stored = 0, nil, now, nil
+if #fields > 0 and stored == nil then
+  return redis.error_reply('WRONGTYPE the key is a hash without a limit: another lock type, not a semaphore')
+end
+if foreign ~= nil then
+  return redis.error_reply('WRONGTYPE the key is a hash of another lock type (field ' .. foreign .. '), not a semaphore')
+end
+local held, soonest, latest = 0, nil, now
+local purged = {}
 for i = 1, #fields, 2 do
   local name, value = fields[i], fields[i + 1]
-  if name == 'limit' then
-    stored = tonumber(value)
-  elseif string.sub(name, 1, 2) == 'f:' then
-    -- A fencing token: goes with its permit (below), counts for nothing.
-  else
+  if name ~= 'limit' and string.sub(name, 1, 2) == 'p:' then
     local deadline = tonumber(value)
+    if name == mine and deadline ~= nil and deadline > now then
+      -- Granted by an earlier run of this same request: its token again.
+      local own = 0
+      for j = 1, #fields, 2 do
+        if fields[j] == 'f:' .. ARGV[1] then
+          own = tonumber(fields[j + 1]) or 0
+        end
+      end
+      return {1, 0, own}
+    end
     if deadline == nil or deadline <= now then
-      redis.call('HDEL', KEYS[1], name, 'f:' .. string.sub(name, 3))
+      purged[#purged + 1] = name
+      purged[#purged + 1] = 'f:' .. string.sub(name, 3)
     else
       held = held + 1
       if soonest == nil or deadline < soonest then soonest = deadline end
       if deadline > latest then latest = deadline end
     end
   end
+end
+-- In slices: Lua's unpack has a bound on how many values it returns.
+for i = 1, #purged, 1000 do
+  redis.call('HDEL', KEYS[1], unpack(purged, i, math.min(i + 999, #purged)))
 end
 -- The limit binds while permits are out; with none, the caller's is taken.
 if held > 0 and stored ~= nil and stored ~= limit then

@@ -32,10 +32,16 @@ local mine = 'p:' .. ARGV[1]
 local deadline = tonumber(redis.call('HGET', KEYS[1], mine) or '0')
 local fence = 'f:' .. ARGV[1]
 if deadline > now then
-  redis.call('HDEL', KEYS[1], mine, fence)
-  if redis.call('HLEN', KEYS[1]) <= 1 then
-    -- Only the limit is left (or nothing): no permit outlives this one.
+  if redis.call('HLEN', KEYS[1]) <= 2 then
+    -- This permit and the limit: no permit outlives this one, and the
+    -- hash goes whole.
     redis.call('DEL', KEYS[1])
+  else
+    redis.call('HDEL', KEYS[1], mine, fence)
+    if redis.call('HLEN', KEYS[1]) <= 1 then
+      -- Only the limit is left: as above.
+      redis.call('DEL', KEYS[1])
+    end
   end
   if KEYS[2] then
     redis.pcall('PSETEX', KEYS[2], ARGV[3], '1')

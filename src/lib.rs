@@ -230,8 +230,10 @@
 //!   [`Release::Lua`], on a plain connection of the client's own pool that
 //!   the server answered within the last 500 ms, while no thread of the
 //!   client waits for the key and the key's last release by this client
-//!   reached no subscriber (a notify-mode waiter elsewhere); otherwise (and on Cluster, with a pool you built, for the
-//!   other lock types) drop releases synchronously. `unlock()` always does,
+//!   reached no subscriber (a notify-mode waiter elsewhere). A semaphore
+//!   [`Permit`] dropped without [`Permit::release`] is written behind the
+//!   same way. Otherwise (and on Cluster, with a pool you built, for the
+//!   reentrant and read-write locks) drop releases synchronously. `unlock()` always does,
 //!   and is the call to make when the key must be free when it returns.
 //! * **Failures leave nothing.** An acquisition whose request may have set
 //!   the key but which returns an error, and a release that fails on the

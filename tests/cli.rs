@@ -1131,11 +1131,19 @@ fn list_shows_every_lock_type_and_never_a_token() {
     assert_eq!(cut.status.code(), Some(3), "{cut:?}");
     assert!(String::from_utf8_lossy(&cut.stderr).contains("incomplete"));
     drop((plain, holds, readers, writer, permits));
-    let out = redmutex(&server)
-        .args(["list", "jobs:*", "--json"])
-        .output()
-        .expect("list");
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+    // A drop writes its release behind: done once Redis has read it.
+    let mut listed = String::new();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            let out = redmutex(&server)
+                .args(["list", "jobs:*", "--json"])
+                .output()
+                .expect("list");
+            listed = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            listed == "[]"
+        }),
+        "nothing listed once released: {listed}"
+    );
 }
 
 #[test]

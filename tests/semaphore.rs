@@ -210,6 +210,31 @@ fn an_abandoned_permit_comes_back_after_its_lease() {
     next.release().expect("release");
 }
 
+/// Thousands of expired permits (crashed holders, never released) are
+/// purged by the next acquisition in one run, their fencing tokens with
+/// them, however many there are (`HDEL` in slices: Lua's `unpack` is
+/// bounded).
+#[test]
+fn thousands_of_expired_permits_are_purged_by_one_acquisition() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let mut con = server.conn();
+    let mut fields: Vec<(String, String)> = vec![("limit".into(), "3".into())];
+    for n in 0..2_500 {
+        // A deadline of 1 ms after the epoch: long past.
+        fields.push((format!("p:dead{n}"), "1".into()));
+        fields.push((format!("f:dead{n}"), format!("{n}")));
+    }
+    let _: () = con.hset_multiple("purged", &fields).expect("HSET");
+    let _: () = con.pexpire("purged", 60_000).expect("PEXPIRE");
+    let semaphore = Semaphore::with_options(&client, "purged", 3, options());
+    let permit = semaphore.try_acquire().expect("try").expect("free");
+    let left: usize = con.hlen("purged").expect("HLEN");
+    assert_eq!(left, 2, "the limit and the new permit only");
+    permit.release().expect("release");
+    assert!(!exists(&server, "purged"), "gone with its last permit");
+}
+
 /// The other commands a permit sends, each with its reply lost once: a
 /// renewal (safe: sets the deadline again, never re-creates), a limit change
 /// (sets the same limit again) and the holder check (a read).

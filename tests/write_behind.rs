@@ -485,3 +485,242 @@ fn a_connection_handed_out_owes_nothing() {
     assert_eq!(single, "PONG");
     assert!(!exists(&server, "wb:mine"), "the owed release ran");
 }
+
+// A semaphore permit dropped without `release()` writes its release behind
+// the same way: `lua/sem_release.lua` without a marker.
+
+const SEM_RELEASE: &str = include_str!("../lua/sem_release.lua");
+
+fn permit_calls(server: &RedisServer) -> u64 {
+    server.command_calls("evalsha") + server.command_calls("eval")
+}
+
+/// A semaphore of one permit on `key` (so a permit still in Redis would
+/// refuse the next), primed: its first release is synchronous.
+fn semaphore(client: &LockClient, key: &str) -> redmutex::Semaphore {
+    let semaphore = redmutex::Semaphore::with_options(client, key, 1, &options());
+    semaphore
+        .acquire()
+        .expect("acquire")
+        .release()
+        .expect("release");
+    semaphore
+}
+
+fn permits_in(server: &RedisServer, key: &str) -> usize {
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(key)
+        .query(&mut server.conn())
+        .expect("HKEYS");
+    fields.iter().filter(|f| f.starts_with("p:")).count()
+}
+
+#[test]
+fn a_dropped_permit_does_not_wait_for_the_reply() {
+    let server = RedisServer::start();
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy, Duration::from_secs(30));
+    let semaphore = semaphore(&client, "wbp:fast");
+    let permit = semaphore.acquire().expect("acquire");
+    // Nothing gets through until healed: a release that waited for its
+    // reply would wait for the 30 s timeout.
+    proxy.blackhole(true);
+    let (done, dropped) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        drop(permit);
+        done.send(()).expect("tell");
+    });
+    assert!(
+        dropped.recv_timeout(Duration::from_secs(10)).is_ok(),
+        "the drop returned while the link was silent"
+    );
+    thread.join().expect("thread");
+    assert_eq!(permits_in(&server, "wbp:fast"), 1, "held back so far");
+    proxy.blackhole(false);
+    assert!(
+        wait_until(Duration::from_secs(10), || permits_in(&server, "wbp:fast")
+            == 0),
+        "the release was on its way and ran once delivered"
+    );
+    assert!(semaphore.try_acquire().expect("try_acquire").is_some());
+}
+
+#[test]
+fn dropped_permits_are_released_behind_one_script_each() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let semaphore = semaphore(&client, "wbp:loop");
+    let before = permit_calls(&server);
+    for _ in 0..50 {
+        // The release written behind runs before the next acquisition on
+        // the same connection: the one permit is always free again.
+        let permit = semaphore.try_acquire().expect("try_acquire");
+        assert!(permit.is_some(), "the previous drop's release ran first");
+    }
+    drop(semaphore.try_acquire().expect("try_acquire"));
+    // 51 acquisitions and 51 releases, none of them sent twice.
+    assert_eq!(permit_calls(&server) - before, 102);
+    assert_eq!(
+        markers(&server, "wbp:loop"),
+        1,
+        "only the priming release's"
+    );
+    let stats = client.stats().kind(LockKind::Semaphore);
+    assert_eq!((stats.errors_total(), stats.losses), (0, 0), "{stats:?}");
+    drop(semaphore);
+    drop(client);
+    assert!(!exists(&server, "wbp:loop"), "read when the client went");
+}
+
+#[test]
+fn a_lost_reply_on_an_owed_permit_release_leaves_nothing_behind() {
+    let server = RedisServer::start();
+    support::load_scripts(&server);
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy, Duration::from_secs(2));
+    let semaphore = semaphore(&client, "wbp:lost");
+    let permit = semaphore.acquire().expect("acquire");
+    // The release runs in Redis, and the connection is cut before its
+    // reply gets back.
+    proxy.lose_reply(&sha(SEM_RELEASE), 1);
+    drop(permit);
+    assert!(wait_until(Duration::from_secs(10), || proxy.lost_replies() == 1));
+    assert_eq!(permits_in(&server, "wbp:lost"), 0, "it ran");
+    // The next request on that connection finds it gone and is resent on
+    // a fresh one; the permit is free.
+    assert!(semaphore.acquire().is_ok());
+}
+
+#[test]
+fn a_lost_owed_permit_release_is_sent_again_in_the_background() {
+    let server = RedisServer::start();
+    support::load_scripts(&server);
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy, Duration::from_secs(2));
+    let semaphore = semaphore(&client, "wbp:dropped");
+    let permit = semaphore.acquire().expect("acquire");
+    // The release never reaches Redis: its connection is cut first.
+    proxy.drop_request(&sha(SEM_RELEASE), 1);
+    drop(permit);
+    assert!(wait_until(Duration::from_secs(10), || {
+        proxy.dropped_requests() == 1
+    }));
+    assert_eq!(permits_in(&server, "wbp:dropped"), 1, "nothing ran yet");
+    // The next user of the connection finds it gone: the outcome is
+    // unknown, so the permit goes to the cleanup, which releases it
+    // (owner-checked) long before its 60 s ttl.
+    let other = DistributedLock::with_options(&client, "wbp:other", options());
+    other.lock().expect("lock").unlock().expect("unlock");
+    assert!(
+        wait_until(Duration::from_secs(10), || permits_in(
+            &server,
+            "wbp:dropped"
+        ) == 0),
+        "the cleanup released it"
+    );
+    assert!(wait_until(Duration::from_secs(10), || client
+        .stats()
+        .orphans_released
+        >= 1));
+    assert!(semaphore.try_acquire().expect("try_acquire").is_some());
+}
+
+#[test]
+fn noscript_in_an_owed_permit_reply_sends_the_release_again() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let semaphore = semaphore(&client, "wbp:flushed");
+    let permit = semaphore.acquire().expect("acquire");
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.conn())
+        .expect("SCRIPT FLUSH");
+    drop(permit);
+    // The EVALSHA met NOSCRIPT and did not run.
+    assert_eq!(permits_in(&server, "wbp:flushed"), 1);
+    // The next request reads the NOSCRIPT and writes the release again,
+    // by EVAL with the permit's script.
+    let other = DistributedLock::with_options(&client, "wbp:other", options());
+    other.lock().expect("lock").unlock().expect("unlock");
+    assert!(
+        wait_until(Duration::from_secs(10), || permits_in(
+            &server,
+            "wbp:flushed"
+        ) == 0),
+        "the release was sent again"
+    );
+    assert!(server.command_calls("eval") >= 1, "by EVAL");
+    assert!(semaphore.try_acquire().expect("try_acquire").is_some());
+}
+
+/// A permit dropped after it was lost in Redis (its field deleted by hand)
+/// frees nothing: the release written behind finds it gone (the holder who
+/// took its place keeps theirs), and the loss is counted.
+#[test]
+fn an_owed_permit_release_that_finds_it_gone_frees_nothing() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let semaphore = semaphore(&client, "wbp:gone");
+    let permit = semaphore.acquire().expect("acquire");
+    let field = format!("p:{}", permit.id());
+    let _: () = redis::cmd("HDEL")
+        .arg("wbp:gone")
+        .arg(&field)
+        .query(&mut server.conn())
+        .expect("HDEL");
+    // Another holder takes the place the lost permit had.
+    let other_client = server.lock_client();
+    let other = redmutex::Semaphore::with_options(&other_client, "wbp:gone", 1, &options());
+    let theirs = other.try_acquire().expect("try_acquire").expect("free");
+    drop(permit);
+    // The next request reads the owed reply ("not held").
+    drop(semaphore.try_acquire().expect("try_acquire"));
+    assert_eq!(permits_in(&server, "wbp:gone"), 1, "theirs is kept");
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            client.stats().kind(LockKind::Semaphore).losses >= 1
+        }),
+        "counted as lost"
+    );
+    theirs.release().expect("theirs is still held");
+}
+
+/// Once a permit's release reaches a subscriber (a waiter elsewhere),
+/// drops release synchronously (leaving their marker) until a release
+/// reaches nobody again; then they write behind once more.
+#[test]
+fn permit_drops_release_synchronously_while_others_wait() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let semaphore = semaphore(&client, "wbp:waited");
+    let mut subscriber = server.conn();
+    let _: () = redis::cmd("SUBSCRIBE")
+        .arg(client.release_channel("wbp:waited"))
+        .query(&mut subscriber)
+        .expect("SUBSCRIBE");
+    // The first drop writes behind and learns the release reached someone.
+    drop(semaphore.acquire().expect("acquire"));
+    drop(semaphore.try_acquire().expect("read the owed reply"));
+    let before = markers(&server, "wbp:waited");
+    drop(semaphore.acquire().expect("acquire"));
+    assert_eq!(
+        markers(&server, "wbp:waited"),
+        before + 1,
+        "a waiter was reached: released synchronously, marker and all"
+    );
+    drop(subscriber);
+    assert!(wait_until(Duration::from_secs(10), || {
+        support::numsub(&server, &client.release_channel("wbp:waited")) == 0
+    }));
+    // A synchronous release that reaches nobody turns writing behind on.
+    drop(semaphore.acquire().expect("acquire"));
+    drop(semaphore.acquire().expect("acquire"));
+    let before = markers(&server, "wbp:waited");
+    drop(semaphore.acquire().expect("acquire"));
+    drop(semaphore.try_acquire().expect("read the owed reply"));
+    assert_eq!(
+        markers(&server, "wbp:waited"),
+        before,
+        "written behind: no marker"
+    );
+}

@@ -418,7 +418,7 @@ pub(crate) fn release_behind(
     if !con.can_write_behind() {
         return false;
     }
-    let pending = Pending::new(release.key, release.token, release.channel);
+    let pending = Pending::new(release.key, release.token, release.channel, release.what);
     let cleanups = client.watchdog().cleanups();
     let window = marker_ttl(client.timeout());
     let owed = Box::new(OwedRelease {
@@ -434,8 +434,14 @@ pub(crate) fn release_behind(
     });
     // Never on a cluster (no writing behind there): `PUBLISH`. Encoded in
     // the thread's buffer.
-    let request =
-        script::release_unmarked(&pending.key, &pending.token, &pending.channel, false, false);
+    let request = script::release_unmarked(
+        pending.what,
+        &pending.key,
+        &pending.token,
+        &pending.channel,
+        false,
+        false,
+    );
     if script::wire::with_packed(&request, |request| con.write_behind(request, owed)).is_err() {
         return false;
     }
@@ -451,12 +457,15 @@ pub(crate) fn release_behind(
     true
 }
 
-/// What a release written behind names: shared with the lease, so writing
-/// it behind copies no string.
+/// What a release written behind names: shared with the lease (or the
+/// permit), so writing it behind copies no string.
 pub(crate) struct Behind {
     pub(crate) key: Arc<str>,
+    /// The lock's token, or the permit's id.
     pub(crate) token: Arc<str>,
     pub(crate) channel: Arc<str>,
+    /// A plain lock's release or a semaphore permit's.
+    pub(crate) what: script::Unmarked,
     /// The client's [`Waited`] keys, told what the release reached.
     pub(crate) waited: Arc<Waited>,
 }
@@ -547,10 +556,7 @@ impl OwedRelease {
 
 impl Owed for OwedRelease {
     fn replied(mut self: Box<Self>, reply: Value) -> Option<Rewrite> {
-        let outcome = match &reply {
-            Value::Int(code) => Some(released(*code, &Cell::new(false))),
-            _ => None,
-        };
+        let outcome = unmarked_outcome(self.pending.what, &reply);
         if outcome.is_some() {
             self.pending.settle();
         }
@@ -573,6 +579,7 @@ impl Owed for OwedRelease {
                 self.rewritten = true;
                 let request = script::wire::with_packed(
                     &script::release_unmarked(
+                        self.pending.what,
                         &self.pending.key,
                         &self.pending.token,
                         &self.pending.channel,
@@ -630,6 +637,25 @@ impl Owed for OwedRelease {
             source: err.clone(),
         });
         (*self).clean_up();
+    }
+}
+
+/// What the reply of a release without a marker says (`None`: not a reply
+/// of that script, an error say): `lua/release.lua`'s one integer, or
+/// `lua/sem_release.lua`'s `{outcome, receivers}`.
+fn unmarked_outcome(what: script::Unmarked, reply: &Value) -> Option<Outcome> {
+    let markerless = Cell::new(false);
+    match (what, reply) {
+        (script::Unmarked::Lock, Value::Int(code)) => Some(released(*code, &markerless)),
+        (script::Unmarked::Permit, Value::Array(items)) => match items.as_slice() {
+            [Value::Int(1), Value::Int(receivers)] => {
+                Some(Ok(Released::Now(u64::try_from(*receivers).ok())))
+            }
+            [Value::Int(2), _] => Some(Ok(Released::Earlier)),
+            [Value::Int(code), _] => Some(Err(not_held(*code, &markerless))),
+            _ => None,
+        },
+        _ => None,
     }
 }
 

@@ -15,6 +15,7 @@ use crate::client::holder::{Holder, Redacted};
 use crate::client::options::{
     Backoff, HandoffBudget, SemaphoreOptions, WaitMode, check_min_replicas, ttl_millis,
 };
+use crate::client::release::Waited;
 use crate::client::{release, replicas};
 use crate::conn::backend::Connection;
 use crate::conn::policy::Op;
@@ -33,6 +34,9 @@ use crate::wait::queue::{Capacity, Queues};
 #[derive(Default)]
 struct Local {
     queues: Queues<PermitGift>,
+    /// The keys whose last release by this client reached a subscriber
+    /// (see [`Waited`]): their permits' drops release synchronously.
+    waited: Arc<Waited>,
     /// Bumped by `set_permits` and `release_permit`: a permit taken under
     /// an earlier generation is given back in Redis, never passed on.
     generation: AtomicU64,
@@ -41,7 +45,7 @@ struct Local {
 /// A permit passed from a releasing thread to a queued one of the same
 /// client: the same id (so the same place in Redis), no command sent.
 struct PermitGift {
-    id: String,
+    id: Arc<str>,
     /// When the request that set the current deadline was sent, and its ttl.
     sent: Instant,
     ttl: Duration,
@@ -82,7 +86,9 @@ impl std::fmt::Debug for Local {
 pub struct Semaphore {
     client: LockClient,
     local: Arc<Local>,
-    key: String,
+    key: Arc<str>,
+    /// The key's release channel, shared with each permit.
+    channel: Arc<str>,
     permits: u32,
     options: SemaphoreOptions,
 }
@@ -108,10 +114,12 @@ impl Semaphore {
         permits: u32,
         options: impl Into<SemaphoreOptions>,
     ) -> Semaphore {
+        let key: Arc<str> = client.names().own_key(key.into()).into();
         Semaphore {
             client: client.clone(),
             local: client.local::<Local>(),
-            key: client.names().own_key(key.into()),
+            channel: client.release_channel(&key).into(),
+            key,
             permits,
             options: options.into(),
         }
@@ -192,7 +200,7 @@ impl Semaphore {
         self.client.counters().commands(1);
         let changed: Result<u32, Error> = self.client.run(Op::SemSetLimit, &self.key, |con, _| {
             script::SEM_SET_LIMIT
-                .key(&self.key)
+                .key(&*self.key)
                 .arg(permits)
                 .invoke(con)
         });
@@ -222,7 +230,7 @@ impl Semaphore {
         self.client.counters().commands(1);
         let reply: (i64, Vec<(String, u64, u64)>) =
             self.client.run(Op::Read, &self.key, |con, _| {
-                script::SEM_STATUS.key(&self.key).invoke(con)
+                script::SEM_STATUS.key(&*self.key).invoke(con)
             })?;
         SemaphoreStatus::parse(&self.key, reply)
     }
@@ -253,8 +261,9 @@ impl Semaphore {
         // holder's own release does).
         let queue_key = self.queue_key();
         self.local.queues.unhold(&queue_key, id);
-        let released = release_id(&self.client, &self.key, id);
+        let released = release_id(&self.client, &self.key, &self.channel, id);
         let receivers = released.as_ref().ok().copied().flatten();
+        self.local.waited.reached(&self.key, receivers);
         self.local.queues.released(&queue_key, receivers);
         released.map(|_| ())
     }
@@ -354,17 +363,14 @@ impl Semaphore {
         check_min_replicas(self.options.min_replicas, self.client.timeout())?;
         self.client.check_key(&self.key)?;
         let deadline = within.deadline();
-        let id = self.client.new_token(&self.key)?;
+        let id = self.client.new_shared_token(&self.key)?;
         let mut contender = Take {
             semaphore: self,
             id: &id,
             millis,
         };
         let queue_key = self.queue_key();
-        let subscribe = |waker| {
-            self.client
-                .subscribe(&self.client.release_channel(&self.key), waker)
-        };
+        let subscribe = |waker| self.client.subscribe(&self.channel, waker);
         // A permit handed to this waiter after it gave up, with nobody left
         // to take it: given back like any other (passed on, or released).
         let release_orphan = |gift: PermitGift| {
@@ -392,7 +398,7 @@ impl Semaphore {
 /// One acquisition of a permit, seen by the acquire loop.
 struct Take<'a> {
     semaphore: &'a Semaphore,
-    id: &'a str,
+    id: &'a Arc<str>,
     millis: u64,
 }
 
@@ -412,7 +418,7 @@ impl Take<'_> {
         let Some(wanted) = semaphore.options.min_replicas else {
             return Ok(None);
         };
-        let (client, key, id) = (&semaphore.client, semaphore.key.as_str(), self.id);
+        let (client, key, id) = (&semaphore.client, &*semaphore.key, &**self.id);
         if resend {
             client.counters().commands(1);
             let _renewed: i64 = script::SEM_EXTEND
@@ -444,7 +450,7 @@ impl Contender for Take<'_> {
     fn attempt(&mut self, _quick: bool) -> Result<Attempt<Permit>, Error> {
         let semaphore = self.semaphore;
         let options = &semaphore.options;
-        let (client, key, id) = (&semaphore.client, semaphore.key.as_str(), self.id);
+        let (client, key, id) = (&semaphore.client, &*semaphore.key, self.id);
         let fence_key = options.fencing.then(|| client.fence_key(key));
         // Set once Redis granted the permit in this attempt: whatever fails
         // after that (the WAIT, say) leaves a permit to take out again.
@@ -460,7 +466,7 @@ impl Contender for Take<'_> {
                 &script::SEM_ACQUIRE,
                 &present([Some(Arg::from(key)), fence_key.as_deref().map(Arg::from)]),
                 &[
-                    Arg::from(id),
+                    Arg::from(&**id),
                     Arg::Int(u64::from(semaphore.permits)),
                     Arg::Int(self.millis),
                 ],
@@ -499,7 +505,7 @@ impl Contender for Take<'_> {
             Err(err) => {
                 if granted.get() || err.is_outcome_unknown() {
                     // The permit may have been written: take it out again.
-                    client.orphan(key, OrphanKind::Permit { id: id.to_owned() });
+                    client.orphan(key, OrphanKind::Permit { id: id.clone() });
                 }
                 return Err(err);
             }
@@ -572,8 +578,10 @@ impl Contender for Take<'_> {
 #[must_use = "the permit is released as soon as it is dropped"]
 pub struct Permit {
     client: LockClient,
-    key: String,
-    id: String,
+    key: Arc<str>,
+    id: Arc<str>,
+    /// The key's release channel.
+    channel: Arc<str>,
     /// When the request that set the current deadline was sent, and its
     /// ttl (the watchdog's entry owns them for a watched permit).
     sent: Instant,
@@ -625,14 +633,14 @@ impl Permit {
     /// past, set up as a handed-over one is.
     fn granted(
         semaphore: &Semaphore,
-        id: &str,
+        id: &Arc<str>,
         sent: Instant,
         ttl: Duration,
         fence: Option<u64>,
     ) -> Permit {
         semaphore.client.counters().acquired();
         let fresh = PermitGift {
-            id: id.to_owned(),
+            id: id.clone(),
             sent,
             ttl,
             handoffs: 0,
@@ -671,8 +679,8 @@ impl Permit {
             (None, true) => Some(client.watchdog().watch(
                 Renewal::Permit,
                 semaphore.tag(),
-                &Arc::from(semaphore.key.as_str()),
-                &Arc::from(gift.id.as_str()),
+                &semaphore.key,
+                &gift.id,
                 sent,
                 ttl,
                 cap,
@@ -694,6 +702,7 @@ impl Permit {
             client: client.clone(),
             key: semaphore.key.clone(),
             id: gift.id,
+            channel: semaphore.channel.clone(),
             sent,
             ttl,
             fence: None,
@@ -722,8 +731,8 @@ impl Permit {
     fn passed_on(&mut self) {
         let chain = self.chain.take().unwrap_or_else(|| {
             Chain::new(
-                Arc::from(self.key.as_str()),
-                Arc::from(self.id.as_str()),
+                self.key.clone(),
+                self.id.clone(),
                 Probe::Permit { limit: self.limit },
                 self.loss.clone(),
                 self.acquired_at,
@@ -739,7 +748,7 @@ impl Permit {
         if self.queued {
             self.local.queues.hold(
                 &self.queue_key,
-                &Arc::from(self.id.as_str()),
+                &self.id,
                 sent + ttl,
                 Capacity::Limit(self.limit),
             );
@@ -851,8 +860,8 @@ impl Permit {
         self.client.counters().commands(1);
         let renewed: i64 = self.client.run(Op::SemExtend, &self.key, |con, _| {
             script::SEM_EXTEND
-                .key(&self.key)
-                .arg(&self.id)
+                .key(&*self.key)
+                .arg(&*self.id)
                 .arg(millis)
                 .invoke(con)
         })?;
@@ -886,7 +895,7 @@ impl Permit {
             self.client.run(Op::Read, &self.key, |con, _| {
                 redis::pipe()
                     .cmd("HGET")
-                    .arg(&self.key)
+                    .arg(&*self.key)
                     .arg(&field)
                     .cmd("TIME")
                     .query(con)
@@ -903,19 +912,22 @@ impl Permit {
     /// already gone; [`Error::Redis`], [`Error::Pool`],
     /// [`Error::WrongType`] or [`Error::OutcomeUnknown`].
     pub fn release(mut self) -> Result<(), Error> {
-        self.give_back()
+        self.give_back(false)
     }
 
-    fn give_back(&mut self) -> Result<(), Error> {
+    /// Gives the permit back once; `behind`: for a drop, whose release in
+    /// Redis may be written behind (`release::release_behind`) and its
+    /// outcome, read later, only logged.
+    fn give_back(&mut self, behind: bool) -> Result<(), Error> {
         self.released = true;
-        let result = self.let_go();
+        let result = self.let_go(behind);
         let lost = self.is_lost();
         self.client
             .counters()
             .release(self.tag, self.held_since, lost, result)
     }
 
-    fn let_go(&mut self) -> Result<(), Error> {
+    fn let_go(&mut self, behind: bool) -> Result<(), Error> {
         if self.may_hand_off() {
             let gift = PermitGift {
                 id: self.id.clone(),
@@ -960,10 +972,34 @@ impl Permit {
             self.local.queues.released(&self.queue_key, None);
             return Err(Error::not_held(&self.key, reason.not_held_reason()));
         }
-        let released = release_id(&self.client, &self.key, &self.id);
+        // Written behind, as a plain lock's drop is, only with nobody known
+        // to wait: no thread of this client queued for a permit (the
+        // release that tells the queue keeps it fair) and the key's last
+        // release by this client reached no subscriber (another client's
+        // waiter gets its turn before this thread takes a permit again).
+        if behind
+            && !self.local.waited.is_waited(&self.key)
+            && !self.local.queues.has_waiters(&self.queue_key)
+            && release::release_behind(
+                &self.client,
+                release::Behind {
+                    key: self.key.clone(),
+                    token: self.id.clone(),
+                    channel: self.channel.clone(),
+                    what: script::Unmarked::Permit,
+                    waited: self.local.waited.clone(),
+                },
+                self.tag,
+                self.is_lost(),
+            )
+        {
+            return Ok(());
+        }
+        let released = release_id(&self.client, &self.key, &self.channel, &self.id);
         // The head of this client's queue is told at once (or, when other
         // clients' waiters heard the message too, lets them go first).
         let receivers = released.as_ref().ok().copied().flatten();
+        self.local.waited.reached(&self.key, receivers);
         self.local.queues.released(&self.queue_key, receivers);
         released.map(|_| ())
     }
@@ -976,7 +1012,7 @@ impl Drop for Permit {
             self.released = true;
         }
         if !self.released
-            && let Err(err) = self.give_back()
+            && let Err(err) = self.give_back(true)
         {
             log::warn!(
                 "redmutex: dropping a permit of {:?} failed: {err}",
@@ -991,8 +1027,12 @@ impl Drop for Permit {
 /// copy" from "gone"). A failure that may leave the permit in Redis hands
 /// it to the client's cleanup. `Some(n)`: released now, the message
 /// reached n subscribers.
-fn release_id(client: &LockClient, key: &str, id: &str) -> Result<Option<u64>, Error> {
-    let channel = client.release_channel(key);
+fn release_id(
+    client: &LockClient,
+    key: &str,
+    channel: &str,
+    id: &str,
+) -> Result<Option<u64>, Error> {
     let (marker, millis) = release::marker_of(client, key, id);
     client.counters().commands(1);
     let markerless = std::cell::Cell::new(marker.is_none());
@@ -1006,10 +1046,10 @@ fn release_id(client: &LockClient, key: &str, id: &str) -> Result<Option<u64>, E
                     &present([Some(Arg::from(key)), marker.map(Arg::from)]),
                     &present([
                         Some(Arg::from(id)),
-                        Some(Arg::from(channel.as_str())),
+                        Some(Arg::from(channel)),
                         Some(Arg::Int(millis)),
                         client
-                            .sharded(&channel)
+                            .sharded(channel)
                             .then_some(Arg::from(script::SHARDED)),
                     ]),
                 )
@@ -1018,9 +1058,14 @@ fn release_id(client: &LockClient, key: &str, id: &str) -> Result<Option<u64>, E
     });
     let (reply, replied) = result.inspect_err(|err| {
         if err.may_leave_a_lease() {
-            client.orphan(key, OrphanKind::Permit { id: id.to_owned() });
+            client.orphan(key, OrphanKind::Permit { id: Arc::from(id) });
         }
     })?;
+    // The script ran: later drops may write their release behind (as a
+    // plain lock's first release teaches its client).
+    if !client.behind_ok() {
+        client.scripts_work(true);
+    }
     match reply {
         (1, receivers) => Ok(Some(receivers)),
         (2, _) => Ok(None),

@@ -492,6 +492,7 @@ impl Lease {
                     key: self.key.clone(),
                     token: self.token.clone(),
                     channel: self.channel.clone(),
+                    what: crate::script::Unmarked::Lock,
                     waited: self.local.waited.clone(),
                 },
                 self.tag,

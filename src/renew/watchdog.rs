@@ -28,7 +28,7 @@ use crate::conn::worker::{STOP_WAIT, Worker};
 use crate::error::Error;
 use crate::lease::loss::{LossReason, LossState};
 use crate::lease::{local_expiry, remaining};
-use crate::script;
+use crate::script::{self, Unmarked};
 
 /// The watchdog thread's name.
 pub(crate) const THREAD_NAME: &str = "redmutex-dog";
@@ -186,7 +186,7 @@ pub(crate) enum OrphanKind {
     /// A read-write lock token: a reader, the writer, or a waiting writer.
     Rw { token: String },
     /// A semaphore permit's id.
-    Permit { id: String },
+    Permit { id: Arc<str> },
 }
 
 impl Orphan {
@@ -267,21 +267,29 @@ struct Shared {
 }
 
 /// A release written behind, until its reply is read (by the next user of
-/// its connection): the key, the token, the channel, shared with the
-/// reply's owner, and whether the reply came.
+/// its connection): the key, the token (or permit id), the channel, shared
+/// with the reply's owner, and whether the reply came.
 pub(crate) struct Pending {
     pub(crate) key: Arc<str>,
     pub(crate) token: Arc<str>,
     pub(crate) channel: Arc<str>,
+    /// A plain lock's token or a semaphore permit's id.
+    pub(crate) what: Unmarked,
     settled: AtomicBool,
 }
 
 impl Pending {
-    pub(crate) fn new(key: Arc<str>, token: Arc<str>, channel: Arc<str>) -> Arc<Pending> {
+    pub(crate) fn new(
+        key: Arc<str>,
+        token: Arc<str>,
+        channel: Arc<str>,
+        what: Unmarked,
+    ) -> Arc<Pending> {
         Arc::new(Pending {
             key,
             token,
             channel,
+            what,
             settled: AtomicBool::new(false),
         })
     }
@@ -297,14 +305,15 @@ impl Pending {
 
     /// Its token as an orphan, cleaned up for `window`.
     pub(crate) fn orphan(&self, window: Duration) -> Orphan {
-        Orphan::new(
-            self.key.clone(),
-            self.channel.clone(),
-            OrphanKind::Plain {
+        let kind = match self.what {
+            Unmarked::Lock => OrphanKind::Plain {
                 token: self.token.clone(),
             },
-            window,
-        )
+            Unmarked::Permit => OrphanKind::Permit {
+                id: self.token.clone(),
+            },
+        };
+        Orphan::new(self.key.clone(), self.channel.clone(), kind, window)
     }
 }
 
@@ -1049,37 +1058,31 @@ fn clean_orphans(shared: &Shared, mut orphans: Vec<Orphan>, budget: Duration) ->
 /// without a marker (nobody awaits its answer).
 fn cleanup_call(orphan: &Orphan) -> redis::Cmd {
     let channel = &*orphan.channel;
-    let mut cmd = redis::cmd("EVALSHA");
+    let unmarked = |what, token: &str| {
+        script::wire::command(&script::release_unmarked(
+            what,
+            &orphan.key,
+            token,
+            channel,
+            orphan.sharded,
+            false,
+        ))
+    };
     match &orphan.kind {
-        OrphanKind::Plain { token } => {
-            return script::wire::command(&script::release_unmarked(
-                &orphan.key,
-                token,
-                channel,
-                orphan.sharded,
-                false,
-            ));
-        }
+        OrphanKind::Plain { token } => unmarked(Unmarked::Lock, token),
+        OrphanKind::Permit { id } => unmarked(Unmarked::Permit, id),
         OrphanKind::Reentrant { owner, hold } => {
+            let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(script::REENTRANT_RELEASE.get_hash())
                 .arg(1)
                 .arg(&*orphan.key)
                 .arg(owner)
                 .arg(hold)
                 .arg(1);
-        }
-        OrphanKind::Permit { id } => {
-            cmd.arg(script::SEM_RELEASE.get_hash())
-                .arg(1)
-                .arg(&*orphan.key)
-                .arg(id)
-                .arg(channel)
-                .arg(1);
-            if orphan.sharded {
-                cmd.arg(script::SHARDED);
-            }
+            cmd
         }
         OrphanKind::Rw { token } => {
+            let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(script::RW_RELEASE.get_hash())
                 .arg(1)
                 .arg(&*orphan.key)
@@ -1090,9 +1093,9 @@ fn cleanup_call(orphan: &Orphan) -> redis::Cmd {
             if orphan.sharded {
                 cmd.arg(script::SHARDED);
             }
+            cmd
         }
     }
-    cmd
 }
 
 /// Whether a cleanup's reply says it removed something: 1 (or, from

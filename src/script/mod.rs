@@ -55,11 +55,24 @@ pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEA
 /// be retried (a release written behind that met `NOSCRIPT`).
 pub(crate) const RELEASE_SOURCE: &str = include_str!("../../lua/release.lua");
 
-/// `lua/release.lua` without a marker, by hash (`EVAL` with the source when
-/// `eval`): the owner-checked release of `token` from `key`, announced on
-/// `channel`, for a caller who never sends it twice on its own (a drop
-/// writing it behind, the cleanup of an orphan).
+/// Which owner-checked release a release without a marker sends: both
+/// take the same arguments (the key; the token or permit id, the channel,
+/// a marker life that no marker uses, the sharded flag).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unmarked {
+    /// A plain lock's token: `lua/release.lua`, one integer in reply.
+    Lock,
+    /// A semaphore permit's id: `lua/sem_release.lua`, `{outcome, n}`.
+    Permit,
+}
+
+/// `lua/release.lua` (or `lua/sem_release.lua`, see [`Unmarked`]) without
+/// a marker, by hash (`EVAL` with the source when `eval`): the
+/// owner-checked release of `token` from `key`, announced on `channel`,
+/// for a caller who never sends it twice on its own (a drop writing it
+/// behind, the cleanup of an orphan).
 pub(crate) fn release_unmarked<'a>(
+    what: Unmarked,
     key: &'a str,
     token: &'a str,
     channel: &'a str,
@@ -67,10 +80,11 @@ pub(crate) fn release_unmarked<'a>(
     eval: bool,
 ) -> wire::Present<'a, 8> {
     use wire::Arg;
-    let (call, script) = if eval {
-        ("EVAL", RELEASE_SOURCE)
-    } else {
-        ("EVALSHA", RELEASE.get_hash())
+    let (call, script) = match (what, eval) {
+        (Unmarked::Lock, true) => ("EVAL", RELEASE_SOURCE),
+        (Unmarked::Lock, false) => ("EVALSHA", RELEASE.get_hash()),
+        (Unmarked::Permit, true) => ("EVAL", SEM_RELEASE_SOURCE),
+        (Unmarked::Permit, false) => ("EVALSHA", SEM_RELEASE.get_hash()),
     };
     wire::present([
         Some(Arg::from(call)),
@@ -128,8 +142,11 @@ pub(crate) static SEM_ACQUIRE: LazyLock<Script> =
 /// `lua/sem_release.lua`: give this permit back. Returns `{1, receivers}`,
 /// `{2, 0}` (an earlier run did), `{0, 0}` gone, `{-2, 0}` gone and the
 /// marker unreadable.
-pub(crate) static SEM_RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("../../lua/sem_release.lua")));
+pub(crate) static SEM_RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(SEM_RELEASE_SOURCE));
+
+/// The source of `lua/sem_release.lua` (a permit's release written behind
+/// that met `NOSCRIPT`).
+pub(crate) const SEM_RELEASE_SOURCE: &str = include_str!("../../lua/sem_release.lua");
 
 /// `lua/sem_extend.lua`: renew a permit still present. Returns 1 or 0.
 pub(crate) static SEM_EXTEND: LazyLock<Script> =
