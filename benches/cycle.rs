@@ -3,7 +3,9 @@
 //! script, on a redis-rs connection of its own): cycles per second, heap
 //! allocations per cycle (a counting global allocator), the process's CPU
 //! per cycle (user + system, `getrusage`), the server's CPU per cycle
-//! (`INFO cpu`) and the commands Redis ran per cycle (`INFO stats`). Every row is run three times, interleaved with the
+//! (`INFO cpu`), the part of it spent running the cycle's commands
+//! (`INFO commandstats`) and the commands Redis ran per cycle (`INFO
+//! stats`). Every row is run three times, interleaved with the
 //! others, and the median printed.
 //!
 //! `cargo bench --bench cycle -- [CYCLES]` (default 20,000 per row and run).
@@ -48,6 +50,29 @@ fn commands(con: &mut redis::Connection) -> u64 {
         .unwrap_or(0)
 }
 
+/// The microseconds the server spent running the commands these cycles
+/// send (`INFO commandstats`): `SET`, `EVALSHA` and `EVAL`, a script's
+/// inner calls included, its network and event loop not. (Inner calls
+/// are counted under their own names too, so only these three are summed.)
+fn in_commands(con: &mut redis::Connection) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(con)
+        .unwrap_or_default();
+    info.lines()
+        .filter_map(|line| {
+            let (name, rest) = line.split_once(':')?;
+            matches!(name, "cmdstat_set" | "cmdstat_evalsha" | "cmdstat_eval")
+                .then(|| {
+                    rest.split(',')
+                        .find_map(|field| field.strip_prefix("usec="))
+                        .and_then(|usec| usec.trim().parse::<f64>().ok())
+                })
+                .flatten()
+        })
+        .sum()
+}
+
 /// The server's CPU time so far (`INFO cpu`: user + system, main thread
 /// and the rest).
 fn server_cpu(con: &mut redis::Connection) -> f64 {
@@ -73,6 +98,7 @@ struct Run {
     allocations: f64,
     cpu_us: f64,
     server_us: f64,
+    in_commands_us: f64,
     commands: f64,
 }
 
@@ -87,6 +113,7 @@ fn run(
     let n = f64::from(cycles.max(1));
     let commands_before = commands(admin);
     let server_before = server_cpu(admin);
+    let in_commands_before = in_commands(admin);
     let allocations = support::allocations();
     let cpu_before = cpu();
     let started = Instant::now();
@@ -96,16 +123,19 @@ fn run(
     let elapsed = started.elapsed();
     let cpu_used = cpu().saturating_sub(cpu_before);
     let server_used = (server_cpu(admin) - server_before).max(0.0);
+    let in_commands_used = (in_commands(admin) - in_commands_before).max(0.0);
     let allocated = support::allocations().saturating_sub(allocations);
-    // The INFO that reads the count is one command too.
+    // The INFOs that read the counts are commands too: the one that read
+    // the first count and the four after it.
     let ran = commands(admin)
         .saturating_sub(commands_before)
-        .saturating_sub(1);
+        .saturating_sub(5);
     Ok(Run {
         per_sec: n / elapsed.as_secs_f64().max(f64::MIN_POSITIVE),
         allocations: allocated as f64 / n,
         cpu_us: cpu_used.as_secs_f64() * 1e6 / n,
         server_us: server_used * 1e6 / n,
+        in_commands_us: in_commands_used / n,
         commands: ran as f64 / n,
     })
 }
@@ -192,17 +222,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map_or(1.0, |pair| median(pair, |r| r.per_sec))
         .max(f64::MIN_POSITIVE);
     println!(
-        "| cycle ({cycles} per run, median of 3) | cycles/s | x pair | allocations | client CPU µs | Redis CPU µs | Redis commands |"
+        "| cycle ({cycles} per run, median of 3) | cycles/s | x pair | allocations | client CPU µs | Redis CPU µs | Redis µs in commands | Redis commands |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for ((name, _), runs) in rows.iter().zip(&runs) {
         let per_sec = median(runs, |r| r.per_sec);
         println!(
-            "| {name} | {per_sec:.0} | {:.2} | {:.1} | {:.1} | {:.1} | {:.2} |",
+            "| {name} | {per_sec:.0} | {:.2} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |",
             per_sec / pair,
             median(runs, |r| r.allocations),
             median(runs, |r| r.cpu_us),
             median(runs, |r| r.server_us),
+            median(runs, |r| r.in_commands_us),
             median(runs, |r| r.commands),
         );
     }

@@ -23,7 +23,9 @@
 //!   replies, resets and latency on the primary.
 //!
 //! With a limit N, the workers take permits of one semaphore instead
-//! (fenced, half of them watched) and hold them for a moment.
+//! (fenced, half of them watched) and hold them for a moment. A quarter of
+//! the threads end every hold by dropping it (the release written behind)
+//! instead of `unlock()`.
 //!
 //! What it checks afterwards: no update was lost past fencing (the
 //! resource's counter equals its accepted writes); no fencing token was
@@ -311,6 +313,9 @@ pub fn worker(target: &str, resource_url: &str, threads: usize, secs: f64, limit
             // the others hold only, and their leases pass between them by
             // handoff (a fenced lease never does). A watchdog on half of each.
             let fencing = t % 2 == 0;
+            // A quarter (unfenced, unwatched) end their holds by drop: the
+            // release written behind, its reply read by the next request.
+            let by_drop = t % 4 == 3;
             let mut options = LockOptions::default()
                 .ttl(TTL)
                 .wait(Duration::from_secs(5))
@@ -400,7 +405,10 @@ pub fn worker(target: &str, resource_url: &str, threads: usize, secs: f64, limit
                     check(&mut valid_at);
                     let unlocked_at = wall();
                     let unlocking = Instant::now();
-                    if let Err(err) = guard.unlock() {
+                    if by_drop {
+                        // Written behind: its outcome is only logged.
+                        drop(guard);
+                    } else if let Err(err) = guard.unlock() {
                         error(&err);
                     }
                     let unlock = unlocking.elapsed().as_nanos();
