@@ -22,28 +22,34 @@
 --   {1, 0, f}  acquired (or already held by this id, see below); f is the
 --              permit's fencing token (0 without KEYS[2])
 --   {0, ms, 0} refused: `limit` live permits; ms until the earliest deadline
--- Errors (nothing changes): `LIMIT <stored>` when live permits exist under
+-- Errors, nothing changed: `LIMIT <stored>` when live permits exist under
 -- another limit; WRONGTYPE when the key is not a hash, or a hash with no
 -- limit or a field no semaphore writes (another lock type's: its fields
--- are never read as permits or purged); `FENCE ...` when
--- the counter cannot be incremented (bumped, and a negative one put back,
--- before the permit is written).
+-- are never read as permits or purged). `FENCE ...` when the counter
+-- cannot be incremented (bumped, and a negative one put back, before the
+-- permit is written); expired permits are purged by then, which takes
+-- nothing from anyone.
 --
 -- Safe to run twice: a run that finds `p:<id>` within its deadline answers
 -- {1, 0, its stored token} and changes nothing: an earlier run granted it
 -- and its reply was lost. A second permit is never taken for one id.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local mine = 'p:' .. ARGV[1]
+local mine, my_fence = 'p:' .. ARGV[1], 'f:' .. ARGV[1]
 local limit = tonumber(ARGV[2])
 -- One read of the whole hash answers every question below (a place of
 -- this id already, the stored limit, the other permits' deadlines).
 local fields = redis.call('HGETALL', KEYS[1])
-local stored, foreign = nil, nil
+local has_limit, stored, foreign = false, nil, nil
+local my_deadline, own = nil, 0
 for i = 1, #fields, 2 do
-  local name = fields[i]
+  local name, value = fields[i], fields[i + 1]
   if name == 'limit' then
-    stored = tonumber(fields[i + 1])
+    has_limit, stored = true, tonumber(value)
+  elseif name == mine then
+    my_deadline = tonumber(value)
+  elseif name == my_fence then
+    own = tonumber(value) or 0
   elseif foreign == nil then
     local kind = string.sub(name, 1, 2)
     if kind ~= 'p:' and kind ~= 'f:' then
@@ -51,7 +57,12 @@ for i = 1, #fields, 2 do
     end
   end
 end
-if #fields > 0 and stored == nil then
+-- Granted by an earlier run of this same request: its token again, before
+-- anything else is looked at (as that run answered).
+if my_deadline ~= nil and my_deadline > now then
+  return {1, 0, own}
+end
+if #fields > 0 and not has_limit then
   return redis.error_reply('WRONGTYPE the key is a hash without a limit: another lock type, not a semaphore')
 end
 if foreign ~= nil then
@@ -60,19 +71,9 @@ end
 local held, soonest, latest = 0, nil, now
 local purged = {}
 for i = 1, #fields, 2 do
-  local name, value = fields[i], fields[i + 1]
-  if name ~= 'limit' and string.sub(name, 1, 2) == 'p:' then
-    local deadline = tonumber(value)
-    if name == mine and deadline ~= nil and deadline > now then
-      -- Granted by an earlier run of this same request: its token again.
-      local own = 0
-      for j = 1, #fields, 2 do
-        if fields[j] == 'f:' .. ARGV[1] then
-          own = tonumber(fields[j + 1]) or 0
-        end
-      end
-      return {1, 0, own}
-    end
+  local name = fields[i]
+  if string.sub(name, 1, 2) == 'p:' then
+    local deadline = tonumber(fields[i + 1])
     if deadline == nil or deadline <= now then
       purged[#purged + 1] = name
       purged[#purged + 1] = 'f:' .. string.sub(name, 3)
@@ -83,16 +84,18 @@ for i = 1, #fields, 2 do
     end
   end
 end
--- In slices: Lua's unpack has a bound on how many values it returns.
-for i = 1, #purged, 1000 do
-  redis.call('HDEL', KEYS[1], unpack(purged, i, math.min(i + 999, #purged)))
-end
--- The limit binds while permits are out; with none, the caller's is taken.
+-- The limit binds while permits are out; with none, the caller's is taken
+-- (a stored limit that is not a number binds nothing, and is replaced).
 if held > 0 and stored ~= nil and stored ~= limit then
   return redis.error_reply('LIMIT ' .. tostring(stored))
 end
 if held > 0 and stored ~= nil then
   limit = stored
+end
+-- Expired permits go (in slices: Lua's unpack returns a bounded number of
+-- values), whether or not this one is granted.
+for i = 1, #purged, 1000 do
+  redis.call('HDEL', KEYS[1], unpack(purged, i, math.min(i + 999, #purged)))
 end
 if held >= limit then
   return {0, soonest - now, 0}

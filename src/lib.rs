@@ -233,8 +233,9 @@
 //!   reached no subscriber (a notify-mode waiter elsewhere). A semaphore
 //!   [`Permit`] dropped without [`Permit::release`] is written behind the
 //!   same way. Otherwise (and on Cluster, with a pool you built, for the
-//!   reentrant and read-write locks) drop releases synchronously. `unlock()` always does,
-//!   and is the call to make when the key must be free when it returns.
+//!   reentrant and read-write locks) drop releases synchronously.
+//!   `unlock()` and [`Permit::release`] always do, and are the calls to
+//!   make when the key (or the place) must be free when they return.
 //! * **Failures leave nothing.** An acquisition whose request may have set
 //!   the key but which returns an error, and a release that fails on the
 //!   network, hand the token to the client's cleanup (on the watchdog

@@ -1,6 +1,6 @@
 //! The chaos tests: 4 processes x 4 threads on one lock, half of them
-//! fenced and a quarter releasing by drop (written behind), (and on a
-//! semaphore of 3 permits) under random SIGSTOP/SIGCONT and SIGKILL of
+//! fenced (and on a semaphore of 3 permits), a quarter releasing by drop
+//! (the release written behind), under random SIGSTOP/SIGCONT and SIGKILL of
 //! workers and the faults of each deployment: one server (`CLIENT KILL`,
 //! `DEBUG SLEEP`, `SCRIPT FLUSH` and proxy faults: lost replies, resets,
 //! latency, blackholes, stalled handshakes), RedLock over 5 nodes with 2

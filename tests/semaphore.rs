@@ -210,6 +210,49 @@ fn an_abandoned_permit_comes_back_after_its_lease() {
     next.release().expect("release");
 }
 
+/// The acquire script answers a resend of its own grant before it judges
+/// the hash (as the first run answered), and a stored limit that is not a
+/// number binds nothing: it is replaced, not called "no limit".
+#[test]
+fn the_acquire_script_answers_a_resend_first_and_replaces_a_bad_limit() {
+    let server = RedisServer::start();
+    let mut con = server.conn();
+    let far = 4_000_000_000_000u64;
+    let _: () = con
+        .hset_multiple("odd", &[("p:me", far.to_string()), ("f:me", "42".into())])
+        .expect("HSET");
+    let acquire = redis::Script::new(SEM_ACQUIRE);
+    let resent: (i64, i64, i64) = acquire
+        .key("odd")
+        .arg("me")
+        .arg(3)
+        .arg(30_000)
+        .invoke(&mut con)
+        .expect("a resend is answered");
+    assert_eq!(resent, (1, 0, 42));
+    let other: redis::RedisResult<(i64, i64, i64)> = acquire
+        .key("odd")
+        .arg("you")
+        .arg(3)
+        .arg(30_000)
+        .invoke(&mut con);
+    assert!(
+        other.as_ref().is_err_and(|e| e.code() == Some("WRONGTYPE")),
+        "{other:?}"
+    );
+    let _: () = con.hset("bad", "limit", "abc").expect("HSET");
+    let granted: (i64, i64, i64) = acquire
+        .key("bad")
+        .arg("me")
+        .arg(3)
+        .arg(30_000)
+        .invoke(&mut con)
+        .expect("granted");
+    assert_eq!(granted.0, 1);
+    let limit: String = con.hget("bad", "limit").expect("HGET");
+    assert_eq!(limit, "3", "the caller's limit replaces it");
+}
+
 /// Thousands of expired permits (crashed holders, never released) are
 /// purged by the next acquisition in one run, their fencing tokens with
 /// them, however many there are (`HDEL` in slices: Lua's `unpack` is

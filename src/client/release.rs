@@ -390,7 +390,8 @@ pub(crate) fn release_on(
 
 /// Writes the owner-checked release of `key` behind (see
 /// [`Connection::write_behind`](crate::conn::backend::Connection::write_behind)):
-/// `lua/release.lua` is sent, without a marker, and this returns at once;
+/// `lua/release.lua` (a permit's: `lua/sem_release.lua`) is sent, without
+/// a marker, and this returns at once;
 /// the reply is read by the next user of the connection, in the same round
 /// trip as its own request, and handed to an [`OwedRelease`]. `true` when
 /// the release was written; `false` when it cannot be (not a plain
@@ -651,8 +652,11 @@ fn unmarked_outcome(what: script::Unmarked, reply: &Value) -> Option<Outcome> {
             [Value::Int(1), Value::Int(receivers)] => {
                 Some(Ok(Released::Now(u64::try_from(*receivers).ok())))
             }
+            [Value::Int(1), _] => Some(Ok(Released::Now(None))),
             [Value::Int(2), _] => Some(Ok(Released::Earlier)),
-            [Value::Int(code), _] => Some(Err(not_held(*code, &markerless))),
+            // Gone (the marker unreadable or not): the only "not held" a
+            // permit has. Anything else is no reply of this script.
+            [Value::Int(code @ (0 | -2)), _] => Some(Err(not_held(*code, &markerless))),
             _ => None,
         },
         _ => None,

@@ -183,7 +183,9 @@ impl Semaphore {
     /// out stay out; a smaller limit admits nobody new until enough are
     /// released. With no permit out there is nothing to change: the next
     /// acquire sets its own limit. (It does not report the previous limit:
-    /// after a lost reply, the resend would report its own.)
+    /// after a lost reply, the resend would report its own.) A permit
+    /// dropped a moment ago may still be out (its release written behind,
+    /// see [`Permit`]); [`Permit::release`] returns once it is not.
     ///
     /// # Errors
     ///
@@ -575,6 +577,16 @@ impl Contender for Take<'_> {
 
 /// One permit of a [`Semaphore`]. Dropping it releases it (best effort);
 /// [`Permit::release`] reports the outcome.
+///
+/// A drop writes its release behind when nobody is known to wait (as a
+/// dropped [`LockGuard`](crate::LockGuard) does; see the crate docs): it
+/// returns once the release is sent, and the permit stays out in Redis
+/// until the release arrives, about one round trip. A request on another
+/// connection right after the drop can still count it: a
+/// [`Semaphore::try_acquire`] may find no room, [`Semaphore::status`] may
+/// list it, and opening the key with another limit may still be refused
+/// ([`Error::InvalidArgument`]). Call [`Permit::release`] when the place
+/// must be free by the time the call returns.
 #[must_use = "the permit is released as soon as it is dropped"]
 pub struct Permit {
     client: LockClient,
