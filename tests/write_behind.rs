@@ -724,3 +724,94 @@ fn permit_drops_release_synchronously_while_others_wait() {
         "written behind: no marker"
     );
 }
+
+/// Two threads of one client drop permits of a semaphore of two in a loop
+/// (nobody waits, so every drop may write behind) while the link loses
+/// the releases' replies, loses the releases themselves, resets every
+/// connection, and the script cache is flushed. Every worker keeps finding
+/// a place (a permit never outlives its drop by more than the cleanup's
+/// round), no error but the link's reaches the callers, and once the
+/// client is gone nothing is left in Redis.
+#[test]
+fn permits_dropped_under_faults_leave_nothing_and_never_block() {
+    let server = RedisServer::start();
+    support::load_scripts(&server);
+    let proxy = Arc::new(FaultProxy::to(&server));
+    let client = client(&proxy, Duration::from_secs(1));
+    let semaphore = redmutex::Semaphore::with_options(
+        &client,
+        "wbp:faults",
+        2,
+        &options().wait(Duration::from_secs(20)),
+    );
+    semaphore
+        .acquire()
+        .expect("acquire")
+        .release()
+        .expect("prime");
+    let done = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..2)
+        .map(|_| {
+            let (semaphore, done) = (semaphore.clone(), done.clone());
+            std::thread::spawn(move || {
+                let mut taken = 0u32;
+                for _ in 0..200_000 {
+                    if done.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    match semaphore.acquire() {
+                        Ok(permit) => {
+                            taken += 1;
+                            drop(permit);
+                        }
+                        // A reset or a lost reply can fail one attempt;
+                        // the next one must still find a place.
+                        Err(err) if err.is_connection() => {}
+                        Err(err) => panic!("acquire: {err}"),
+                    }
+                }
+                taken
+            })
+        })
+        .collect();
+    // Each fault once in every 40 ms, 25 rounds.
+    let mut admin = server.conn();
+    for round in 0..100u32 {
+        match round % 4 {
+            0 => proxy.lose_reply(&sha(SEM_RELEASE), 1),
+            1 => proxy.drop_request(&sha(SEM_RELEASE), 1),
+            2 => proxy.reset_all(),
+            _ => {
+                let _: redis::RedisResult<()> = redis::cmd("SCRIPT").arg("FLUSH").query(&mut admin);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    done.store(true, Ordering::SeqCst);
+    let taken: Vec<u32> = workers
+        .into_iter()
+        .map(|w| w.join().expect("worker"))
+        .collect();
+    println!(
+        "permits taken {taken:?}; {} replies lost, {} requests dropped",
+        proxy.lost_replies(),
+        proxy.dropped_requests()
+    );
+    assert!(
+        proxy.lost_replies() >= 1 && proxy.dropped_requests() >= 1,
+        "the faults met releases: {} replies lost, {} requests dropped",
+        proxy.lost_replies(),
+        proxy.dropped_requests()
+    );
+    assert!(
+        taken.iter().all(|t| *t >= 50),
+        "every worker kept finding a place: {taken:?}"
+    );
+    proxy.heal();
+    drop(semaphore);
+    drop(client);
+    assert!(
+        wait_until(Duration::from_secs(20), || !exists(&server, "wbp:faults")),
+        "nothing left once the client is gone"
+    );
+}
