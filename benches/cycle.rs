@@ -39,15 +39,31 @@ fn cpu() -> Duration {
     of(usage.ru_utime) + of(usage.ru_stime)
 }
 
-fn commands(con: &mut redis::Connection) -> u64 {
+/// The sum of `section`'s `INFO` fields in `names`; for a field holding
+/// `k=v` pairs (`INFO commandstats`), of its `usec` pair.
+fn info_sum(con: &mut redis::Connection, section: &str, names: &[&str]) -> f64 {
     let info: String = redis::cmd("INFO")
-        .arg("stats")
+        .arg(section)
         .query(con)
         .unwrap_or_default();
     info.lines()
-        .find_map(|line| line.strip_prefix("total_commands_processed:"))
-        .and_then(|count| count.trim().parse().ok())
-        .unwrap_or(0)
+        .filter_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            if !names.contains(&name) {
+                return None;
+            }
+            let value = match value.split_once(',') {
+                Some(_) => value.split(',').find_map(|f| f.strip_prefix("usec="))?,
+                None => value,
+            };
+            value.trim().parse::<f64>().ok()
+        })
+        .sum()
+}
+
+/// The commands the server ran so far (`INFO stats`).
+fn commands(con: &mut redis::Connection) -> u64 {
+    info_sum(con, "stats", &["total_commands_processed"]) as u64
 }
 
 /// The microseconds the server spent running the commands these cycles
@@ -55,36 +71,17 @@ fn commands(con: &mut redis::Connection) -> u64 {
 /// inner calls included, its network and event loop not. (Inner calls
 /// are counted under their own names too, so only these three are summed.)
 fn in_commands(con: &mut redis::Connection) -> f64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(con)
-        .unwrap_or_default();
-    info.lines()
-        .filter_map(|line| {
-            let (name, rest) = line.split_once(':')?;
-            matches!(name, "cmdstat_set" | "cmdstat_evalsha" | "cmdstat_eval")
-                .then(|| {
-                    rest.split(',')
-                        .find_map(|field| field.strip_prefix("usec="))
-                        .and_then(|usec| usec.trim().parse::<f64>().ok())
-                })
-                .flatten()
-        })
-        .sum()
+    info_sum(
+        con,
+        "commandstats",
+        &["cmdstat_set", "cmdstat_evalsha", "cmdstat_eval"],
+    )
 }
 
 /// The server's CPU time so far (`INFO cpu`: user + system, main thread
 /// and the rest).
 fn server_cpu(con: &mut redis::Connection) -> f64 {
-    let info: String = redis::cmd("INFO").arg("cpu").query(con).unwrap_or_default();
-    info.lines()
-        .filter_map(|line| {
-            let (name, value) = line.split_once(':')?;
-            matches!(name, "used_cpu_sys" | "used_cpu_user")
-                .then(|| value.trim().parse::<f64>().ok())
-                .flatten()
-        })
-        .sum()
+    info_sum(con, "cpu", &["used_cpu_sys", "used_cpu_user"])
 }
 
 type Outcome = Result<(), Box<dyn std::error::Error>>;

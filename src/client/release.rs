@@ -394,10 +394,12 @@ pub(crate) fn release_on(
 /// a marker, and this returns at once;
 /// the reply is read by the next user of the connection, in the same round
 /// trip as its own request, and handed to an [`OwedRelease`]. `true` when
-/// the release was written; `false` when it cannot be (not a plain
-/// connection of this crate's pool, scripts not known to work on this
-/// client, no connection, or the write failed), and the caller releases
-/// synchronously instead.
+/// the release was written; `false` when it must not or cannot be (the
+/// key's last release by this client reached a subscriber, whose turn a
+/// thread taking the key again right behind this release would skip; not
+/// a plain connection of this crate's pool, scripts not known to work on
+/// this client, no connection, or the write failed), and the caller
+/// releases synchronously instead.
 ///
 /// No marker: a marker tells a resend of this same request whether an
 /// earlier send ran, and nobody awaits this one's answer. The owner-checked
@@ -410,7 +412,7 @@ pub(crate) fn release_behind(
     tag: Tag,
     counted_lost: bool,
 ) -> bool {
-    if !client.behind_ok() || !client.can_write_behind() {
+    if release.waited.is_waited(&release.key) || !client.behind_ok() || !client.can_write_behind() {
         return false;
     }
     let Ok(mut con) = client.pooled() else {

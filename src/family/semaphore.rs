@@ -263,11 +263,14 @@ impl Semaphore {
         // holder's own release does).
         let queue_key = self.queue_key();
         self.local.queues.unhold(&queue_key, id);
-        let released = release_id(&self.client, &self.key, &self.channel, id);
-        let receivers = released.as_ref().ok().copied().flatten();
-        self.local.waited.reached(&self.key, receivers);
-        self.local.queues.released(&queue_key, receivers);
-        released.map(|_| ())
+        release_and_tell(
+            &self.client,
+            &self.local,
+            &self.key,
+            &self.channel,
+            &queue_key,
+            id,
+        )
     }
 
     /// Takes a permit, waiting up to the options' `wait`.
@@ -986,11 +989,9 @@ impl Permit {
         }
         // Written behind, as a plain lock's drop is, only with nobody known
         // to wait: no thread of this client queued for a permit (the
-        // release that tells the queue keeps it fair) and the key's last
-        // release by this client reached no subscriber (another client's
-        // waiter gets its turn before this thread takes a permit again).
+        // release that tells the queue keeps it fair; `release_behind`
+        // checks for other clients' waiters).
         if behind
-            && !self.local.waited.is_waited(&self.key)
             && !self.local.queues.has_waiters(&self.queue_key)
             && release::release_behind(
                 &self.client,
@@ -1007,13 +1008,14 @@ impl Permit {
         {
             return Ok(());
         }
-        let released = release_id(&self.client, &self.key, &self.channel, &self.id);
-        // The head of this client's queue is told at once (or, when other
-        // clients' waiters heard the message too, lets them go first).
-        let receivers = released.as_ref().ok().copied().flatten();
-        self.local.waited.reached(&self.key, receivers);
-        self.local.queues.released(&self.queue_key, receivers);
-        released.map(|_| ())
+        release_and_tell(
+            &self.client,
+            &self.local,
+            &self.key,
+            &self.channel,
+            &self.queue_key,
+            &self.id,
+        )
     }
 }
 
@@ -1032,6 +1034,24 @@ impl Drop for Permit {
             );
         }
     }
+}
+
+/// [`release_id`], then this client told what it reached: the head of its
+/// queue at once (or, when other clients' waiters heard the message too,
+/// after them), and its [`Waited`] keys.
+fn release_and_tell(
+    client: &LockClient,
+    local: &Local,
+    key: &Arc<str>,
+    channel: &str,
+    queue_key: &str,
+    id: &str,
+) -> Result<(), Error> {
+    let released = release_id(client, key, channel, id);
+    let receivers = released.as_ref().ok().copied().flatten();
+    local.waited.reached(key, receivers);
+    local.queues.released(queue_key, receivers);
+    released.map(|_| ())
 }
 
 /// The owner-checked release of permit `id` (`lua/sem_release.lua`, with

@@ -60,20 +60,22 @@ impl std::fmt::Debug for Local {
     }
 }
 
-/// Releases `key` in Redis if it holds `token`, and tells this client's
-/// queue of the key (see [`Queues::released`]).
+/// Releases `key` in Redis if it holds `token`, and tells this client what
+/// the release reached: its queue of the key (see [`Queues::released`])
+/// and its [`Waited`] keys.
 pub(crate) fn release_and_tell(
     client: &LockClient,
     local: &Local,
-    key: &str,
+    key: &Arc<str>,
     channel: &str,
     token: &str,
     how: Release,
-) -> Result<Option<u64>, Error> {
+) -> Result<(), Error> {
     let released = release::release_on(client, key, channel, token, how);
     let receivers = released.as_ref().ok().copied().flatten();
+    local.waited.reached(key, receivers);
     local.queues.released(key, receivers);
-    released
+    released.map(|_| ())
 }
 
 /// When a releasing holder may pass its lease to a queued thread instead of
@@ -479,12 +481,10 @@ impl Lease {
         }
         // Written behind only with nobody known to wait: no thread of this
         // client queued for the key (a release that tells the queue when it
-        // has run, and the yield to other clients' waiters, keep the
-        // queue fair) and the key's last release by this client reached no
-        // subscriber.
+        // has run keeps the queue fair; `release_behind` checks for other
+        // clients' waiters).
         if behind
             && how == Release::Lua
-            && !self.local.waited.is_waited(&self.key)
             && !self.local.queues.has_waiters(&self.key)
             && release::release_behind(
                 &self.client,
@@ -501,31 +501,24 @@ impl Lease {
         {
             return Ok(());
         }
-        let released = release_and_tell(
+        release_and_tell(
             &self.client,
             &self.local,
             &self.key,
             &self.channel,
             &self.token,
             how,
-        );
-        match released {
-            Ok(receivers) => {
-                self.local.waited.reached(&self.key, receivers);
-                Ok(())
+        )
+        .inspect_err(|err| {
+            if err.may_leave_a_lease() {
+                self.client.orphan(
+                    &self.key,
+                    OrphanKind::Plain {
+                        token: self.token.clone(),
+                    },
+                );
             }
-            Err(err) => {
-                if err.may_leave_a_lease() {
-                    self.client.orphan(
-                        &self.key,
-                        OrphanKind::Plain {
-                            token: self.token.clone(),
-                        },
-                    );
-                }
-                Err(err)
-            }
-        }
+        })
     }
 }
 

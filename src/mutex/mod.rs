@@ -239,7 +239,6 @@ impl DistributedLock {
             token,
             self.options.release,
         )
-        .map(|receivers| self.local.waited.reached(&self.key, receivers))
     }
 
     /// Deletes the key whatever it holds, for operators breaking a lock
