@@ -19,7 +19,7 @@ use crate::conn::ledger::{Owed, Rewrite};
 use crate::conn::policy::{Op, Replied, marker_ttl};
 use crate::conn::stats::{Stats, Tag};
 use crate::error::{Error, NotHeldReason};
-use crate::renew::watchdog::{Cleanups, Pending};
+use crate::renew::watchdog::{Cleanups, Deferred, Pending};
 use crate::script;
 use crate::wait::backoff::{Jitter, ThreadJitter};
 
@@ -254,12 +254,45 @@ pub(crate) fn marker_of(
     client: &crate::client::LockClient,
     key: &str,
     id: &str,
-) -> (Option<String>, u64) {
-    // Room for the longest name (`write_marker`): one allocation.
-    let mut marker =
-        String::with_capacity(client.names().prefix().len() + 2 * key.len() + id.len() + 24);
-    let written = write_marker(client, &mut marker, key, id);
-    (written.then_some(marker), marker_millis(client))
+) -> (MarkerName, u64) {
+    let mut name = MARKER.try_with(Cell::take).unwrap_or_default();
+    let written = write_marker(client, &mut name, key, id);
+    (MarkerName { name, written }, marker_millis(client))
+}
+
+thread_local! {
+    /// The buffer [`MarkerName`]s are written into: taken out while one is
+    /// in use (a release inside another, a drop during a release, only
+    /// allocates), given back when it goes.
+    static MARKER: Cell<String> = const { Cell::new(String::new()) };
+}
+
+/// A release's marker name ([`marker_of`]), in a buffer the thread keeps:
+/// a release costs no allocation for it.
+pub(crate) struct MarkerName {
+    name: String,
+    written: bool,
+}
+
+impl MarkerName {
+    /// The name; `None` when the release has no marker.
+    pub(crate) fn as_deref(&self) -> Option<&str> {
+        self.written.then_some(self.name.as_str())
+    }
+
+    pub(crate) fn is_none(&self) -> bool {
+        !self.written
+    }
+}
+
+impl Drop for MarkerName {
+    fn drop(&mut self) {
+        // A name grown past the usual (a key of kilobytes) is not kept.
+        if self.name.capacity() <= script::wire::KEPT {
+            let name = std::mem::take(&mut self.name);
+            let _ = MARKER.try_with(|kept| kept.set(name));
+        }
+    }
 }
 
 /// How long a release's marker lives on `client` ([`marker_ttl`]).
@@ -421,11 +454,12 @@ pub(crate) fn release_behind(
     if !con.can_write_behind() {
         return false;
     }
-    let pending = Pending::new(release.key, release.token, release.channel, release.what);
     let cleanups = client.watchdog().cleanups();
     let window = marker_ttl(client.timeout());
-    let owed = Box::new(OwedRelease {
-        pending: pending.clone(),
+    // One allocation: the connection owes its reply to it, and the
+    // deferred check below watches the same one.
+    let owed = Arc::new(OwedRelease {
+        pending: Pending::new(release.key, release.token, release.channel, release.what),
         waited: release.waited,
         tag,
         counted_lost,
@@ -433,8 +467,9 @@ pub(crate) fn release_behind(
         cleanups: cleanups.clone(),
         cleanup_window: window,
         scripts_work: client.behind_flag(),
-        rewritten: false,
+        rewritten: AtomicBool::new(false),
     });
+    let pending = &owed.pending;
     // Never on a cluster (no writing behind there): `PUBLISH`. Encoded in
     // the thread's buffer.
     let request = script::release_unmarked(
@@ -445,14 +480,15 @@ pub(crate) fn release_behind(
         false,
         false,
     );
-    if script::wire::with_packed(&request, |request| con.write_behind(request, owed)).is_err() {
+    let owes: Arc<dyn Owed> = owed.clone();
+    if script::wire::with_packed(&request, |request| con.write_behind(request, owes)).is_err() {
         return false;
     }
     client.counters().commands(1);
     // Should the reply never be read (the connection left idle in the pool),
     // the cleanup releases the token itself once a resend window has
     // passed.
-    if !cleanups.defer(pending, window) {
+    if !cleanups.defer(owed, window) {
         log::debug!(
             "redmutex: the client is shutting down; a release written behind is not checked"
         );
@@ -521,9 +557,9 @@ impl Waited {
 /// `NOSCRIPT`; the token handed to the cleanup when the reply is lost or
 /// the server refused (a demoted primary answering `READONLY`, say).
 pub(crate) struct OwedRelease {
-    /// Key, token and channel, shared with the deferred check, which this
-    /// tells when the reply is read.
-    pending: Arc<Pending>,
+    /// Key, token and channel, and whether the reply was read: what the
+    /// deferred check, which shares this, looks at.
+    pending: Pending,
     waited: Arc<Waited>,
     tag: Tag,
     /// The lease was already counted as lost when it was dropped.
@@ -533,11 +569,17 @@ pub(crate) struct OwedRelease {
     cleanup_window: Duration,
     scripts_work: Arc<AtomicBool>,
     /// Already sent again as an `EVAL`, which cannot meet `NOSCRIPT`.
-    rewritten: bool,
+    rewritten: AtomicBool,
+}
+
+impl Deferred for OwedRelease {
+    fn pending(&self) -> &Pending {
+        &self.pending
+    }
 }
 
 impl OwedRelease {
-    fn clean_up(self) {
+    fn clean_up(&self) {
         if !self
             .cleanups
             .clean_up(self.pending.orphan(self.cleanup_window))
@@ -558,7 +600,7 @@ impl OwedRelease {
 }
 
 impl Owed for OwedRelease {
-    fn replied(mut self: Box<Self>, reply: Value) -> Option<Rewrite> {
+    fn replied(self: Arc<Self>, reply: Value) -> Option<Rewrite> {
         let outcome = unmarked_outcome(self.pending.what, &reply);
         if outcome.is_some() {
             self.pending.settle();
@@ -575,11 +617,13 @@ impl Owed for OwedRelease {
                 None
             }
             (None, Value::ServerError(refused))
-                if refused.code() == "NOSCRIPT" && !self.rewritten =>
+                if refused.code() == "NOSCRIPT" && !self.rewritten.load(Ordering::Relaxed) =>
             {
                 // The script cache was flushed: the release did not run.
-                // Sent again with the source, behind like the first.
-                self.rewritten = true;
+                // Sent again with the source, behind like the first. (One
+                // owner at a time reads replies: the ledger of the one
+                // connection that owes it.)
+                self.rewritten.store(true, Ordering::Relaxed);
                 let request = script::wire::with_packed(
                     &script::release_unmarked(
                         self.pending.what,
@@ -621,13 +665,13 @@ impl Owed for OwedRelease {
                     self.pending.key
                 );
                 self.failed(&err);
-                (*self).clean_up();
+                self.clean_up();
                 None
             }
         }
     }
 
-    fn lost(self: Box<Self>, err: &RedisError) {
+    fn lost(self: Arc<Self>, err: &RedisError) {
         self.pending.settle();
         log::warn!(
             "redmutex: releasing {:?} on drop: release outcome unknown, the connection was lost \
@@ -639,7 +683,7 @@ impl Owed for OwedRelease {
             operation: Op::Release.name(),
             source: err.clone(),
         });
-        (*self).clean_up();
+        self.clean_up();
     }
 }
 
@@ -672,16 +716,9 @@ fn release_as(
     token: &str,
     how: crate::client::options::Release,
 ) -> Result<Option<u64>, Error> {
-    // The marker's name in a buffer the thread keeps: no allocation per
-    // release (taken out while in use, so a nested release only allocates).
-    thread_local! {
-        static MARKER: Cell<String> = const { Cell::new(String::new()) };
-    }
-    let mut marker_key = MARKER.try_with(Cell::take).unwrap_or_default();
-    let millis = marker_millis(client);
-    let has_marker = write_marker(client, &mut marker_key, key, token);
+    let (marker_name, millis) = marker_of(client, key, token);
     let marker = Marker {
-        key: has_marker.then_some(marker_key.as_str()),
+        key: marker_name.as_deref(),
         millis,
     };
     let stats = client.counters();
@@ -716,9 +753,6 @@ fn release_as(
     let outcome = result.and_then(|(outcome, replied)| {
         check_resend(key, outcome, replied, !markerless.get(), millis)
     });
-    if marker_key.capacity() <= script::wire::KEPT {
-        let _ = MARKER.try_with(|kept| kept.set(marker_key));
-    }
     outcome?
         .map(Released::receivers)
         .map_err(|reason| Error::not_held(key, reason))

@@ -1009,8 +1009,8 @@ impl Link {
     fn write_behind(
         &mut self,
         request: &[u8],
-        owed: Box<dyn Owed>,
-    ) -> Result<(), (Box<dyn Owed>, Option<RedisError>)> {
+        owed: Arc<dyn Owed>,
+    ) -> Result<(), (Arc<dyn Owed>, Option<RedisError>)> {
         let LinkKind::Plain(con) = &mut self.kind else {
             return Err((owed, None));
         };
@@ -1647,8 +1647,8 @@ impl Connection {
     pub(crate) fn write_behind(
         &mut self,
         request: &[u8],
-        owed: Box<dyn Owed>,
-    ) -> Result<(), Box<dyn Owed>> {
+        owed: Arc<dyn Owed>,
+    ) -> Result<(), Arc<dyn Owed>> {
         if !self.can_write_behind() {
             return Err(owed);
         }

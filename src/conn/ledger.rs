@@ -10,26 +10,32 @@
 //! as its reply or as lost (never another request's reply, never twice);
 //! a request's own reply is read only after every reply owed before it.
 
+use std::sync::Arc;
+
 use redis::{RedisError, RedisResult, Value};
 
 /// A reply a connection still owes: its request was written behind (sent
 /// without waiting, `Connection::write_behind`), and whoever uses the
 /// connection next reads it, in order, before its own.
-pub(crate) trait Owed: std::marker::Send {
+///
+/// Held as an `Arc`, so one allocation can serve the connection that owes
+/// the reply and whoever else watches for it (the deferred check of a
+/// release written behind).
+pub(crate) trait Owed: std::marker::Send + std::marker::Sync {
     /// The reply came (an error reply as [`Value::ServerError`]). Returns
     /// a request to write behind in its stead when the reply asks for it to
     /// be sent again (`NOSCRIPT`: a script missing from the cache).
-    fn replied(self: Box<Self>, reply: Value) -> Option<Rewrite>;
+    fn replied(self: Arc<Self>, reply: Value) -> Option<Rewrite>;
 
     /// The reply will never be read: the connection was lost or given up
     /// first, so whether the request ran is unknown.
-    fn lost(self: Box<Self>, err: &RedisError);
+    fn lost(self: Arc<Self>, err: &RedisError);
 }
 
 /// A request to write behind again, with what its reply is owed to.
 pub(crate) struct Rewrite {
     pub(crate) request: Vec<u8>,
-    pub(crate) owed: Box<dyn Owed>,
+    pub(crate) owed: Arc<dyn Owed>,
 }
 
 /// At most this many replies are owed on one connection: writing behind on
@@ -67,7 +73,7 @@ impl Wire for PlainWire<'_> {
 /// The replies one connection owes, oldest first.
 #[derive(Default)]
 pub(crate) struct Ledger {
-    owed: Vec<Box<dyn Owed>>,
+    owed: Vec<Arc<dyn Owed>>,
 }
 
 impl Ledger {
@@ -84,8 +90,8 @@ impl Ledger {
         &mut self,
         wire: &mut dyn Wire,
         request: &[u8],
-        owed: Box<dyn Owed>,
-    ) -> Result<(), (Box<dyn Owed>, RedisError)> {
+        owed: Arc<dyn Owed>,
+    ) -> Result<(), (Arc<dyn Owed>, RedisError)> {
         if self.owed.len() >= MAX_OWED
             && let Err(err) = self.settle(wire, 2)
         {
@@ -273,7 +279,7 @@ mod model {
     static LOSSES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
     impl Owed for Release {
-        fn replied(self: Box<Self>, reply: Value) -> Option<Rewrite> {
+        fn replied(self: std::sync::Arc<Self>, reply: Value) -> Option<Rewrite> {
             match reply {
                 Value::ServerError(err) if err.code() == "NOSCRIPT" => {
                     REWRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -290,7 +296,7 @@ mod model {
             }
         }
 
-        fn lost(self: Box<Self>, _err: &RedisError) {
+        fn lost(self: std::sync::Arc<Self>, _err: &RedisError) {
             LOSSES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.outcomes.lock().unwrap().push((self.id, None));
         }
@@ -332,7 +338,7 @@ mod model {
         /// A drop writing its release `id` behind.
         fn release_behind(&self, id: u8) {
             let mut link = self.checkout();
-            let owed = Box::new(Release {
+            let owed = std::sync::Arc::new(Release {
                 id,
                 outcomes: self.outcomes.clone(),
             });

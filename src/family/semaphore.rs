@@ -89,6 +89,9 @@ pub struct Semaphore {
     key: Arc<str>,
     /// The key's release channel, shared with each permit.
     channel: Arc<str>,
+    /// The key of its wait queue in the client ([`queue_key`]), shared
+    /// with each permit.
+    queue_key: Arc<str>,
     permits: u32,
     options: SemaphoreOptions,
 }
@@ -119,6 +122,7 @@ impl Semaphore {
             client: client.clone(),
             local: client.local::<Local>(),
             channel: client.release_channel(&key).into(),
+            queue_key: queue_key(&key).into(),
             key,
             permits,
             options: options.into(),
@@ -261,14 +265,13 @@ impl Semaphore {
         self.local.generation.fetch_add(1, Ordering::Relaxed);
         // Nor counted as held here any more (before the release, as a
         // holder's own release does).
-        let queue_key = self.queue_key();
-        self.local.queues.unhold(&queue_key, id);
+        self.local.queues.unhold(&self.queue_key, id);
         release_and_tell(
             &self.client,
             &self.local,
             &self.key,
             &self.channel,
-            &queue_key,
+            &self.queue_key,
             id,
         )
     }
@@ -313,17 +316,6 @@ impl Semaphore {
     #[must_use = "the permit is released as soon as it is dropped"]
     pub fn try_acquire_until(&self, deadline: Instant) -> Result<Option<Permit>, Error> {
         self.take(Within::Until(deadline))
-    }
-
-    /// The key of this semaphore's wait queue in the client, apart from a
-    /// plain lock's of the same name. One queue for every limit a handle
-    /// may be opened with: a waiter takes a permit handed over only if it
-    /// was granted under its own limit (`Take::accept`).
-    fn queue_key(&self) -> String {
-        let mut queue = String::with_capacity(self.key.len() + 4);
-        queue.push_str(&self.key);
-        queue.push_str("\u{0}sem");
-        queue
     }
 
     /// Whether a released permit may go straight to a queued thread: with
@@ -374,7 +366,7 @@ impl Semaphore {
             id: &id,
             millis,
         };
-        let queue_key = self.queue_key();
+        let queue_key = &self.queue_key;
         let subscribe = |waker| self.client.subscribe(&self.channel, waker);
         // A permit handed to this waiter after it gave up, with nobody left
         // to take it: given back like any other (passed on, or released).
@@ -606,7 +598,7 @@ pub struct Permit {
     loss: Arc<LossState>,
     released: bool,
     local: Arc<Local>,
-    queue_key: String,
+    queue_key: Arc<str>,
     /// The handoff budget, when this permit may be passed on.
     handoff: Option<HandoffBudget>,
     handoffs: u32,
@@ -725,7 +717,7 @@ impl Permit {
             loss,
             released: false,
             local: semaphore.local.clone(),
-            queue_key: semaphore.queue_key(),
+            queue_key: semaphore.queue_key.clone(),
             handoff: semaphore
                 .hands_off()
                 .then_some(semaphore.options.handoff_budget),
@@ -1034,6 +1026,17 @@ impl Drop for Permit {
             );
         }
     }
+}
+
+/// The key of a semaphore's wait queue in the client, apart from a plain
+/// lock's of the same name. One queue for every limit a handle may be
+/// opened with: a waiter takes a permit handed over only if it was granted
+/// under its own limit (`Take::accept`).
+fn queue_key(key: &str) -> String {
+    let mut queue = String::with_capacity(key.len() + 4);
+    queue.push_str(key);
+    queue.push_str("\u{0}sem");
+    queue
 }
 
 /// [`release_id`], then this client told what it reached: the head of its

@@ -267,8 +267,9 @@ struct Shared {
 }
 
 /// A release written behind, until its reply is read (by the next user of
-/// its connection): the key, the token (or permit id), the channel, shared
-/// with the reply's owner, and whether the reply came.
+/// its connection): the key, the token (or permit id), the channel, and
+/// whether the reply came. Part of the reply's owner, which the deferred
+/// check shares ([`Deferred`]).
 pub(crate) struct Pending {
     pub(crate) key: Arc<str>,
     pub(crate) token: Arc<str>,
@@ -284,14 +285,14 @@ impl Pending {
         token: Arc<str>,
         channel: Arc<str>,
         what: Unmarked,
-    ) -> Arc<Pending> {
-        Arc::new(Pending {
+    ) -> Pending {
+        Pending {
             key,
             token,
             channel,
             what,
             settled: AtomicBool::new(false),
-        })
+        }
     }
 
     /// Its reply was read (or given up and handed to the cleanup).
@@ -317,6 +318,12 @@ impl Pending {
     }
 }
 
+/// What the deferred check of a release written behind holds: the reply's
+/// owner itself (one allocation for both), seen through its [`Pending`].
+pub(crate) trait Deferred: Send + Sync {
+    fn pending(&self) -> &Pending;
+}
+
 /// The releases written behind being checked, and when the thread will
 /// look at them next.
 #[derive(Default)]
@@ -330,7 +337,7 @@ struct Checks {
 /// A release written behind, until its reply is read or it is handed to
 /// the cleanup.
 struct Check {
-    pending: Arc<Pending>,
+    deferred: Arc<dyn Deferred>,
     /// When to look at it next.
     due: Instant,
     /// Looked at once already: the idle connections were read.
@@ -358,7 +365,7 @@ struct DueChecks {
 fn due_checks(shared: &Shared, now: Instant) -> DueChecks {
     let mut due = DueChecks::default();
     shared.checks.lock().list.retain_mut(|check| {
-        if check.pending.is_settled() {
+        if check.deferred.pending().is_settled() {
             return false;
         }
         if check.due > now {
@@ -373,9 +380,10 @@ fn due_checks(shared: &Shared, now: Instant) -> DueChecks {
         log::debug!(
             "redmutex: the reply to the release of {:?} written behind was not read in time; \
              releasing it in the background",
-            check.pending.key
+            check.deferred.pending().key
         );
-        due.orphans.push(check.pending.orphan(CHECK_WINDOW));
+        due.orphans
+            .push(check.deferred.pending().orphan(CHECK_WINDOW));
         false
     });
     due
@@ -507,13 +515,13 @@ impl Cleanups {
             .is_some_and(|shared| clean_up(&shared, orphan))
     }
 
-    /// Checks `pending`: [`LOOK_AFTER`] from now, if its reply has not
+    /// Checks `deferred`: [`LOOK_AFTER`] from now, if its reply has not
     /// been read, the idle connections owing replies are read; `delay`
     /// from now, if it still has not, the cleanup releases its token. One
     /// short lock and one push per drop that writes behind; the thread is
     /// woken only when it would otherwise sleep past this check's first
     /// look (once per sleep: it then plans to wake for this one).
-    pub(crate) fn defer(&self, pending: Arc<Pending>, delay: Duration) -> bool {
+    pub(crate) fn defer(&self, deferred: Arc<dyn Deferred>, delay: Duration) -> bool {
         let Some(shared) = self.0.upgrade() else {
             return false;
         };
@@ -523,7 +531,7 @@ impl Cleanups {
         let wake = {
             let mut checks = shared.checks.lock();
             checks.list.push(Check {
-                pending,
+                deferred,
                 due: look,
                 looked: false,
                 last: due,
