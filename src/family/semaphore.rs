@@ -360,10 +360,9 @@ impl Semaphore {
         check_min_replicas(self.options.min_replicas, self.client.timeout())?;
         self.client.check_key(&self.key)?;
         let deadline = within.deadline();
-        let id = self.client.new_shared_token(&self.key)?;
         let mut contender = Take {
             semaphore: self,
-            id: &id,
+            id: None,
             millis,
         };
         let queue_key = &self.queue_key;
@@ -377,7 +376,7 @@ impl Semaphore {
             WaitMode::Spin => Waiting::Spin,
             WaitMode::Notify => Waiting::Queued(Queued {
                 queues: &self.local.queues,
-                key: &queue_key,
+                key: queue_key,
                 takes_handoffs: self.hands_off(),
                 // FIFO within the client: while the head waits, the
                 // permits are all out, and a newcomer would only add a
@@ -395,11 +394,25 @@ impl Semaphore {
 /// One acquisition of a permit, seen by the acquire loop.
 struct Take<'a> {
     semaphore: &'a Semaphore,
-    id: &'a Arc<str>,
+    /// Made at the first attempt in Redis and kept for the others (so a
+    /// later attempt finds a grant an earlier one made): a permit passed
+    /// on by another thread of this client carries its own, so a waiter
+    /// served that way never makes one.
+    id: Option<Arc<str>>,
     millis: u64,
 }
 
 impl Take<'_> {
+    fn id(&mut self) -> Result<Arc<str>, Error> {
+        if let Some(id) = &self.id {
+            return Ok(id.clone());
+        }
+        let semaphore = self.semaphore;
+        let id = semaphore.client.new_shared_token(&semaphore.key)?;
+        self.id = Some(id.clone());
+        Ok(id)
+    }
+
     /// With [`SemaphoreOptions::min_replicas`]: `WAIT` on the connection
     /// that wrote the permit (on a resend an earlier connection wrote it,
     /// so this one renews it first: a write for `WAIT` to count). When
@@ -408,6 +421,7 @@ impl Take<'_> {
     fn await_replicas(
         &self,
         con: &mut Connection,
+        id: &str,
         resend: bool,
         connection: Option<i64>,
     ) -> redis::RedisResult<Option<u32>> {
@@ -415,7 +429,7 @@ impl Take<'_> {
         let Some(wanted) = semaphore.options.min_replicas else {
             return Ok(None);
         };
-        let (client, key, id) = (&semaphore.client, &*semaphore.key, &**self.id);
+        let (client, key) = (&semaphore.client, &*semaphore.key);
         if resend {
             client.counters().commands(1);
             let _renewed: i64 = script::SEM_EXTEND
@@ -445,9 +459,10 @@ impl Contender for Take<'_> {
     type Gift = PermitGift;
 
     fn attempt(&mut self, _quick: bool) -> Result<Attempt<Permit>, Error> {
+        let id = &self.id()?;
         let semaphore = self.semaphore;
         let options = &semaphore.options;
-        let (client, key, id) = (&semaphore.client, &*semaphore.key, self.id);
+        let (client, key) = (&semaphore.client, &*semaphore.key);
         let fence_key = options.fencing.then(|| client.fence_key(key));
         // Set once Redis granted the permit in this attempt: whatever fails
         // after that (the WAIT, say) leaves a permit to take out again.
@@ -472,7 +487,10 @@ impl Contender for Take<'_> {
                 return Ok((reply, None));
             }
             granted.set(true);
-            Ok((reply, self.await_replicas(con, send.resend, connection)?))
+            Ok((
+                reply,
+                self.await_replicas(con, id, send.resend, connection)?,
+            ))
         });
         let ((acquired, wait_ms, fence), short) = match reply {
             Ok(reply) => reply,

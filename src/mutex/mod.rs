@@ -360,10 +360,9 @@ impl DistributedLock {
             return Ok(Some(LockGuard::new(lease)));
         }
         let deadline = within.deadline();
-        let token = self.client.new_shared_token(&self.key)?;
         let mut contender = Plain {
             lock: self,
-            token: &token,
+            token: None,
             millis,
         };
         // A lease handed to this waiter after it gave up, with nobody left
@@ -693,8 +692,23 @@ pub(crate) fn fence_refused(key: &str, counter: &str) -> Error {
 /// One acquisition of a [`DistributedLock`], seen by the acquire loop.
 struct Plain<'a> {
     lock: &'a DistributedLock,
-    token: &'a Arc<str>,
+    /// Made at the first attempt in Redis and kept for the others (so a
+    /// later attempt recognises a key an earlier one set): a lease handed
+    /// over by another thread of this client carries its own, so a waiter
+    /// served that way never makes one.
+    token: Option<Arc<str>>,
     millis: u64,
+}
+
+impl Plain<'_> {
+    fn token(&mut self) -> Result<Arc<str>, Error> {
+        if let Some(token) = &self.token {
+            return Ok(token.clone());
+        }
+        let token = self.lock.client.new_shared_token(&self.lock.key)?;
+        self.token = Some(token.clone());
+        Ok(token)
+    }
 }
 
 impl Contender for Plain<'_> {
@@ -705,8 +719,9 @@ impl Contender for Plain<'_> {
     /// followed by a `PTTL` when it did not win and the waiter needs the
     /// holder's time left (not `quick`), unless a fencing token is needed.
     fn attempt(&mut self, quick: bool) -> Result<Attempt<Rc<Lease>>, Error> {
+        let token = self.token()?;
         if !self.lock.options.fencing && self.lock.client.set_get_allowed() {
-            match self.lock.set_nx(self.token, self.millis, !quick) {
+            match self.lock.set_nx(&token, self.millis, !quick) {
                 // Refused whole before it ran (Redis 6.x): nothing was set,
                 // so the script may be sent instead, now and from now on.
                 Err(Error::Redis(err)) if crate::error::syntax_error(&err) => {
@@ -715,7 +730,7 @@ impl Contender for Plain<'_> {
                 done => return done,
             }
         }
-        self.lock.attempt(self.token, self.millis)
+        self.lock.attempt(&token, self.millis)
     }
 
     fn accept(&mut self, gift: Handoff) -> Result<Option<Rc<Lease>>, Error> {
