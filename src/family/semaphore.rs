@@ -82,7 +82,7 @@ impl std::fmt::Debug for Local {
 /// sent, so a resend after a lost reply finds its own permit instead of
 /// taking a second one; a release removes only its own permit, so a
 /// duplicate or late release never adds capacity.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Semaphore {
     client: LockClient,
     local: Arc<Local>,
@@ -94,6 +94,20 @@ pub struct Semaphore {
     queue_key: Arc<str>,
     permits: u32,
     options: SemaphoreOptions,
+}
+
+impl std::fmt::Debug for Semaphore {
+    // The queue key is the key again (with a NUL inside): left out.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Semaphore")
+            .field("client", &self.client)
+            .field("local", &self.local)
+            .field("key", &self.key)
+            .field("channel", &self.channel)
+            .field("permits", &self.permits)
+            .field("options", &self.options)
+            .finish()
+    }
 }
 
 impl Semaphore {
