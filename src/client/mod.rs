@@ -294,9 +294,20 @@ impl LockClient {
         Ok(self.holder.token(self.acquisition_ms(key)?))
     }
 
-    /// [`LockClient::new_token`], shared (one allocation).
-    pub(crate) fn new_shared_token(&self, key: &str) -> Result<Arc<str>, Error> {
-        Ok(self.holder.token_shared(self.acquisition_ms(key)?))
+    /// The token in `kept`, made there first ([`LockClient::new_token`],
+    /// shared: one allocation) if none is yet: one token for every attempt
+    /// of an acquisition, made only by the first that goes to Redis (a
+    /// waiter served by a handoff takes the giver's).
+    pub(crate) fn token_once(
+        &self,
+        kept: &mut Option<Arc<str>>,
+        key: &str,
+    ) -> Result<Arc<str>, Error> {
+        if let Some(token) = kept {
+            return Ok(token.clone());
+        }
+        let token = self.holder.token_shared(self.acquisition_ms(key)?);
+        Ok(kept.insert(token).clone())
     }
 
     /// The acquisition time a token carries: the server's clock (one

@@ -417,16 +417,6 @@ struct Take<'a> {
 }
 
 impl Take<'_> {
-    fn id(&mut self) -> Result<Arc<str>, Error> {
-        if let Some(id) = &self.id {
-            return Ok(id.clone());
-        }
-        let semaphore = self.semaphore;
-        let id = semaphore.client.new_shared_token(&semaphore.key)?;
-        self.id = Some(id.clone());
-        Ok(id)
-    }
-
     /// With [`SemaphoreOptions::min_replicas`]: `WAIT` on the connection
     /// that wrote the permit (on a resend an earlier connection wrote it,
     /// so this one renews it first: a write for `WAIT` to count). When
@@ -473,8 +463,8 @@ impl Contender for Take<'_> {
     type Gift = PermitGift;
 
     fn attempt(&mut self, _quick: bool) -> Result<Attempt<Permit>, Error> {
-        let id = &self.id()?;
         let semaphore = self.semaphore;
+        let id = &semaphore.client.token_once(&mut self.id, &semaphore.key)?;
         let options = &semaphore.options;
         let (client, key) = (&semaphore.client, &*semaphore.key);
         let fence_key = options.fencing.then(|| client.fence_key(key));

@@ -700,17 +700,6 @@ struct Plain<'a> {
     millis: u64,
 }
 
-impl Plain<'_> {
-    fn token(&mut self) -> Result<Arc<str>, Error> {
-        if let Some(token) = &self.token {
-            return Ok(token.clone());
-        }
-        let token = self.lock.client.new_shared_token(&self.lock.key)?;
-        self.token = Some(token.clone());
-        Ok(token)
-    }
-}
-
 impl Contender for Plain<'_> {
     type Won = Rc<Lease>;
     type Gift = Handoff;
@@ -719,7 +708,10 @@ impl Contender for Plain<'_> {
     /// followed by a `PTTL` when it did not win and the waiter needs the
     /// holder's time left (not `quick`), unless a fencing token is needed.
     fn attempt(&mut self, quick: bool) -> Result<Attempt<Rc<Lease>>, Error> {
-        let token = self.token()?;
+        let token = self
+            .lock
+            .client
+            .token_once(&mut self.token, &self.lock.key)?;
         if !self.lock.options.fencing && self.lock.client.set_get_allowed() {
             match self.lock.set_nx(&token, self.millis, !quick) {
                 // Refused whole before it ran (Redis 6.x): nothing was set,
