@@ -104,8 +104,10 @@ pub enum Error {
         failed: Vec<String>,
     },
     /// [`RedLockGuard::extend`](crate::RedLockGuard::extend) reached fewer
-    /// than a majority of the nodes in time: the lock must be considered
-    /// lost (stop the work it protects).
+    /// than a majority of the nodes in time, and too few answered "not
+    /// ours" to rule a majority out: whether a majority still holds the
+    /// lock is unknown, so it must be considered lost (stop the work it
+    /// protects).
     #[error("RedLock on {key:?} is lost: {extended} of the {needed} nodes needed extended it; {}", failed.join("; "))]
     QuorumLost {
         /// The lock key.
@@ -117,11 +119,12 @@ pub enum Error {
         /// What went wrong, per failed node.
         failed: Vec<String>,
     },
-    /// [`RedLockGuard::unlock`](crate::RedLockGuard::unlock) could not
-    /// release on some nodes (unreachable, or the node refused): the lock is
-    /// free once a majority released it, and the keys left on the others
-    /// expire by the ttl (unreachable nodes are released in the background
-    /// as soon as they answer). `failed` says what each node met.
+    /// [`RedLockGuard::unlock`](crate::RedLockGuard::unlock) released on
+    /// fewer than a majority of the nodes in time, and too few answered
+    /// "not ours" to rule a majority out: the nodes not heard from
+    /// (unreachable, too slow, or refusing) decide whether it was held, and
+    /// are released in the background as soon as they answer (or expire by
+    /// the ttl). `failed` says what each node met.
     #[error("RedLock on {key:?}: released on {released} of {nodes} nodes; {}", failed.join("; "))]
     NodesUnreachable {
         /// The lock key.

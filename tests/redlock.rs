@@ -462,3 +462,56 @@ fn unlock_and_extend_tell_the_truth_when_another_client_holds_the_majority() {
         theirs.unlock().expect("B unlocks");
     }
 }
+
+/// On f63675e: three nodes, another client's key on node 2, ours on nodes
+/// 0 and 1, and node 1 answering after the node timeout. `extend()` and
+/// `unlock()` said `NotHeld` (node 2's "not ours" counted toward "a
+/// majority answered", node 1's late "ours" for nothing), and `extend`
+/// zeroed the validity, while our token sat on a majority. One "not ours"
+/// of three rules no majority out: the truth is unknown, and the answers
+/// say so (`QuorumLost`, `NodesUnreachable`), never `NotHeld`.
+#[test]
+fn a_late_node_holding_our_token_makes_the_answer_unknown_not_not_held() {
+    let nodes = RedisServer::start_many(3);
+    let proxy = support::FaultProxy::to(&nodes[1]);
+    let timeout = Duration::from_millis(200);
+    let clients = vec![
+        nodes[0].lock_client(),
+        LockClient::open(&proxy.url()).expect("client"),
+        nodes[2].lock_client(),
+    ];
+    let _: () = nodes[2]
+        .conn()
+        .set_ex("late", "someone else", 60)
+        .expect("SET");
+    let options = LeaseOptions::default().ttl(Duration::from_secs(30));
+    let lock = RedLock::with_options(clients, "late", options)
+        .expect("lock")
+        .with_node_timeout(timeout);
+    let mut held = lock.lock().expect("a majority: nodes 0 and 1");
+    let token = held.token().to_owned();
+    // Node 1 answers, but only after the node timeout.
+    proxy.set_latency(Duration::from_millis(400), Duration::ZERO);
+    let extended = held.extend(Duration::from_secs(30));
+    assert!(
+        matches!(extended, Err(Error::QuorumLost { .. })),
+        "extend gave {extended:?}"
+    );
+    // The late extension reached node 1: our token is still there.
+    assert!(wait_until(Duration::from_secs(2), || {
+        value(&nodes[1], "late").as_deref() == Some(token.as_str())
+    }));
+    assert_eq!(value(&nodes[0], "late").as_deref(), Some(token.as_str()));
+    let unlocked = held.unlock();
+    assert!(
+        matches!(unlocked, Err(Error::NodesUnreachable { released: 1, .. })),
+        "unlock gave {unlocked:?}"
+    );
+    proxy.heal();
+    // Node 1's release, late, still comes (or its cleanup does).
+    assert!(wait_until(Duration::from_secs(5), || value(
+        &nodes[1], "late"
+    )
+    .is_none()));
+    assert_eq!(value(&nodes[2], "late").as_deref(), Some("someone else"));
+}

@@ -217,6 +217,15 @@ enum Sent<T> {
 }
 
 impl Nodes {
+    /// Refuses nodes inherited through `fork()` (see
+    /// `LockClient::check_process`): in a child their threads do not exist
+    /// and their connections are the parent's.
+    fn check_process(&self) -> Result<(), Error> {
+        self.nodes
+            .iter()
+            .try_for_each(|node| node.client.check_process())
+    }
+
     fn start(clients: Vec<LockClient>) -> Nodes {
         let cluster = clients
             .iter()
@@ -582,6 +591,7 @@ impl RedLock {
     /// One round over all nodes. The outer error is the caller's mistake;
     /// the inner one a failed round.
     fn attempt(&self) -> Result<Result<RedLockGuard, Error>, Error> {
+        self.nodes.check_process()?;
         if self.key.is_empty() {
             return Err(Error::InvalidArgument(
                 "the lock key must not be empty".into(),
@@ -828,7 +838,7 @@ impl RedLockGuard {
     /// What is left of the validity: ttl − the acquisition's duration −
     /// drift, counted down by the local clock.
     pub fn validity(&self) -> Duration {
-        if self.released {
+        if self.released || self.meter.inherited() {
             return Duration::ZERO;
         }
         self.valid_until.saturating_duration_since(Instant::now())
@@ -844,13 +854,19 @@ impl RedLockGuard {
     ///
     /// # Errors
     ///
-    /// [`Error::NotHeld`] when no majority still held our token but a
-    /// majority answered: [`NotHeldReason::OwnedByOther`] when any node
-    /// holds another owner's token, [`NotHeldReason::Expired`] when none
-    /// does; [`Error::QuorumLost`] when no majority answered in time, or
-    /// the extension took the whole ttl: either way the lock must be
-    /// considered lost; [`Error::InvalidArgument`] for a bad ttl.
+    /// [`Error::NotHeld`] only when so many nodes answered that they do
+    /// not hold our token that no majority can (more than the nodes a
+    /// majority can do without): [`NotHeldReason::OwnedByOther`] when one
+    /// of them holds another owner's token, [`NotHeldReason::Expired`]
+    /// when none does; [`Error::QuorumLost`] when neither a majority
+    /// extended in time nor is one ruled out (nodes unreachable, too slow
+    /// or failing may still hold it), or the extension took the whole ttl:
+    /// either way the lock must be considered lost, and
+    /// [`RedLockGuard::validity`] is zero from then on;
+    /// [`Error::InvalidArgument`] for a bad ttl, and for a guard inherited
+    /// through `fork()`.
     pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        self.nodes.check_process()?;
         let millis = ttl_millis(ttl)?;
         let ttl = Duration::from_millis(millis);
         let started = Instant::now();
@@ -891,7 +907,7 @@ impl RedLockGuard {
         self.valid_until = Instant::now();
         match verdict {
             Verdict::NotHeld(reason) => Err(Error::not_held(&self.key, reason)),
-            Verdict::Confirmed | Verdict::Unheard => Err(Error::QuorumLost {
+            Verdict::Confirmed | Verdict::Unknown => Err(Error::QuorumLost {
                 key: self.key.clone(),
                 extended: tally.confirmed,
                 needed: tally.quorum,
@@ -911,18 +927,24 @@ impl RedLockGuard {
     ///
     /// # Errors
     ///
-    /// [`Error::NotHeld`] when no majority still held our token but a
-    /// majority answered: [`NotHeldReason::OwnedByOther`] when any node
-    /// holds another owner's token (another client may hold the RedLock),
-    /// [`NotHeldReason::Expired`] when none does (the lease had run out);
-    /// [`Error::NodesUnreachable`] when no majority answered within the
-    /// node timeout (how many released, and what each failed node met).
+    /// [`Error::NotHeld`] only when so many nodes answered that they do
+    /// not hold our token that no majority can (more than the nodes a
+    /// majority can do without): [`NotHeldReason::OwnedByOther`] when one
+    /// of them holds another owner's token (another client may hold the
+    /// RedLock), [`NotHeldReason::Expired`] when none does (the lease had
+    /// run out); [`Error::NodesUnreachable`] when neither a majority
+    /// released in time nor is one ruled out: the nodes not heard from
+    /// (unreachable, too slow, failing) decide, and are released in the
+    /// background (how many released, and what each failed node met);
+    /// [`Error::InvalidArgument`] for a guard inherited through `fork()`.
     pub fn unlock(mut self) -> Result<(), Error> {
         self.release()
     }
 
     fn release(&mut self) -> Result<(), Error> {
         self.released = true;
+        // A forked child's copy: refused, nothing asked of any node.
+        self.nodes.check_process()?;
         let result = self.let_go();
         self.meter
             .counters()
@@ -967,7 +989,7 @@ impl RedLockGuard {
                 Ok(())
             }
             Verdict::NotHeld(reason) => Err(Error::not_held(&self.key, reason)),
-            Verdict::Unheard => Err(Error::NodesUnreachable {
+            Verdict::Unknown => Err(Error::NodesUnreachable {
                 key: self.key.clone(),
                 released: tally.confirmed,
                 nodes: self.nodes.len(),
@@ -1005,16 +1027,19 @@ impl Answer {
 }
 
 /// What the nodes' answers to a release or an extension say about the
-/// lock as a whole.
+/// lock as a whole, from the definition of holding a RedLock (our token on
+/// a majority of all the nodes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Verdict {
-    /// A majority held our token and did as asked.
+    /// A majority answered that it held our token, and did as asked.
     Confirmed,
-    /// No majority held our token, and a majority answered: another
-    /// owner's token on any node is `OwnedByOther`, else `Expired`.
+    /// So many nodes answered "not ours" (the key gone, or another
+    /// owner's) that no majority can hold our token: another owner's token
+    /// on any of them is `OwnedByOther`, else `Expired`.
     NotHeld(NotHeldReason),
-    /// No majority answered.
-    Unheard,
+    /// Neither: the nodes not heard from (unreachable, too slow, an error
+    /// reply) may or may not hold our token, and they decide.
+    Unknown,
 }
 
 /// The answers so far to a request sent to `nodes` nodes, and the verdict
@@ -1023,6 +1048,7 @@ enum Verdict {
 /// [`Tally::is_final`], that is, no answer still to come could change it.
 #[derive(Clone, Copy, Debug)]
 struct Tally {
+    nodes: usize,
     quorum: usize,
     confirmed: usize,
     expired: usize,
@@ -1034,6 +1060,7 @@ struct Tally {
 impl Tally {
     fn new(nodes: usize, pending: usize) -> Tally {
         Tally {
+            nodes,
             quorum: nodes / 2 + 1,
             confirmed: 0,
             expired: 0,
@@ -1052,29 +1079,43 @@ impl Tally {
         }
     }
 
+    /// Nodes that answered "not ours".
+    fn not_ours(&self) -> usize {
+        self.expired + self.taken
+    }
+
+    /// How many "not ours" answers rule a majority out: more than the
+    /// nodes a majority can do without.
+    fn ruled_out(&self, not_ours: usize) -> bool {
+        not_ours > self.nodes - self.quorum
+    }
+
     fn verdict(&self) -> Verdict {
         if self.confirmed >= self.quorum {
             Verdict::Confirmed
-        } else if self.confirmed + self.expired + self.taken >= self.quorum {
+        } else if self.ruled_out(self.not_ours()) {
             Verdict::NotHeld(if self.taken > 0 {
                 NotHeldReason::OwnedByOther
             } else {
                 NotHeldReason::Expired
             })
         } else {
-            Verdict::Unheard
+            Verdict::Unknown
         }
     }
 
     /// Whether every way the pending answers could go gives the verdict
-    /// there is now: a majority confirmed; or none can, a majority answered
-    /// and one of them was another owner's; or nothing is pending.
+    /// there is now: nothing is pending; or a majority confirmed; or a
+    /// majority is ruled out and another owner's token was heard (a later
+    /// answer could only turn `Expired` into `OwnedByOther`); or the
+    /// pending answers can neither make a majority confirm nor rule one
+    /// out (the verdict stays unknown).
     fn is_final(&self) -> bool {
         self.pending == 0
             || self.confirmed >= self.quorum
+            || (self.ruled_out(self.not_ours()) && self.taken > 0)
             || (self.confirmed + self.pending < self.quorum
-                && self.taken > 0
-                && self.confirmed + self.expired + self.taken >= self.quorum)
+                && !self.ruled_out(self.not_ours() + self.pending))
     }
 }
 
@@ -1172,42 +1213,71 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// What the docs promise, written without [`Tally`]: `Ok` only when a
-    /// majority of all nodes confirmed our token; otherwise, when a
-    /// majority answered, `NotHeld`, `OwnedByOther` if any node answered
-    /// with another owner's token and `Expired` if none did; otherwise no
-    /// majority was heard.
-    fn oracle(nodes: usize, answers: &[Answer]) -> Verdict {
-        let confirmed = answers.iter().filter(|a| **a == Answer::Confirmed).count();
-        let answered = answers.iter().filter(|a| **a != Answer::Failed).count();
-        if confirmed * 2 > nodes {
+    /// What one node holds when a release or an extension reaches it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Truth {
+        /// Our token.
+        Ours,
+        /// Nothing: it never had our token, or lost it.
+        Gone,
+        /// Another owner's token.
+        Theirs,
+    }
+
+    /// The definition of the answers, written from the node's truths alone
+    /// (not from [`Tally`]): `heard[i]` says whether node i's answer came in
+    /// time. The lock is held when our token is on a majority of all the
+    /// nodes. `Confirmed` only when a majority was heard holding it;
+    /// `NotHeld` only when so many were heard not holding it that no
+    /// majority can (more than the nodes a majority can do without), and
+    /// `OwnedByOther` when one of those held another owner's token;
+    /// otherwise unknown.
+    fn oracle(truths: &[Truth], heard: &[bool]) -> Verdict {
+        let n = truths.len();
+        let majority = n / 2 + 1;
+        let heard_as = |want: &dyn Fn(Truth) -> bool| {
+            truths
+                .iter()
+                .zip(heard)
+                .filter(|(truth, heard)| **heard && want(**truth))
+                .count()
+        };
+        let holding = heard_as(&|t| t == Truth::Ours);
+        let not_holding = heard_as(&|t| t != Truth::Ours);
+        if holding >= majority {
             Verdict::Confirmed
-        } else if answered * 2 > nodes {
-            if answers.contains(&Answer::Taken) {
-                Verdict::NotHeld(NotHeldReason::OwnedByOther)
+        } else if n - not_holding < majority {
+            Verdict::NotHeld(if heard_as(&|t| t == Truth::Theirs) > 0 {
+                NotHeldReason::OwnedByOther
             } else {
-                Verdict::NotHeld(NotHeldReason::Expired)
-            }
+                NotHeldReason::Expired
+            })
         } else {
-            Verdict::Unheard
+            Verdict::Unknown
         }
     }
 
-    fn answer() -> impl Strategy<Value = Answer> {
-        prop_oneof![
-            Just(Answer::Confirmed),
-            Just(Answer::Expired),
-            Just(Answer::Taken),
-            Just(Answer::Failed),
-        ]
+    fn answer_of(truth: Truth) -> Answer {
+        match truth {
+            Truth::Ours => Answer::Confirmed,
+            Truth::Gone => Answer::Expired,
+            Truth::Theirs => Answer::Taken,
+        }
+    }
+
+    fn truth() -> impl Strategy<Value = Truth> {
+        prop_oneof![Just(Truth::Ours), Just(Truth::Gone), Just(Truth::Theirs)]
     }
 
     /// One node as the caller sees it: asked or known down (not asked),
-    /// its answer, and when it arrives on a fake clock (`None`: never).
-    fn node() -> impl Strategy<Value = (bool, Answer, Option<u32>)> {
+    /// what it holds, whether it fails (an error reply: no answer), and
+    /// when its answer arrives on a fake clock (`None`: never; at or after
+    /// the node timeout: late).
+    fn node() -> impl Strategy<Value = (bool, Truth, bool, Option<u32>)> {
         (
             proptest::bool::weighted(0.9),
-            answer(),
+            truth(),
+            proptest::bool::weighted(0.1),
             proptest::option::of(0u32..100),
         )
     }
@@ -1216,70 +1286,119 @@ mod tests {
         #![proptest_config(ProptestConfig::with_cases(4096))]
 
         /// The loop in `collect`, run against simulated nodes on a fake
-        /// clock with the node timeout at 60: whatever the answers, their
-        /// times and the order of answers arriving together, the verdict
-        /// is the oracle's over every answer that arrived in time.
+        /// clock with the node timeout at 60: whatever the nodes hold, when
+        /// (and whether) they answer and the order of answers arriving
+        /// together, the verdict is the definition's over the answers
+        /// heard in time; and it never contradicts what the nodes hold: no
+        /// `Confirmed` unless a majority holds our token, no `NotHeld` while
+        /// a majority does (late answers, known-down nodes and failing ones
+        /// included).
         #[test]
-        fn the_verdict_never_depends_on_the_order_of_answers(
+        fn the_verdict_is_the_definitions_whatever_the_order_and_timing(
             nodes in proptest::collection::vec(node(), 1..8),
             shuffle in proptest::collection::vec(any::<u32>(), 8),
         ) {
             let give_up = 60u32;
-            let asked = nodes.iter().filter(|(asked, _, _)| *asked).count();
+            let n = nodes.len();
+            let asked = nodes.iter().filter(|(asked, ..)| *asked).count();
             // Arrivals in time order, ties broken by the shuffle.
-            let mut arrivals: Vec<(u32, u32, Answer)> = nodes
+            let mut arrivals: Vec<(u32, u32, usize)> = nodes
                 .iter()
                 .enumerate()
-                .filter_map(|(i, (asked, answer, at))| {
+                .filter_map(|(i, (asked, _, _, at))| {
                     let at = (*at)?;
-                    asked.then_some((at, shuffle[i % shuffle.len()], *answer))
+                    asked.then_some((at, shuffle[i % shuffle.len()], i))
                 })
                 .collect();
             arrivals.sort_by_key(|(at, tie, _)| (*at, *tie));
 
-            let mut tally = Tally::new(nodes.len(), asked);
-            for (at, _, answer) in &arrivals {
+            let mut tally = Tally::new(n, asked);
+            for (at, _, i) in &arrivals {
                 if tally.is_final() || *at >= give_up {
                     break;
                 }
-                tally.record(*answer);
+                let (_, truth, fails, _) = nodes[*i];
+                tally.record(if fails { Answer::Failed } else { answer_of(truth) });
             }
-            let in_time: Vec<Answer> = arrivals
+            let truths: Vec<Truth> = nodes.iter().map(|(_, truth, _, _)| *truth).collect();
+            let heard: Vec<bool> = nodes
                 .iter()
-                .filter(|(at, _, _)| *at < give_up)
-                .map(|(_, _, answer)| *answer)
+                .map(|(asked, _, fails, at)| *asked && !*fails && at.is_some_and(|at| at < give_up))
                 .collect();
-            prop_assert_eq!(tally.verdict(), oracle(nodes.len(), &in_time));
+            let verdict = tally.verdict();
+            prop_assert_eq!(verdict, oracle(&truths, &heard));
+            let holding = truths.iter().filter(|t| **t == Truth::Ours).count();
+            let majority = n / 2 + 1;
+            if verdict == Verdict::Confirmed {
+                prop_assert!(holding >= majority);
+            }
+            if matches!(verdict, Verdict::NotHeld(_)) {
+                prop_assert!(holding < majority, "NotHeld while a majority holds our token");
+            }
         }
 
         /// A verdict called final stays: no answer still to come changes it.
         #[test]
         fn a_final_verdict_stays(
-            n in 1usize..8,
-            first in proptest::collection::vec(answer(), 0..8),
-            rest in proptest::collection::vec(answer(), 0..8),
+            truths in proptest::collection::vec(truth(), 1..8),
+            heard in proptest::collection::vec(any::<bool>(), 8),
+            later in proptest::collection::vec(any::<bool>(), 8),
         ) {
-            let first: Vec<Answer> = first.into_iter().take(n).collect();
+            let n = truths.len();
             let mut tally = Tally::new(n, n);
-            for answer in &first {
-                tally.record(*answer);
+            let mut rest = Vec::new();
+            for (i, truth) in truths.iter().enumerate() {
+                if heard[i] {
+                    tally.record(answer_of(*truth));
+                } else {
+                    rest.push((i, *truth));
+                }
             }
             if tally.is_final() {
                 let verdict = tally.verdict();
-                let mut later = tally;
-                for answer in rest.iter().take(n - first.len()) {
-                    later.record(*answer);
-                    prop_assert_eq!(later.verdict(), verdict);
+                let mut after = tally;
+                for (i, truth) in rest {
+                    after.record(if later[i] { answer_of(truth) } else { Answer::Failed });
+                    prop_assert_eq!(after.verdict(), verdict);
                 }
             }
         }
+    }
+
+    fn tally_of(n: usize, answers: &[Answer]) -> Tally {
+        let mut tally = Tally::new(n, n);
+        for answer in answers {
+            tally.record(*answer);
+        }
+        tally
+    }
+
+    /// On f63675e: three nodes, another client's token on node 2, ours on
+    /// nodes 0 and 1, node 1's answer late. `unlock()` and `extend()` said
+    /// `NotHeld` (node 2 counted toward "a majority answered", node 1 for
+    /// nothing) while our token sat on a majority. One "not ours" out of
+    /// three rules no majority out: unknown.
+    #[test]
+    fn a_late_node_holding_our_token_is_not_counted_as_not_held() {
+        let tally = tally_of(3, &[Answer::Confirmed, Answer::Failed, Answer::Taken]);
+        assert!(tally.is_final());
+        assert_eq!(tally.verdict(), Verdict::Unknown);
+        // The same with node 0 never having had it (expired there).
+        let tally = tally_of(3, &[Answer::Expired, Answer::Failed, Answer::Confirmed]);
+        assert_eq!(tally.verdict(), Verdict::Unknown);
+        // Two "not ours" of three: no majority can hold it.
+        let tally = tally_of(3, &[Answer::Expired, Answer::Taken, Answer::Failed]);
+        assert_eq!(
+            tally.verdict(),
+            Verdict::NotHeld(NotHeldReason::OwnedByOther)
+        );
     }
 
     #[test]
     fn the_case_of_a_late_node_and_another_owner() {
         // A's key lived on on node 2 (its SET arrived late), expired on
         // nodes 0 and 1, and client B took them: A's unlock hears node 2
-        // release and one of B's nodes first. On main that was `Ok`.
+        // release and one of B's nodes first.
         let mut tally = Tally::new(3, 3);
         tally.record(Answer::Confirmed);
         tally.record(Answer::Taken);
