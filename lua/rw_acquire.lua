@@ -35,12 +35,22 @@ elseif tonumber(redis.call('HGET', KEYS[1], 'r:' .. ARGV[1]) or '0') > now then
   return {1, 0}
 end
 local fields = redis.call('HGETALL', KEYS[1])
--- Another lock type's hash is refused before anything is dropped.
+-- Another lock type's hash is refused before anything is dropped, naming
+-- the type found, never its data (a field may be a token or a permit id).
+local foreign, found = false, 'another program'
 for i = 1, #fields, 2 do
   local name, kind = fields[i], string.sub(fields[i], 1, 2)
   if name ~= 'w' and name ~= 'wexp' and kind ~= 'r:' and kind ~= 'q:' then
-    return redis.error_reply('WRONGTYPE the key is a hash of another lock type (field ' .. name .. '), not a read-write lock')
+    foreign = true
+    if name == 'limit' or kind == 'p:' then
+      found = 'a semaphore'
+    elseif name == 'owner' and found ~= 'a semaphore' then
+      found = 'a reentrant lock'
+    end
   end
+end
+if foreign then
+  return redis.error_reply('WRONGTYPE the key is a hash of ' .. found .. ', not a read-write lock')
 end
 local writer, readers, queued, soonest, latest = false, 0, 0, nil, now
 for i = 1, #fields, 2 do

@@ -33,12 +33,23 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- Another lock type's hash is refused before anything is removed (its
 -- fields are no deadlines: the expiry recomputed below would delete it).
+-- Named by its type, never its data (a field may be a token or a permit
+-- id).
 local before = redis.call('HGETALL', KEYS[1])
+local foreign, found = false, 'another program'
 for i = 1, #before, 2 do
   local name, kind = before[i], string.sub(before[i], 1, 2)
   if name ~= 'w' and name ~= 'wexp' and kind ~= 'r:' and kind ~= 'q:' then
-    return redis.error_reply('WRONGTYPE the key is a hash of another lock type (field ' .. name .. '), not a read-write lock')
+    foreign = true
+    if name == 'limit' or kind == 'p:' then
+      found = 'a semaphore'
+    elseif name == 'owner' and found ~= 'a semaphore' then
+      found = 'a reentrant lock'
+    end
   end
+end
+if foreign then
+  return redis.error_reply('WRONGTYPE the key is a hash of ' .. found .. ', not a read-write lock')
 end
 local result = 0
 local writer = redis.call('HGET', KEYS[1], 'w')

@@ -50,10 +50,16 @@ for i = 1, #fields, 2 do
     my_deadline = tonumber(value)
   elseif name == my_fence then
     own = tonumber(value) or 0
-  elseif foreign == nil then
+  else
+    -- Another lock type's field: named by its type below, never by the
+    -- field itself (it may be a token).
     local kind = string.sub(name, 1, 2)
-    if kind ~= 'p:' and kind ~= 'f:' then
-      foreign = name
+    if name == 'owner' then
+      foreign = 'a reentrant lock'
+    elseif foreign == nil and (name == 'w' or name == 'wexp' or kind == 'r:' or kind == 'q:') then
+      foreign = 'a read-write lock'
+    elseif foreign == nil and kind ~= 'p:' and kind ~= 'f:' then
+      foreign = 'another program'
     end
   end
 end
@@ -62,11 +68,11 @@ end
 if my_deadline ~= nil and my_deadline > now then
   return {1, 0, own}
 end
+if foreign ~= nil then
+  return redis.error_reply('WRONGTYPE the key is a hash of ' .. foreign .. ', not a semaphore')
+end
 if #fields > 0 and not has_limit then
   return redis.error_reply('WRONGTYPE the key is a hash without a limit: another lock type, not a semaphore')
-end
-if foreign ~= nil then
-  return redis.error_reply('WRONGTYPE the key is a hash of another lock type (field ' .. foreign .. '), not a semaphore')
 end
 local held, soonest, latest = 0, nil, now
 local purged = {}
