@@ -336,7 +336,7 @@ fn client_threads() -> usize {
         .flatten()
         .filter_map(|task| std::fs::read_to_string(task.path().join("comm")).ok())
         .filter(|name| {
-            ["redmutex-dog", "redmutex-sub", "redmutex-check"]
+            ["redmutex-dog", "redmutex-sub"]
                 .iter()
                 .any(|p| name.starts_with(p))
         })

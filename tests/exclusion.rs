@@ -7,7 +7,6 @@ use redmutex_test_support as support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -259,33 +258,9 @@ fn a_sigkilled_holder_frees_the_lock_after_its_ttl() {
     assert_ne!(guard.token(), token);
 }
 
-/// On main a lease Redis no longer held was handed on locally: the key
-/// deleted (another client's `force_release`) and taken by a second
-/// client while thread A held it and thread W of the same client waited,
-/// A's unlock handed it to W, and W's guard claimed nearly its whole ttl
-/// (and `is_lost()` false) beside the second client: two holders, the
-/// second made by the crate. A lease passed on is now checked in Redis:
-/// W's guard reads as lost within a millisecond and a round trip, its
-/// unlock says `NotHeld`, and it is not passed on again.
-#[test]
-fn a_lease_redis_no_longer_holds_is_found_lost_when_passed_on_and_passed_no_further() {
-    let server = RedisServer::start();
-    let client = server.lock_client();
-    passed_on_after_its_loss(&server, &client, || {});
-}
-
-/// The same, with the reply to the lease's check in Redis (a `GET`) lost:
-/// the check only reads, so it is sent again and still finds the loss.
-#[test]
-fn a_lost_reply_to_a_lease_check_is_sent_again() {
-    let server = RedisServer::start();
-    let proxy = support::FaultProxy::to(&server);
-    let client = LockClient::open(&proxy.url()).expect("client");
-    passed_on_after_its_loss(&server, &client, || {
-        proxy.lose_reply("*2\r\n$3\r\nGET\r\n", 1);
-    });
-    assert!(proxy.lost_replies() >= 1, "the fault fired");
-}
+/// The request a lease is confirmed with before it is passed on (a whole
+/// request: the scripts' own `GET`s never cross the wire).
+const CHECK: &str = "*2\r\n$3\r\nGET\r\n";
 
 /// Options for a lease passed along a chain of threads: a handoff budget
 /// long enough for the holds here (the default's 10 ms would release in
@@ -297,38 +272,35 @@ fn chain_options() -> LockOptions {
         .handoff_budget(256, Duration::from_secs(10))
 }
 
-/// Thread A of `client` holds a key with two threads of the client queued
-/// behind it; the key is deleted and taken by another client; `arm` runs;
-/// A's unlock hands the lease on. The receiver must find it lost, say
-/// `NotHeld` and pass it on no further.
-fn passed_on_after_its_loss(server: &RedisServer, client: &LockClient, arm: impl Fn()) {
+/// Thread A of a client behind `proxy` holds a key with two threads of the
+/// client queued behind it; the key is deleted and taken by another
+/// client; `arm` runs; A lets go. A's lease was last confirmed in Redis
+/// at its acquisition, long before: it is confirmed before anything is
+/// passed on, so no waiter ever starts on it (they wait for the other
+/// client's lock, in vain), and A's unlock says `NotHeld`.
+fn never_passed_on_after_its_loss(
+    server: &RedisServer,
+    proxy: &support::FaultProxy,
+    arm: impl Fn(),
+) {
+    let client = LockClient::open(&proxy.url()).expect("client");
     let options = chain_options();
     // Whether the waiters are queued when A lets go cannot be seen from
-    // outside: tried until A's unlock handed the lease on (almost always
-    // the first time).
+    // outside: tried until A asked Redis before passing the lease on (its
+    // `GET`; with nobody queued, it releases by script instead).
     for attempt in 0..20 {
         let key = format!("passed:{attempt}");
-        let lock = DistributedLock::with_options(client, &key, options.clone());
+        let lock = DistributedLock::with_options(&client, &key, options.clone());
         let held = lock.lock().expect("A");
-        let (tx, rx) = std::sync::mpsc::channel();
         let waiters: Vec<_> = (0..2)
-            .map(|n| {
+            .map(|_| {
                 let lock = lock.clone();
-                let tx = tx.clone();
                 std::thread::spawn(move || {
-                    let got = lock.try_lock_for(Duration::from_secs(2)).expect("wait");
-                    let Some(guard) = got else {
-                        let _ = tx.send((n, None));
-                        return;
-                    };
-                    let lost = support::wait_until(Duration::from_secs(2), || guard.is_lost());
-                    let validity = guard.validity();
-                    let unlocked = guard.unlock();
-                    let _ = tx.send((n, Some((lost, validity, unlocked))));
+                    lock.try_lock_for(Duration::from_millis(500))
+                        .map(|got| got.map(|guard| guard.token().to_owned()))
                 })
             })
             .collect();
-        drop(tx);
         std::thread::sleep(Duration::from_millis(50));
 
         // The key deleted and taken elsewhere while A still holds it.
@@ -343,32 +315,25 @@ fn passed_on_after_its_loss(server: &RedisServer, client: &LockClient, arm: impl
             .expect("try_lock")
             .expect("the second client takes it");
 
-        // A knows nothing yet (nothing asked Redis since it acquired): its
-        // unlock hands the lease on, if a waiter is queued.
+        proxy.heal();
+        proxy.count(CHECK);
         arm();
-        let handed_on = held.unlock().is_ok();
-        let outcomes: Vec<_> = rx.iter().collect();
-        for waiter in waiters {
-            waiter.join().expect("waiter");
-        }
-        let handed: Vec<_> = outcomes
-            .iter()
-            .filter_map(|(_, got)| got.as_ref())
+        let unlocked = held.unlock();
+        let asked = proxy.counted(CHECK) > 0;
+        let got: Vec<_> = waiters
+            .into_iter()
+            .map(|waiter| waiter.join().expect("waiter"))
             .collect();
+        assert!(
+            got.iter().all(|got| matches!(got, Ok(None))),
+            "a waiter started on a lease Redis had given to another client: {got:?}"
+        );
         assert_eq!(
             support::get(server, &key).as_deref(),
             Some(theirs.token()),
             "the second client still holds it"
         );
         theirs.unlock().expect("theirs");
-        if !handed_on {
-            assert!(handed.is_empty(), "{outcomes:?}");
-            continue;
-        }
-        assert_eq!(handed.len(), 1, "passed on once, not again: {outcomes:?}");
-        let (lost, validity, unlocked) = handed[0];
-        assert!(*lost, "the receiver's guard never read as lost");
-        assert_eq!(*validity, Duration::ZERO);
         assert!(
             matches!(
                 unlocked,
@@ -379,214 +344,86 @@ fn passed_on_after_its_loss(server: &RedisServer, client: &LockClient, arm: impl
             ),
             "{unlocked:?}"
         );
-        return;
+        if asked {
+            return;
+        }
     }
-    panic!("A's unlock never handed the lease on in 20 tries");
+    panic!("A never had a waiter to pass the lease to in 20 tries");
 }
 
-/// A check of a lease in Redis, as the verifier sends it (a whole request:
-/// the scripts' own `GET`s never cross the wire).
-const CHECK: &str = "*2\r\n$3\r\nGET\r\n";
-
-/// The slow chain: A holds a few milliseconds, hands the lease to W, W
-/// holds a few more and releases it in Redis within 20 ms of A's
-/// acquisition. W's release
-/// answers for the lease: no check is sent. (Each check would cost a
-/// command per two acquisitions on a key held this way by two threads.)
-/// Tried until one round was fast enough to count (a loaded machine may
-/// take longer than 20 ms for a round).
+/// On f63675e a lease Redis no longer held was handed on locally: the key
+/// deleted (another client's `force_release`) and taken by a second
+/// client while thread A held it and thread W of the same client waited,
+/// A's unlock handed it to W, and W's call returned with nearly the whole
+/// ttl (and `is_lost()` false) beside the second client: two holders,
+/// until a check in Redis found it lost a millisecond or more later. A
+/// lease Redis last confirmed more than the handoff budget's `max_age` ago
+/// is now confirmed before it is passed on: W never starts on it.
 #[test]
-fn a_lease_handed_on_once_while_young_costs_no_check() {
+fn a_lease_redis_no_longer_holds_is_never_handed_on() {
+    let server = RedisServer::start();
+    let proxy = support::FaultProxy::to(&server);
+    never_passed_on_after_its_loss(&server, &proxy, || {});
+}
+
+/// The same, with the reply to that confirmation (a `GET`) lost: it only
+/// reads, so it is sent again and still finds the loss.
+#[test]
+fn a_lost_reply_to_the_confirmation_before_a_handoff_is_sent_again() {
+    let server = RedisServer::start();
+    let proxy = support::FaultProxy::to(&server);
+    never_passed_on_after_its_loss(&server, &proxy, || proxy.lose_reply(CHECK, 1));
+    assert!(proxy.lost_replies() >= 1, "the fault fired");
+}
+
+/// With `handoff_max_age(ZERO)` every lease handed on is confirmed by its
+/// receiver too, before its call returns: a `GET` by the thread passing it
+/// on (so its unlock tells the truth) and one by the thread taking it (so
+/// it starts on a lease Redis vouched for after it woke). The receiver's,
+/// its reply lost, is sent again.
+#[test]
+fn a_receiver_confirms_a_lease_older_than_its_max_age() {
     let server = RedisServer::start();
     let proxy = support::FaultProxy::to(&server);
     let client = LockClient::open(&proxy.url()).expect("client");
-    let lock = DistributedLock::new(&client, "young:once");
-    for _ in 0..50 {
-        proxy.heal();
-        proxy.lose_reply(CHECK, 1);
-        let started = Instant::now();
+    let options = chain_options().handoff_max_age(Duration::ZERO);
+    for attempt in 0..20 {
+        let lock =
+            DistributedLock::with_options(&client, format!("confirmed:{attempt}"), options.clone());
         let held = lock.lock().expect("A");
         let token = held.token().to_owned();
         let waiter = {
             let lock = lock.clone();
             std::thread::spawn(move || {
-                let guard = lock.try_lock_for(Duration::from_secs(2)).expect("W");
-                let passed = guard.as_ref().map(|g| g.token().to_owned());
-                if let Some(guard) = guard {
-                    // A slow hold: long enough for a check due at once to
-                    // go out before the release.
-                    std::thread::sleep(Duration::from_millis(5));
-                    guard.unlock().expect("W's unlock");
-                }
-                (passed, Instant::now())
+                let guard = lock.try_lock_for(Duration::from_secs(5)).expect("W")?;
+                let got = guard.token().to_owned();
+                guard.unlock().expect("W's unlock");
+                Some(got)
             })
         };
-        std::thread::sleep(Duration::from_millis(3));
-        held.unlock().expect("A's unlock");
-        let (passed, done) = waiter.join().expect("waiter");
-        let fast = done.duration_since(started) < Duration::from_millis(15);
-        if passed.as_deref() != Some(token.as_str()) || !fast {
-            continue;
-        }
-        // Past the young window: a check still queued would have gone out.
-        std::thread::sleep(Duration::from_millis(40));
-        assert_eq!(proxy.armed(), 1, "a young lease handed on once was checked");
-        return;
-    }
-    panic!("no round handed the lease on within 15 ms in 50 tries");
-}
-
-/// The same young chain handed on a second time: its check is not skipped
-/// (brought forward to 1 ms after the acquisition, `verify.rs`) and goes
-/// out while the second receiver holds the lease.
-#[test]
-fn a_lease_handed_on_twice_while_young_is_checked() {
-    let server = RedisServer::start();
-    let proxy = support::FaultProxy::to(&server);
-    let client = LockClient::open(&proxy.url()).expect("client");
-    let options = chain_options();
-    let lock = DistributedLock::with_options(&client, "young:twice", options);
-    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(50));
         proxy.heal();
-        proxy.lose_reply(CHECK, 1);
-        let held = lock.lock().expect("A");
-        let token = held.token().to_owned();
-        let order = AtomicUsize::new(0);
-        // (handed the lease, nth receiver, the check went out while held)
-        let received: Vec<(bool, usize, bool)> = std::thread::scope(|scope| {
-            let waiters: Vec<_> = (0..2)
-                .map(|_| {
-                    scope.spawn(|| {
-                        let guard = lock.try_lock_for(Duration::from_secs(2)).expect("W")?;
-                        let handed = guard.token() == token;
-                        let nth = order.fetch_add(1, Ordering::SeqCst);
-                        let checked = handed
-                            && nth == 1
-                            && support::wait_until(Duration::from_secs(2), || proxy.armed() == 0);
-                        guard.unlock().expect("W's unlock");
-                        Some((handed, nth, checked))
-                    })
-                })
-                .collect();
-            std::thread::sleep(Duration::from_millis(3));
-            held.unlock().expect("A's unlock");
-            waiters
-                .into_iter()
-                .filter_map(|waiter| waiter.join().expect("waiter"))
-                .collect()
-        });
-        if received.len() != 2 || !received.iter().all(|(handed, _, _)| *handed) {
+        proxy.count(CHECK);
+        let lost = proxy.lost_replies();
+        // The second `GET` is the receiver's: its reply is lost once.
+        proxy.lose_reply_after(CHECK, 1, 1);
+        held.unlock().expect("A's unlock");
+        let got = waiter.join().expect("waiter");
+        if got.as_deref() != Some(token.as_str()) {
+            // W was not queued yet: it acquired in Redis itself.
             continue;
         }
-        let second = received.iter().find(|(_, nth, _)| *nth == 1);
-        assert!(
-            second.is_some_and(|(_, _, checked)| *checked),
-            "a young lease handed on twice was never checked: {received:?}"
-        );
-        return;
-    }
-    panic!("the lease was never handed on twice in 20 tries");
-}
-
-/// A young lease lost in Redis while its first receiver holds it (its
-/// check not due yet) is not passed on a second time: the receiver checks
-/// it in Redis before passing it on, finds it another's, and its unlock
-/// says `NotHeld`; the next waiter never gets it.
-#[test]
-fn a_young_lease_lost_is_not_passed_on_a_second_time() {
-    let server = RedisServer::start();
-    let client = server.lock_client();
-    young_and_lost(&server, &client, || {}, || true);
-}
-
-/// The same, with the reply to the receiver's own check lost: a read, sent
-/// again, and it still finds the loss before passing the lease on.
-#[test]
-fn a_lost_reply_to_a_check_before_passing_on_is_sent_again() {
-    let server = RedisServer::start();
-    let proxy = support::FaultProxy::to(&server);
-    let client = LockClient::open(&proxy.url()).expect("client");
-    young_and_lost(
-        &server,
-        &client,
-        || {
-            proxy.heal();
-            proxy.lose_reply(CHECK, 1);
-        },
-        || proxy.lost_replies() >= 1,
-    );
-}
-
-/// A holds a young lease with two threads queued; the key is deleted and
-/// taken by another client; `arm` runs and A hands the lease on. Tried
-/// until A handed it on and `fired` says the round counts.
-fn young_and_lost(
-    server: &RedisServer,
-    client: &LockClient,
-    arm: impl Fn(),
-    fired: impl Fn() -> bool,
-) {
-    let options = chain_options();
-    for attempt in 0..20 {
-        let key = format!("young:lost:{attempt}");
-        let lock = DistributedLock::with_options(client, &key, options.clone());
-        let held = lock.lock().expect("A");
-        let token = held.token().to_owned();
-        let order = AtomicUsize::new(0);
-        // (nth receiver, its token, its unlock's outcome)
-        type Received = (usize, String, Result<(), redmutex::Error>);
-        let (received, theirs): (Vec<Received>, _) = std::thread::scope(|scope| {
-            let waiters: Vec<_> = (0..2)
-                .map(|_| {
-                    scope.spawn(|| {
-                        let guard = lock.try_lock_for(Duration::from_millis(300)).expect("W")?;
-                        let nth = order.fetch_add(1, Ordering::SeqCst);
-                        let got = guard.token().to_owned();
-                        std::thread::sleep(Duration::from_millis(2));
-                        Some((nth, got, guard.unlock()))
-                    })
-                })
-                .collect();
-            std::thread::sleep(Duration::from_millis(3));
-            // Deleted and taken by another client while A holds it.
-            let breaker = server.lock_client();
-            DistributedLock::new(&breaker, &key)
-                .force_release()
-                .expect("force_release");
-            let other = server.lock_client();
-            let theirs = DistributedLock::new(&other, &key)
-                .try_lock()
-                .expect("try_lock")
-                .expect("the other client takes it");
-            arm();
-            let _ = held.unlock();
-            let received = waiters
-                .into_iter()
-                .filter_map(|waiter| waiter.join().expect("waiter"))
-                .collect();
-            (received, theirs)
-        });
         assert_eq!(
-            support::get(server, &key).as_deref(),
-            Some(theirs.token()),
-            "the other client still holds it"
+            proxy.lost_replies(),
+            lost + 1,
+            "the receiver's reply was lost"
         );
-        theirs.unlock().expect("theirs");
-        let passed: Vec<_> = received
-            .iter()
-            .filter(|(_, got, _)| *got == token)
-            .collect();
-        if passed.is_empty() || !fired() {
-            // A's unlock did not hand it on (no waiter queued yet), or the
-            // fault this round was armed for did not fire.
-            continue;
-        }
-        assert_eq!(passed.len(), 1, "passed on twice: {received:?}");
-        assert!(
-            matches!(passed[0].2, Err(redmutex::Error::NotHeld { .. })),
-            "{received:?}"
+        assert_eq!(
+            proxy.counted(CHECK),
+            3,
+            "one check by the giver, one by the receiver, sent again"
         );
         return;
     }
-    panic!("A's unlock never handed the lease on (with the fault fired) in 20 tries");
+    panic!("the lease was never handed on in 20 tries");
 }

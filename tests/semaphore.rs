@@ -759,18 +759,23 @@ fn a_permit_passes_only_to_a_handle_of_its_limit() {
 
 /// On main a limit lowered by another client was ignored by the permits
 /// this client passed between its threads for up to a whole handoff
-/// budget. The check of a permit passed on reads the stored limit: once it
-/// differs, the permit is given back in Redis instead of passed on.
+/// budget. A permit Redis last confirmed more than the budget's `max_age`
+/// ago is checked before it is passed on (`lua/sem_check.lua`, which reads
+/// the stored limit too): once the limit differs, the permit is given back
+/// in Redis instead, and the waiters ask under the new limit (no room:
+/// two of three are still out where the limit is now one).
 #[test]
 fn a_limit_lowered_elsewhere_stops_handoffs() {
     let server = RedisServer::start();
-    let client = server.lock_client();
+    let proxy = support::FaultProxy::to(&server);
+    let client = LockClient::open(&proxy.url()).expect("client");
     let elsewhere = server.lock_client();
-    // Whether the waiters are queued when the first permit goes cannot be
-    // seen from outside: tried until it was handed on.
+    let check = support::sha(include_str!("../lua/sem_check.lua"));
     // Waiters that do not ask Redis on their own while the test runs
     // (a semaphore's head polls at the backoff's ceiling).
     let patient = passing().backoff(redmutex::Backoff::constant(Duration::from_secs(10)));
+    // Whether the waiters are queued when the first permit goes cannot be
+    // seen from outside: tried until the check before a handoff went out.
     for attempt in 0..20 {
         let key = format!("sem:lowered:{attempt}");
         let three = Semaphore::with_options(&client, &key, 3, patient);
@@ -780,24 +785,20 @@ fn a_limit_lowered_elsewhere_stops_handoffs() {
         let waiters: Vec<_> = (0..2)
             .map(|_| {
                 let three = three.clone();
-                std::thread::spawn(
-                    move || match three.try_acquire_for(Duration::from_secs(2)) {
-                        // Held long enough for its check to come back, then
-                        // let go: passed on only if the check allows.
-                        Ok(Some(permit)) => {
-                            std::thread::sleep(Duration::from_millis(300));
-                            drop(permit);
-                            true
-                        }
-                        _ => false,
-                    },
-                )
+                std::thread::spawn(move || {
+                    matches!(
+                        three.try_acquire_for(Duration::from_millis(500)),
+                        Ok(Some(_))
+                    )
+                })
             })
             .collect();
         std::thread::sleep(Duration::from_millis(50));
         Semaphore::new(&elsewhere, &key, 3)
             .set_permits(1)
             .expect("the limit lowered elsewhere");
+        proxy.heal();
+        proxy.count(&check);
         let handoffs = client.stats().handoffs;
         held.pop()
             .map(|permit| permit.release())
@@ -808,16 +809,72 @@ fn a_limit_lowered_elsewhere_stops_handoffs() {
             .map(|w| w.join().expect("waiter"))
             .filter(|got| *got)
             .count();
+        let checked = proxy.counted(&check) > 0;
         drop(held);
-        if client.stats().handoffs == handoffs {
-            // Released in Redis: nobody was queued yet.
-            continue;
-        }
         assert_eq!(
-            got, 1,
-            "after the limit was lowered to 1 (with 3 out), a permit was passed on twice"
+            client.stats().handoffs,
+            handoffs,
+            "a permit admitted under the old limit was passed on"
         );
-        return;
+        assert_eq!(got, 0, "admitted beyond the new limit of 1 (2 still out)");
+        if checked {
+            return;
+        }
     }
-    panic!("no permit was handed on in 20 tries");
+    panic!("no permit was about to be handed on in 20 tries");
+}
+
+/// A permit released by id elsewhere (an operator's `redmutex release
+/// --token`) while its holder still runs, its place taken by another
+/// client: the holder's release finds it gone before passing it on,
+/// says `NotHeld`, and no waiter starts on it (a second holder of a
+/// semaphore of one). On f63675e the waiter got it, and the check that
+/// found it lost came a millisecond or more later.
+#[test]
+fn a_permit_gone_in_redis_is_never_passed_on() {
+    let server = RedisServer::start();
+    let proxy = support::FaultProxy::to(&server);
+    let client = LockClient::open(&proxy.url()).expect("client");
+    let elsewhere = server.lock_client();
+    let check = support::sha(include_str!("../lua/sem_check.lua"));
+    for attempt in 0..20 {
+        let key = format!("sem:gone:{attempt}");
+        let one = Semaphore::with_options(&client, &key, 1, passing());
+        let permit = one.try_acquire().expect("try").expect("the permit");
+        let waiters: Vec<_> = (0..2)
+            .map(|_| {
+                let one = one.clone();
+                std::thread::spawn(move || {
+                    one.try_acquire_for(Duration::from_millis(500))
+                        .map(|got| got.map(|permit| permit.id().to_owned()))
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(50));
+        let theirs = Semaphore::new(&elsewhere, &key, 1);
+        theirs
+            .release_permit(permit.id())
+            .expect("released by id elsewhere");
+        let taken = theirs.try_acquire().expect("try").expect("the freed place");
+        proxy.heal();
+        proxy.count(&check);
+        let released = permit.release();
+        let got: Vec<_> = waiters
+            .into_iter()
+            .map(|w| w.join().expect("waiter"))
+            .collect();
+        assert!(
+            got.iter().all(|got| matches!(got, Ok(None))),
+            "a second holder of a semaphore of one: {got:?}"
+        );
+        assert!(
+            matches!(released, Err(Error::NotHeld { .. })),
+            "{released:?}"
+        );
+        taken.release().expect("theirs");
+        if proxy.counted(&check) > 0 {
+            return;
+        }
+    }
+    panic!("no permit was about to be handed on in 20 tries");
 }

@@ -18,6 +18,7 @@ pub(crate) mod release;
 pub(crate) mod replicas;
 
 use std::any::Any;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -27,14 +28,14 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 
 use crate::client::holder::{Identity, ServerClock};
 use crate::client::options::LockOptions;
-use crate::conn::backend::{Backend, Connection, Deployment};
+use crate::conn::backend::{Backend, Connection, DRAIN_WAIT, Deployment};
 use crate::conn::fork::Birth;
 use crate::conn::policy::{self, Op, Send};
 use crate::conn::stats::{LockStats, Stats};
+use crate::conn::worker::STOP_WAIT;
 use crate::error::Error;
 use crate::notify::subscriber::{Subscriber, Subscription};
 use crate::notify::transport::Source;
-use crate::renew::verify::Verifier;
 use crate::renew::watchdog::{Orphan, OrphanKind, Watchdog};
 use crate::script::names::Namespace;
 use crate::wait::queue::{Feed, Waker};
@@ -86,20 +87,21 @@ struct Inner {
     /// Tells this client's holds apart from other clients' in the
     /// thread-local reentrancy table.
     id: u64,
-    backend: Backend,
+    /// The parts that act when dropped (sockets, threads, the locks and
+    /// waiters of the lock types) are `ManuallyDrop`: in a forked child,
+    /// whose copy of them is its parent's, they are left alone (see
+    /// `Drop for Inner`).
+    backend: ManuallyDrop<Backend>,
     stats: Arc<Stats>,
     /// Each lock type's per-client state ([`LockClient::local`]).
-    locals: Mutex<Vec<Arc<dyn Any + std::marker::Send + Sync>>>,
-    /// Dropped after `locals` (field order), whose queues hold its
-    /// subscriptions.
-    subscriber: Subscriber,
-    watchdog: Watchdog,
-    /// Checks in Redis the leases passed between this client's threads.
-    verifier: Verifier,
+    locals: ManuallyDrop<Mutex<Vec<Arc<dyn Any + std::marker::Send + Sync>>>>,
+    /// Dropped after `locals`, whose queues hold its subscriptions.
+    subscriber: ManuallyDrop<Subscriber>,
+    watchdog: ManuallyDrop<Watchdog>,
     /// The server of a single-node client of [`LockClient::open`], and the
     /// plain pool [`LockClient::pool`] builds for it when asked.
     single: Option<redis::Client>,
-    compat_pool: OnceLock<r2d2::Pool<redis::Client>>,
+    compat_pool: ManuallyDrop<OnceLock<r2d2::Pool<redis::Client>>>,
     /// The server refused a release marker (an ACL without the
     /// `{KEY}:released:*` keys): releases go without one from then on.
     markers_refused: AtomicBool,
@@ -131,21 +133,66 @@ impl Inner {
         let stats = Arc::new(Stats::default());
         let watchdog = Watchdog::new(backend.clone(), stats.clone());
         Inner {
-            watchdog,
-            verifier: Verifier::new(backend.clone(), stats.clone()),
+            watchdog: ManuallyDrop::new(watchdog),
             id: NEXT_CLIENT_ID.fetch_add(1, Ordering::Relaxed),
-            subscriber: Subscriber::new(notify, stats.clone(), backend.timeout()),
-            backend,
-            locals: Mutex::new(Vec::new()),
+            subscriber: ManuallyDrop::new(Subscriber::new(
+                notify,
+                stats.clone(),
+                backend.timeout(),
+            )),
+            backend: ManuallyDrop::new(backend),
+            locals: ManuallyDrop::new(Mutex::new(Vec::new())),
             stats,
             single,
-            compat_pool: OnceLock::new(),
+            compat_pool: ManuallyDrop::new(OnceLock::new()),
             markers_refused: AtomicBool::new(false),
             set_get_refused: AtomicBool::new(false),
             names,
             clock: ServerClock::default(),
             behind_ok: Arc::new(AtomicBool::new(false)),
             birth: Birth::now(),
+        }
+    }
+}
+
+impl Drop for Inner {
+    /// The last clone of a client went: its threads are told to stop; the
+    /// replies its idle connections still owe (releases written behind)
+    /// are read, all within [`DRAIN_WAIT`]; the threads are waited for
+    /// together, [`STOP_WAIT`] from when they were told (plus one I/O
+    /// timeout when the watchdog has a last cleanup round to make); then
+    /// the lock types' state, the subscriber, the watchdog and the pools
+    /// go, in that order. So a drop takes at most `DRAIN_WAIT` (the larger
+    /// of the two), plus one I/O timeout with a cleanup round pending.
+    ///
+    /// In a forked child nothing is done: its copy of the client is the
+    /// parent's (the same sockets, threads that do not exist here, lock
+    /// words a parent thread may have held at the fork), so nothing of it
+    /// is closed, shut down, joined or locked; its memory stays until the
+    /// child exits or execs (the sockets close on exec).
+    fn drop(&mut self) {
+        if !self.birth.is_current() {
+            return;
+        }
+        let told = Instant::now();
+        let threads: Vec<_> = self
+            .subscriber
+            .stop()
+            .into_iter()
+            .map(|thread| (thread, STOP_WAIT))
+            .chain(self.watchdog.stop())
+            .collect();
+        // While the threads end: nobody else reads these replies now.
+        self.backend.settle_idle(DRAIN_WAIT);
+        crate::conn::worker::stop_all(told, threads);
+        // SAFETY: each part is dropped once, here, and never used after
+        // (`self` is being dropped).
+        unsafe {
+            ManuallyDrop::drop(&mut self.locals);
+            ManuallyDrop::drop(&mut self.subscriber);
+            ManuallyDrop::drop(&mut self.watchdog);
+            ManuallyDrop::drop(&mut self.compat_pool);
+            ManuallyDrop::drop(&mut self.backend);
         }
     }
 }
@@ -513,11 +560,6 @@ impl LockClient {
         &self.inner.watchdog
     }
 
-    /// The checks of leases passed between this client's threads.
-    pub(crate) fn verifier(&self) -> &Verifier {
-        &self.inner.verifier
-    }
-
     /// The counters, for what outlives this call (a reply owed on a
     /// connection).
     pub(crate) fn counters_handle(&self) -> Arc<Stats> {
@@ -592,12 +634,7 @@ impl LockClient {
         if self.inner.birth.is_current() {
             return Ok(());
         }
-        Err(Error::InvalidArgument(format!(
-            "this LockClient was built in process {} and inherited through fork(): a forked \
-             child builds its own client (LockClient::open, LockClient::builder); the \
-             parent's locks are never the child's",
-            self.inner.birth.pid()
-        )))
+        Err(crate::conn::backend::inherited(self.inner.birth))
     }
 
     /// Runs one operation on a pooled connection, resent or reported

@@ -370,21 +370,49 @@ pub struct LockOptions {
 pub(crate) const DEFAULT_KEY_CLASS: &str = "default";
 
 /// How long a lease may pass from thread to thread inside one process
-/// before it must be released in Redis, so other processes get their turn.
+/// before it must be released in Redis, so other processes get their turn,
+/// and how fresh it must be to be passed on without asking Redis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HandoffBudget {
     pub(crate) max_handoffs: u32,
     pub(crate) max_time: Duration,
+    pub(crate) max_age: Duration,
 }
+
+/// How old Redis's newest confirmation of a lease may be for a thread to
+/// take it over without asking Redis again.
+pub(crate) const MAX_AGE: Duration = Duration::from_millis(1);
 
 impl HandoffBudget {
     /// At most `max_handoffs` consecutive handoffs, and at most `max_time`
-    /// since the lease was acquired in Redis.
+    /// since the lease was acquired in Redis; the default
+    /// [`HandoffBudget::max_age`].
     pub fn new(max_handoffs: u32, max_time: Duration) -> HandoffBudget {
         HandoffBudget {
             max_handoffs,
             max_time,
+            max_age: MAX_AGE,
         }
+    }
+
+    /// This budget with another [`HandoffBudget::max_age`].
+    #[must_use]
+    pub fn with_max_age(mut self, max_age: Duration) -> HandoffBudget {
+        self.max_age = max_age;
+        self
+    }
+
+    /// How long ago Redis may last have confirmed a lease (owner-checked:
+    /// its acquisition, a renewal, an extension or a check) for a waiting
+    /// thread to take it over as it is. When the confirmation is older,
+    /// the receiving call confirms the lease in Redis before it returns
+    /// (one round trip: `GET`, or the extension when less than half the
+    /// ttl is left) and waits on, or asks Redis for the lock afresh, when
+    /// Redis no longer holds it. So a thread handed a lease starts on one
+    /// as fresh as an acquisition made this long before. `Duration::ZERO`
+    /// confirms every handoff. Defaults to 1 ms.
+    pub fn max_age(&self) -> Duration {
+        self.max_age
     }
 
     /// Consecutive handoffs at most. Defaults to 256.
@@ -403,6 +431,7 @@ impl Default for HandoffBudget {
         HandoffBudget {
             max_handoffs: 256,
             max_time: Duration::from_millis(10),
+            max_age: MAX_AGE,
         }
     }
 }
@@ -504,10 +533,19 @@ impl LockOptions {
     /// `local_handoff(false)`.
     #[must_use]
     pub fn handoff_budget(mut self, max_handoffs: u32, max_time: Duration) -> Self {
-        self.handoff_budget = HandoffBudget {
-            max_handoffs,
-            max_time,
-        };
+        self.handoff_budget.max_handoffs = max_handoffs;
+        self.handoff_budget.max_time = max_time;
+        self
+    }
+
+    /// How long ago Redis may last have confirmed a lease for a queued
+    /// thread to take it over without asking Redis again
+    /// ([`HandoffBudget::max_age`]): a thread handed an older one
+    /// confirms it first. `Duration::ZERO` confirms every handoff.
+    /// Defaults to 1 ms.
+    #[must_use]
+    pub fn handoff_max_age(mut self, max_age: Duration) -> Self {
+        self.handoff_budget.max_age = max_age;
         self
     }
 

@@ -30,10 +30,12 @@
 //! Sockets are closed with `SO_LINGER 0` (reset, not a graceful close), so
 //! the kernel never delivers a request after the caller has given up on it.
 
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
+use crate::conn::fork::Birth;
 use crate::conn::ledger::{Ledger, Owed, PlainWire};
 use crate::conn::pool::{self, Checked, Open, Opener, Pool};
 use crate::error::{Error, PoolError};
@@ -1115,8 +1117,9 @@ impl Drop for Link {
 }
 
 /// How long a connection being closed waits for each reply it still owes
-/// (the first that does not come gives the others up).
-const DRAIN_WAIT: Duration = Duration::from_millis(250);
+/// (the first that does not come gives the others up); also what a
+/// client's drop waits in all for the replies its idle connections owe.
+pub(crate) const DRAIN_WAIT: Duration = Duration::from_millis(250);
 
 impl Manager {
     fn open_link(&self, limit: Duration) -> RedisResult<Link> {
@@ -1190,6 +1193,9 @@ pub(crate) struct Backend {
     /// How long opening one connection may take: one timeout, or for
     /// Sentinel one per sentinel asked plus one for the primary.
     connect_wait: Duration,
+    /// The process the pool was made in: a forked child shares its
+    /// sockets, and gets none of them.
+    birth: Birth,
 }
 
 impl Backend {
@@ -1209,6 +1215,7 @@ impl Backend {
             pools: Pools::Own(pool, deployment),
             timeout,
             connect_wait,
+            birth: Birth::now(),
         }
     }
 
@@ -1219,6 +1226,7 @@ impl Backend {
             pools: Pools::Single(pool),
             timeout,
             connect_wait: timeout,
+            birth: Birth::now(),
         }
     }
 
@@ -1227,6 +1235,7 @@ impl Backend {
             pools: Pools::Cluster(pool),
             timeout,
             connect_wait: timeout,
+            birth: Birth::now(),
         }
     }
 
@@ -1235,6 +1244,7 @@ impl Backend {
             pools: Pools::Sentinel(pool),
             timeout,
             connect_wait: timeout,
+            birth: Birth::now(),
         }
     }
 
@@ -1284,6 +1294,14 @@ impl Backend {
     /// after the wait; r2d2 does not retry it); [`Error::Pool`] when the
     /// wait runs out.
     pub(crate) fn get(&self, wait: Duration) -> Result<Connection, Error> {
+        // Every request of the crate, from any thread, gets its connection
+        // here: in a forked child none of the parent's sockets is ever
+        // written or read (its pool, its locks and waiters are copies of
+        // the parent's; their lock words may even be held by a parent
+        // thread that does not exist here).
+        if !self.birth.is_current() {
+            return Err(inherited(self.birth));
+        }
         let wait = wait.max(Duration::from_millis(1));
         let pooled = match &self.pools {
             Pools::Own(pool, _) => {
@@ -1306,10 +1324,11 @@ impl Backend {
             }
         };
         Ok(Connection {
-            pooled,
+            pooled: ManuallyDrop::new(pooled),
             timeout: self.timeout,
             limit: self.timeout,
             slot: None,
+            birth: self.birth,
         })
     }
 
@@ -1368,7 +1387,9 @@ impl Backend {
 /// `MOVED`/`ASK` redirections are followed; commands without a key go to
 /// any node.
 pub struct Connection {
-    pooled: Pooled,
+    /// Given back to its pool on drop, but in a forked child (see
+    /// [`Connection`]'s `Drop`).
+    pooled: ManuallyDrop<Pooled>,
     /// The client's I/O timeout.
     timeout: Duration,
     /// The read and write timeout in force now: the client's, or less inside
@@ -1377,6 +1398,31 @@ pub struct Connection {
     /// On a cluster, the slot of the last command sent to one: where a
     /// script it lacked is loaded.
     slot: Option<Slot>,
+    /// The process its pool was made in.
+    birth: Birth,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // A forked child's copy of a connection its parent had checked
+        // out: neither closed (the socket is the parent's too) nor given
+        // back to the pool (whose lock a parent thread may have held at the
+        // fork): left alone, as the parent's.
+        if self.birth.is_current() {
+            // SAFETY: `pooled` is dropped once, here, and never used after.
+            unsafe { ManuallyDrop::drop(&mut self.pooled) };
+        }
+    }
+}
+
+/// The error of every call through a client inherited through `fork()`.
+pub(crate) fn inherited(birth: Birth) -> Error {
+    Error::InvalidArgument(format!(
+        "this LockClient was built in process {} and inherited through fork(): a forked \
+         child builds its own client (LockClient::open, LockClient::builder); the \
+         parent's locks are never the child's",
+        birth.pid()
+    ))
 }
 
 /// A command's arguments, up to the fourth.
@@ -1441,7 +1487,7 @@ enum Pooled {
 impl Connection {
     /// The connection under this one.
     fn inner(&mut self) -> &mut dyn ConnectionLike {
-        match &mut self.pooled {
+        match &mut *self.pooled {
             Pooled::Own(link) => link.connection(),
             Pooled::Single(con) => &mut **con,
             Pooled::Cluster(con) => &mut ***con,
@@ -1450,7 +1496,7 @@ impl Connection {
     }
 
     fn inner_ref(&self) -> &dyn ConnectionLike {
-        match &self.pooled {
+        match &*self.pooled {
             Pooled::Own(link) => link.connection_ref(),
             Pooled::Single(con) => &**con,
             Pooled::Cluster(con) => &***con,
@@ -1476,16 +1522,16 @@ impl Connection {
     /// Whether this is a cluster connection, which routes each command
     /// by its parsed arguments.
     pub(crate) fn is_cluster(&self) -> bool {
-        self.own_cluster() || matches!(self.pooled, Pooled::Cluster(_))
+        self.own_cluster() || matches!(*self.pooled, Pooled::Cluster(_))
     }
 
     fn own_cluster(&self) -> bool {
-        matches!(&self.pooled, Pooled::Own(link) if matches!(link.kind, LinkKind::Cluster(_)))
+        matches!(&*self.pooled, Pooled::Own(link) if matches!(link.kind, LinkKind::Cluster(_)))
     }
 
     /// The cluster connection, when this is one.
     fn as_cluster(&mut self) -> Option<&mut dyn ClusterOps> {
-        match &mut self.pooled {
+        match &mut *self.pooled {
             Pooled::Own(link) => match &mut link.kind {
                 LinkKind::Cluster(con) => Some(&mut **con),
                 LinkKind::Plain(_) => None,
@@ -1552,7 +1598,7 @@ impl Connection {
     ) -> RedisResult<T> {
         let before = self.limit;
         let change = limit != before;
-        if change && let Pooled::Own(link) = &mut self.pooled {
+        if change && let Pooled::Own(link) = &mut *self.pooled {
             if let Err(err) = link.set_timeouts(Some(limit)) {
                 link.broken = true;
                 return Err(err);
@@ -1569,7 +1615,7 @@ impl Connection {
         };
         let result = op(self);
         drop(deadline);
-        if change && let Pooled::Own(link) = &mut self.pooled {
+        if change && let Pooled::Own(link) = &mut *self.pooled {
             self.limit = before;
             if !link.broken && link.set_timeouts(Some(before)).is_err() {
                 link.broken = true;
@@ -1582,13 +1628,13 @@ impl Connection {
     /// a dropped one retires the pool's older idle connections.
     fn note<T>(&mut self, result: RedisResult<T>) -> RedisResult<T> {
         if result.is_ok()
-            && let Pooled::Own(link) = &mut self.pooled
+            && let Pooled::Own(link) = &mut *self.pooled
         {
             link.answered = coarse_millis();
         }
         if let Err(err) = &result
             && reply_lost(err)
-            && let Pooled::Own(link) = &mut self.pooled
+            && let Pooled::Own(link) = &mut *self.pooled
         {
             match link.kind {
                 LinkKind::Plain(_) => {
@@ -1615,7 +1661,7 @@ impl Connection {
     /// The plain link of this crate's pool under this connection, when it
     /// owes replies (the only kind that can: see [`Connection::write_behind`]).
     fn owing(&mut self) -> Option<&mut Link> {
-        match &mut self.pooled {
+        match &mut *self.pooled {
             Pooled::Own(link) if !link.owed.is_empty() => Some(&mut **link),
             _ => None,
         }
@@ -1626,7 +1672,7 @@ impl Connection {
     /// connection routes each request and cannot keep replies owed; a pool
     /// the caller built keeps no state of ours with its connections.
     pub(crate) fn can_write_behind(&self) -> bool {
-        matches!(&self.pooled, Pooled::Own(link)
+        matches!(&*self.pooled, Pooled::Own(link)
             if matches!(link.kind, LinkKind::Plain(_))
                 && !link.broken
                 && coarse_millis().saturating_sub(link.answered) < FRESH_MILLIS)
@@ -1652,7 +1698,7 @@ impl Connection {
         if !self.can_write_behind() {
             return Err(owed);
         }
-        let Pooled::Own(link) = &mut self.pooled else {
+        let Pooled::Own(link) = &mut *self.pooled else {
             return Err(owed);
         };
         match link.write_behind(request, owed) {
@@ -1668,7 +1714,7 @@ impl Connection {
     /// A failed read or write on a link of this crate's pool: the replies it
     /// owes are given up and the failure noted like any other.
     fn fail<T>(&mut self, err: RedisError) -> RedisResult<T> {
-        let err = match &mut self.pooled {
+        let err = match &mut *self.pooled {
             Pooled::Own(link) => link.give_up(err),
             _ => err,
         };
@@ -1689,7 +1735,7 @@ impl Connection {
 
     /// Whether a reply was lost on this connection (it will be closed).
     pub(crate) fn is_broken(&self) -> bool {
-        match &self.pooled {
+        match &*self.pooled {
             Pooled::Own(link) => link.broken,
             _ => !self.inner_ref().is_open(),
         }
@@ -1717,7 +1763,7 @@ impl ConnectionLike for Connection {
         self.settle()?;
         let _deadline = self.deadline();
         let limit = self.limit;
-        let result = match &mut self.pooled {
+        let result = match &mut *self.pooled {
             // The whole pipeline within the link's timeout, each read cut
             // to what is left of it, then the timeout put back.
             Pooled::Own(link) if offset == 0 => match &mut link.kind {
@@ -1756,7 +1802,7 @@ impl ConnectionLike for Connection {
         // a `SCRIPT LOAD` (a script the node just said it lacks, which
         // redis-rs would load on every primary, one after another): only on
         // the node the last command went to.
-        let cluster = self.own_cluster() || matches!(self.pooled, Pooled::Cluster(_));
+        let cluster = self.own_cluster() || matches!(*self.pooled, Pooled::Cluster(_));
         let load_on = if cluster && is_script_load(cmd) {
             let by_address = if self.own_cluster() {
                 last_address()
@@ -1808,7 +1854,7 @@ impl ConnectionLike for Connection {
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let kind = match &self.pooled {
+        let kind = match &*self.pooled {
             Pooled::Own(link) => match link.kind {
                 LinkKind::Plain(_) => "plain",
                 LinkKind::Cluster(_) => "cluster",

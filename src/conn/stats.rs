@@ -89,6 +89,13 @@ pub struct KindStats {
     /// Time from getting the lock to letting go of it (released, handed
     /// on, or dropped); losses end a hold when it is let go, as well.
     pub hold: Distribution,
+    /// For the acquisitions handed over: how long before the receiving
+    /// call returned Redis had last confirmed the lease (owner-checked:
+    /// its acquisition, a renewal, an extension, or the receiver's own
+    /// check). At most the handoff budget's
+    /// [`max_age`](crate::HandoffBudget::max_age), or one round trip when
+    /// the receiver confirmed it.
+    pub handoff_age: Distribution,
     errors: [u64; Error::KINDS.len()],
 }
 
@@ -158,6 +165,7 @@ struct KindCounters {
     errors: [AtomicU64; Error::KINDS.len()],
     wait: Histogram,
     hold: Histogram,
+    handoff_age: Histogram,
 }
 
 impl KindCounters {
@@ -171,6 +179,7 @@ impl KindCounters {
             losses: self.losses.load(Ordering::Relaxed),
             wait: self.wait.snapshot(),
             hold: self.hold.snapshot(),
+            handoff_age: self.handoff_age.snapshot(),
             errors: std::array::from_fn(|i| self.errors[i].load(Ordering::Relaxed)),
         }
     }
@@ -289,11 +298,12 @@ impl Stats {
         result
     }
 
-    /// The lock of this acquisition was handed over by another thread.
-    pub(crate) fn handed_over(&self, tag: Tag) {
-        self.of(tag.kind)
-            .handed_over
-            .fetch_add(1, Ordering::Relaxed);
+    /// The lock of this acquisition was handed over by another thread;
+    /// Redis had last confirmed it at `confirmed`.
+    pub(crate) fn handed_over(&self, tag: Tag, confirmed: Instant) {
+        let kind = self.of(tag.kind);
+        kind.handed_over.fetch_add(1, Ordering::Relaxed);
+        kind.handoff_age.record(confirmed.elapsed());
         export::counter("redmutex_handoffs_total", tag);
     }
 

@@ -50,6 +50,18 @@ impl Worker {
     }
 }
 
+/// Waits for `threads`, each told to stop at `told`, together: each at
+/// most its own wait, counted from `told`, so the whole wait is the
+/// longest of them, not their sum.
+pub(crate) fn stop_all(
+    told: std::time::Instant,
+    threads: impl IntoIterator<Item = (Worker, Duration)>,
+) {
+    for (thread, wait) in threads {
+        thread.stop_within(wait.saturating_sub(told.elapsed()));
+    }
+}
+
 /// Runs `spawn`, which starts threads, with every asynchronous signal
 /// blocked in the calling thread, then puts its mask back: the threads
 /// start with those signals blocked (a new thread inherits its creator's

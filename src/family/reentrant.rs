@@ -386,7 +386,7 @@ impl ReentrantGuard {
     /// extension, minus the drift allowance. Later re-entries refresh the
     /// lease in Redis, so this is a lower bound.
     pub fn validity(&self) -> Duration {
-        if self.released {
+        if self.released || self.client.inherited() {
             return Duration::ZERO;
         }
         remaining(self.sent, self.ttl, Instant::now())
@@ -448,6 +448,8 @@ impl ReentrantGuard {
 
     fn release(&mut self) -> Result<Unlocked, Error> {
         self.released = true;
+        // A forked child's copy of its parent's hold: refused, nothing sent.
+        self.client.check_process()?;
         let result = self.let_go();
         self.client
             .counters()

@@ -512,7 +512,7 @@ impl RwGuard {
 
     /// The lease left by the local clock, minus the drift allowance.
     pub fn validity(&self) -> Duration {
-        if self.released {
+        if self.released || self.client.inherited() {
             return Duration::ZERO;
         }
         remaining(self.sent, self.ttl, Instant::now())
@@ -531,6 +531,8 @@ impl RwGuard {
 
     fn release(&mut self) -> Result<(), Error> {
         self.released = true;
+        // A forked child's copy of its parent's hold: refused, nothing sent.
+        self.client.check_process()?;
         let result = self.let_go();
         self.client
             .counters()

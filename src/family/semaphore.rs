@@ -23,7 +23,6 @@ use crate::conn::stats::{LockKind, Tag};
 use crate::error::{Error, NotHeldReason};
 use crate::lease::loss::{LossReason, LossSignal, LossState};
 use crate::lease::remaining;
-use crate::renew::verify::{Chain, Probe};
 use crate::renew::watchdog::{OrphanKind, Renewal, WatchEntry};
 use crate::script;
 use crate::wait::acquire::{Attempt, Contender, Queued, Waiting, Within, acquire, blocking};
@@ -57,8 +56,9 @@ struct PermitGift {
     loss: Arc<LossState>,
     /// The generation the permit was taken under.
     generation: u64,
-    /// Its checks in Redis, once it has been passed on.
-    chain: Option<Arc<Chain>>,
+    /// When the newest request that found the permit in place in Redis was
+    /// sent (its grant, a renewal, an extension, a check).
+    confirmed: Instant,
     /// The limit it was granted under: only a handle opened with that
     /// limit may take it.
     limit: u32,
@@ -551,8 +551,14 @@ impl Contender for Take<'_> {
     }
 
     /// A permit another thread of this client passed on: kept as it is
-    /// while at least half this semaphore's ttl is left, else renewed first
-    /// (only if still present). `None` when it turns out to be lost.
+    /// while Redis confirmed it within the handoff budget's `max_age` and at
+    /// least half this semaphore's ttl is left. Otherwise it is confirmed
+    /// in Redis before this call returns (`lua/sem_check.lua`, which also
+    /// reads the stored limit: a handoff is an admission, which a limit
+    /// changed elsewhere must decide), then renewed when less than half
+    /// the ttl is left. `None` when it turns out lost, or the limit
+    /// changed: the waiter goes on and asks Redis afresh (see
+    /// `DistributedLock::take_handoff` for why).
     fn accept(&mut self, gift: PermitGift) -> Result<Option<Permit>, Error> {
         let mut permit = Permit::handed_over(self.semaphore, gift);
         if let Some(reason) = permit.loss.reason() {
@@ -572,6 +578,27 @@ impl Contender for Take<'_> {
             drop(permit);
             return Ok(None);
         }
+        let max_age = self.semaphore.options.handoff_budget.max_age;
+        if permit.confirmed().elapsed() > max_age {
+            // A read: a lost reply is sent again; a failure leaves the
+            // permit unconfirmed, given back (or passed on, to a waiter
+            // that confirms it itself) by its drop.
+            match permit.confirm()? {
+                Check::Held => {}
+                Check::Lost => {
+                    permit.abandon();
+                    return Ok(None);
+                }
+                Check::Relimited => {
+                    // In place, but admitted under a limit that is no
+                    // longer the key's: given back in Redis, never passed
+                    // on, and this waiter asks under the new one.
+                    permit.handoff = None;
+                    drop(permit);
+                    return Ok(None);
+                }
+            }
+        }
         let ttl = Duration::from_millis(self.millis);
         if permit.validity() < ttl / 2 {
             match permit.extend(ttl) {
@@ -585,11 +612,23 @@ impl Contender for Take<'_> {
             }
         }
         let semaphore = self.semaphore;
-        semaphore.client.counters().handed_over(semaphore.tag());
+        semaphore
+            .client
+            .counters()
+            .handed_over(semaphore.tag(), permit.confirmed());
         permit.held_since = Some(Instant::now());
-        permit.passed_on();
         Ok(Some(permit))
     }
+}
+
+/// What a check of a permit passed on found in Redis ([`Permit::confirm`]).
+enum Check {
+    /// In place under the limit it was granted with.
+    Held,
+    /// Gone (expired, released by id, the key deleted or replaced).
+    Lost,
+    /// In place, but the stored limit changed since it was granted.
+    Relimited,
 }
 
 /// One permit of a [`Semaphore`]. Dropping it releases it (best effort);
@@ -627,8 +666,9 @@ pub struct Permit {
     acquired_at: Instant,
     /// The client's handoff generation when this permit was taken.
     generation: u64,
-    /// Its checks in Redis, once it has been passed on.
-    chain: Option<Arc<Chain>>,
+    /// When the newest request that found the permit in place in Redis
+    /// was sent, but the watchdog's renewals (its entry keeps those).
+    confirmed: Instant,
     /// Whether threads of this client queue for the key (notify waiting):
     /// then the permit counts in the client's holds of the key.
     queued: bool,
@@ -677,7 +717,7 @@ impl Permit {
             watch: None,
             loss: Arc::default(),
             generation: semaphore.local.generation.load(Ordering::Relaxed),
-            chain: None,
+            confirmed: sent,
             limit: semaphore.permits,
         };
         let mut permit = Permit::handed_over(semaphore, fresh);
@@ -746,7 +786,7 @@ impl Permit {
             handoffs: gift.handoffs,
             acquired_at: gift.acquired_at,
             generation: gift.generation,
-            chain: gift.chain,
+            confirmed: gift.confirmed,
             queued: options.wait_mode == WaitMode::Notify,
             limit: gift.limit,
             tag: semaphore.tag(),
@@ -754,21 +794,47 @@ impl Permit {
         }
     }
 
-    /// A permit passed on by another thread is checked in Redis (its chain
-    /// made at its first handoff; see `renew::verify` for when): a permit
-    /// gone there, or a limit changed elsewhere, stops its handoffs.
-    fn passed_on(&mut self) {
-        let chain = self.chain.take().unwrap_or_else(|| {
-            Chain::new(
-                self.key.clone(),
-                self.id.clone(),
-                Probe::Permit { limit: self.limit },
-                self.loss.clone(),
-                self.acquired_at,
-            )
+    /// When the newest request that found the permit in place in Redis was
+    /// sent: its grant, an extension, a check, or a renewal by the
+    /// watchdog.
+    fn confirmed(&self) -> Instant {
+        match &self.watch {
+            Some(entry) => self.confirmed.max(entry.lease().0),
+            None => self.confirmed,
+        }
+    }
+
+    /// Asks Redis whether the permit is still in place and the stored
+    /// limit still the one it was granted under (`lua/sem_check.lua`,
+    /// read-only, sent again on a fresh connection after a lost reply).
+    /// [`Check::Held`] confirms it as of the request's sending; a permit
+    /// gone is marked lost.
+    ///
+    /// # Errors
+    ///
+    /// What the request met when it could not be answered: nothing is
+    /// known of the permit then, and the caller must not start on it.
+    fn confirm(&mut self) -> Result<Check, Error> {
+        let sent = Instant::now();
+        self.client.counters().commands(1);
+        let checked: Result<(i64, i64), Error> = self.client.run(Op::Read, &self.key, |con, _| {
+            script::SEM_CHECK.key(&*self.key).arg(&*self.id).invoke(con)
         });
-        self.client.verifier().verify(&chain);
-        self.chain = Some(chain);
+        let (live, stored) = match checked {
+            Ok(reply) => reply,
+            // Another type's data under the key: the permit is gone.
+            Err(Error::WrongType { .. }) => (0, -1),
+            Err(err) => return Err(err),
+        };
+        if live != 1 {
+            self.loss.lose(LossReason::Expired);
+            return Ok(Check::Lost);
+        }
+        self.confirmed = self.confirmed.max(sent);
+        if u32::try_from(stored).ok() != Some(self.limit) {
+            return Ok(Check::Relimited);
+        }
+        Ok(Check::Held)
     }
 
     /// Counts this permit among the client's holds of the key until the
@@ -787,9 +853,6 @@ impl Permit {
     /// Marks the permit done without touching Redis (it was lost).
     fn abandon(&mut self) {
         self.released = true;
-        if let Some(chain) = self.chain.take() {
-            chain.end();
-        }
         self.client
             .counters()
             .hold_ended(self.tag, self.held_since, true, Ok(()));
@@ -803,22 +866,32 @@ impl Permit {
 
     /// Whether giving this permit back may pass it to a queued thread of
     /// this client instead (the budget counts the handoff about to happen).
-    fn may_hand_off(&self) -> bool {
+    fn may_hand_off(&mut self) -> bool {
         let Some(budget) = self.handoff else {
             return false;
         };
         self.generation == self.local.generation.load(Ordering::Relaxed)
-            && self.chain.as_ref().is_none_or(|chain| chain.may_pass())
             && self.handoffs < budget.max_handoffs
             && self.acquired_at.elapsed() < budget.max_time
             && !self.is_lost()
             && !self.timing_left().is_zero()
-            // Last: it may ask Redis (a young chain, `Verifier::may_pass`),
-            // worth it only with a waiter to pass the permit to.
-            && self.chain.as_ref().is_none_or(|chain| {
-                self.local.queues.has_waiters(&self.queue_key)
-                    && self.client.verifier().may_pass(chain)
-            })
+            // Last, as they may cost a round trip: somebody to pass it to,
+            // and a permit Redis vouched for too long ago confirmed first
+            // (a permit gone is given back and reported `NotHeld`; one
+            // admitted under a limit changed since, given back).
+            && self.local.queues.has_waiters(&self.queue_key)
+            && (self.confirmed().elapsed() <= budget.max_age
+                || match self.confirm() {
+                    Ok(Check::Held) => true,
+                    Ok(Check::Lost | Check::Relimited) => false,
+                    Err(err) => {
+                        log::debug!(
+                            "redmutex: confirming a permit of {:?} before passing it on failed: {err}",
+                            self.key
+                        );
+                        false
+                    }
+                })
     }
 
     /// The lease left by the local clock (released or not).
@@ -853,7 +926,8 @@ impl Permit {
     /// hash, Redis unreachable until the lease ran out, hold cap reached)
     /// or by a [`Permit::extend`] that found it gone.
     pub fn is_lost(&self) -> bool {
-        self.loss.reason().is_some()
+        // A forked child's copy is never the child's permit.
+        self.loss.reason().is_some() || self.client.inherited()
     }
 
     /// A signal, usable from any thread and after the permit is gone, that
@@ -906,6 +980,7 @@ impl Permit {
                 self.ttl = ttl;
             }
         }
+        self.confirmed = self.confirmed.max(sent);
         self.count_held(sent, ttl);
         Ok(())
     }
@@ -949,6 +1024,10 @@ impl Permit {
     /// outcome, read later, only logged.
     fn give_back(&mut self, behind: bool) -> Result<(), Error> {
         self.released = true;
+        // A forked child's copy of its parent's permit: refused before
+        // anything is looked at (its queues' locks may have been held by a
+        // parent thread at the fork) or sent.
+        self.client.check_process()?;
         let result = self.let_go(behind);
         let lost = self.is_lost();
         self.client
@@ -967,23 +1046,20 @@ impl Permit {
                 watch: self.watch.clone(),
                 loss: self.loss.clone(),
                 generation: self.generation,
-                chain: self.chain.take(),
+                confirmed: self.confirmed(),
                 limit: self.limit,
             };
-            // Passed on without Redis: its receiver has it checked there
-            // (`Permit::passed_on`).
-            match self.local.queues.offer(&self.queue_key, gift, false) {
-                Ok(()) => {
-                    self.client.counters().handoff();
-                    return Ok(());
-                }
-                Err(gift) => self.chain = gift.chain,
+            // Passed on without Redis: its receiver confirms it there first
+            // when Redis vouched for it too long ago (`Take::accept`).
+            if self
+                .local
+                .queues
+                .offer(&self.queue_key, gift, false)
+                .is_ok()
+            {
+                self.client.counters().handoff();
+                return Ok(());
             }
-        }
-        // Given back in Redis, or found lost, from here: checks answered
-        // after this are no news.
-        if let Some(chain) = self.chain.take() {
-            chain.end();
         }
         // No renewal starts from here on; one in flight is ignored, even
         // if it finds the key gone (this release may have gone first).

@@ -159,6 +159,9 @@ impl LockGuard {
     /// is sent (the guard is then dropped, which releases with the lock's
     /// own method, [`Release::Lua`] on a cluster).
     pub fn unlock_with(self, release: Release) -> Result<(), Error> {
+        // A forked child's copy of its parent's guard, nested or not:
+        // refused (its drop then leaves the parent's lease alone).
+        self.lease.client.check_process()?;
         if Rc::strong_count(&self.lease) > 1 {
             return Ok(());
         }

@@ -15,7 +15,6 @@ use crate::error::Error;
 use crate::lease::loss::{LossReason, LossState};
 use crate::lease::remaining;
 use crate::mutex::holds;
-use crate::renew::verify::{Chain, Probe};
 use crate::renew::watchdog::{OrphanKind, Renewal, WatchEntry};
 use crate::script;
 use crate::wait::queue::{Capacity, Queues};
@@ -40,9 +39,9 @@ pub(crate) struct Handoff {
     pub(crate) watch: Option<Arc<WatchEntry>>,
     /// The lease's loss signal, which goes along with it.
     pub(crate) loss: Arc<LossState>,
-    /// Its checks in Redis while it is passed on ([`Chain`]): made by its
-    /// first receiver, then passed along.
-    pub(crate) chain: Option<Arc<Chain>>,
+    /// When the newest request that found the lease ours in Redis was sent
+    /// (its acquisition, a renewal, an extension, a check).
+    pub(crate) confirmed: Instant,
 }
 
 /// The plain lock's state in one client ([`LockClient::local`]): its wait
@@ -127,13 +126,13 @@ pub(crate) struct Lease {
     /// The watchdog's entry, when it renews this lease (it then owns the
     /// lease's timing).
     watch: Option<Arc<WatchEntry>>,
-    /// Made when first shared (a watchdog, a check, a handoff, a loss
-    /// signal) or set: a lease nobody else watches costs no allocation for
-    /// it, and nobody can have found it lost before it exists.
+    /// Made when first shared (a watchdog, a handoff, a loss signal) or
+    /// set: a lease nobody else watches costs no allocation for it, and
+    /// nobody can have found it lost before it exists.
     loss: OnceCell<Arc<LossState>>,
-    /// Its checks in Redis, once it has been passed on (moved, not
-    /// cloned, from holder to holder).
-    chain: Cell<Option<Arc<Chain>>>,
+    /// When the newest request that found the lease ours in Redis was sent,
+    /// but the watchdog's renewals (its entry keeps those).
+    confirmed: Cell<Instant>,
     /// For the client's stats: the lock type and key class.
     tag: Tag,
     /// When this holder got the lease (acquired, or a handoff accepted);
@@ -190,7 +189,7 @@ impl Lease {
             fence,
             watch,
             loss,
-            chain: Cell::new(None),
+            confirmed: Cell::new(sent),
             tag: tag_of(options),
             held_since: Cell::new(Some(Instant::now())),
         }
@@ -221,29 +220,56 @@ impl Lease {
             fence: None,
             watch: handoff.watch,
             loss: OnceCell::from(handoff.loss),
-            chain: Cell::new(handoff.chain),
+            confirmed: Cell::new(handoff.confirmed),
             tag: tag_of(options),
             held_since: Cell::new(None),
         }
     }
 
-    /// A handed-over lease was accepted: its hold begins now, and it is
-    /// checked in Redis (its chain made at its first handoff; see
-    /// `renew::verify` for when), so a lease Redis no longer holds is found
-    /// lost and passed on no further.
+    /// A handed-over lease was accepted: its hold begins now.
     pub(crate) fn accepted(&self) {
         self.held_since.set(Some(Instant::now()));
-        let chain = self.chain.take().unwrap_or_else(|| {
-            Chain::new(
-                self.key.clone(),
-                self.token.clone(),
-                Probe::Plain,
-                self.loss_state().clone(),
-                self.acquired_at,
-            )
+    }
+
+    /// When the newest request that found the lease ours in Redis was sent:
+    /// its acquisition, an extension, a check, or a renewal by the
+    /// watchdog.
+    pub(crate) fn confirmed(&self) -> Instant {
+        let confirmed = self.confirmed.get();
+        match &self.watch {
+            Some(entry) => confirmed.max(entry.lease().0),
+            None => confirmed,
+        }
+    }
+
+    /// Asks Redis whether the key still holds our token (`GET`, read-only,
+    /// sent again on a fresh connection after a lost reply): `Ok(true)`
+    /// confirms the lease as of the request's sending; `Ok(false)` means
+    /// Redis no longer holds it, and the lease is marked lost.
+    ///
+    /// # Errors
+    ///
+    /// What the request met when it could not be answered: nothing is
+    /// known of the lease then, and the caller must not start on it.
+    pub(crate) fn confirm(&self) -> Result<bool, Error> {
+        let key: &str = &self.key;
+        let sent = Instant::now();
+        self.client.counters().commands(1);
+        use script::wire::Arg;
+        let held: Result<Option<Vec<u8>>, Error> = self.client.run(Op::Read, key, |con, _| {
+            script::wire::query(con, &[Arg::from("GET"), Arg::from(key)])
         });
-        self.client.verifier().verify(&chain);
-        self.chain.set(Some(chain));
+        let reason = match held {
+            Ok(Some(value)) if value == self.token.as_bytes() => {
+                self.confirmed.set(self.confirmed.get().max(sent));
+                return Ok(true);
+            }
+            Ok(Some(_)) | Err(Error::WrongType { .. }) => LossReason::OwnedByOther,
+            Ok(None) => LossReason::Expired,
+            Err(err) => return Err(err),
+        };
+        self.loss_state().lose(reason);
+        Ok(false)
     }
 
     /// Applies a receiver's options to a lease handed over to it: its
@@ -291,8 +317,9 @@ impl Lease {
         }
     }
 
+    /// Found lost, or a forked child's copy (never the child's lease).
     pub(crate) fn is_lost(&self) -> bool {
-        self.loss.get().is_some_and(|loss| loss.reason().is_some())
+        self.loss.get().is_some_and(|loss| loss.reason().is_some()) || self.client.inherited()
     }
 
     /// The lease's loss state, made on first use.
@@ -307,9 +334,6 @@ impl Lease {
     /// Marks the lease done without touching Redis (it was lost).
     pub(crate) fn abandon(&self) {
         if !self.released.replace(true) {
-            if let Some(chain) = self.chain.take() {
-                chain.end();
-            }
             self.client
                 .counters()
                 .hold_ended(self.tag, self.held_since.get(), true, Ok(()));
@@ -353,6 +377,7 @@ impl Lease {
                         self.ttl.set(ttl);
                     }
                 }
+                self.confirmed.set(self.confirmed.get().max(sent));
                 if self.handoff.queued {
                     self.local
                         .queues
@@ -382,19 +407,24 @@ impl Lease {
                 let (sent, ttl) = self.timing();
                 !remaining(sent, ttl, Instant::now()).is_zero()
             }
-            && self.chain_may_pass()
+            // Last, as it may cost a round trip: a lease Redis vouched for
+            // too long ago is confirmed before it is passed on, so a lease
+            // Redis lost is released (and reported `NotHeld`) instead.
+            && self.fresh_to_pass()
     }
 
-    /// What the lease's checks in Redis say of passing it on (a young
-    /// chain is checked here first, `Verifier::may_pass`; asked only with
-    /// a waiter to pass it to, see `may_hand_off`).
-    fn chain_may_pass(&self) -> bool {
-        let chain = self.chain.take();
-        let may = chain
-            .as_ref()
-            .is_none_or(|chain| self.client.verifier().may_pass(chain));
-        self.chain.set(chain);
-        may
+    /// Whether Redis confirmed the lease within the handoff budget's
+    /// `max_age`, asking it when not. A check that fails on the network says
+    /// no: the release in Redis that follows answers for the lease.
+    fn fresh_to_pass(&self) -> bool {
+        self.confirmed().elapsed() <= self.handoff.budget.max_age
+            || self.confirm().unwrap_or_else(|err| {
+                log::debug!(
+                    "redmutex: confirming {:?} before passing it on failed: {err}",
+                    self.key
+                );
+                false
+            })
     }
 
     /// Releases, once: hands the lease to a queued thread of this client when
@@ -416,6 +446,10 @@ impl Lease {
         if self.released.replace(true) {
             return Ok(());
         }
+        // A forked child's copy of its parent's lease: refused before
+        // anything is looked at (its queues' locks may have been held by a
+        // parent thread at the fork) or sent.
+        self.client.check_process()?;
         let result = self.let_go(how, behind);
         self.client
             .counters()
@@ -434,7 +468,7 @@ impl Lease {
                 acquired_at: self.acquired_at,
                 watch: self.watch.clone(),
                 loss: self.loss_state().clone(),
-                chain: self.chain.take(),
+                confirmed: self.confirmed(),
             };
             // Interceptable only after a hold shorter than a thread's wake-up:
             // waking a waiter would cost more than the hold. Longer holds
@@ -444,20 +478,13 @@ impl Lease {
                 .held_since
                 .get()
                 .is_some_and(|since| since.elapsed() < SHORT_HOLD);
-            // Passed on without Redis: its receiver has it checked there
-            // (`Lease::accepted`).
-            match self.local.queues.offer(&self.key, handoff, short) {
-                Ok(()) => {
-                    self.client.counters().handoff();
-                    return Ok(());
-                }
-                Err(handoff) => self.chain.set(handoff.chain),
+            // Passed on without Redis: its receiver confirms it there first
+            // when Redis vouched for it too long ago
+            // (`DistributedLock::take_handoff`).
+            if self.local.queues.offer(&self.key, handoff, short).is_ok() {
+                self.client.counters().handoff();
+                return Ok(());
             }
-        }
-        // Released in Redis, or found lost, from here: checks answered
-        // after this are no news.
-        if let Some(chain) = self.chain.take() {
-            chain.end();
         }
         // No renewal starts from here on; one in flight is ignored, even
         // if it finds the key gone (this release may have gone first).

@@ -633,9 +633,18 @@ impl DistributedLock {
     }
 
     /// Takes a lease another thread of this client handed over: same token,
-    /// no Redis command, unless less than half this lock's ttl is left, in
-    /// which case it is first extended (owner-checked). `Ok(None)` when it
-    /// turns out to be lost.
+    /// no Redis command while Redis confirmed it within the handoff
+    /// budget's `max_age` and at least half this lock's ttl is left.
+    /// Otherwise it is confirmed in Redis before this call returns: extended
+    /// (owner-checked) when less than half the ttl is left, else checked
+    /// with a `GET`. `Ok(None)` when it turns out lost: the waiter goes on
+    /// and asks Redis for the lock afresh.
+    ///
+    /// This is where a handed-over lease becomes as fresh as an
+    /// acquisition: without it a thread could start on a lease Redis gave
+    /// to another client long ago (the key deleted by an operator, expired
+    /// early, lost in a restart), for as long as the lease went from
+    /// thread to thread.
     fn take_handoff(&self, handoff: Handoff, millis: u64) -> Result<Option<Rc<Lease>>, Error> {
         let mut lease = Lease::handed_over(
             self.client.clone(),
@@ -655,24 +664,30 @@ impl DistributedLock {
         }
         let lease = Rc::new(lease);
         let ttl = Duration::from_millis(millis);
-        if lease.validity() >= ttl / 2 {
-            self.client.counters().handed_over(tag_of(&self.options));
-            lease.accepted();
-            return Ok(Some(lease));
-        }
-        match lease.extend(ttl) {
-            Ok(()) => {
-                self.client.counters().handed_over(tag_of(&self.options));
-                lease.accepted();
-                Ok(Some(lease))
+        let confirmed = if lease.validity() < ttl / 2 {
+            match lease.extend(ttl) {
+                Ok(()) => true,
+                Err(err) if err.is_not_held() => false,
+                // Nothing known: dropping the lease releases it in Redis
+                // (or passes it on, to a waiter that confirms it itself).
+                Err(err) => return Err(err),
             }
-            Err(err) if err.is_not_held() => {
-                lease.abandon();
-                Ok(None)
-            }
-            // Dropping the lease releases it (or passes it on).
-            Err(err) => Err(err),
+        } else if lease.confirmed().elapsed() > self.options.handoff_budget.max_age {
+            // A read: a lost reply is sent again; a failure leaves the
+            // lease unconfirmed, released by its drop as above.
+            lease.confirm()?
+        } else {
+            true
+        };
+        if !confirmed {
+            lease.abandon();
+            return Ok(None);
         }
+        self.client
+            .counters()
+            .handed_over(tag_of(&self.options), lease.confirmed());
+        lease.accepted();
+        Ok(Some(lease))
     }
 }
 

@@ -433,19 +433,26 @@ impl Subscriber {
     }
 }
 
-impl Drop for Subscriber {
-    fn drop(&mut self) {
-        // Every thread told first, then each waited for: they end
-        // together. A thread may be inside a connect or a sentinel lookup:
-        // it ends by itself when that returns.
-        let threads: Vec<Worker> = match self.hub.get() {
-            None => return,
+impl Subscriber {
+    /// Tells every thread to stop and returns them, to be waited for
+    /// (each at most [`STOP_WAIT`], all together); none the second time.
+    pub(crate) fn stop(&self) -> Vec<Worker> {
+        match self.hub.get() {
+            None => Vec::new(),
             Some(Hub::One(shared)) => shared.shut_down().into_iter().collect(),
             Some(Hub::Shards(router)) => router.shut_down(),
-        };
-        for thread in threads {
-            thread.stop_within(STOP_WAIT);
         }
+    }
+}
+
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        // Every thread told first, then all waited for together. A thread
+        // may be inside a connect or a sentinel lookup: it ends by itself
+        // when that returns.
+        let told = std::time::Instant::now();
+        let threads = self.stop().into_iter().map(|thread| (thread, STOP_WAIT));
+        crate::conn::worker::stop_all(told, threads);
     }
 }
 

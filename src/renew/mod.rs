@@ -1,10 +1,7 @@
-//! Keeping leases alive and true, and cleaning up after failures: one
-//! background thread per client (the watchdog) renews watched leases at a
-//! third of their ttl, pipelined, and releases what failed acquisitions and
-//! releases may have left in Redis (orphans); another (the verifier,
-//! `verify.rs`) checks in Redis the leases passed between the client's
-//! threads while they are passed on, so a lease Redis no longer holds is
-//! found lost within a millisecond and a round trip.
+//! Keeping leases alive, and cleaning up after failures: one background
+//! thread per client (the watchdog) renews watched leases at a third of
+//! their ttl, pipelined, and releases what failed acquisitions and
+//! releases may have left in Redis (orphans).
 //!
 //! Depends on `lease` (timing, the loss signal), `conn` (the pool and the
 //! resend policy) and `script`; never on a lock type: an orphan says which
@@ -13,9 +10,6 @@
 //! Invariants: no lock is held across a round trip; a watched lease reads
 //! as lost from its local expiry whatever a renewal is doing; a renewal
 //! never outlasts the lease it renews; an orphan is released owner-checked,
-//! again and again until no request of it can still arrive; a lease passed
-//! on is checked at most once per millisecond, and a check answered after
-//! its lease was released changes nothing.
+//! again and again until no request of it can still arrive.
 
-pub(crate) mod verify;
 pub(crate) mod watchdog;

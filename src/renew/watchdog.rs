@@ -596,8 +596,12 @@ fn start(shared: &Arc<Shared>, registry: &mut Registry) {
     shared.changed.notify_all();
 }
 
-impl Drop for Watchdog {
-    fn drop(&mut self) {
+impl Watchdog {
+    /// Tells the thread to stop (after one last cleanup round when
+    /// orphans are pending) and returns it with how long to wait for it:
+    /// [`STOP_WAIT`], plus one I/O timeout for that round. `None` when it
+    /// never started or was stopped already.
+    pub(crate) fn stop(&self) -> Option<(Worker, Duration)> {
         let (thread, cleaning) = {
             let mut registry = self.shared.registry.lock();
             registry.shutdown = true;
@@ -616,7 +620,13 @@ impl Drop for Watchdog {
         } else {
             STOP_WAIT
         };
-        if let Some(thread) = thread {
+        thread.map(|thread| (thread, wait))
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        if let Some((thread, wait)) = self.stop() {
             thread.stop_within(wait);
         }
     }

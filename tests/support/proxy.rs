@@ -28,6 +28,8 @@ const POLL: Duration = Duration::from_millis(20);
 /// A fault armed for the next requests whose bytes contain `pattern`.
 struct Arm {
     pattern: Vec<u8>,
+    /// Matching requests to let by before it fires.
+    skip: u32,
     remaining: u32,
 }
 
@@ -47,6 +49,8 @@ struct Faults {
     swallow_new: bool,
     lose_reply: Vec<Arm>,
     drop_request: Vec<Arm>,
+    /// Patterns whose occurrences in requests are counted ([`FaultProxy::count`]).
+    counted: Vec<(Vec<u8>, u64)>,
 }
 
 #[derive(Default)]
@@ -96,6 +100,10 @@ impl Shared {
             .iter()
             .position(|arm| contains(chunk, &arm.pattern) && arm.remaining > 0);
         match hit {
+            Some(i) if arms[i].skip > 0 => {
+                arms[i].skip -= 1;
+                false
+            }
             Some(i) => {
                 arms[i].remaining -= 1;
                 if arms[i].remaining == 0 {
@@ -243,9 +251,16 @@ impl FaultProxy {
     /// The next `times` requests containing `pattern` reach the server, run,
     /// and their connection is cut before the reply gets back.
     pub fn lose_reply(&self, pattern: &str, times: u32) {
+        self.lose_reply_after(pattern, 0, times);
+    }
+
+    /// As [`FaultProxy::lose_reply`], after letting the next `skip`
+    /// requests containing `pattern` by unharmed.
+    pub fn lose_reply_after(&self, pattern: &str, skip: u32, times: u32) {
         self.update(|f| {
             f.lose_reply.push(Arm {
                 pattern: pattern.as_bytes().to_vec(),
+                skip,
                 remaining: times,
             })
         });
@@ -257,9 +272,30 @@ impl FaultProxy {
         self.update(|f| {
             f.drop_request.push(Arm {
                 pattern: pattern.as_bytes().to_vec(),
+                skip: 0,
                 remaining: times,
             })
         });
+    }
+
+    /// Counts, from now on, the requests containing `pattern` that reach
+    /// the proxy (each occurrence, so a pipeline counts each of its
+    /// commands; a pattern split across two reads of the socket is missed,
+    /// which a whole short request never is). Read with
+    /// [`FaultProxy::counted`]; [`FaultProxy::heal`] forgets it.
+    pub fn count(&self, pattern: &str) {
+        self.update(|f| f.counted.push((pattern.as_bytes().to_vec(), 0)));
+    }
+
+    /// How many requests containing `pattern` came by since
+    /// [`FaultProxy::count`] was called for it.
+    pub fn counted(&self, pattern: &str) -> u64 {
+        let f = self.shared.faults();
+        f.counted
+            .iter()
+            .filter(|(counted, _)| counted.as_slice() == pattern.as_bytes())
+            .map(|(_, seen)| *seen)
+            .sum()
     }
 
     /// Arms not fired yet (lost replies and dropped requests).
@@ -328,6 +364,16 @@ impl Drop for FaultProxy {
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+fn occurrences(haystack: &[u8], needle: &[u8]) -> u64 {
+    if needle.is_empty() {
+        return 0;
+    }
+    haystack
+        .windows(needle.len())
+        .filter(|w| *w == needle)
+        .count() as u64
 }
 
 fn accept_loop(listener: TcpListener, shared: &Arc<Shared>) {
@@ -462,6 +508,9 @@ fn deliver(
             Direction::Up => {
                 let (drop_it, lose_it) = {
                     let mut f = shared.faults();
+                    for (pattern, seen) in &mut f.counted {
+                        *seen += occurrences(&chunk, pattern);
+                    }
                     let drop_it = Shared::fire(&mut f.drop_request, &chunk);
                     let lose_it = !drop_it && Shared::fire(&mut f.lose_reply, &chunk);
                     (drop_it, lose_it)
