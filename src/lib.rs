@@ -79,16 +79,21 @@
 //!   turns it off, interception with it.
 //!   Reentrant holds are unaffected: a handoff happens only when the
 //!   outermost guard goes.
-//!   A lease passed on is checked in Redis (read-only, owner-checked, by a
-//!   thread of the client, 1 ms after Redis last vouched for it; 20 ms
-//!   after the acquisition for a lease passed on only once): one that
-//!   Redis no longer holds (deleted, expired early, lost in a restart or
-//!   failover) reads as lost on every holder within 1 ms and a round trip
-//!   of the first handoff after the loss (a lease passed on once while
-//!   young: 20 ms after its acquisition and a round trip), is never passed on again, and its
-//!   `unlock()` reports [`Error::NotHeld`]. A semaphore permit passed on is
-//!   checked with the stored limit, and passes only to a handle opened with
-//!   its limit.
+//!   A lease passed on is as fresh as an acquisition: when Redis last
+//!   confirmed it (its acquisition, a renewal, an extension, a check) more
+//!   than the budget's `max_age` ago (1 ms,
+//!   [`LockOptions::handoff_max_age`]), the thread passing it asks Redis
+//!   first (one read-only, owner-checked `GET`; for a semaphore permit, its
+//!   place and the stored limit), and releases it instead, its `unlock()`
+//!   reporting [`Error::NotHeld`], when Redis no longer holds it (deleted,
+//!   expired early, lost in a restart or failover); the receiving call
+//!   asks again before it returns when the lease grew older meanwhile, and
+//!   asks Redis for the lock afresh when it is gone. A thread handed a
+//!   lease therefore starts on one Redis vouched for at most `max_age` and
+//!   one round trip earlier: the window for a second holder is the one an
+//!   acquisition made that much earlier has (a `max_age` of zero confirms
+//!   every handoff). A permit passes only to a handle opened with its
+//!   limit, and not after that limit changed.
 //!
 //! ## Watchdog and fencing
 //!
@@ -197,13 +202,15 @@
 //!   connection reset, timed out or was interrupted after Redis ran it) is
 //!   applied at most once and answered as its first send would have been,
 //!   or reported as [`Error::OutcomeUnknown`]. See below.
-//! * **No second holder made here**: a lease passed between threads is
-//!   checked in Redis and found lost within 1 ms and a round trip of the
-//!   first handoff after Redis lost it, 20 ms of its acquisition for one
-//!   passed on once (see the handoff above); lock types
-//!   refuse each other's keys ([`Error::WrongType`], nothing changed); a
-//!   client inherited through `fork()` refuses every call in the child
-//!   (build a new one there), whose reentrant owner id is its own.
+//! * **Handoffs as fresh as acquisitions**: a thread handed a lease by
+//!   another thread of the client starts only on one Redis confirmed
+//!   within the handoff budget's `max_age` (1 ms) and one round trip (see
+//!   the handoff above); lock types refuse each other's keys
+//!   ([`Error::WrongType`], nothing changed, no value of theirs named); a
+//!   client, lock, guard or permit inherited through `fork()` is inert in
+//!   the child: every call refuses ([`Error::InvalidArgument`]; build a
+//!   new client there, whose reentrant owner id is its own), and nothing
+//!   inherited is sent on, closed, shut down or joined, its drop included.
 //!
 //! ## Failure model
 //!
@@ -252,11 +259,16 @@
 //!   reply; **ACL users** without channel permissions release normally and
 //!   wait by backoff; a **corrupt fencing counter** is
 //!   [`Error::FenceCounter`], with nothing taken.
-//! * **Threads.** A client starts at most two threads (subscriber, watchdog)
-//!   and stops them when dropped: drop returns within 100 ms per thread (plus
-//!   one I/O timeout for a last cleanup round when one is pending), and the
-//!   threads end by themselves within one I/O timeout. The pools of all
-//!   clients share two threads that open connections.
+//! * **Threads.** A client starts a watchdog thread and a subscriber
+//!   thread (one per node with waiters on Redis Cluster), each on first
+//!   need, and nothing else: a connection is opened by the thread that
+//!   needs it. Dropping the last clone tells them all to stop at once,
+//!   reads the replies its idle connections still owe (releases written
+//!   behind) within 250 ms in all, and waits for the threads together, at
+//!   most 100 ms from when they were told: it returns within 100 ms, or
+//!   250 ms when replies were owed, plus one I/O timeout when a cleanup
+//!   round is pending; the threads end by themselves within one I/O
+//!   timeout.
 //!
 //! `docs/failure-model.md` has the whole table, the bounds and the ACL
 //! rule a lock user needs.

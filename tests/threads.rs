@@ -118,8 +118,9 @@ fn dropped_clients_leave_no_threads_and_drop_is_bounded() {
     // subscriber connecting to a server that never answers, its watchdog
     // renewing through a blackhole, and a release that failed there
     // waiting for the cleanup. Drop returns within the bound stated in the
-    // docs (100 ms per thread, plus one I/O timeout for a last cleanup
-    // round); the threads end by themselves within the I/O timeout.
+    // docs (100 ms for the threads together, plus one I/O timeout for a
+    // last cleanup round; tests/bounds.rs checks it at that value); the
+    // threads end by themselves within the I/O timeout.
     let proxy = FaultProxy::to(&server);
     let client = LockClient::open(&proxy.url()).expect("client");
     let guard = DistributedLock::with_options(
