@@ -452,6 +452,16 @@ pub(crate) fn server_code(err: &redis::RedisError) -> Option<&str> {
     Some(inner.unwrap_or(code))
 }
 
+/// The server's ACL refused the request (`NOPERM`), alone or as one reply
+/// of a pipeline or transaction.
+pub(crate) fn refused_by_acl(err: &redis::RedisError) -> bool {
+    server_code(err) == Some("NOPERM")
+        || err
+            .clone()
+            .into_server_errors()
+            .is_some_and(|errors| errors.iter().any(|(_, error)| error.code() == "NOPERM"))
+}
+
 /// The server's "syntax error": a command it parsed and refused whole,
 /// such as `SET … NX … GET` before Redis 7.0. Nothing ran.
 pub(crate) fn syntax_error(err: &redis::RedisError) -> bool {

@@ -328,10 +328,16 @@ pub(crate) fn with_marker<T>(
     mut invoke: impl FnMut(Option<&str>) -> RedisResult<T>,
 ) -> RedisResult<T> {
     match invoke(marker) {
-        Err(err) if marker.is_some() && crate::error::server_code(&err) == Some("NOPERM") => {
-            client.refuse_markers();
+        Err(err) if marker.is_some() && crate::error::refused_by_acl(&err) => {
             markerless.set(true);
-            invoke(None)
+            let retried = invoke(None);
+            // The marker was what the ACL refused only when the same call
+            // without it is not refused (a user barred from the key
+            // itself keeps its markers for the keys it may use).
+            if !retried.as_ref().is_err_and(crate::error::refused_by_acl) {
+                client.refuse_markers();
+            }
+            retried
         }
         other => other,
     }
@@ -745,7 +751,15 @@ fn release_as(
                     sharded: announce.sharded && client.set_get_allowed(),
                     ..announce
                 };
-                release_watch(con, stats, key, token, announce, marker, &markerless)?
+                // Its `EXISTS` of the marker is refused whole by an ACL
+                // without the marker keys: again without it.
+                with_marker(client, marker.key, &markerless, |key_of_marker| {
+                    let marker = Marker {
+                        key: key_of_marker,
+                        ..marker
+                    };
+                    release_watch(con, stats, key, token, announce, marker, &markerless)
+                })?
             }
         };
         Ok((outcome, send.replied()))
