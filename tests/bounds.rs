@@ -132,8 +132,9 @@ fn release(client: &LockClient, key: &str, proxy: &FaultProxy) -> Duration {
     timed_blackholed(proxy, || drop(permit.release()))
 }
 
-/// Runs every call `RUNS` times, each kind on its own proxy and client,
-/// the kinds in parallel; the durations by kind.
+/// Runs every call `RUNS` times, each kind on its own proxy and each run
+/// on a fresh client (warmed by a healthy call first, nothing else learnt
+/// from the run before), the kinds in parallel; the durations by kind.
 fn measure(
     server: &RedisServer,
     timeout: Duration,
@@ -145,13 +146,15 @@ fn measure(
             let results = results.clone();
             scope.spawn(move || {
                 let proxy = FaultProxy::to(server);
-                let client = LockClient::builder()
-                    .url(proxy.url())
-                    .timeout(timeout)
-                    .build()
-                    .expect("client");
                 let times: Vec<Duration> = (0..RUNS)
-                    .map(|run| call(&client, &format!("bound-{name}-{run}"), &proxy))
+                    .map(|run| {
+                        let client = LockClient::builder()
+                            .url(proxy.url())
+                            .timeout(timeout)
+                            .build()
+                            .expect("client");
+                        call(&client, &format!("bound-{name}-{run}"), &proxy)
+                    })
                     .collect();
                 results.lock().expect("results").push((*name, times));
             });
