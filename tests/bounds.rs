@@ -26,7 +26,8 @@ const WAIT: Duration = Duration::from_millis(100);
 /// Runs per bound.
 const RUNS: usize = 10;
 /// What scheduling adds on a loaded 2-core machine to a call that ends on
-/// a socket timeout, in a debug build.
+/// a socket timeout, in a debug build: used with `LONG_T` (or longer), so
+/// a bound missed by one timeout cannot hide in it.
 const SLACK: Duration = Duration::from_millis(300);
 
 fn client(url: &str) -> LockClient {
@@ -197,8 +198,10 @@ fn a_release_of_every_type_returns_within_a_connect_and_the_resend_window() {
         ("RwGuard::unlock", rw_unlock),
         ("Permit::release", release),
     ];
-    for (name, times) in measure(&server, T, &calls) {
-        check(name, &times, T + T * 2 + SLACK);
+    // With LONG_T: a release that overran by one timeout would stand out
+    // from the slack.
+    for (name, times) in measure(&server, LONG_T, &calls) {
+        check(name, &times, LONG_T + LONG_T * 2 + SLACK);
     }
 }
 
@@ -213,7 +216,7 @@ fn a_lock_call_on_a_stalled_cluster_primary_keeps_the_bound() {
     let keys = cluster.key_per_primary("bound");
     let client = LockClient::builder()
         .cluster(cluster.urls())
-        .timeout(T)
+        .timeout(LONG_T)
         .build()
         .expect("client");
     let stalled = cluster.primary_for(&keys[1]);
@@ -238,7 +241,7 @@ fn a_lock_call_on_a_stalled_cluster_primary_keeps_the_bound() {
     check(
         "cluster try_lock_for, primary stalled",
         &times,
-        WAIT + T + T * 2 + SLACK,
+        WAIT + LONG_T + LONG_T * 2 + SLACK,
     );
 }
 
@@ -249,7 +252,12 @@ fn the_pool_works_again_within_one_and_a_half_timeouts_of_a_heal() {
     let _serial = support::serial();
     let server = RedisServer::start();
     let proxy = FaultProxy::to(&server);
-    let client = client(&proxy.url());
+    // With LONG_T: the slack stays under half a timeout.
+    let client = LockClient::builder()
+        .url(proxy.url())
+        .timeout(LONG_T)
+        .build()
+        .expect("client");
     let lock = DistributedLock::with_options(&client, "bound-heal", options());
     let mut times = Vec::new();
     for _ in 0..RUNS {
@@ -258,14 +266,14 @@ fn the_pool_works_again_within_one_and_a_half_timeouts_of_a_heal() {
         assert!(lock.try_lock().is_err(), "stalled");
         proxy.swallow_new(false);
         let healed = Instant::now();
-        let back = wait_until(T * 10, || match lock.try_lock() {
+        let back = wait_until(LONG_T * 10, || match lock.try_lock() {
             Ok(Some(guard)) => guard.unlock().is_ok(),
             _ => false,
         });
         assert!(back, "the pool never recovered");
         times.push(healed.elapsed());
     }
-    check("pool after a heal", &times, T * 3 / 2 + SLACK);
+    check("pool after a heal", &times, LONG_T * 3 / 2 + SLACK);
 }
 
 /// A half-open subscriber link: a waiter whose release message cannot come
@@ -346,10 +354,11 @@ fn client_threads() -> usize {
         .count()
 }
 
-/// What scheduling adds to a drop, which ends on a condition variable's
-/// timeout rather than a socket's: a fraction of the 100 ms it waits, so
-/// a thread waited for a second time (200 ms) cannot pass.
-const DROP_SLACK: Duration = Duration::from_millis(60);
+/// What scheduling adds to a wait that ends on a deadline the crate
+/// computes (a condition variable's timeout, a budget cut into steps)
+/// rather than on a socket's timeout: a fraction of the smallest bound it
+/// serves (100 ms), so a thread waited for twice cannot pass.
+const SHORT_SLACK: Duration = Duration::from_millis(60);
 
 /// A thread of `client` waiting for `key`, held elsewhere: the client's
 /// subscriber is connected and subscribed when this returns.
@@ -412,7 +421,7 @@ fn drops_within(
         ends.push(dropped.elapsed());
         proxy.heal();
     }
-    check(bound, &drops, limit + DROP_SLACK);
+    check(bound, &drops, limit + SHORT_SLACK);
     check(
         &format!("{bound}: its threads ending after it"),
         &ends,
@@ -601,7 +610,7 @@ fn list_returns_within_its_budget() {
         times.push(took);
         let _ = guard.unlock();
     }
-    check("list", &times, budget + SLACK);
+    check("list", &times, budget + SHORT_SLACK);
 }
 
 /// A lease a failed acquisition left: its request held on the way (by
@@ -650,4 +659,45 @@ fn a_lease_a_failed_acquisition_left_is_released_within_a_cleanup_step() {
         &times,
         Duration::from_secs(1) + SLACK,
     );
+}
+
+/// A lease passed between threads reaches a thread only confirmed by Redis
+/// within the handoff budget's `max_age` and one round trip. Holds of
+/// 30 ms with a `max_age` of 50 ms: the lease is 30 ms old at its first
+/// handoff (passed on as it is), 60 ms old at its second (confirmed
+/// first), so without the confirmations the age at a handoff would reach
+/// 60 ms and more. `KindStats::handoff_age`, over every handoff, stays
+/// under 50 ms plus a slack far below the 30 ms a missed confirmation
+/// adds.
+#[test]
+fn a_lease_handed_on_is_never_older_than_its_max_age() {
+    let _serial = support::serial();
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let max_age = Duration::from_millis(50);
+    let options = LockOptions::default()
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(10))
+        .handoff_budget(256, Duration::from_secs(10))
+        .handoff_max_age(max_age);
+    let lock = DistributedLock::with_options(&client, "bound-age", options);
+    std::thread::scope(|scope| {
+        for _ in 0..3 {
+            scope.spawn(|| {
+                for _ in 0..8 {
+                    let guard = lock.lock().expect("lock");
+                    std::thread::sleep(Duration::from_millis(30));
+                    guard.unlock().expect("unlock");
+                }
+            });
+        }
+    });
+    let age = client.stats().kind(redmutex::LockKind::Mutex).handoff_age;
+    assert!(age.count >= 10, "too few handoffs to tell: {age:?}");
+    let limit = max_age + Duration::from_millis(10);
+    eprintln!(
+        "bound | age of the newest confirmation at a handoff | worst {:?} over {} handoffs | limit {limit:?}",
+        age.max, age.count
+    );
+    assert!(age.max < limit, "{age:?} against {limit:?}");
 }
