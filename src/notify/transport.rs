@@ -524,18 +524,18 @@ pub(crate) fn connect(
         &[b"CLIENT", b"SETNAME", CONNECTION_NAME.as_bytes()],
     )?;
     // A name only helps operators; a user whose ACL refuses CLIENT still
-    // gets release messages. A server that does not answer is no use.
-    match expect_ok(&mut reader, "CLIENT SETNAME") {
-        Err(err)
-            if matches!(
-                err.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-            ) =>
-        {
-            return Err(err);
+    // gets release messages. A server that does not answer, or a link that
+    // fails (a TLS 1.3 server refuses a client's certificate only after
+    // the client's side of the handshake, so this is the first read to
+    // meet its alert), is no use.
+    match reader.read()? {
+        Value::Okay | Value::SimpleString(_) => {}
+        Value::ServerError(err) => {
+            log::debug!("redmutex: the subscriber connection stays unnamed: {err}");
         }
-        Err(err) => log::debug!("redmutex: the subscriber connection stays unnamed: {err}"),
-        Ok(()) => {}
+        other => {
+            log::debug!("redmutex: the subscriber connection stays unnamed: {other:?}");
+        }
     }
     writer.set_timeouts(Some(timeout), Some(timeout))?;
     Ok((reader, writer))
