@@ -1,8 +1,13 @@
 //! TLS end to end against a real redis-server with a TLS port: the pool,
 //! the watchdog and the subscriber over `rediss://`, mutual TLS, ACL
-//! logins, and the ways a TLS setup goes wrong (wrong CA, wrong scheme for
-//! the port, a server that never answers the handshake), each a clear error
-//! within the timeout. Certificates are made at test time (`support::tls`).
+//! logins, and every way a handshake is refused that the error tells apart
+//! (the server's certificate: unknown CA, expired, not yet valid, another
+//! name, a CA's, not for a server; ours, as the server's alert judges it:
+//! none, another CA's, expired, not yet valid, not for a client; nothing in
+//! common; the wrong scheme for the port; a server that never answers),
+//! each on a fresh server and client, a clear error naming the cause and
+//! the fix within the call's bound. Certificates are made at test time
+//! (`support::tls`).
 #![cfg(feature = "tls-rustls")]
 
 use redmutex_test_support as support;
@@ -75,11 +80,41 @@ fn assert_woken_by_the_release(
     );
 }
 
+/// The I/O timeout of the clients that meet a refusal.
+const TIMEOUT: Duration = Duration::from_millis(500);
+
 fn short(builder: redmutex::LockClientBuilder) -> LockClient {
     builder
-        .timeout(Duration::from_millis(500))
+        .timeout(TIMEOUT)
         .build()
         .expect("build a TLS client")
+}
+
+/// The bound of a call that cannot connect: one connect and the resend
+/// window of three I/O timeouts (its wait is none: `try_lock`).
+const REFUSED_WITHIN: Duration = Duration::from_millis(4 * 500);
+
+/// A fresh client of `builder` is refused: `try_lock` fails within its
+/// bound, as a connection error, sets nothing, and its message holds each
+/// of `phrases` (the cause and the fix) and no key material. Returns the
+/// message.
+fn refused(server: &TlsServer, builder: redmutex::LockClientBuilder, phrases: &[&str]) -> String {
+    let client = short(builder);
+    let started = Instant::now();
+    let err = DistributedLock::new(&client, "tls-refused")
+        .try_lock()
+        .expect_err("the handshake is refused");
+    let took = started.elapsed();
+    let text = err.to_string();
+    eprintln!("error: {text}");
+    assert!(err.is_connection(), "{err:?}");
+    assert!(took < REFUSED_WITHIN, "took {took:?}: {text}");
+    for phrase in phrases {
+        assert!(text.contains(phrase), "no {phrase:?} in: {text}");
+    }
+    assert!(!text.contains("PRIVATE KEY"), "{text}");
+    assert!(!support::exists(&server.server, "tls-refused"));
+    text
 }
 
 #[test]
@@ -205,30 +240,87 @@ fn the_watchdog_renews_over_tls() {
 }
 
 #[test]
-fn a_wrong_ca_is_a_clear_error_within_the_timeout() {
+fn a_server_certificate_from_an_unknown_ca_asks_for_the_ca() {
+    let server = TlsServer::start(false);
+    refused(
+        &server,
+        LockClient::builder()
+            .url(server.url())
+            .tls_ca_file(server.pki.other_ca()),
+        &[
+            "signed by a CA this client does not trust",
+            "tls_ca_file, --tls-ca",
+        ],
+    );
+}
+
+/// The subscriber fails the same way as the pool and the client still goes
+/// at once.
+#[test]
+fn a_client_refused_by_tls_is_dropped_at_once() {
     let server = TlsServer::start(false);
     let client = short(
         LockClient::builder()
             .url(server.url())
             .tls_ca_file(server.pki.other_ca()),
     );
-    let started = Instant::now();
-    let err = DistributedLock::new(&client, "tls-ca")
-        .try_lock()
-        .expect_err("a certificate from another CA");
-    let took = started.elapsed();
-    let text = err.to_string();
-    eprintln!("error: {text}");
-    assert!(
-        text.contains("certificate") || text.contains("UnknownIssuer"),
-        "the error names the TLS failure: {text}"
-    );
-    assert!(took < Duration::from_secs(5), "took {took:?}");
-    assert!(!support::exists(&server.server, "tls-ca"));
-    // The subscriber fails the same way and the client still goes at once.
+    let _ = DistributedLock::new(&client, "tls-drop").try_lock();
     let dropped = Instant::now();
     drop(client);
     assert!(dropped.elapsed() < Duration::from_secs(3));
+}
+
+#[test]
+fn an_expired_server_certificate_says_when_and_to_renew_it() {
+    let server = TlsServer::start_with("expired-server", false, &[]);
+    refused(
+        &server,
+        server.builder(),
+        &[
+            "the server's certificate expired at 2001-01-01 00:00:00 UTC",
+            "this machine's clock says",
+            "renew it on the server",
+        ],
+    );
+}
+
+#[test]
+fn a_server_certificate_not_yet_valid_points_at_the_clocks() {
+    let server = TlsServer::start_with("future-server", false, &[]);
+    refused(
+        &server,
+        server.builder(),
+        &[
+            "the server's certificate is not valid before 2090-01-01 00:00:00 UTC",
+            "set this machine's clock right",
+        ],
+    );
+}
+
+/// The certificate names `redis.example.com` and `192.0.2.7`; the client
+/// dials 127.0.0.1, and is told which names to dial instead.
+#[test]
+fn a_server_certificate_for_another_name_lists_the_names_it_holds() {
+    let server = TlsServer::start_with("wrong-name-server", false, &[]);
+    refused(
+        &server,
+        server.builder(),
+        &[
+            "not valid for 127.0.0.1, the host dialled",
+            "it names redis.example.com, 192.0.2.7",
+            "dial one of those",
+        ],
+    );
+}
+
+#[test]
+fn a_server_certificate_not_meant_for_a_server_says_so() {
+    let server = TlsServer::start_with("client-only-server", false, &[]);
+    refused(
+        &server,
+        server.builder(),
+        &["not meant for a server", "serverAuth"],
+    );
 }
 
 /// A self-signed server certificate marked `CA:TRUE` (what `openssl req
@@ -239,21 +331,14 @@ fn a_wrong_ca_is_a_clear_error_within_the_timeout() {
 #[test]
 fn a_ca_certificate_used_as_the_servers_own_is_explained() {
     let server = TlsServer::start_self_signed_ca();
-    let client = short(
+    let text = refused(
+        &server,
         LockClient::builder()
             .url(server.url())
             .tls_ca_file(server.pki.self_signed_ca()),
-    );
-    let err = DistributedLock::new(&client, "tls-self-signed")
-        .try_lock()
-        .expect_err("a CA certificate as the server's own");
-    let text = err.to_string();
-    assert!(
-        text.contains("CA certificate") && text.contains("signed by"),
-        "the error says what is wrong and what to do: {text}"
+        &["presents a CA certificate", "signed by that CA"],
     );
     assert!(!text.contains("give the CA"), "{text}");
-    assert!(!support::exists(&server.server, "tls-self-signed"));
 
     let signed = TlsServer::start(false);
     let client = short(signed.builder());
@@ -274,11 +359,11 @@ fn a_plain_url_on_the_tls_port_and_the_reverse_are_clear_errors() {
     let err = DistributedLock::new(&plain_on_tls, "tls-scheme")
         .try_lock()
         .expect_err("plain text to a TLS port");
-    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(started.elapsed() < REFUSED_WITHIN);
     let text = err.to_string();
     eprintln!("error: {text}");
     assert!(
-        text.contains("rediss://"),
+        text.contains("if this port speaks TLS, use a rediss:// URL"),
         "the error points at TLS: {text}"
     );
 
@@ -291,11 +376,11 @@ fn a_plain_url_on_the_tls_port_and_the_reverse_are_clear_errors() {
     let err = DistributedLock::new(&tls_on_plain, "tls-scheme")
         .try_lock()
         .expect_err("TLS to a plain port");
-    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(started.elapsed() < REFUSED_WITHIN);
     let text = err.to_string();
     eprintln!("error: {text}");
     assert!(
-        text.contains("redis://"),
+        text.contains("if this port speaks plain text, use a redis:// URL"),
         "the error points at plain text: {text}"
     );
     assert!(!support::exists(&server.server, "tls-scheme"));
@@ -304,14 +389,14 @@ fn a_plain_url_on_the_tls_port_and_the_reverse_are_clear_errors() {
 #[test]
 fn mutual_tls_needs_the_client_certificate() {
     let server = TlsServer::start(true);
-    let without = short(server.builder());
-    let err = DistributedLock::new(&without, "tls-mutual")
-        .try_lock()
-        .expect_err("no client certificate");
-    assert!(err.is_connection(), "{err:?}");
-    let text = err.to_string();
-    eprintln!("error: {text}");
-    assert!(text.contains("client certificate"), "{text}");
+    refused(
+        &server,
+        server.builder(),
+        &[
+            "the server requires a client certificate and this client sent none",
+            "tls_client_cert_files, --tls-cert and --tls-key",
+        ],
+    );
 
     let with = server.builder_with_cert().build().expect("client");
     let guard = DistributedLock::new(&with, "tls-mutual")
@@ -322,6 +407,230 @@ fn mutual_tls_needs_the_client_certificate() {
     assert_woken_by_the_release(guard, waiter, "tls-mutual", || {
         subscribers(&server, "tls-mutual") >= 1
     });
+}
+
+/// A mutual-TLS server refuses the client's certificate `name`
+/// ([`support::tls::Pki::client_pair`]) with an alert that says why.
+fn client_certificate_refused(name: &str, phrases: &[&str]) {
+    let server = TlsServer::start(true);
+    let (cert, key) = server.pki.client_pair(name);
+    refused(
+        &server,
+        server.builder().tls_client_cert_files(cert, key),
+        phrases,
+    );
+}
+
+#[test]
+fn a_client_certificate_from_another_ca_is_refused_as_unknown_ca() {
+    client_certificate_refused(
+        "other-ca-client",
+        &[
+            "refused this client's certificate: no CA it trusts signed it (unknown_ca)",
+            "tls-ca-cert-file",
+            "--tls-cert",
+        ],
+    );
+}
+
+#[test]
+fn an_expired_client_certificate_is_refused_as_expired() {
+    client_certificate_refused(
+        "expired-client",
+        &[
+            "refused this client's certificate as expired (certificate_expired)",
+            "renew it",
+            "--tls-cert",
+        ],
+    );
+}
+
+/// OpenSSL's alert for a client certificate not valid yet is the generic
+/// bad_certificate: the message says what that covers.
+#[test]
+fn a_client_certificate_not_yet_valid_is_refused_as_bad() {
+    client_certificate_refused(
+        "future-client",
+        &[
+            "refused this client's certificate (bad_certificate: not valid yet",
+            "clocks",
+            "--tls-cert",
+        ],
+    );
+}
+
+#[test]
+fn a_client_certificate_not_meant_for_a_client_is_refused_as_unsupported() {
+    client_certificate_refused(
+        "server-only-client",
+        &[
+            "not meant for a client (unsupported_certificate",
+            "clientAuth",
+            "--tls-cert",
+        ],
+    );
+}
+
+/// A server limited to TLS 1.2 with CBC ciphers, or to TLS 1.3 with CCM
+/// suites: nothing rustls offers. OpenSSL says handshake_failure, as it
+/// does to a TLS 1.2 client without the certificate it requires, so the
+/// message names both.
+#[test]
+fn no_cipher_suite_in_common_names_the_server_settings() {
+    for extra in [
+        [
+            "--tls-protocols",
+            "TLSv1.2",
+            "--tls-ciphers",
+            "ECDHE-ECDSA-AES128-SHA",
+        ],
+        [
+            "--tls-protocols",
+            "TLSv1.3",
+            "--tls-ciphersuites",
+            "TLS_AES_128_CCM_SHA256",
+        ],
+    ] {
+        let server = TlsServer::start_with("server", false, &extra);
+        refused(
+            &server,
+            server.builder(),
+            &[
+                "no cipher suite in common",
+                "tls-ciphers or tls-ciphersuites",
+                "over TLS 1.2, it requires a client certificate",
+            ],
+        );
+    }
+}
+
+/// TLS 1.2 has no certificate_required alert: OpenSSL refuses a client
+/// without the certificate it requires with handshake_failure, and the
+/// message names that cause beside the ciphers.
+#[test]
+fn a_tls12_server_requiring_a_client_certificate_is_named_too() {
+    let server = TlsServer::start_with("server", true, &["--tls-protocols", "TLSv1.2"]);
+    refused(
+        &server,
+        server.builder(),
+        &[
+            "over TLS 1.2, it requires a client certificate and got none",
+            "tls_client_cert_files, --tls-cert and --tls-key",
+        ],
+    );
+}
+
+#[test]
+fn no_protocol_version_in_common_names_tls_protocols() {
+    let server = TlsServer::start_with("server", false, &["--tls-protocols", "TLSv1.1"]);
+    refused(
+        &server,
+        server.builder(),
+        &["no TLS version in common", "tls-protocols"],
+    );
+}
+
+/// The same refusals through a Sentinel (the sentinel's connection) and a
+/// Cluster seed (a node's connection): each path that opens a connection
+/// names the cause. The servers are plain TLS servers: the refusal comes
+/// before any Sentinel or Cluster command.
+#[test]
+fn sentinel_and_cluster_connections_name_the_cause_too() {
+    let server = TlsServer::start_with("expired-server", false, &[]);
+    refused(
+        &server,
+        LockClient::builder()
+            .sentinel([server.url()], "redmutex-tls-primary")
+            .tls_ca_file(server.pki.ca()),
+        &["the server's certificate expired", "renew it on the server"],
+    );
+    let server = TlsServer::start(false);
+    refused(
+        &server,
+        LockClient::builder()
+            .cluster([server.url()])
+            .tls_ca_file(server.pki.other_ca()),
+        &[
+            "signed by a CA this client does not trust",
+            "tls_ca_file, --tls-ca",
+        ],
+    );
+}
+
+/// Every log record of this crate in this test binary (not rustls's own).
+struct Captured(std::sync::Mutex<Vec<String>>);
+
+impl log::Log for Captured {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        metadata.target().starts_with("redmutex")
+    }
+    fn log(&self, record: &log::Record<'_>) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        if let Ok(mut lines) = self.0.lock() {
+            lines.push(record.args().to_string());
+        }
+    }
+    fn flush(&self) {}
+}
+
+static CAPTURED: Captured = Captured(std::sync::Mutex::new(Vec::new()));
+
+fn captured() -> Vec<String> {
+    // Installed once per binary; a second call finds it there.
+    if log::set_logger(&CAPTURED).is_ok() {
+        log::set_max_level(log::LevelFilter::Trace);
+    }
+    CAPTURED.0.lock().map(|l| l.clone()).unwrap_or_default()
+}
+
+/// The subscriber's own TLS session names the cause as the pool does,
+/// in its log line: a certificate refused during the handshake (a
+/// `rediss://` notify client trusts the built-in roots, which lack the
+/// test CA), and a server's alert after it (a mutual-TLS server and a
+/// notify client without a certificate: TLS 1.3 sends the alert after the
+/// client's side of the handshake, so the first read meets it). The pool
+/// has the right certificates: only the subscriber is refused, and the
+/// waiter polls instead.
+#[test]
+fn the_subscribers_own_tls_names_the_cause_in_its_log() {
+    let _ = captured();
+    for (mutual, fragment, phrase) in [
+        (false, "", "signed by a CA this client does not trust"),
+        (
+            true,
+            "#insecure",
+            "the server requires a client certificate and this client sent none",
+        ),
+    ] {
+        let server = TlsServer::start(mutual);
+        let notify =
+            redis::Client::open(format!("rediss://127.0.0.1:{}/{fragment}", server.tls_port))
+                .expect("a notify URL");
+        let waiter = short(server.builder_with_cert().notify(false)).with_notify_client(&notify);
+        let holder = short(server.builder_with_cert());
+        let guard = DistributedLock::new(&holder, "tls-sub-refused")
+            .lock()
+            .expect("lock");
+        let waited = DistributedLock::with_options(
+            &waiter,
+            "tls-sub-refused",
+            LockOptions::default().wait(Duration::from_secs(1)),
+        )
+        .lock();
+        assert!(matches!(waited, Err(ref e) if e.is_timeout()), "{waited:?}");
+        let at = format!("subscriber cannot connect: 127.0.0.1:{}: ", server.tls_port);
+        let mut lines = Vec::new();
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                lines = captured();
+                lines.iter().any(|l| l.contains(&at) && l.contains(phrase))
+            }),
+            "no {phrase:?} after {at:?} in the log: {lines:#?}"
+        );
+        guard.unlock().expect("unlock");
+    }
 }
 
 #[test]
@@ -472,7 +781,10 @@ fn the_cli_speaks_tls_with_flags_and_environment() {
         .expect("status with a wrong CA");
     let stderr = String::from_utf8_lossy(&wrong.stderr);
     assert_eq!(wrong.status.code(), Some(69), "{stderr}");
-    assert!(stderr.contains("certificate"), "{stderr}");
+    assert!(
+        stderr.contains("signed by a CA this client does not trust") && stderr.contains("--tls-ca"),
+        "{stderr}"
+    );
     // The password never shows on the command line nor in errors.
     let refused = redmutex()
         .env("REDMUTEX_URL", server.url())
@@ -486,6 +798,89 @@ fn the_cli_speaks_tls_with_flags_and_environment() {
         .expect("status with a wrong password");
     assert!(!refused.status.success());
     assert!(!String::from_utf8_lossy(&refused.stderr).contains("not-the-password"));
+}
+
+/// The command names each refusal with its fix on one line and exits 69
+/// ("Redis unreachable or failing"), the command not run; a CA file that
+/// cannot be read is bad usage (2), before anything is sent. Each case on
+/// a fresh server.
+#[cfg(feature = "cli")]
+#[test]
+fn the_cli_names_a_tls_refusal_and_its_fix() {
+    use assert_cmd::cargo::CommandCargoExt;
+    let path = |p: std::path::PathBuf| p.display().to_string();
+    let redmutex = |server: &TlsServer, flags: &[String], args: &[&str]| {
+        let started = Instant::now();
+        let output = Command::cargo_bin("redmutex")
+            .expect("the redmutex binary")
+            .env_remove("REDMUTEX_URL")
+            .env_remove("REDMUTEX_PASSWORD")
+            .args(["--url", &server.url()])
+            .args(flags)
+            .args(args)
+            .output()
+            .expect("run redmutex");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        eprintln!("stderr: {stderr}");
+        (output.status.code(), stderr)
+    };
+
+    let expired = TlsServer::start_with("expired-server", false, &[]);
+    let marker = expired.pki.path("ran");
+    let (code, stderr) = redmutex(
+        &expired,
+        &["--tls-ca".into(), path(expired.pki.ca())],
+        &[
+            "run",
+            "--no-wait",
+            "tls-cli",
+            "--",
+            "touch",
+            &path(marker.clone()),
+        ],
+    );
+    assert_eq!(code, Some(69), "{stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("the server's certificate expired at 2001-01-01")
+            && stderr.contains("renew it on the server"),
+        "{stderr}"
+    );
+    assert!(!marker.exists(), "the command ran");
+
+    let mutual = TlsServer::start(true);
+    let (cert, key) = mutual.pki.client_pair("other-ca-client");
+    let (code, stderr) = redmutex(
+        &mutual,
+        &[
+            "--tls-ca".into(),
+            path(mutual.pki.ca()),
+            "--tls-cert".into(),
+            path(cert),
+            "--tls-key".into(),
+            path(key),
+        ],
+        &["status", "tls-cli"],
+    );
+    assert_eq!(code, Some(69), "{stderr}");
+    assert!(
+        stderr.contains("no CA it trusts signed it") && stderr.contains("--tls-cert"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("PRIVATE KEY"), "{stderr}");
+
+    let (code, stderr) = redmutex(
+        &mutual,
+        &["--tls-ca".into(), path(mutual.pki.path("missing.pem"))],
+        &["status", "tls-cli"],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("missing.pem"), "{stderr}");
 }
 
 #[test]

@@ -101,7 +101,7 @@ fn connect_plain(
     let connecting = limit.max(Duration::from_millis(1));
     let con = client
         .get_connection_with_timeout(connecting)
-        .map_err(|err| explain(info.addr(), err))?;
+        .map_err(|err| explain(info.addr(), err, true))?;
     con.set_read_timeout(Some(timeout))?;
     con.set_write_timeout(Some(timeout))?;
     Ok(con)
@@ -366,7 +366,7 @@ impl NodeLink {
             Some(timeout) => self.client.get_connection_with_timeout(timeout),
             None => self.client.get_connection(),
         }
-        .map_err(|err| explain(self.client.get_connection_info().addr(), err))?;
+        .map_err(|err| explain(self.client.get_connection_info().addr(), err, false))?;
         con.set_read_timeout(self.read.get())?;
         con.set_write_timeout(self.write.get())?;
         Ok(con)
@@ -656,55 +656,28 @@ impl ConnectionLike for NodeLink {
     }
 }
 
-/// Adds the likely cause to a failed connect when it is the usual TLS
-/// mistake: plain text to a TLS port (the server hangs up on the first
-/// command), TLS to a plain port, a certificate the CA did not sign, or a
-/// server that wants a client certificate.
-fn explain(addr: &redis::ConnectionAddr, err: RedisError) -> RedisError {
-    let text = err.to_string();
-    let lower = text.to_ascii_lowercase();
-    let closed = [
-        "reset by peer",
-        "broken pipe",
-        "end of file",
-        "eof",
-        "closed",
-    ]
-    .iter()
-    .any(|s| lower.contains(s));
-    let hint = match addr {
-        redis::ConnectionAddr::Tcp(..) if closed => {
-            "the server closed the connection at once: if this port speaks TLS, use a rediss:// URL"
-        }
-        redis::ConnectionAddr::TcpTls { .. }
-            if lower.contains("corrupt message")
-                || lower.contains("timed out")
-                || lower.contains("temporarily unavailable") =>
-        {
-            "no TLS answer within the timeout: if this port speaks plain text, use a redis:// URL"
-        }
-        redis::ConnectionAddr::TcpTls { .. }
-            if lower.contains("certificaterequired") || lower.contains("certificate required") =>
-        {
-            "the server requires a client certificate (tls_client_cert_files, --tls-cert)"
-        }
-        redis::ConnectionAddr::TcpTls { .. }
-            if lower.contains("alert") && lower.contains("certificate") =>
-        {
-            "the server refused our client certificate: is it signed by a CA the server trusts?"
-        }
-        redis::ConnectionAddr::TcpTls { .. } if lower.contains("causedasendentity") => {
-            crate::conn::tls::CA_AS_SERVER_CERTIFICATE
-        }
-        redis::ConnectionAddr::TcpTls { .. } if lower.contains("certificate") => {
-            "the server's certificate was refused: give the CA that signed it (tls_ca_file, --tls-ca)"
-        }
-        redis::ConnectionAddr::TcpTls { .. } if closed => {
-            "the server closed the TLS connection: does it require a client certificate (tls_client_cert_files, --tls-cert)?"
-        }
+/// Adds the cause and its fix to a failed connect when the error tells it
+/// (`conn::diagnose`): a TLS refusal, or the wrong URL scheme for the
+/// port. The error keeps its kind, so it is retried or reported as before;
+/// `address` puts the server's address in front, where redis-rs does not
+/// (a cluster's error names each node it tried).
+fn explain(addr: &redis::ConnectionAddr, err: RedisError, address: bool) -> RedisError {
+    let (host, tls) = match addr {
+        redis::ConnectionAddr::Tcp(host, _) => (host, false),
+        redis::ConnectionAddr::TcpTls { host, .. } => (host, true),
         _ => return err,
     };
-    RedisError::from((err.kind(), "cannot connect", format!("{text} ({hint})")))
+    let Some(cause) =
+        crate::conn::diagnose::cause(&err, &crate::conn::diagnose::Dialled { host, tls })
+    else {
+        return err;
+    };
+    let detail = if address {
+        format!("{addr}: {err} ({})", cause.hint)
+    } else {
+        format!("{err} ({})", cause.hint)
+    };
+    RedisError::from((err.kind(), "cannot connect", detail))
 }
 
 /// What a pool of this crate connects to.

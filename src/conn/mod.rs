@@ -1,7 +1,8 @@
 //! Talking to Redis: the pool and its connections for every deployment,
 //! TLS settings and the TLS socket the subscriber shares between threads,
-//! the resend policy that makes a lost reply safe, the command counters, and
-//! the bounded background-thread helper.
+//! why a connect failed (each TLS refusal's cause and fix), the resend
+//! policy that makes a lost reply safe, the command counters, and the
+//! bounded background-thread helper.
 //!
 //! Below the watchdog, the subscriber and the client, which all need it; it
 //! knows nothing of locks beyond the [`policy::Op`] table of what each
@@ -12,6 +13,7 @@
 //! operation is resent only as its `Op` allows.
 
 pub(crate) mod backend;
+pub(crate) mod diagnose;
 pub(crate) mod fork;
 pub(crate) mod histogram;
 pub(crate) mod ledger;

@@ -20,15 +20,6 @@ use std::path::PathBuf;
 
 use crate::error::Error;
 
-/// What to say when rustls refuses the server's certificate as a CA
-/// certificate (`CaUsedAsEndEntity`): a self-signed certificate made with
-/// `openssl req -x509` is marked `CA:TRUE`, and TLS does not accept a CA
-/// as a server's own, whatever the client trusts.
-pub(crate) const CA_AS_SERVER_CERTIFICATE: &str = "the server presents a CA certificate \
-     (CA:TRUE, as `openssl req -x509` makes) as its own, which TLS refuses even when it is \
-     the CA given: give the server a certificate signed by that CA (see TLS in the guide's \
-     deployments chapter) and keep the CA as tls_ca_file, --tls-ca";
-
 /// A PEM blob given directly or as a file read when the client is built.
 #[derive(Clone)]
 pub(crate) enum Pem {
@@ -300,76 +291,50 @@ mod imp {
         closed: bool,
     }
 
-    /// The server's certificate or the handshake failed: say so in words
-    /// that point at the usual causes.
-    fn handshake_error(err: io::Error, host: &str, port: u16) -> io::Error {
-        let text = err.to_string();
-        let hint = match err.kind() {
-            io::ErrorKind::InvalidData if text.contains("corrupt message") => {
-                " (the server does not speak TLS on this port: use redis://)"
-            }
-            _ if text.contains("CaUsedAsEndEntity") => {
-                return io::Error::new(
-                    err.kind(),
-                    format!(
-                        "TLS handshake with {host}:{port} failed: {err} ({})",
-                        super::CA_AS_SERVER_CERTIFICATE
-                    ),
-                );
-            }
-            io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset => {
-                " (the server closed the connection: does it require a client certificate?)"
-            }
-            _ => "",
-        };
-        io::Error::new(
-            err.kind(),
-            format!("TLS handshake with {host}:{port} failed: {err}{hint}"),
-        )
-    }
-
     /// Runs the TLS handshake on `tcp`, every read and write bounded by
     /// what is left of `timeout`, so a server that accepts and then says
-    /// nothing (or drips) fails within it.
+    /// nothing (or drips) fails within it. A server's verdict on the
+    /// client's certificate comes after the client's side of a TLS 1.3
+    /// handshake is done: it is met by the first read after this returns.
     pub(crate) fn handshake(
         mut tcp: TcpStream,
         config: Arc<ClientConfig>,
         host: &str,
-        port: u16,
         timeout: Duration,
     ) -> io::Result<TlsHalf> {
         let name = ServerName::try_from(host.to_owned())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let mut session = ClientConnection::new(config, name).map_err(io::Error::other)?;
         let started = Instant::now();
-        let fail = |err| handshake_error(err, host, port);
         while session.is_handshaking() || session.wants_write() {
             let left = timeout.saturating_sub(started.elapsed());
             if left.is_zero() {
-                return Err(fail(io::Error::new(
+                return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    "no answer within the timeout",
-                )));
+                    "no answer to the TLS handshake within the timeout",
+                ));
             }
             tcp.set_read_timeout(Some(left))?;
             tcp.set_write_timeout(Some(left))?;
             while session.wants_write() {
-                session.write_tls(&mut tcp).map_err(fail)?;
+                session.write_tls(&mut tcp)?;
             }
             if session.is_handshaking() && !session.wants_read() && !session.wants_write() {
-                return Err(fail(io::Error::other("the TLS handshake stalled")));
+                return Err(io::Error::other("the TLS handshake stalled"));
             }
             if session.is_handshaking() && session.wants_read() {
-                let read = session.read_tls(&mut tcp).map_err(fail)?;
+                let read = session.read_tls(&mut tcp)?;
                 if read == 0 {
-                    return Err(fail(io::Error::new(
+                    return Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
-                        "the server closed the connection",
-                    )));
+                        "the server closed the connection during the TLS handshake",
+                    ));
                 }
+                // The rustls error as it is: its type says why
+                // (`conn::diagnose`).
                 session
                     .process_new_packets()
-                    .map_err(|e| fail(io::Error::new(io::ErrorKind::InvalidData, e)))?;
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
             }
         }
         Ok(TlsHalf {
@@ -558,7 +523,7 @@ mod tests {
         })
         .expect("client TLS");
         let tcp = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-        let reader = handshake(tcp, tls.config(false), "127.0.0.1", port, WAIT).expect("handshake");
+        let reader = handshake(tcp, tls.config(false), "127.0.0.1", WAIT).expect("handshake");
         reader.tcp().set_read_timeout(Some(WAIT)).expect("timeout");
         let writer = reader.try_clone().expect("clone");
         (reader, writer, server)

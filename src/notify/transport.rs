@@ -12,7 +12,9 @@
 //! the sentinel lookup, each write; reads wait one timeout, then the
 //! subscriber's heartbeat speaks. Over TLS (`rediss://`) the same socket
 //! carries one TLS session shared by the halves (`conn::tls`), with the
-//! handshake bounded by the same timeout.
+//! handshake bounded by the same timeout. A failed connect names the
+//! server and, when the error tells it, the cause and its fix
+//! (`conn::diagnose`), as the pool's connects do.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
@@ -23,6 +25,7 @@ use std::time::{Duration, Instant};
 use redis::{Parser, Value};
 
 use crate::conn::backend::keepalive;
+use crate::conn::diagnose;
 #[cfg(feature = "tls-rustls")]
 use crate::conn::tls::{Tls, TlsHalf, handshake};
 
@@ -99,6 +102,31 @@ impl Endpoint {
             username: self.username.clone(),
             password: self.password.clone(),
         }
+    }
+}
+
+/// `err`, a failed connect to `target`, with the server's address in
+/// front and, when the error tells them, its cause and fix
+/// (`conn::diagnose`). A TLS refusal becomes `InvalidData`, which the
+/// subscriber reports as a setting to fix rather than an outage.
+fn explained(err: io::Error, target: &Target) -> io::Error {
+    let (host, port, tls) = match target {
+        Target::Tcp { host, port } => (host, *port, false),
+        #[cfg(feature = "tls-rustls")]
+        Target::Tls { host, port, .. } => (host, *port, true),
+        #[cfg(unix)]
+        Target::Unix(_) => return err,
+    };
+    match diagnose::cause(&err, &diagnose::Dialled { host, tls }) {
+        Some(cause) => io::Error::new(
+            if cause.refused {
+                io::ErrorKind::InvalidData
+            } else {
+                err.kind()
+            },
+            format!("{host}:{port}: {err} ({})", cause.hint),
+        ),
+        None => io::Error::new(err.kind(), format!("{host}:{port}: {err}")),
     }
 }
 
@@ -286,6 +314,10 @@ pub(crate) fn left_of(limit: Duration, started: Instant) -> Duration {
 
 /// `SENTINEL GET-MASTER-ADDR-BY-NAME master` on one sentinel.
 fn ask_sentinel(sentinel: &Endpoint, master: &str, timeout: Duration) -> io::Result<(String, u16)> {
+    ask(sentinel, master, timeout).map_err(|err| explained(err, &sentinel.target))
+}
+
+fn ask(sentinel: &Endpoint, master: &str, timeout: Duration) -> io::Result<(String, u16)> {
     let started = Instant::now();
     let (mut reader, mut writer) = open(sentinel, timeout)?;
     // The connect and the reply within `timeout` together.
@@ -341,13 +373,7 @@ impl Stream {
             #[cfg(feature = "tls-rustls")]
             Target::Tls { host, port, config } => {
                 let tcp = connect_tcp(host, *port, timeout)?;
-                Ok(Stream::Tls(handshake(
-                    tcp,
-                    config.clone(),
-                    host,
-                    *port,
-                    timeout,
-                )?))
+                Ok(Stream::Tls(handshake(tcp, config.clone(), host, timeout)?))
             }
             #[cfg(unix)]
             Target::Unix(path) => Ok(Stream::Unix(UnixStream::connect(path)?)),
@@ -513,6 +539,10 @@ pub(crate) fn connect(
     limit: Duration,
     timeout: Duration,
 ) -> io::Result<(Reader, Stream)> {
+    named(endpoint, limit, timeout).map_err(|err| explained(err, &endpoint.target))
+}
+
+fn named(endpoint: &Endpoint, limit: Duration, timeout: Duration) -> io::Result<(Reader, Stream)> {
     let started = Instant::now();
     let (mut reader, mut writer) = open(endpoint, limit)?;
     // A server that stalls after accepting holds the thread (and a dropped
@@ -524,18 +554,18 @@ pub(crate) fn connect(
         &[b"CLIENT", b"SETNAME", CONNECTION_NAME.as_bytes()],
     )?;
     // A name only helps operators; a user whose ACL refuses CLIENT still
-    // gets release messages. A server that does not answer is no use.
-    match expect_ok(&mut reader, "CLIENT SETNAME") {
-        Err(err)
-            if matches!(
-                err.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-            ) =>
-        {
-            return Err(err);
+    // gets release messages. A server that does not answer, or a link that
+    // fails (a TLS 1.3 server refuses a client's certificate only after
+    // the client's side of the handshake, so this is the first read to
+    // meet its alert), is no use.
+    match reader.read()? {
+        Value::Okay | Value::SimpleString(_) => {}
+        Value::ServerError(err) => {
+            log::debug!("redmutex: the subscriber connection stays unnamed: {err}");
         }
-        Err(err) => log::debug!("redmutex: the subscriber connection stays unnamed: {err}"),
-        Ok(()) => {}
+        other => {
+            log::debug!("redmutex: the subscriber connection stays unnamed: {other:?}");
+        }
     }
     writer.set_timeouts(Some(timeout), Some(timeout))?;
     Ok((reader, writer))

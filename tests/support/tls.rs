@@ -1,15 +1,17 @@
 //! TLS servers for tests: certificates made at test time with `rcgen` (a CA,
 //! a server certificate for 127.0.0.1 and localhost, a client certificate,
-//! and a second CA that signed none of them), and a redis-server with a
-//! TLS port beside its plain one (the plain port is for setting up and
-//! inspecting, as in every other test).
+//! a second CA that signed none of them, and the faulty certificates each
+//! TLS refusal needs: expired, not yet valid, for another name, for the
+//! wrong purpose, from the other CA), and a redis-server with a TLS port
+//! beside its plain one (the plain port is for setting up and inspecting,
+//! as in every other test).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
+    KeyPair, KeyUsagePurpose, date_time_ymd,
 };
 
 use super::{RedisServer, free_port_other_than, temp_dir};
@@ -31,31 +33,41 @@ impl Pki {
         let other = authority("some other CA");
         write("other-ca.pem", &other.pem());
 
-        let mut server = CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()])
-            .expect("server names");
-        server
-            .distinguished_name
-            .push(DnType::CommonName, "redis-server");
-        // Both: servers also dial each other (replication, the cluster bus)
-        // with this certificate as their client certificate.
-        server.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let server_key = KeyPair::generate().expect("server key");
-        let server_cert = server.signed_by(&server_key, &ca).expect("sign server");
-        write("server.pem", &server_cert.pem());
-        write("server.key", &server_key.serialize_pem());
+        let issue = |name: &str, params: CertificateParams, by: &CertifiedIssuer<'_, KeyPair>| {
+            let key = KeyPair::generate().expect("a key");
+            let cert = params.signed_by(&key, by).expect("sign");
+            write(&format!("{name}.pem"), &cert.pem());
+            write(&format!("{name}.key"), &key.serialize_pem());
+        };
+        let loopback = || vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
+        issue("server", server_params(loopback()), &ca);
+        issue("client", client_params(), &ca);
 
-        let mut client = CertificateParams::new(Vec::<String>::new()).expect("client params");
-        client
-            .distinguished_name
-            .push(DnType::CommonName, "redmutex client");
-        client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        let client_key = KeyPair::generate().expect("client key");
-        let client_cert = client.signed_by(&client_key, &ca).expect("sign client");
-        write("client.pem", &client_cert.pem());
-        write("client.key", &client_key.serialize_pem());
+        // Each faulty certificate differs from the good one in one thing.
+        issue(
+            "expired-server",
+            valid(server_params(loopback()), 2000, 2001),
+            &ca,
+        );
+        issue(
+            "future-server",
+            valid(server_params(loopback()), 2090, 2099),
+            &ca,
+        );
+        issue(
+            "wrong-name-server",
+            server_params(vec!["redis.example.com".into(), "192.0.2.7".into()]),
+            &ca,
+        );
+        let mut client_only = server_params(loopback());
+        client_only.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        issue("client-only-server", client_only, &ca);
+        issue("other-ca-client", client_params(), &other);
+        issue("expired-client", valid(client_params(), 2000, 2001), &ca);
+        issue("future-client", valid(client_params(), 2090, 2099), &ca);
+        let mut server_only = client_params();
+        server_only.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        issue("server-only-client", server_only, &ca);
 
         // What `openssl req -x509 -newkey rsa -subj /CN=... -addext
         // subjectAltName=IP:127.0.0.1` makes: a self-signed certificate
@@ -94,6 +106,17 @@ impl Pki {
         self.path("client.key")
     }
 
+    /// The certificate and key of `NAME.pem` and `NAME.key`, for
+    /// `tls_client_cert_files`: `client`, or one of the faulty client
+    /// certificates (`other-ca-client`, `expired-client`, `future-client`,
+    /// `server-only-client`).
+    pub fn client_pair(&self, name: &str) -> (PathBuf, PathBuf) {
+        (
+            self.path(&format!("{name}.pem")),
+            self.path(&format!("{name}.key")),
+        )
+    }
+
     /// A self-signed server certificate marked `CA:TRUE`, as `openssl req
     /// -x509` makes one ([`TlsServer::start_self_signed_ca`]).
     pub fn self_signed_ca(&self) -> PathBuf {
@@ -130,6 +153,39 @@ impl Default for Pki {
     }
 }
 
+/// A server certificate for `names`. Both purposes: servers also dial each
+/// other (replication, the cluster bus) with it as their client
+/// certificate.
+fn server_params(names: Vec<String>) -> CertificateParams {
+    let mut params = CertificateParams::new(names).expect("server names");
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "redis-server");
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params
+}
+
+fn client_params() -> CertificateParams {
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("client params");
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "redmutex client");
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    params
+}
+
+/// `params` valid from January 1st of `from` to January 1st of `to`:
+/// years well away from today, so "expired" and "not yet valid" hold
+/// whatever the date.
+fn valid(mut params: CertificateParams, from: i32, to: i32) -> CertificateParams {
+    params.not_before = date_time_ymd(from, 1, 1);
+    params.not_after = date_time_ymd(to, 1, 1);
+    params
+}
+
 fn authority(name: &str) -> CertifiedIssuer<'static, KeyPair> {
     let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
     params.distinguished_name.push(DnType::CommonName, name);
@@ -149,27 +205,28 @@ impl TlsServer {
     /// Starts one; `require_client_cert` makes it refuse clients without a
     /// certificate its CA signed (mutual TLS).
     pub fn start(require_client_cert: bool) -> TlsServer {
-        let pki = Pki::new();
-        let mut tls_port = 0;
-        let server = RedisServer::start_tries(temp_dir(), None, |port| {
-            tls_port = free_port_other_than(port);
-            pki.server_args(tls_port, require_client_cert)
-        });
-        TlsServer {
-            server,
-            tls_port,
-            pki,
-        }
+        TlsServer::start_with("server", require_client_cert, &[])
     }
 
     /// One whose certificate is self-signed and marked `CA:TRUE`
     /// ([`Pki::self_signed_ca`]).
     pub fn start_self_signed_ca() -> TlsServer {
+        TlsServer::start_with("self-signed-ca", false, &[])
+    }
+
+    /// One with `NAME.pem` and `NAME.key` of its [`Pki`] as its own
+    /// certificate and key (`server`, or one of the faulty ones:
+    /// `expired-server`, `future-server`, `wrong-name-server`,
+    /// `client-only-server`), and `extra` redis-server arguments (say
+    /// `--tls-protocols TLSv1.2`).
+    pub fn start_with(own: &str, require_client_cert: bool, extra: &[&str]) -> TlsServer {
         let pki = Pki::new();
         let mut tls_port = 0;
         let server = RedisServer::start_tries(temp_dir(), None, |port| {
             tls_port = free_port_other_than(port);
-            pki.server_args_with(tls_port, false, "self-signed-ca")
+            let mut args = pki.server_args_with(tls_port, require_client_cert, own);
+            args.extend(extra.iter().map(|arg| arg.to_string()));
+            args
         });
         TlsServer {
             server,
