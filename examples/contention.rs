@@ -78,6 +78,10 @@ struct Args {
     /// The handoff budget as HANDOFFS/MS (notify mode).
     #[arg(long, default_value = "256/10", value_parser = parse_budget)]
     handoff_budget: (u32, u64),
+    /// The handoff budget's max age, in microseconds: a lease Redis
+    /// confirmed longer ago is confirmed again before it is passed on.
+    #[arg(long, default_value_t = 1000)]
+    handoff_max_age_us: u64,
     /// The critical section: none, redis (GET/SET counter) or sleep:MS.
     #[arg(long, default_value = "redis", value_parser = parse_work)]
     work: Work,
@@ -584,7 +588,8 @@ fn run_process(
         .handoff_budget(
             args.handoff_budget.0,
             Duration::from_millis(args.handoff_budget.1),
-        );
+        )
+        .handoff_max_age(Duration::from_micros(args.handoff_max_age_us));
     let handles: Vec<_> = (0..args.threads)
         .map(|t| {
             let locks: Vec<_> = (0..args.keys)
@@ -743,6 +748,7 @@ fn run_children(
                 "--handoff-budget",
                 &format!("{}/{}", args.handoff_budget.0, args.handoff_budget.1),
             ])
+            .args(["--handoff-max-age-us", &args.handoff_max_age_us.to_string()])
             .args(["--start-at-ms", &start_at_ms.to_string()])
             .stdout(Stdio::piped());
         if args.no_handoff {
