@@ -441,7 +441,9 @@ impl ReentrantGuard {
     /// [`NotHeldReason::Expired`] when the key is gone;
     /// [`Error::OutcomeUnknown`] when no reply came back even after resends
     /// (the hold may or may not be released; the key expires by its ttl);
-    /// [`Error::Redis`], [`Error::Pool`] or [`Error::WrongType`].
+    /// [`Error::Redis`], [`Error::Pool`] or [`Error::WrongType`];
+    /// [`Error::InvalidArgument`] for a guard inherited through `fork()`
+    /// (nothing is sent: the hold is the parent's).
     pub fn unlock(mut self) -> Result<Unlocked, Error> {
         self.release()
     }

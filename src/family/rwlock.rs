@@ -524,7 +524,9 @@ impl RwGuard {
     ///
     /// [`Error::NotHeld`] ([`NotHeldReason::Expired`] when its field is
     /// gone, [`NotHeldReason::OwnedByOther`] when another writer holds the
-    /// write lock); [`Error::Redis`], [`Error::Pool`] or [`Error::WrongType`].
+    /// write lock); [`Error::Redis`], [`Error::Pool`] or [`Error::WrongType`];
+    /// [`Error::InvalidArgument`] for a guard inherited through `fork()`
+    /// (nothing is sent: the hold is the parent's).
     pub fn unlock(mut self) -> Result<(), Error> {
         self.release()
     }

@@ -1013,8 +1013,11 @@ impl Permit {
     /// # Errors
     ///
     /// [`Error::NotHeld`] ([`NotHeldReason::Expired`]) when the permit was
-    /// already gone; [`Error::Redis`], [`Error::Pool`],
-    /// [`Error::WrongType`] or [`Error::OutcomeUnknown`].
+    /// already gone, or was found gone when it was about to be passed to a
+    /// waiting thread (see [`HandoffBudget::max_age`](crate::HandoffBudget::max_age));
+    /// [`Error::Redis`], [`Error::Pool`], [`Error::WrongType`] or
+    /// [`Error::OutcomeUnknown`]; [`Error::InvalidArgument`] for a permit
+    /// inherited through `fork()` (nothing is sent: it is the parent's).
     pub fn release(mut self) -> Result<(), Error> {
         self.give_back(false)
     }

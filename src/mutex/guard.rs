@@ -145,6 +145,13 @@ impl LockGuard {
     /// [`Error::OutcomeUnknown`], [`Error::Redis`] or [`Error::Pool`] when
     /// Redis fails; the key is then released in the background once Redis
     /// answers (or expires after its ttl).
+    /// [`Error::InvalidArgument`] for a guard inherited through `fork()`,
+    /// nested or not (nothing is sent: the lease is the parent's). When
+    /// the lease is about to go to a thread of the client waiting for it
+    /// and Redis last confirmed it more than the handoff budget's
+    /// [`max_age`](crate::HandoffBudget::max_age) ago, it is confirmed
+    /// first: found gone, it is not passed on and this says
+    /// [`Error::NotHeld`].
     pub fn unlock(self) -> Result<(), Error> {
         let how = self.lease.release;
         self.unlock_with(how)
