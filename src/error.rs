@@ -414,8 +414,13 @@ pub(crate) fn refusal(err: &redis::RedisError) -> bool {
             .is_some_and(|detail| detail.contains("DB index is out of range"))
 }
 
-fn unsupported(err: &redis::RedisError) -> Option<Error> {
+pub(crate) fn unsupported(err: &redis::RedisError) -> Option<Error> {
+    // Redis echoes the first arguments of an unknown command: a lock key,
+    // a marker named by a token's secret, a token. Never repeated.
     let detail = err.detail()?;
+    let detail = detail
+        .split_once(", with args beginning with")
+        .map_or(detail, |(command, _)| command);
     let command = detail
         .strip_prefix("unknown command '")
         .and_then(|rest| rest.split('\'').next())?

@@ -58,9 +58,11 @@
 //!   message) or a lost message costs little. While the subscriber
 //!   connection is down, heads wait with backoff as in spin mode.
 //! * **Bounded in-process handoff.** When a holder releases and a thread of
-//!   the same client is queued for the key, the lease passes to it directly:
-//!   no Redis command, same token. The new guard starts with at least half
-//!   the ttl (the lease is extended first, owner-checked, when less is left).
+//!   the same client is queued for the key, the lease passes to it directly,
+//!   same token: no Redis command while Redis confirmed it within the last
+//!   millisecond, one `GET` otherwise (below). The new guard starts with at
+//!   least half the ttl (the lease is extended first, owner-checked, when
+//!   less is left).
 //!   After a hold shorter than a thread's wake-up (20 µs), a thread that
 //!   asks again before the woken waiter has run takes the lease instead,
 //!   but only in the first 100 µs after that waiter was handed a lease
@@ -93,7 +95,7 @@
 //!   one round trip earlier: the window for a second holder is the one an
 //!   acquisition made that much earlier has (a `max_age` of zero confirms
 //!   every handoff). A permit passes only to a handle opened with its
-//!   limit, and not after that limit changed.
+//!   limit, and not once a check finds the stored limit changed.
 //!
 //! ## Watchdog and fencing
 //!
@@ -317,11 +319,12 @@
 // The layers, lowest first; each may use only the layers before it in
 // this list (checked by `tests/layers.rs`; see ARCHITECTURE.md):
 //
-// layers: error lease wait conn script notify renew client mutex family
+// layers: error fork lease wait conn script notify renew client mutex family
 mod client;
 mod conn;
 mod error;
 mod family;
+mod fork;
 mod lease;
 mod mutex;
 mod notify;

@@ -701,3 +701,99 @@ fn a_lease_handed_on_is_never_older_than_its_max_age() {
     );
     assert!(age.max < limit, "{age:?} against {limit:?}");
 }
+
+/// A lease about to be passed to a waiting thread whose confirmation in
+/// Redis cannot be answered: the call that sent it returns within one
+/// connect and the resend window (3T here), with the token handed to the
+/// cleanup rather than a release sent after it (a second round trip).
+/// Both sides: the thread letting go (its check fails: the server is
+/// blackholed), and the thread taking the lease (its own check, with a
+/// `max_age` of zero, loses every reply).
+#[test]
+fn a_handoff_whose_check_cannot_be_answered_costs_one_round_trip() {
+    let _serial = support::serial();
+    let server = RedisServer::start();
+    let long = |max_age: Duration| {
+        LockOptions::default()
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(30))
+            .handoff_budget(256, Duration::from_secs(30))
+            .handoff_max_age(max_age)
+    };
+    let mut givers = Vec::new();
+    let mut takers = Vec::new();
+    for run in 0..RUNS {
+        let proxy = FaultProxy::to(&server);
+        let client = LockClient::builder()
+            .url(proxy.url())
+            .timeout(LONG_T)
+            .build()
+            .expect("client");
+        // The giver's check fails.
+        let key = format!("bound-give-{run}");
+        let lock =
+            DistributedLock::with_options(&client, key.as_str(), long(Duration::from_millis(1)));
+        let held = lock.lock().expect("lock");
+        let waiter = {
+            let lock = lock.clone();
+            std::thread::spawn(move || {
+                lock.try_lock_for(Duration::from_millis(300))
+                    .map(|g| g.is_some())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        proxy.blackhole(true);
+        let started = Instant::now();
+        let unlocked = held.unlock();
+        givers.push(started.elapsed());
+        assert!(
+            matches!(&unlocked, Err(err) if err.is_connection()),
+            "{unlocked:?}"
+        );
+        let _ = waiter.join();
+        proxy.heal();
+        // Released by the cleanup once Redis answers.
+        assert!(
+            wait_until(Duration::from_secs(10), || !support::exists(&server, &key)),
+            "{key} left behind"
+        );
+
+        // The taker's check fails.
+        let key = format!("bound-take-{run}");
+        let lock = DistributedLock::with_options(&client, key.as_str(), long(Duration::ZERO));
+        let held = lock.lock().expect("lock");
+        let started = Arc::new(Mutex::new(None::<Instant>));
+        let waiter = {
+            let lock = lock.clone();
+            std::thread::spawn(move || {
+                let got = lock.try_lock_for(Duration::from_millis(100));
+                let ended = Instant::now();
+                (got.map(|g| g.is_some()), ended)
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        // The giver's `GET` goes through; every later one loses its reply.
+        proxy.lose_reply_after("*2\r\n$3\r\nGET\r\n", 1, 10);
+        *started.lock().expect("started") = Some(Instant::now());
+        held.unlock().expect("handed on");
+        let (got, ended) = waiter.join().expect("waiter");
+        let from = started.lock().expect("started").unwrap_or(ended);
+        takers.push(ended.saturating_duration_since(from));
+        assert!(matches!(&got, Err(err) if err.is_connection()), "{got:?}");
+        proxy.heal();
+        assert!(
+            wait_until(Duration::from_secs(10), || !support::exists(&server, &key)),
+            "{key} left behind"
+        );
+    }
+    check(
+        "unlock, the check before a handoff unanswered",
+        &givers,
+        LONG_T * 3 + SLACK,
+    );
+    check(
+        "a taker's call, its check of the lease unanswered (from the handoff)",
+        &takers,
+        LONG_T * 3 + SLACK,
+    );
+}

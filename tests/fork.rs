@@ -211,6 +211,34 @@ fn inert_in_child(world: World) -> i32 {
     if !nested.validity().is_zero() || !nested.is_lost() || !watched.validity().is_zero() {
         return 20; // a lease that claims to be held in the child
     }
+    // A loss signal of the parent's lease, its guard's Debug, an extension:
+    // none waits for a lock of the parent's or claims the lease.
+    let signal = watched.loss_signal();
+    if signal.reason() != Some(redmutex::LossReason::Inherited)
+        || signal.wait_timeout(Duration::from_secs(30)).is_none()
+    {
+        return 29;
+    }
+    let _ = format!("{watched:?} {nested:?} {client:?} {permit:?}");
+    let mut watched = watched;
+    if !matches!(
+        watched.extend(Duration::from_secs(60)),
+        Err(Error::InvalidArgument(_))
+    ) {
+        return 30;
+    }
+    // The checked-out connection: nothing goes out on the parent's socket.
+    let mut connection = connection;
+    if redis::cmd("PING").query::<String>(&mut connection).is_ok() {
+        return 31;
+    }
+    // A lock handle made in the child from the inherited client refuses.
+    if !matches!(
+        DistributedLock::new(&client, "fork:new").try_lock(),
+        Err(Error::InvalidArgument(_))
+    ) {
+        return 32;
+    }
     if !refused(nested.unlock()) {
         return 21; // a nested guard's share given up as if it were the child's
     }

@@ -423,6 +423,14 @@ fn unlock_and_extend_tell_the_truth_when_another_client_holds_the_majority() {
     let b = RedLock::with_options(clients(&nodes), "truth", options).expect("B");
     for round in 0..3 {
         let mut held = a.lock().expect("A locks");
+        // `lock()` returns at a majority: the third node's `SET` may still
+        // be on its way, and would land after the deletion below.
+        let token = held.token().to_owned();
+        wait_until(Duration::from_secs(2), || {
+            nodes
+                .iter()
+                .all(|node| value(node, "truth").as_deref() == Some(token.as_str()))
+        });
         // A's key lives on on node 2 only; nodes 0 and 1 lose it.
         for node in &nodes[..2] {
             let _: () = node.conn().del("truth").expect("DEL");

@@ -181,7 +181,15 @@ fn keep<T>(texts: &mut Vec<String>, result: Result<T, Error>) {
 fn secrets(server: &RedisServer) -> Vec<String> {
     let mut con = server.conn();
     let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut con).expect("KEYS");
+    // Holder fields: the label, and the program name every token of this
+    // run carries (a token of a failed request is never in Redis).
     let mut found = vec![LABEL.to_owned()];
+    if let Some(program) = std::env::current_exe().ok().and_then(|exe| {
+        exe.file_name()
+            .map(|name| name.to_string_lossy().into_owned())
+    }) {
+        found.push(program);
+    }
     let mut add = |text: &str| {
         let text = ["p:", "r:", "q:", "f:"]
             .iter()
@@ -381,4 +389,34 @@ fn a_guard_meeting_another_types_data_names_no_secret() {
             }
         }
     }
+}
+
+/// A server whose scripts are disabled (`rename-command EVALSHA ""`, as
+/// some managed services do): Redis's "unknown command" echoes the first
+/// arguments, among them the release marker, named by the token's secret.
+/// The error of the release that meets it, and every log line, name the
+/// command, never the arguments.
+#[test]
+fn an_unknown_command_echoing_its_arguments_names_no_secret() {
+    let server = RedisServer::start_with(&["--rename-command", "EVALSHA", ""]);
+    logs();
+    let mark = log_mark();
+    let client = client_of(&server.url());
+    let mut texts = Vec::new();
+    let guard = DistributedLock::new(&client, "k")
+        .try_lock()
+        .expect("SET NX GET needs no script")
+        .expect("free");
+    let known = secrets(&server);
+    keep(&mut texts, guard.unlock());
+    keep(
+        &mut texts,
+        take(Kind::Semaphore, &client, "s", false).map(|_| ()),
+    );
+    assert!(
+        texts.iter().any(|text| text.contains("EVALSHA")),
+        "the refusal names the command: {texts:?}"
+    );
+    drop(client);
+    assert_no_secret("scripts disabled", &texts, mark, &known);
 }

@@ -317,7 +317,7 @@ mod secret {
     use rand_chacha::rand_core::{RngCore, SeedableRng};
     use uuid::{Builder, Uuid};
 
-    use crate::conn::fork::Birth;
+    use crate::fork::Birth;
 
     thread_local! {
         /// The process it was seeded in, the generator.

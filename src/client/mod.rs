@@ -29,11 +29,11 @@ use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr
 use crate::client::holder::{Identity, ServerClock};
 use crate::client::options::LockOptions;
 use crate::conn::backend::{Backend, Connection, DRAIN_WAIT, Deployment};
-use crate::conn::fork::Birth;
 use crate::conn::policy::{self, Op, Send};
 use crate::conn::stats::{LockStats, Stats};
 use crate::conn::worker::STOP_WAIT;
 use crate::error::Error;
+use crate::fork::Birth;
 use crate::notify::subscriber::{Subscriber, Subscription};
 use crate::notify::transport::Source;
 use crate::renew::watchdog::{Orphan, OrphanKind, Watchdog};
@@ -537,6 +537,13 @@ impl LockClient {
     /// This client's instance of a lock type's per-client state, made on
     /// first use and shared by all clones.
     pub(crate) fn local<T: Any + std::marker::Send + Sync + Default>(&self) -> Arc<T> {
+        if self.inherited() {
+            // A forked child's handle: a state of its own, shared with
+            // nobody (every call through the client refuses there anyway),
+            // and the parent's lock, which a parent thread may have held at
+            // the fork, is not taken.
+            return Arc::new(T::default());
+        }
         let mut locals = self.inner.locals.lock();
         for local in locals.iter() {
             if let Ok(found) = local.clone().downcast::<T>() {
@@ -732,7 +739,11 @@ impl std::fmt::Debug for LockClient {
             .field("id", &self.inner.id)
             .field("deployment", &self.deployment())
             .field("key_prefix", &self.key_prefix())
-            .field("pool", &self.inner.backend.occupancy())
+            // Not in a forked child: the pool's lock is the parent's.
+            .field(
+                "pool",
+                &(!self.inherited()).then(|| self.inner.backend.occupancy()),
+            )
             .field("defaults", &self.defaults)
             .finish()
     }

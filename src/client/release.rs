@@ -427,6 +427,19 @@ pub(crate) fn release_on(
     }
 }
 
+/// Whether a lease (or permit) may be passed to a waiting thread of the
+/// client, as its giver found out.
+pub(crate) enum Pass {
+    /// Yes: Redis confirmed it within the handoff budget's `max_age`.
+    Yes,
+    /// No: the budget, nobody waiting, or Redis said it is gone (then the
+    /// loss is recorded).
+    No,
+    /// Its confirmation could not be answered: nothing is known of it, and
+    /// it goes to the client's cleanup rather than to another round trip.
+    Unknown(Error),
+}
+
 /// Writes the owner-checked release of `key` behind (see
 /// [`Connection::write_behind`](crate::conn::backend::Connection::write_behind)):
 /// `lua/release.lua` (a permit's: `lua/sem_release.lua`) is sent, without

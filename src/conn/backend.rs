@@ -35,10 +35,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
-use crate::conn::fork::Birth;
 use crate::conn::ledger::{Ledger, Owed, PlainWire};
 use crate::conn::pool::{self, Checked, Open, Opener, Pool};
 use crate::error::{Error, PoolError};
+use crate::fork::Birth;
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::io::tcp::TcpSettings;
@@ -1715,8 +1715,22 @@ impl Connection {
     }
 }
 
+/// The error of a request on a connection inherited through `fork()`: its
+/// socket is the parent's, and a request there would cross replies with
+/// the parent's own.
+fn forked() -> RedisError {
+    RedisError::from((
+        redis::ErrorKind::Client,
+        "this connection was checked out in the parent process and inherited through fork(); \
+         a forked child builds its own client",
+    ))
+}
+
 impl ConnectionLike for Connection {
     fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        if !self.birth.is_current() {
+            return Err(forked());
+        }
         let _deadline = self.deadline();
         let result = match self.owing() {
             Some(link) => link.after_owed(cmd),
@@ -1731,6 +1745,9 @@ impl ConnectionLike for Connection {
         offset: usize,
         count: usize,
     ) -> RedisResult<Vec<Value>> {
+        if !self.birth.is_current() {
+            return Err(forked());
+        }
         // Pipelines are rare on the hot path: the owed replies are read
         // first rather than interleaved with the pipeline's.
         self.settle()?;
@@ -1764,6 +1781,9 @@ impl ConnectionLike for Connection {
     }
 
     fn req_command(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        if !self.birth.is_current() {
+            return Err(forked());
+        }
         if cmd.is_no_response() {
             // Nothing will come back to read after the owed replies.
             self.settle()?;
@@ -1817,11 +1837,11 @@ impl ConnectionLike for Connection {
     }
 
     fn check_connection(&mut self) -> bool {
-        self.settle().is_ok() && self.inner().check_connection()
+        self.birth.is_current() && self.settle().is_ok() && self.inner().check_connection()
     }
 
     fn is_open(&self) -> bool {
-        !self.is_broken() && self.inner_ref().is_open()
+        self.birth.is_current() && !self.is_broken() && self.inner_ref().is_open()
     }
 }
 

@@ -14,7 +14,6 @@
 
 pub(crate) mod backend;
 pub(crate) mod diagnose;
-pub(crate) mod fork;
 pub(crate) mod histogram;
 pub(crate) mod ledger;
 pub(crate) mod policy;

@@ -311,6 +311,10 @@ pub(crate) fn run_within<T>(
             // READONLY after a failover, a refusal), the outcome is unknown.
             // On a cluster an earlier copy may have run too (redis-rs
             // resends by itself), unless the error proves nothing did.
+            // A command the server does not know never ran, on any send.
+            Err(err) if crate::error::unsupported(&err).is_some() => {
+                return Err(Error::from_redis(key, err));
+            }
             Err(source) if op.writes() && (lost.is_some() || (cluster && !refusal(&source))) => {
                 return Err(Error::OutcomeUnknown {
                     key: key.to_owned(),

@@ -216,6 +216,19 @@ enum Sent<T> {
     Done(T),
 }
 
+impl Drop for Nodes {
+    fn drop(&mut self) {
+        // In a forked child the node threads do not exist, and a channel's
+        // own lock may have been held by one of them at the fork: the
+        // senders are left alone, as the rest of the parent's client is.
+        if self.check_process().is_err() {
+            for node in std::mem::take(&mut self.nodes) {
+                std::mem::forget(node);
+            }
+        }
+    }
+}
+
 impl Nodes {
     /// Refuses nodes inherited through `fork()` (see
     /// `LockClient::check_process`): in a child their threads do not exist

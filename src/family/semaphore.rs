@@ -15,7 +15,7 @@ use crate::client::holder::{Holder, Redacted};
 use crate::client::options::{
     Backoff, HandoffBudget, SemaphoreOptions, WaitMode, check_min_replicas, ttl_millis,
 };
-use crate::client::release::Waited;
+use crate::client::release::{Pass, Waited};
 use crate::client::{release, replicas};
 use crate::conn::backend::Connection;
 use crate::conn::policy::Op;
@@ -287,6 +287,7 @@ impl Semaphore {
             &self.channel,
             &self.queue_key,
             id,
+            Duration::MAX,
         )
     }
 
@@ -580,22 +581,26 @@ impl Contender for Take<'_> {
         }
         let max_age = self.semaphore.options.handoff_budget.max_age;
         if permit.confirmed().elapsed() > max_age {
-            // A read: a lost reply is sent again; a failure leaves the
-            // permit unconfirmed, given back (or passed on, to a waiter
-            // that confirms it itself) by its drop.
-            match permit.confirm()? {
-                Check::Held => {}
-                Check::Lost => {
+            // A read: a lost reply is sent again.
+            match permit.confirm() {
+                Ok(Check::Held) => {}
+                Ok(Check::Lost) => {
                     permit.abandon();
                     return Ok(None);
                 }
-                Check::Relimited => {
+                Ok(Check::Relimited) => {
                     // In place, but admitted under a limit that is no
-                    // longer the key's: given back in Redis, never passed
-                    // on, and this waiter asks under the new one.
-                    permit.handoff = None;
-                    drop(permit);
+                    // longer the key's: never passed on; given back by
+                    // the cleanup (this call makes one round trip, not
+                    // two), and this waiter asks Redis itself.
+                    permit.give_up();
                     return Ok(None);
+                }
+                Err(err) => {
+                    // Nothing known: not passed on, and given back by the
+                    // cleanup once Redis answers.
+                    permit.give_up();
+                    return Err(err);
                 }
             }
         }
@@ -607,8 +612,10 @@ impl Contender for Take<'_> {
                     permit.abandon();
                     return Ok(None);
                 }
-                // Dropping the permit gives it back (or passes it on).
-                Err(err) => return Err(err),
+                Err(err) => {
+                    permit.give_up();
+                    return Err(err);
+                }
             }
         }
         let semaphore = self.semaphore;
@@ -822,8 +829,12 @@ impl Permit {
         });
         let (live, stored) = match checked {
             Ok(reply) => reply,
-            // Another type's data under the key: the permit is gone.
-            Err(Error::WrongType { .. }) => (0, -1),
+            // Another type's data under the key: the permit is gone, the
+            // key another's (as a plain lock's check says).
+            Err(Error::WrongType { .. }) => {
+                self.loss.lose(LossReason::OwnedByOther);
+                return Ok(Check::Lost);
+            }
             Err(err) => return Err(err),
         };
         if live != 1 {
@@ -864,34 +875,60 @@ impl Permit {
         self.local.queues.released(&self.queue_key, None);
     }
 
+    /// Gives the permit up with nothing more sent: Redis may still have
+    /// it, so its id goes to the client's cleanup, which gives it back
+    /// (owner-checked) once Redis answers. For a call that already made
+    /// its round trip about the permit.
+    fn give_up(&mut self) {
+        self.released = true;
+        self.client
+            .counters()
+            .hold_ended(self.tag, self.held_since, false, Ok(()));
+        self.end_locally();
+    }
+
+    /// Everything of the permit outside Redis ends (renewals, its count in
+    /// the client's holds), and its id goes to the cleanup.
+    fn end_locally(&self) {
+        if let Some(entry) = &self.watch {
+            self.client.watchdog().end(entry);
+        }
+        self.local.queues.unhold(&self.queue_key, &self.id);
+        self.local.queues.released(&self.queue_key, None);
+        self.client.orphan(
+            &self.key,
+            OrphanKind::Permit {
+                id: self.id.clone(),
+            },
+        );
+    }
+
     /// Whether giving this permit back may pass it to a queued thread of
     /// this client instead (the budget counts the handoff about to happen).
-    fn may_hand_off(&mut self) -> bool {
+    fn may_hand_off(&mut self) -> Pass {
         let Some(budget) = self.handoff else {
-            return false;
+            return Pass::No;
         };
-        self.generation == self.local.generation.load(Ordering::Relaxed)
+        let allowed = self.generation == self.local.generation.load(Ordering::Relaxed)
             && self.handoffs < budget.max_handoffs
             && self.acquired_at.elapsed() < budget.max_time
             && !self.is_lost()
             && !self.timing_left().is_zero()
-            // Last, as they may cost a round trip: somebody to pass it to,
-            // and a permit Redis vouched for too long ago confirmed first
-            // (a permit gone is given back and reported `NotHeld`; one
-            // admitted under a limit changed since, given back).
-            && self.local.queues.has_waiters(&self.queue_key)
-            && (self.confirmed().elapsed() <= budget.max_age
-                || match self.confirm() {
-                    Ok(Check::Held) => true,
-                    Ok(Check::Lost | Check::Relimited) => false,
-                    Err(err) => {
-                        log::debug!(
-                            "redmutex: confirming a permit of {:?} before passing it on failed: {err}",
-                            self.key
-                        );
-                        false
-                    }
-                })
+            && self.local.queues.has_waiters(&self.queue_key);
+        if !allowed {
+            return Pass::No;
+        }
+        // Last, as it may cost a round trip: a permit Redis vouched for too
+        // long ago is confirmed first (a permit gone is reported `NotHeld`;
+        // one admitted under a limit changed since is given back in Redis).
+        if self.confirmed().elapsed() <= budget.max_age {
+            return Pass::Yes;
+        }
+        match self.confirm() {
+            Ok(Check::Held) => Pass::Yes,
+            Ok(Check::Lost | Check::Relimited) => Pass::No,
+            Err(err) => Pass::Unknown(err),
+        }
     }
 
     /// The lease left by the local clock (released or not).
@@ -927,7 +964,7 @@ impl Permit {
     /// or by a [`Permit::extend`] that found it gone.
     pub fn is_lost(&self) -> bool {
         // A forked child's copy is never the child's permit.
-        self.loss.reason().is_some() || self.client.inherited()
+        self.client.inherited() || self.loss.reason().is_some()
     }
 
     /// A signal, usable from any thread and after the permit is gone, that
@@ -956,6 +993,9 @@ impl Permit {
     /// for a bad ttl; [`Error::Redis`], [`Error::Pool`] or
     /// [`Error::OutcomeUnknown`].
     pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        // Before the watch entry's lock, which a parent thread may have
+        // held at a fork.
+        self.client.check_process()?;
         let millis = ttl_millis(ttl)?;
         let ttl = Duration::from_millis(millis);
         let generation = self.watch.as_ref().map(|entry| entry.generation());
@@ -1039,7 +1079,13 @@ impl Permit {
     }
 
     fn let_go(&mut self, behind: bool) -> Result<(), Error> {
-        if self.may_hand_off() {
+        let started = Instant::now();
+        let pass = self.may_hand_off();
+        if let Pass::Unknown(err) = pass {
+            self.end_locally();
+            return Err(err);
+        }
+        if let Pass::Yes = pass {
             let gift = PermitGift {
                 id: self.id.clone(),
                 sent: self.sent,
@@ -1101,6 +1147,8 @@ impl Permit {
         {
             return Ok(());
         }
+        // Within what is left of the call's bound when a check of the
+        // permit (`may_hand_off`) took part of it.
         release_and_tell(
             &self.client,
             &self.local,
@@ -1108,6 +1156,10 @@ impl Permit {
             &self.channel,
             &self.queue_key,
             &self.id,
+            self.client
+                .call_slack()
+                .saturating_sub(started.elapsed())
+                .max(Duration::from_millis(1)),
         )
     }
 }
@@ -1140,9 +1192,10 @@ fn queue_key(key: &str) -> String {
     queue
 }
 
-/// [`release_id`], then this client told what it reached: the head of its
-/// queue at once (or, when other clients' waiters heard the message too,
-/// after them), and its [`Waited`] keys.
+/// [`release_id`] within `budget` (all of it: connect and resends), then
+/// this client told what it reached: the head of its queue at once (or,
+/// when other clients' waiters heard the message too, after them), and
+/// its [`Waited`] keys.
 fn release_and_tell(
     client: &LockClient,
     local: &Local,
@@ -1150,8 +1203,9 @@ fn release_and_tell(
     channel: &str,
     queue_key: &str,
     id: &str,
+    budget: Duration,
 ) -> Result<(), Error> {
-    let released = release_id(client, key, channel, id);
+    let released = release_id(client, key, channel, id, budget);
     let receivers = released.as_ref().ok().copied().flatten();
     local.waited.reached(key, receivers);
     local.queues.released(queue_key, receivers);
@@ -1168,11 +1222,12 @@ fn release_id(
     key: &str,
     channel: &str,
     id: &str,
+    budget: Duration,
 ) -> Result<Option<u64>, Error> {
     let (marker, millis) = release::marker_of(client, key, id);
     client.counters().commands(1);
     let markerless = std::cell::Cell::new(marker.is_none());
-    let result = client.run(Op::SemRelease, key, |con, send| {
+    let result = client.run_within(Op::SemRelease, key, budget, |con, send| {
         let reply: (i64, u64) =
             release::with_marker(client, marker.as_deref(), &markerless, |marker| {
                 use script::wire::{Arg, present};

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::NotHeldReason;
+use crate::fork::Birth;
 
 /// Why a lease was found lost.
 #[non_exhaustive]
@@ -21,6 +22,9 @@ pub enum LossReason {
     /// The cap set by [`LockOptions::max_hold`](crate::LockOptions::max_hold)
     /// stopped the renewals and the lease ran out.
     MaxHold,
+    /// Read in a process forked since the lease was taken: the lease is
+    /// its parent's, never this process's.
+    Inherited,
 }
 
 impl LossReason {
@@ -49,6 +53,7 @@ impl fmt::Display for LossReason {
             LossReason::OwnedByOther => "a renewal found another owner's token",
             LossReason::Unreachable => "Redis stayed unreachable until the lease ran out",
             LossReason::MaxHold => "the hold-time cap stopped renewals and the lease ran out",
+            LossReason::Inherited => "inherited through fork(): the lease is the parent process's",
         })
     }
 }
@@ -57,10 +62,24 @@ impl fmt::Display for LossReason {
 /// expiry: once the clock passes it, the lease reads as lost whatever the
 /// watchdog thread is doing (a renewal stuck in a partition cannot delay
 /// the signal past the moment another client could take the key).
-#[derive(Default)]
+///
+/// In a process forked since it was made, it reads as lost
+/// ([`LossReason::Inherited`]) without taking its lock, which a thread of
+/// the parent may have held at the fork, and records nothing.
 pub(crate) struct LossState {
     inner: Mutex<Loss>,
     fired: Condvar,
+    birth: Birth,
+}
+
+impl Default for LossState {
+    fn default() -> LossState {
+        LossState {
+            inner: Mutex::default(),
+            fired: Condvar::new(),
+            birth: Birth::quick(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -88,6 +107,9 @@ impl Loss {
 impl LossState {
     /// Records the loss (the first reason wins) and wakes every waiter.
     pub(crate) fn lose(&self, reason: LossReason) {
+        if !self.birth.is_current() {
+            return;
+        }
         let mut loss = self.inner.lock();
         loss.settle(Instant::now());
         if loss.reason.is_none() {
@@ -98,6 +120,9 @@ impl LossState {
 
     /// The loss, if any: recorded, or the local expiry has passed.
     pub(crate) fn reason(&self) -> Option<LossReason> {
+        if !self.birth.is_current() {
+            return Some(LossReason::Inherited);
+        }
         let mut loss = self.inner.lock();
         if loss.settle(Instant::now()) {
             self.fired.notify_all();
@@ -109,6 +134,9 @@ impl LossState {
     /// Returns false, changing nothing, when the lease is already lost
     /// (a loss, once seen, stays).
     pub(crate) fn expire_at(&self, deadline: Instant, reason: LossReason) -> bool {
+        if !self.birth.is_current() {
+            return false;
+        }
         let mut loss = self.inner.lock();
         loss.settle(Instant::now());
         if loss.reason.is_some() {
@@ -124,6 +152,9 @@ impl LossState {
     /// here on (an unwatched lease is found lost only by what Redis says),
     /// but one already passed stays a loss.
     pub(crate) fn forget_deadline(&self) {
+        if !self.birth.is_current() {
+            return;
+        }
         let mut loss = self.inner.lock();
         loss.settle(Instant::now());
         loss.deadline = None;
@@ -131,6 +162,9 @@ impl LossState {
 
     /// Blocks until the lease is found lost or `until` passes.
     fn wait_until(&self, until: Option<Instant>) -> Option<LossReason> {
+        if !self.birth.is_current() {
+            return Some(LossReason::Inherited);
+        }
         let mut loss = self.inner.lock();
         loop {
             let now = Instant::now();

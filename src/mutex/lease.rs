@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
 use crate::client::options::{HandoffBudget, LockOptions, Release, WaitMode, ttl_millis};
-use crate::client::release::{self, Waited};
+use crate::client::release::{self, Pass, Waited};
 use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
 use crate::error::Error;
@@ -319,7 +319,7 @@ impl Lease {
 
     /// Found lost, or a forked child's copy (never the child's lease).
     pub(crate) fn is_lost(&self) -> bool {
-        self.loss.get().is_some_and(|loss| loss.reason().is_some()) || self.client.inherited()
+        self.client.inherited() || self.loss.get().is_some_and(|loss| loss.reason().is_some())
     }
 
     /// The lease's loss state, made on first use.
@@ -358,6 +358,9 @@ impl Lease {
 
     /// Owner-checked PEXPIRE to `ttl` from now.
     pub(crate) fn extend(&self, ttl: Duration) -> Result<(), Error> {
+        // Before the watch entry's lock, which a parent thread may have
+        // held at a fork.
+        self.client.check_process()?;
         let millis = ttl_millis(ttl)?;
         let ttl = Duration::from_millis(millis);
         let (key, token): (&str, &str) = (&self.key, &self.token);
@@ -395,8 +398,8 @@ impl Lease {
     /// Whether this release may pass the lease on instead (the budget counts
     /// the handoff about to happen). Called once `released` is set, so it
     /// reads the lease's time itself.
-    fn may_hand_off(&self) -> bool {
-        self.handoff.enabled
+    fn may_hand_off(&self) -> Pass {
+        let allowed = self.handoff.enabled
             // Nobody to pass it to: no handoff built (and no loss state
             // made for it) only for the offer to find nobody.
             && self.local.queues.has_waiters(&self.key)
@@ -406,25 +409,55 @@ impl Lease {
             && {
                 let (sent, ttl) = self.timing();
                 !remaining(sent, ttl, Instant::now()).is_zero()
-            }
-            // Last, as it may cost a round trip: a lease Redis vouched for
-            // too long ago is confirmed before it is passed on, so a lease
-            // Redis lost is released (and reported `NotHeld`) instead.
-            && self.fresh_to_pass()
+            };
+        if !allowed {
+            return Pass::No;
+        }
+        // Last, as it may cost a round trip: a lease Redis vouched for too
+        // long ago is confirmed before it is passed on, so a lease Redis
+        // lost is reported `NotHeld` instead (nothing left to release).
+        if self.confirmed().elapsed() <= self.handoff.budget.max_age {
+            return Pass::Yes;
+        }
+        match self.confirm() {
+            Ok(true) => Pass::Yes,
+            Ok(false) => Pass::No,
+            Err(err) => Pass::Unknown(err),
+        }
     }
 
-    /// Whether Redis confirmed the lease within the handoff budget's
-    /// `max_age`, asking it when not. A check that fails on the network says
-    /// no: the release in Redis that follows answers for the lease.
-    fn fresh_to_pass(&self) -> bool {
-        self.confirmed().elapsed() <= self.handoff.budget.max_age
-            || self.confirm().unwrap_or_else(|err| {
-                log::debug!(
-                    "redmutex: confirming {:?} before passing it on failed: {err}",
-                    self.key
-                );
-                false
-            })
+    /// Gives the lease up, with nothing more sent, after a request about
+    /// it could not be answered: Redis may still hold it, so its token goes
+    /// to the client's cleanup, which releases it (owner-checked) once
+    /// Redis answers. One round trip per call, not two: a call that could
+    /// not check the lease does not also wait for a release.
+    pub(crate) fn give_up(&self) {
+        if self.released.replace(true) {
+            return;
+        }
+        self.client
+            .counters()
+            .hold_ended(self.tag, self.held_since.get(), false, Ok(()));
+        self.end_locally();
+    }
+
+    /// Everything of the lease outside Redis ends (its hold, its renewals,
+    /// its place in the queue), and its token goes to the cleanup.
+    fn end_locally(&self) {
+        holds::leave(self.client.id(), &self.key, self);
+        if let Some(entry) = &self.watch {
+            self.client.watchdog().end(entry);
+        }
+        if self.handoff.queued {
+            self.local.queues.unhold(&self.key, &self.token);
+            self.local.queues.released(&self.key, None);
+        }
+        self.client.orphan(
+            &self.key,
+            OrphanKind::Plain {
+                token: self.token.clone(),
+            },
+        );
     }
 
     /// Releases, once: hands the lease to a queued thread of this client when
@@ -458,7 +491,12 @@ impl Lease {
 
     fn let_go(&self, how: Release, behind: bool) -> Result<(), Error> {
         holds::leave(self.client.id(), &self.key, self);
-        if self.may_hand_off() {
+        let pass = self.may_hand_off();
+        if let Pass::Unknown(err) = pass {
+            self.end_locally();
+            return Err(err);
+        }
+        if let Pass::Yes = pass {
             let (sent, ttl) = self.timing();
             let handoff = Handoff {
                 token: self.token.clone(),

@@ -168,6 +168,9 @@ impl DistributedLock {
     /// # Errors
     ///
     /// [`Error::Timeout`] when the lock stayed held for the whole wait;
+    /// [`Error::Redis`] or [`Error::OutcomeUnknown`] also when a lease
+    /// another thread of this client handed over could not be confirmed
+    /// in Redis (its token then goes to the client's cleanup);
     /// [`Error::InvalidArgument`] for an empty key or a ttl under 1 ms
     /// (nothing is sent); [`Error::WrongType`] when the key holds a
     /// non-string value; [`Error::Redis`] or [`Error::Pool`] when Redis
@@ -664,21 +667,34 @@ impl DistributedLock {
         }
         let lease = Rc::new(lease);
         let ttl = Duration::from_millis(millis);
-        let confirmed = if lease.validity() < ttl / 2 {
-            match lease.extend(ttl) {
-                Ok(()) => true,
-                Err(err) if err.is_not_held() => false,
-                // Nothing known: dropping the lease releases it in Redis
-                // (or passes it on, to a waiter that confirms it itself).
-                Err(err) => return Err(err),
+        // At most one round trip: an extension (which confirms it too) when
+        // less than half the ttl is left, else a check when it is older
+        // than `max_age`, followed by an extension only when the check
+        // itself left less than half.
+        let stale = lease.confirmed().elapsed() > self.options.handoff_budget.max_age;
+        let mut confirmed = true;
+        if stale && lease.validity() >= ttl / 2 {
+            // A read: a lost reply is sent again.
+            match lease.confirm() {
+                Ok(held) => confirmed = held,
+                Err(err) => {
+                    // Nothing known: not passed on, not released here (a
+                    // second round trip); the cleanup releases it.
+                    lease.give_up();
+                    return Err(err);
+                }
             }
-        } else if lease.confirmed().elapsed() > self.options.handoff_budget.max_age {
-            // A read: a lost reply is sent again; a failure leaves the
-            // lease unconfirmed, released by its drop as above.
-            lease.confirm()?
-        } else {
-            true
-        };
+        }
+        if confirmed && lease.validity() < ttl / 2 {
+            match lease.extend(ttl) {
+                Ok(()) => {}
+                Err(err) if err.is_not_held() => confirmed = false,
+                Err(err) => {
+                    lease.give_up();
+                    return Err(err);
+                }
+            }
+        }
         if !confirmed {
             lease.abandon();
             return Ok(None);
