@@ -746,35 +746,29 @@ fn release_as(
         channel,
         sharded: client.sharded(channel),
     };
+    // A transaction with a command the server lacks fails whole:
+    // `SPUBLISH` only where `SET NX GET` (7.0) works.
+    let watch_announce = Announce {
+        sharded: announce.sharded && client.set_get_allowed(),
+        ..announce
+    };
     let result = client.run(Op::Release, key, |con, send| {
-        let outcome = match how {
-            crate::client::options::Release::Lua => {
-                with_marker(client, marker.key, &markerless, |key_of_marker| {
-                    let marker = Marker {
-                        key: key_of_marker,
-                        ..marker
-                    };
+        // Either way the marker goes again without it when an ACL refuses
+        // it (the script's key, or the `WATCH` pipeline's `EXISTS`).
+        let outcome = with_marker(client, marker.key, &markerless, |key_of_marker| {
+            let marker = Marker {
+                key: key_of_marker,
+                ..marker
+            };
+            match how {
+                crate::client::options::Release::Lua => {
                     release_lua(con, stats, key, token, announce, marker, &markerless)
-                })?
+                }
+                crate::client::options::Release::Watch => {
+                    release_watch(con, stats, key, token, watch_announce, marker, &markerless)
+                }
             }
-            crate::client::options::Release::Watch => {
-                // A transaction with a command the server lacks fails
-                // whole: `SPUBLISH` only where `SET NX GET` (7.0) works.
-                let announce = Announce {
-                    sharded: announce.sharded && client.set_get_allowed(),
-                    ..announce
-                };
-                // Its `EXISTS` of the marker is refused whole by an ACL
-                // without the marker keys: again without it.
-                with_marker(client, marker.key, &markerless, |key_of_marker| {
-                    let marker = Marker {
-                        key: key_of_marker,
-                        ..marker
-                    };
-                    release_watch(con, stats, key, token, announce, marker, &markerless)
-                })?
-            }
-        };
+        })?;
         Ok((outcome, send.replied()))
     });
     let outcome = result.and_then(|(outcome, replied)| {
