@@ -701,3 +701,94 @@ fn a_lease_handed_on_is_never_older_than_its_max_age() {
     );
     assert!(age.max < limit, "{age:?} against {limit:?}");
 }
+
+/// A watchdog's renewal round never outlasts the shortest lease it renews
+/// has left, nor the shortest renewal period (ttl/3) among the watched
+/// leases. Forced: a watched lease (ttl 600 ms) on a blackholed server
+/// with a 500 ms timeout, so a round that waited for its socket's timeout
+/// would overrun by far more than the slack. Its first round (at ttl/3,
+/// 400 ms left) is cut at the period, 200 ms; the next one (100 ms
+/// later, under 100 ms left) at what the lease has left. Each round is
+/// timed from the client's counters: it starts when `renewal_round_trips`
+/// goes up, and ends when the lock type's `renewals` (counted as the
+/// replies, or the failure, come back) catch up.
+#[test]
+fn a_watchdog_round_ends_within_the_lease_left_and_the_renewal_period() {
+    let _serial = support::serial();
+    let server = RedisServer::start();
+    let ttl = Duration::from_millis(600);
+    let period = ttl / 3;
+    // What the local clock takes off a lease (1 % of the ttl + 2 ms).
+    let drift = ttl / 100 + Duration::from_millis(2);
+    let mut rounds = Vec::new();
+    let mut limits = Vec::new();
+    for run in 0..RUNS {
+        let proxy = FaultProxy::to(&server);
+        let client = LockClient::builder()
+            .url(proxy.url())
+            .timeout(LONG_T)
+            .build()
+            .expect("client");
+        let guard = support::watched_lock(&client, &format!("bound-renewal-{run}"), ttl);
+        // After its request was sent: the lease has at most this much
+        // left at any moment from now on.
+        let acquired = Instant::now();
+        proxy.blackhole(true);
+        let counts = || {
+            let stats = client.stats();
+            (
+                stats.renewal_round_trips,
+                stats.kind(redmutex::LockKind::Mutex).renewals,
+            )
+        };
+        let mut started: Option<Instant> = None;
+        let deadline = acquired + ttl * 3;
+        // Bounded by the deadline; polled every 1 ms so a round's start
+        // and end are seen within it.
+        while Instant::now() < deadline {
+            let (begun, ended) = counts();
+            match started {
+                None if begun > ended => {
+                    let now = Instant::now();
+                    let left = (acquired + ttl)
+                        .saturating_duration_since(now)
+                        .saturating_sub(drift);
+                    started = Some(now);
+                    limits.push(left.min(period));
+                }
+                Some(at) if begun == ended => {
+                    rounds.push(at.elapsed());
+                    started = None;
+                }
+                _ => {}
+            }
+            if started.is_none() && guard.is_lost() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(guard.is_lost(), "the lease was not found lost");
+        assert!(started.is_none(), "a renewal round still under way");
+        proxy.heal();
+    }
+    let worst = rounds
+        .iter()
+        .zip(&limits)
+        .max_by_key(|(took, limit)| took.saturating_sub(**limit))
+        .map(|(took, limit)| (*took, *limit))
+        .unwrap_or_default();
+    eprintln!(
+        "bound | a watchdog round (the lease left, at most ttl/3) | worst {:?} against {:?} over {} rounds ({:?}) | limit that + {SHORT_SLACK:?}",
+        worst.0,
+        worst.1,
+        rounds.len(),
+        rounds
+    );
+    assert!(rounds.len() >= RUNS * 2, "too few rounds: {rounds:?}");
+    for (took, limit) in rounds.iter().zip(&limits) {
+        assert!(
+            *took < *limit + SHORT_SLACK,
+            "a round took {took:?} against {limit:?}: {rounds:?} {limits:?}"
+        );
+    }
+}

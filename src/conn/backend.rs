@@ -90,15 +90,32 @@ pub(crate) fn keepalive(idle: Duration) -> TcpKeepalive {
     probes
 }
 
+/// What to give redis-rs as the connect timeout so that the connect and
+/// the whole handshake fit in `limit` (at least 1 ms). redis-rs sets a
+/// connection up with a pipeline (`HELLO` or `AUTH`, `SELECT`, two `CLIENT
+/// SETINFO`) and reads each of its replies with what was left of that
+/// timeout after the TCP connect, reading on after a read that timed out:
+/// a server that accepts and never answers would cost a connect one
+/// timeout per reply. A server that answers sends the replies together
+/// (they are pipelined), so the first read waits a round trip and the
+/// others find their reply there.
+fn handshake_step(info: &redis::RedisConnectionInfo, limit: Duration) -> Duration {
+    let replies = u32::from(info.protocol().supports_resp3() || info.password().is_some())
+        + u32::from(info.db() != 0)
+        + if info.skip_set_lib_name() { 0 } else { 2 };
+    (limit / replies.max(1)).max(Duration::from_millis(1))
+}
+
 /// Opens a plain connection with at most `limit` (at least 1 ms) for the
-/// connect and the handshake, and `timeout` on every later read and write.
+/// connect and the handshake ([`handshake_step`]), and `timeout` on every
+/// later read and write.
 fn connect_plain(
     info: &redis::ConnectionInfo,
     timeout: Duration,
     limit: Duration,
 ) -> RedisResult<redis::Connection> {
     let client = redis::Client::open(info.clone())?;
-    let connecting = limit.max(Duration::from_millis(1));
+    let connecting = handshake_step(info.redis_settings(), limit);
     let con = client
         .get_connection_with_timeout(connecting)
         .map_err(|err| explain(info.addr(), err, true))?;
@@ -363,7 +380,10 @@ impl NodeLink {
             (timeout, left) => timeout.or(left),
         };
         let con = match timeout {
-            Some(timeout) => self.client.get_connection_with_timeout(timeout),
+            Some(timeout) => self.client.get_connection_with_timeout(handshake_step(
+                self.client.get_connection_info().redis_settings(),
+                timeout,
+            )),
             None => self.client.get_connection(),
         }
         .map_err(|err| explain(self.client.get_connection_info().addr(), err, false))?;
@@ -1104,8 +1124,13 @@ impl Manager {
                 LinkKind::Plain(connect_plain(info, self.timeout, limit.min(self.timeout))?)
             }
             // Bounded per seed tried by the client's timeout (a connect
-            // and a first reply each, see `NodeLink`), not by `limit`; the
-            // other nodes are opened by the requests that go to them.
+            // and a first reply each, see `NodeLink`), not by `limit`: a
+            // limit shorter than that would end every connect at the first
+            // seed when it is silent, and the next seed would never be
+            // tried. So a caller with less time left (a watchdog round)
+            // can overrun it by a timeout per silent seed (a documented
+            // exception to its bound). The other nodes are opened by the
+            // requests that go to them.
             Target::Cluster(target) => LinkKind::Cluster(Box::new(target.connect()?)),
             Target::Sentinel(target) => LinkKind::Plain(target.connect(self.timeout, limit)?),
         };
@@ -1840,5 +1865,27 @@ impl std::fmt::Debug for Connection {
             .field("kind", &kind)
             .field("broken", &self.is_broken())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The connect timeout given to redis-rs times the replies its setup
+    /// reads stays within the limit: one step per reply.
+    #[test]
+    fn a_handshake_fits_in_its_limit_whatever_it_sends() {
+        let limit = Duration::from_millis(900);
+        let plain = redis::RedisConnectionInfo::default();
+        assert_eq!(handshake_step(&plain, limit), limit / 2, "two SETINFO");
+        let auth = plain.clone().set_password("p").set_db(3);
+        assert_eq!(handshake_step(&auth, limit), limit / 4);
+        let bare = plain.set_skip_set_lib_name();
+        assert_eq!(handshake_step(&bare, limit), limit);
+        assert_eq!(
+            handshake_step(&bare, Duration::ZERO),
+            Duration::from_millis(1)
+        );
     }
 }

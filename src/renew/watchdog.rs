@@ -8,7 +8,10 @@
 //! and applies the replies afterwards to the entries still watched. A
 //! renewal in flight when its lease is released is harmless (owner-checked:
 //! it finds the key gone or another owner's). A renewal call never lasts
-//! longer than the shortest lease it renews has left, and a watched lease
+//! longer than the shortest lease it renews has left (nor a round the
+//! shortest renewal period; on Redis Cluster a round that opens a new
+//! pooled connection can take a timeout more per silent seed: the bound
+//! as docs/failure-model.md states it), and a watched lease
 //! reads as lost from its local expiry on whatever the thread is doing
 //! (see `loss.rs`), so the holder learns of a loss before another client
 //! can take the key.
