@@ -133,6 +133,115 @@ fn release(client: &LockClient, key: &str, proxy: &FaultProxy) -> Duration {
     timed_blackholed(proxy, || drop(permit.release()))
 }
 
+/// A lock call on a key held elsewhere until its deadline, whose last
+/// attempt (at the deadline) must open a connection that stalls: the
+/// pooled link was reset after the attempt before it, and new connections
+/// get no answer. Spin waiting with a 10 s backoff: one attempt at once,
+/// the last at the deadline (a jittered pause under the wait, rarely, adds
+/// one between them, which meets the same fault).
+fn held_then_stalled_connect(client: &LockClient, key: &str, proxy: &FaultProxy) -> Duration {
+    let other = LockClient::builder()
+        .url(proxy.url())
+        .timeout(LONG_T)
+        .build()
+        .expect("client");
+    let Ok(Some(held)) = DistributedLock::with_options(&other, key, options()).try_lock() else {
+        return Duration::MAX;
+    };
+    let wait = Duration::from_millis(300);
+    let lock = DistributedLock::with_options(
+        client,
+        key,
+        options()
+            .wait_mode(redmutex::WaitMode::Spin)
+            .backoff(Backoff::constant(Duration::from_secs(10))),
+    );
+    proxy.count(key);
+    let took = std::thread::scope(|scope| {
+        let call = scope.spawn(|| {
+            let started = Instant::now();
+            let got = lock.try_lock_for(wait);
+            assert!(!matches!(got, Ok(Some(_))), "{got:?}");
+            started.elapsed()
+        });
+        // After the first attempt, well before the deadline.
+        assert!(wait_until(wait / 2, || proxy.counted(key) >= 1));
+        proxy.stall_new(true);
+        proxy.reset_all();
+        call.join().expect("call")
+    });
+    proxy.heal();
+    drop(held);
+    // The bound is WAIT's: stretched by the difference.
+    took.saturating_sub(wait - WAIT)
+}
+
+/// A lock call on a client never used before: its first attempt also
+/// reads the server's clock (`TIME`, once per client) before it sends
+/// anything, on a server that accepts and never answers.
+fn fresh_client_lock(client: &LockClient, key: &str, proxy: &FaultProxy) -> Duration {
+    let lock = DistributedLock::with_options(client, key, options());
+    timed_blackholed(proxy, || drop(lock.try_lock_for(WAIT)))
+}
+
+/// The same, the server slow rather than silent: every reply comes 40 % of
+/// a timeout late (the handshake, `TIME`, the attempts), the key held
+/// elsewhere.
+fn fresh_client_slow_server(client: &LockClient, key: &str, proxy: &FaultProxy) -> Duration {
+    let other = LockClient::builder()
+        .url(proxy.url())
+        .timeout(LONG_T)
+        .build()
+        .expect("client");
+    let Ok(Some(held)) = DistributedLock::with_options(&other, key, options()).try_lock() else {
+        return Duration::MAX;
+    };
+    let lock = DistributedLock::with_options(client, key, options());
+    proxy.set_latency(Duration::ZERO, LONG_T * 2 / 5);
+    let started = Instant::now();
+    drop(lock.try_lock_for(WAIT));
+    let took = started.elapsed();
+    proxy.heal();
+    drop(held);
+    took
+}
+
+fn guard_extend(client: &LockClient, key: &str, proxy: &FaultProxy) -> Duration {
+    let lock = DistributedLock::with_options(client, key, options());
+    let Ok(Some(mut guard)) = lock.try_lock_for(Duration::from_secs(5)) else {
+        return Duration::MAX;
+    };
+    let took = timed_blackholed(proxy, || drop(guard.extend(Duration::from_secs(10))));
+    drop(guard);
+    took
+}
+
+fn guard_is_held(client: &LockClient, key: &str, proxy: &FaultProxy) -> Duration {
+    let lock = DistributedLock::with_options(client, key, options());
+    let Ok(Some(guard)) = lock.try_lock_for(Duration::from_secs(5)) else {
+        return Duration::MAX;
+    };
+    let took = timed_blackholed(proxy, || drop(guard.is_held()));
+    drop(guard);
+    took
+}
+
+fn force_release(client: &LockClient, key: &str, proxy: &FaultProxy) -> Duration {
+    let lock = DistributedLock::with_options(client, key, options());
+    drop(lock.try_lock());
+    timed_blackholed(proxy, || drop(lock.force_release()))
+}
+
+fn semaphore_status(client: &LockClient, key: &str, proxy: &FaultProxy) -> Duration {
+    let semaphore = Semaphore::new(client, key, 2);
+    let Ok(Some(permit)) = semaphore.try_acquire_for(Duration::from_secs(5)) else {
+        return Duration::MAX;
+    };
+    let took = timed_blackholed(proxy, || drop(semaphore.status()));
+    drop(permit);
+    took
+}
+
 /// Runs every call `RUNS` times, each kind on its own proxy and each run
 /// on a fresh client (warmed by a healthy call first, nothing else learnt
 /// from the run before), the kinds in parallel; the durations by kind.
@@ -168,13 +277,29 @@ fn measure(
 
 /// A lock call of every lock type: its wait, one connect and the resend
 /// window (2T), however the server fails. Forced: a blackhole on a pooled
-/// connection, so the first send loses its reply and every resend too.
+/// connection, so the first send loses its reply and every resend too;
+/// for the plain lock also a last attempt (at the deadline of a key held
+/// elsewhere) that must open a connection that stalls, and a client never
+/// used before (its first attempt reads the server's clock first) on a
+/// silent and on a slow server.
 #[test]
 fn a_lock_call_of_every_type_returns_within_its_wait_a_connect_and_the_resend_window() {
     let _serial = support::serial();
     let server = RedisServer::start();
-    let calls: [(&'static str, Call); 5] = [
+    let calls: [(&'static str, Call); 8] = [
         ("DistributedLock::try_lock_for", plain_lock),
+        (
+            "DistributedLock::try_lock_for, held, the last connect stalled",
+            held_then_stalled_connect,
+        ),
+        (
+            "DistributedLock::try_lock_for, a fresh client, silent server",
+            fresh_client_lock,
+        ),
+        (
+            "DistributedLock::try_lock_for, a fresh client, slow server",
+            fresh_client_slow_server,
+        ),
         ("ReentrantLock::try_lock_for", reentrant_lock),
         ("RwLock::try_read_for", read_lock),
         ("RwLock::try_write_for", write_lock),
@@ -187,16 +312,22 @@ fn a_lock_call_of_every_type_returns_within_its_wait_a_connect_and_the_resend_wi
     }
 }
 
-/// A release of every lock type: one connect and the resend window.
+/// A release of every lock type, and every other call without a wait
+/// (`extend`, `is_held`, `force_release`, `Semaphore::status`): one
+/// connect and the resend window.
 #[test]
 fn a_release_of_every_type_returns_within_a_connect_and_the_resend_window() {
     let _serial = support::serial();
     let server = RedisServer::start();
-    let calls: [(&'static str, Call); 4] = [
+    let calls: [(&'static str, Call); 8] = [
         ("LockGuard::unlock", plain_unlock),
         ("ReentrantGuard::unlock", reentrant_unlock),
         ("RwGuard::unlock", rw_unlock),
         ("Permit::release", release),
+        ("LockGuard::extend", guard_extend),
+        ("LockGuard::is_held", guard_is_held),
+        ("DistributedLock::force_release", force_release),
+        ("Semaphore::status", semaphore_status),
     ];
     // With LONG_T: a release that overran by one timeout would stand out
     // from the slack.
