@@ -376,35 +376,53 @@ fn a_lock_call_on_a_stalled_cluster_primary_keeps_the_bound() {
     );
 }
 
-/// The pool after a stalled server heals: within 1.5T the next call gets a
-/// connection (no connect of the stall is still being waited for).
+/// The I/O timeout of the pool-after-a-heal test: long enough that the
+/// 250 ms of its bound and the slack together stay under one timeout.
+const HEAL_T: Duration = Duration::from_secs(1);
+
+/// The pool after a stalled server heals: a call gets a connection within
+/// T + 250 ms of the heal. Forced: a pool of one connection whose only slot
+/// is held by a connect to the server stalled (accepted, never answered,
+/// and silent even after the heal) that began just before the heal: a
+/// call made at the heal waits for that connect to give up (T), then
+/// opens its own. The connects of the stall are never waited for again.
 #[test]
-fn the_pool_works_again_within_one_and_a_half_timeouts_of_a_heal() {
+fn the_pool_works_again_within_a_timeout_and_250_ms_of_a_heal() {
     let _serial = support::serial();
     let server = RedisServer::start();
-    let proxy = FaultProxy::to(&server);
-    // With LONG_T: the slack stays under half a timeout.
-    let client = LockClient::builder()
-        .url(proxy.url())
-        .timeout(LONG_T)
-        .build()
-        .expect("client");
-    let lock = DistributedLock::with_options(&client, "bound-heal", options());
     let mut times = Vec::new();
-    for _ in 0..RUNS {
+    for run in 0..RUNS {
+        let proxy = FaultProxy::to(&server);
+        let client = LockClient::builder()
+            .url(proxy.url())
+            .timeout(HEAL_T)
+            .pool_size(1)
+            .build()
+            .expect("client");
+        let lock = DistributedLock::with_options(&client, format!("bound-heal-{run}"), options());
         proxy.swallow_new(true);
-        proxy.reset_all();
-        assert!(lock.try_lock().is_err(), "stalled");
-        proxy.swallow_new(false);
-        let healed = Instant::now();
-        let back = wait_until(LONG_T * 10, || match lock.try_lock() {
-            Ok(Some(guard)) => guard.unlock().is_ok(),
-            _ => false,
+        let healed = std::thread::scope(|scope| {
+            let stalled = scope.spawn(|| assert!(lock.try_lock().is_err(), "stalled"));
+            // Its connect is under way: the pool's one slot is taken.
+            assert!(wait_until(HEAL_T, || proxy.accepted() >= 1));
+            proxy.swallow_new(false);
+            let healed = Instant::now();
+            let back = wait_until(HEAL_T * 5, || match lock.try_lock() {
+                Ok(Some(guard)) => guard.unlock().is_ok(),
+                _ => false,
+            });
+            assert!(back, "the pool never recovered");
+            let took = healed.elapsed();
+            stalled.join().expect("stalled call");
+            took
         });
-        assert!(back, "the pool never recovered");
-        times.push(healed.elapsed());
+        times.push(healed);
     }
-    check("pool after a heal", &times, LONG_T * 3 / 2 + SLACK);
+    check(
+        "pool after a heal",
+        &times,
+        HEAL_T + Duration::from_millis(250) + SLACK,
+    );
 }
 
 /// A half-open subscriber link: a waiter whose release message cannot come
