@@ -941,3 +941,112 @@ fn a_watchdog_round_ends_within_the_lease_left_and_the_renewal_period() {
         );
     }
 }
+
+/// A run of handoffs among one client's threads costs another client's
+/// waiter at most the handoff budget (`max_time` since the lease was taken
+/// in Redis), the hold under way when it runs out (1 ms here), and the
+/// waiter's wake-up, for which the client's head stands back 5 ms after a
+/// release that reached other clients (docs/failure-model.md's bounds).
+/// With a budget of 200 ms, so a second run (a waiter that missed its
+/// turn) would add far more than the slack; the handoff count is no limit
+/// here. Counted from the waiter's subscription. The holds sleep, so the waiter's threads get a core at once: on
+/// a saturated machine a wake-up can take longer than the 5 ms. On
+/// 6534043 the head's own release message ended its standing back at
+/// once, and one wait in about fifteen took a second run.
+#[test]
+fn a_remote_waiter_behind_a_run_of_handoffs_waits_one_budget_a_hold_and_its_wake_up() {
+    let _serial = support::serial();
+    let server = RedisServer::start();
+    let local = server.lock_client();
+    let remote = server.lock_client();
+    let budget = Duration::from_millis(200);
+    const HOLD: Duration = Duration::from_millis(1);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let lock = DistributedLock::with_options(
+                &local,
+                "budget",
+                LockOptions::default().handoff_budget(u32::MAX, budget),
+            );
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut rounds = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) && rounds < 100_000_000 {
+                    let guard = lock.lock().expect("lock");
+                    std::thread::sleep(HOLD);
+                    drop(guard);
+                    rounds += 1;
+                }
+                rounds
+            })
+        })
+        .collect();
+    assert!(wait_until(Duration::from_secs(5), || local
+        .stats()
+        .handoffs
+        > 100));
+    let channel = remote.release_channel("budget");
+    let mut waits = Vec::new();
+    for _ in 0..5 {
+        let lock = DistributedLock::with_options(
+            &remote,
+            "budget",
+            LockOptions::default().wait(Duration::from_secs(10)),
+        );
+        // The wait counts from the remote waiter's subscription (the local
+        // head's is the other one): a run that ends before it cannot
+        // announce its end to the waiter, and the next run is no miss.
+        let got = std::sync::atomic::AtomicBool::new(false);
+        let (guard, subscribed) = std::thread::scope(|scope| {
+            let watcher = scope.spawn(|| {
+                let mut con = server.conn();
+                let mut subscribed = None;
+                // Bounded: 10 s of 1 ms polls at most, and over once the
+                // waiter has the lock (at its first attempt, unsubscribed).
+                for _ in 0..10_000 {
+                    if got.load(std::sync::atomic::Ordering::SeqCst) {
+                        break;
+                    }
+                    let reply: (String, u64) = redis::cmd("PUBSUB")
+                        .arg("NUMSUB")
+                        .arg(&channel)
+                        .query(&mut con)
+                        .expect("NUMSUB");
+                    if reply.1 >= 2 {
+                        subscribed = Some(Instant::now());
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                subscribed
+            });
+            let guard = lock.lock().expect("the remote waiter gets its turn");
+            let took = Instant::now();
+            got.store(true, std::sync::atomic::Ordering::SeqCst);
+            (guard, watcher.join().expect("watcher").map(|at| took - at))
+        });
+        waits.push(subscribed.unwrap_or_default());
+        drop(guard);
+        // The local threads take it back: a new run.
+        let acquired = local.stats().acquired;
+        assert!(wait_until(Duration::from_secs(5), || local
+            .stats()
+            .acquired
+            > acquired));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds: u64 = workers.into_iter().map(|w| w.join().expect("worker")).sum();
+    let stats = local.stats();
+    assert!(stats.handoffs > 0 && rounds > 0);
+    // The budget, the hold under way, the yield (its 5 ms), and a slack for
+    // the waiter's own steps (its quick attempt, subscription and wake-up)
+    // on a loaded 2-core machine: far below the 200 ms a second run adds.
+    let limit = budget + HOLD + Duration::from_millis(5) + Duration::from_millis(60);
+    let worst = waits.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "bound | a remote waiter behind a run of handoffs | worst {worst:?} over {} waits | limit {limit:?}",
+        waits.len()
+    );
+    assert!(worst < limit, "remote waits {waits:?} against {limit:?}");
+}

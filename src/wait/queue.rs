@@ -56,7 +56,7 @@ impl<G> Default for QueueState<G> {
 }
 
 /// How long a head stands back after its own client's release reached
-/// waiters of other clients, unless woken sooner (their release, a handoff).
+/// waiters of other clients, unless handed a lease sooner.
 pub(crate) const YIELD: Duration = Duration::from_millis(5);
 
 /// The longest a queued waiter sleeps without looking at the queue again.
@@ -463,6 +463,28 @@ impl<G: Send + 'static> Waiter<'_, G> {
     /// (clears the flag).
     pub(crate) fn take_yield(&self) -> bool {
         std::mem::take(&mut self.queue.state.lock().yield_turn)
+    }
+
+    /// As the head standing back for other clients' waiters ([`YIELD`]):
+    /// waits until a lease is handed over or `until`, whatever else wakes
+    /// the queue meanwhile. The release that reached those waiters reaches
+    /// this client's subscriber too, and its message, arriving during the
+    /// yield, would otherwise end it at once: the head then raced the
+    /// waiters it meant to let in, and took the lock for another run of
+    /// handoffs as often as not.
+    pub(crate) fn stand_back(&self, until: Instant) -> Option<G> {
+        let mut state = self.queue.state.lock();
+        still_waiting(&mut state, self.ticket);
+        // Bounded by `until`: a wake-up without a gift waits again for
+        // what is left of it.
+        loop {
+            if let Some(lease) = take_gift(&mut state, self.ticket) {
+                return Some(lease);
+            }
+            if self.wake.wait_until(&mut state, until).timed_out() {
+                return take_gift(&mut state, self.ticket);
+            }
+        }
     }
 
     /// The wake-up count now; pass it to [`Waiter::wait_release`] after an
