@@ -1050,3 +1050,52 @@ fn a_remote_waiter_behind_a_run_of_handoffs_waits_one_budget_a_hold_and_its_wake
     );
     assert!(worst < limit, "remote waits {waits:?} against {limit:?}");
 }
+
+/// A release written behind that met `NOSCRIPT` on a client that then
+/// went quiet once stayed unread until the deferred check, three I/O
+/// timeouts later (6 s by default), while other processes waited for the
+/// key. The idle connections owing replies are read 20 ms after the write:
+/// the `NOSCRIPT` is acted on (the release sent again by `EVAL`) within
+/// 20 ms and a round trip or two. With a 10 s I/O timeout the old check
+/// would come after 30 s; the limit here is 20 ms and the slack of a
+/// deadline the watchdog computes (60 ms, the round trips and the 5 ms
+/// polls of the check included).
+#[test]
+fn noscript_on_a_quiet_client_is_acted_on_within_20_ms_and_a_round_trip() {
+    let _serial = support::serial();
+    let server = RedisServer::start();
+    let client = LockClient::builder()
+        .url(server.url())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("client");
+    let lock = DistributedLock::with_options(&client, "wb:quiet", options());
+    // The first release of a client is synchronous: later drops write
+    // behind.
+    lock.lock().expect("lock").unlock().expect("unlock");
+    let mut took = Vec::new();
+    for round in 0..5 {
+        let guard = lock.lock().expect("lock");
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query(&mut server.conn())
+            .expect("SCRIPT FLUSH");
+        let dropped = std::time::Instant::now();
+        drop(guard);
+        assert!(
+            wait_until(Duration::from_secs(2), || !support::exists(
+                &server, "wb:quiet"
+            )),
+            "round {round}: still held 2 s after the drop"
+        );
+        took.push(dropped.elapsed());
+    }
+    assert!(server.command_calls("eval") >= 5, "sent again by EVAL");
+    let limit = Duration::from_millis(20) + SHORT_SLACK;
+    let worst = took.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "bound | NOSCRIPT on a quiet client | worst {worst:?} over {} runs | limit {limit:?}",
+        took.len()
+    );
+    assert!(worst < limit, "released after the drop: {took:?}");
+}

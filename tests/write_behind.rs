@@ -325,50 +325,24 @@ fn an_owed_release_nobody_reads_is_checked_in_the_background() {
         .arg("FLUSH")
         .query(&mut server.conn())
         .expect("SCRIPT FLUSH");
+    let dropped = std::time::Instant::now();
     drop(guard);
     assert!(exists(&server, "wb:idle"), "the EVALSHA met NOSCRIPT");
-    // Nothing else uses the client: the deferred check (1.5 s with this
-    // timeout) finds the reply unread and releases the token.
+    // Nothing else uses the client: the idle connection is read 20 ms
+    // after the write, and the NOSCRIPT acted on; at the latest the
+    // deferred check (three timeouts, at least 1 s: 1.5 s here) finds the
+    // reply unread and the cleanup releases the token at its first step.
+    // The slack is that of a deadline the watchdog computes.
+    let limit = Duration::from_millis(1500) + Duration::from_millis(60);
     assert!(
-        wait_until(Duration::from_secs(20), || !exists(&server, "wb:idle")),
-        "released long before its 60 s ttl"
+        wait_until(limit, || !exists(&server, "wb:idle")),
+        "still held {:?} after the drop",
+        dropped.elapsed()
     );
-}
-
-/// On main a release written behind that met `NOSCRIPT` on a client that
-/// then went quiet stayed unread until the deferred check, three I/O
-/// timeouts later (6 s by default), while other processes waited for the
-/// key. The idle connections owing replies are read 20 ms after the write:
-/// the `NOSCRIPT` is acted on (the release sent again by `EVAL`) within a
-/// few tens of milliseconds. With a 10 s I/O timeout the old check would
-/// come after 30 s; the deadline here is 2 s.
-#[test]
-fn noscript_on_a_quiet_client_is_acted_on_at_once() {
-    let server = RedisServer::start();
-    let client = LockClient::builder()
-        .url(server.url())
-        .timeout(Duration::from_secs(10))
-        .build()
-        .expect("client");
-    let lock = DistributedLock::with_options(&client, "wb:quiet", options());
-    primed(&lock);
-    let mut took = Vec::new();
-    for round in 0..5 {
-        let guard = lock.lock().expect("lock");
-        let _: () = redis::cmd("SCRIPT")
-            .arg("FLUSH")
-            .query(&mut server.conn())
-            .expect("SCRIPT FLUSH");
-        let dropped = std::time::Instant::now();
-        drop(guard);
-        assert!(
-            wait_until(Duration::from_secs(2), || !exists(&server, "wb:quiet")),
-            "round {round}: still held 2 s after the drop"
-        );
-        took.push(dropped.elapsed());
-    }
-    assert!(server.command_calls("eval") >= 5, "sent again by EVAL");
-    println!("released after the drop: {took:?}");
+    eprintln!(
+        "bound | an owed release nobody reads | worst {:?} over 1 run | limit {limit:?}",
+        dropped.elapsed()
+    );
 }
 
 /// A waiter of another client gets its turn: once a release reaches a
