@@ -425,7 +425,12 @@ fn an_unreachable_server_is_an_error_within_the_timeout() {
             }
             Ok(got) => panic!("an unreachable server gave Ok({got})"),
         }
-        assert!(took < Duration::from_secs(3), "took {took:?}");
+        // Within the timeout (one connect's wait: the pool tries again
+        // after a refused connect until it runs out), and a slack for
+        // scheduling below the timeout.
+        let limit = Duration::from_millis(500) + Duration::from_millis(300);
+        eprintln!("bound | an unreachable server's error | {took:?} | limit {limit:?}");
+        assert!(took < limit, "took {took:?}");
     }
 }
 

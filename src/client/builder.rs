@@ -45,7 +45,8 @@ impl LockClient {
     /// older idle connections are discarded too, without a round trip. No
     /// `PING` is sent per checkout. The server is not contacted here; an
     /// unreachable one makes the first lock operation fail with
-    /// [`Error::Pool`] within the timeout.
+    /// [`Error::Pool`] within the timeout (one connect: the bounds in
+    /// `docs/failure-model.md`).
     ///
     /// # Errors
     ///
