@@ -837,6 +837,39 @@ mod tests {
         assert!(!queues.has_waiters("k"));
     }
 
+    /// Standing back for other clients' waiters lasts [`YIELD`] (5 ms),
+    /// whatever else wakes the queue meanwhile (the release's own message
+    /// reaching this client's subscriber), and ends early only when a lease
+    /// is handed over.
+    #[test]
+    fn the_head_stands_back_for_its_yield_unless_handed_a_lease() {
+        assert_eq!(YIELD, Duration::from_millis(5));
+        let queues = Queues::<Handoff>::default();
+        let ignore = |_: Handoff| {};
+        let head = queues.enqueue("k", true, &ignore);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                std::thread::sleep(Duration::from_millis(1));
+                // A wake-up of the queue, as a message brings.
+                queues.released("k", None);
+            });
+            let started = Instant::now();
+            assert!(head.stand_back(started + YIELD).is_none());
+            assert!(started.elapsed() >= YIELD, "{:?}", started.elapsed());
+        });
+        let long = Duration::from_secs(5);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                std::thread::sleep(Duration::from_millis(1));
+                assert!(queues.offer("k", lease("t"), false).is_ok());
+            });
+            let started = Instant::now();
+            let gift = head.stand_back(started + long);
+            assert!(matches!(gift, Some(h) if h.token == "t"));
+            assert!(started.elapsed() < long, "ended by the handoff");
+        });
+    }
+
     #[test]
     fn a_release_that_reached_others_makes_the_head_yield() {
         let queues = Queues::<Handoff>::default();
