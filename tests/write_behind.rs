@@ -789,3 +789,74 @@ fn permits_dropped_under_faults_leave_nothing_and_never_block() {
         "nothing left once the client is gone"
     );
 }
+
+/// Drops write behind only on a connection the server answered within the
+/// last 500 ms: a lock held 400 ms is released behind (the drop returns
+/// at once on a silent link), one held 600 ms synchronously (the drop
+/// waits for its reply on the silent link, a timeout at least).
+#[test]
+fn a_drop_writes_behind_only_on_a_connection_answered_within_500_ms() {
+    let timeout = Duration::from_secs(1);
+    for (hold, behind) in [(400, true), (600, false)] {
+        let server = RedisServer::start();
+        let proxy = FaultProxy::to(&server);
+        let client = client(&proxy, timeout);
+        let lock = DistributedLock::with_options(&client, "wb:fresh", options());
+        primed(&lock);
+        let guard = lock.lock().expect("lock");
+        std::thread::sleep(Duration::from_millis(hold));
+        proxy.blackhole(true);
+        let started = std::time::Instant::now();
+        drop(guard);
+        let took = started.elapsed();
+        proxy.heal();
+        if behind {
+            assert!(took < timeout / 2, "held {hold} ms: the drop took {took:?}");
+        } else {
+            assert!(took >= timeout, "held {hold} ms: the drop took {took:?}");
+        }
+    }
+}
+
+/// At most 32 replies are owed on one connection: 33 drops in a row on a
+/// client with one connection write the first 32 behind, and the 33rd
+/// reads the oldest reply first (here, on a silent link, it waits for it
+/// a timeout), so memory stays bounded however many guards go at once.
+#[test]
+fn the_33rd_release_written_behind_on_one_connection_reads_the_first_reply() {
+    let timeout = Duration::from_secs(1);
+    let server = RedisServer::start();
+    let proxy = FaultProxy::to(&server);
+    let client = LockClient::builder()
+        .url(proxy.url())
+        .timeout(timeout)
+        .pool_size(1)
+        .build()
+        .expect("client");
+    primed(&DistributedLock::with_options(
+        &client,
+        "wb:owed-first",
+        options(),
+    ));
+    let guards: Vec<_> = (0..33)
+        .map(|n| {
+            DistributedLock::with_options(&client, format!("wb:owed-{n}"), options())
+                .lock()
+                .expect("lock")
+        })
+        .collect();
+    proxy.blackhole(true);
+    let mut took = Vec::new();
+    for guard in guards {
+        let started = std::time::Instant::now();
+        drop(guard);
+        took.push(started.elapsed());
+    }
+    proxy.heal();
+    let (first, last) = took.split_at(32);
+    assert!(
+        first.iter().all(|took| *took < timeout / 2),
+        "written behind: {first:?}"
+    );
+    assert!(last[0] >= timeout, "the 33rd read a reply first: {last:?}");
+}
