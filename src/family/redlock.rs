@@ -1247,8 +1247,8 @@ mod tests {
     fn the_node_timeout_is_5_percent_of_the_ttl_by_default() {
         let node = || LockClient::open("redis://127.0.0.1:1/").expect("client");
         let options = LeaseOptions::default().ttl(Duration::from_secs(10));
-        let lock = RedLock::with_options(vec![node(), node(), node()], "k", options.clone())
-            .expect("redlock");
+        let lock =
+            RedLock::with_options(vec![node(), node(), node()], "k", options).expect("redlock");
         assert_eq!(lock.node_timeout(), Duration::from_millis(500));
         let lock = lock.with_node_timeout(Duration::from_secs(60));
         assert_eq!(
