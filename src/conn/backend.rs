@@ -98,7 +98,9 @@ pub(crate) fn keepalive(idle: Duration) -> TcpKeepalive {
 /// a server that accepts and never answers would cost a connect one
 /// timeout per reply. A server that answers sends the replies together
 /// (they are pipelined), so the first read waits a round trip and the
-/// others find their reply there.
+/// others find their reply there: the TCP connect (and a TLS handshake)
+/// and that round trip must fit in one share. (A server that refuses the
+/// username gets the pipeline again without it, after that answer.)
 fn handshake_step(info: &redis::RedisConnectionInfo, limit: Duration) -> Duration {
     let replies = u32::from(info.protocol().supports_resp3() || info.password().is_some())
         + u32::from(info.db() != 0)
