@@ -986,7 +986,7 @@ fn a_watchdog_round_ends_within_the_lease_left_and_the_renewal_period() {
 /// turn) would add far more than the slack; the handoff count is no limit
 /// here. Counted from the waiter's subscription. The holds sleep, so the waiter's threads get a core at once: on
 /// a saturated machine a wake-up can take longer than the 5 ms. On
-/// 6534043 the head's own release message ended its standing back at
+/// 4922f52 the head's own release message ended its standing back at
 /// once, and one wait in about fifteen took a second run.
 #[test]
 fn a_remote_waiter_behind_a_run_of_handoffs_waits_one_budget_a_hold_and_its_wake_up() {
