@@ -77,7 +77,8 @@
 //!   **Trade-off**: handoff makes a hot lock cheap and close to fair between
 //!   the threads of a process (hundreds of thousands of acquisitions per
 //!   second with tiny holds, a few Redis commands per hundred), at the price
-//!   of making other processes wait up to one budget; `local_handoff(false)`
+//!   of making other processes wait up to one budget and the hold under
+//!   way (the bound in `docs/failure-model.md`); `local_handoff(false)`
 //!   turns it off, interception with it.
 //!   Reentrant holds are unaffected: a handoff happens only when the
 //!   outermost guard goes.

@@ -894,7 +894,9 @@ fn run_with_a_limit_admits_n_at_once_and_status_and_release_know_permits() {
 
 /// The cron habits: `--min-hold` keeps the lock after a short command,
 /// `--quiet-if-held` exits 0 without a word when it is held, `--max-run`
-/// ends a command that runs too long with 124.
+/// ends a command that runs too long with 124: a command that ignores
+/// SIGTERM is killed `--kill-after` later, and `redmutex` exits by
+/// `--max-run` + `--kill-after` from the command's start (docs/cli.md).
 #[test]
 fn min_hold_quiet_if_held_and_max_run() {
     let server = RedisServer::start();
@@ -931,8 +933,8 @@ fn min_hold_quiet_if_held_and_max_run() {
     assert!(held(&server, "cron").is_none(), "released after --min-hold");
 
     let pid_file = dir.path().join("pid");
-    let started = Instant::now();
-    let long = redmutex(&server)
+    let (max_run, kill_after) = (Duration::from_millis(300), Duration::from_secs(1));
+    let mut long = redmutex(&server)
         .args([
             "run",
             "--max-run",
@@ -942,12 +944,42 @@ fn min_hold_quiet_if_held_and_max_run() {
             "long",
             "--",
         ])
-        .args(["sh", "-c", "echo $$ > \"$0\"; exec sleep 30"])
+        // SIGTERM ignored (and so by the `sleep` it becomes): only SIGKILL
+        // ends it.
+        .args(["sh", "-c", "trap '' TERM; echo $$ > \"$0\"; exec sleep 30"])
         .arg(&pid_file)
-        .output()
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("run");
-    assert_eq!(long.status.code(), Some(124), "{long:?}");
-    assert!(started.elapsed() < Duration::from_secs(25), "ended early");
+    assert!(wait_until(Duration::from_secs(10), || read_pid(&pid_file).is_some()));
+    // The command runs (its pid written): D counts from about here.
+    let started = Instant::now();
+    let status = wait_exit(&mut long, Duration::from_secs(25));
+    let took = started.elapsed();
+    assert_eq!(status.code(), Some(124), "{status:?}");
+    // The slack: a debug build's scheduling on a loaded machine, and the
+    // few milliseconds between the command's start and its pid file; far
+    // below the second a SIGKILL missed (or sent twice as late) would add.
+    let limit = max_run + kill_after + Duration::from_millis(300);
+    eprintln!(
+        "bound | --max-run 300ms --kill-after 1s, SIGTERM ignored (exit 124) | worst {took:?} over 1 run | limit {limit:?}"
+    );
+    assert!(
+        took >= max_run + kill_after - Duration::from_millis(50) && took < limit,
+        "exit 124 after {took:?}: SIGKILL --kill-after after SIGTERM"
+    );
+    let long = {
+        use std::io::Read;
+        let mut stderr = Vec::new();
+        if let Some(mut pipe) = long.stderr.take() {
+            let _ = pipe.read_to_end(&mut stderr);
+        }
+        std::process::Output {
+            status,
+            stdout: Vec::new(),
+            stderr,
+        }
+    };
     let stderr = String::from_utf8_lossy(&long.stderr);
     assert!(stderr.contains("--max-run"), "{stderr}");
     assert!(held(&server, "long").is_none(), "released");
@@ -1326,5 +1358,209 @@ fn tokens_are_shown_only_by_their_public_part_unless_asked() {
     assert!(
         shown.split('|').next().is_some_and(|s| s.len() >= 16),
         "{said}"
+    );
+}
+
+/// `list --json` names at most 16 holders of a key, the oldest first,
+/// and counts them all (docs/cli.md).
+#[test]
+fn list_names_at_most_16_holders_and_counts_them_all() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let semaphore = redmutex::Semaphore::new(&client, "many", 20);
+    let permits: Vec<_> = (0..20)
+        .map(|_| {
+            let permit = semaphore.try_acquire().expect("acquire").expect("free");
+            // Told apart by their acquisition times (ms).
+            std::thread::sleep(Duration::from_millis(2));
+            permit
+        })
+        .collect();
+    let out = redmutex(&server)
+        .args(["list", "many", "--json"])
+        .output()
+        .expect("list");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let held = &json[0];
+    assert_eq!(held["holders"], 20, "{json}");
+    let named = held["held_by"].as_array().expect("held_by");
+    assert_eq!(named.len(), 16, "at most 16 named: {json}");
+    drop(permits);
+}
+
+/// `run` against a server that goes silent: SIGTERM with `--kill-after`
+/// of the lease left, SIGKILL with a quarter of it left (docs/cli.md), for
+/// a command that ignores SIGTERM; `--kill-after` longer than a third of
+/// the ttl counts as a third. Returns when the command died, against the
+/// lease's expiry in Redis (read on the server itself when the link was
+/// cut, right after a renewal).
+fn killed_before_expiry(server: &RedisServer, kill_after: &str, key: &str) -> Duration {
+    let proxy = support::FaultProxy::to(server);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pid_file = dir.path().join("pid");
+    let mut run = Command::cargo_bin("redmutex")
+        .expect("the redmutex binary")
+        .env("REDMUTEX_URL", proxy.url())
+        .args(["run", "--ttl", "3s", "--kill-after", kill_after, key, "--"])
+        .args(["sh", "-c", "trap '' TERM; echo $$ > \"$0\"; exec sleep 100"])
+        .arg(&pid_file)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run");
+    assert!(wait_until(Duration::from_secs(10), || read_pid(&pid_file).is_some()));
+    let pid = read_pid(&pid_file).expect("pid");
+    let pttl = |server: &RedisServer| -> i64 { server.conn().pttl(key).expect("PTTL") };
+    // A renewal (every second) puts the expiry back to 3 s: cut the link
+    // right after one, so the lease has most of its ttl left.
+    let first = pttl(server);
+    assert!(
+        wait_until(Duration::from_secs(5), || pttl(server) > first),
+        "renewed"
+    );
+    proxy.blackhole(true);
+    let cut = Instant::now();
+    let expiry = cut + Duration::from_millis(u64::try_from(pttl(server)).expect("a ttl"));
+    assert!(!gone(pid), "the command runs while the lease lasts");
+    // Polled every millisecond, bounded by the lease's end and a second.
+    let mut died = None;
+    while Instant::now() < expiry + Duration::from_secs(1) {
+        if gone(pid) {
+            died = Some(Instant::now());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let died = died.expect("killed before its lease ran out");
+    proxy.heal();
+    assert_eq!(
+        wait_exit(&mut run, Duration::from_secs(15)).code(),
+        Some(75)
+    );
+    expiry.saturating_duration_since(died)
+}
+
+#[test]
+fn a_silent_server_gets_the_command_killed_with_a_quarter_of_kill_after_left() {
+    let _serial = support::serial();
+    let server = RedisServer::start();
+    // `--kill-after 1s`, and `10s` taken as a third of the 3 s ttl.
+    for (kill_after, key) in [("1s", "quarter"), ("10s", "clamped")] {
+        let left = killed_before_expiry(&server, kill_after, key);
+        // A quarter of 1 s, and what the local clock takes off the lease
+        // (1 % of the ttl + 2 ms, and the renewal's round trip): SIGKILL
+        // no later than that (60 ms of scheduling slack, far below the
+        // 750 ms a SIGKILL at the SIGTERM's `--kill-after` would differ
+        // by), and not at the SIGTERM already.
+        let quarter = Duration::from_millis(250);
+        eprintln!(
+            "bound | run --kill-after {kill_after}: SIGKILL before the lease's end | {left:?} left | limit {quarter:?} - 60ms .. {quarter:?} + 150ms"
+        );
+        assert!(
+            left + Duration::from_millis(60) > quarter
+                && left < quarter + Duration::from_millis(150),
+            "--kill-after {kill_after}: killed with {left:?} of the lease left"
+        );
+    }
+}
+
+/// `list` on a terminal shows a progress line once it has run for a
+/// second, not before (docs/cli.md): a listing of 3,000 keys through a
+/// link that delays every reply 200 ms takes several steps of a `SCAN`
+/// and its inspection, 400 ms each, and the first line comes with the
+/// first step that ends after the second. Run under a pseudo-terminal
+/// (`script`), when there is one.
+#[test]
+fn list_shows_progress_on_a_terminal_after_a_second() {
+    let Ok(script) = which("script") else {
+        return;
+    };
+    let _serial = support::serial();
+    let server = RedisServer::start();
+    let mut pipe = redis::pipe();
+    for n in 0..3_000 {
+        pipe.set(format!("progress:{n}"), "x").ignore();
+    }
+    let _: () = pipe.query(&mut server.conn()).expect("SET");
+    let proxy = support::FaultProxy::to(&server);
+    proxy.set_latency(Duration::ZERO, Duration::from_millis(200));
+    let line = format!(
+        "{} --url {} list 'progress:*' --timeout 20s",
+        assert_cmd::cargo::cargo_bin("redmutex").display(),
+        proxy.url()
+    );
+    let started = Instant::now();
+    let mut run = Command::new(script)
+        .args(["-qfec", &line, "/dev/null"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("script");
+    let mut output = run.stdout.take().expect("stdout");
+    // Read as it comes: when the first progress line shows.
+    let reader = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut seen = Vec::new();
+        let mut shown = None;
+        let mut chunk = [0u8; 4096];
+        // Bounded by the listing's end (EOF) and its 20 s budget.
+        while let Ok(n) = output.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            seen.extend_from_slice(&chunk[..n]);
+            if shown.is_none() && String::from_utf8_lossy(&seen).contains("scanned") {
+                shown = Some(started.elapsed());
+            }
+        }
+        (shown, String::from_utf8_lossy(&seen).into_owned())
+    });
+    let status = wait_exit(&mut run, Duration::from_secs(30));
+    let (shown, seen) = reader.join().expect("reader");
+    assert!(status.success(), "{status:?}: {seen}");
+    let shown = shown.unwrap_or_else(|| panic!("no progress line: {seen}"));
+    // Not before the second; by the first step that ends after it (two
+    // replies, 400 ms), with 60 ms for scheduling.
+    let limit = Duration::from_secs(1) + Duration::from_millis(400) + Duration::from_millis(60);
+    eprintln!(
+        "bound | list's progress line on a terminal | shown after {shown:?} | limit 1s .. {limit:?}"
+    );
+    assert!(
+        shown >= Duration::from_secs(1) && shown < limit,
+        "progress shown after {shown:?}: {seen}"
+    );
+}
+
+/// `list` without `--timeout` stops after 30 s, says the listing is
+/// incomplete and exits 3 (docs/cli.md): here 10,000 keys through a link
+/// that delays every reply 900 ms (within the 2 s timeout), 40 s of steps.
+#[test]
+fn list_stops_after_30_s_by_default() {
+    let server = RedisServer::start();
+    let mut pipe = redis::pipe();
+    for n in 0..10_000 {
+        pipe.set(format!("slow:{n}"), "x").ignore();
+    }
+    let _: () = pipe.query(&mut server.conn()).expect("SET");
+    let proxy = support::FaultProxy::to(&server);
+    proxy.set_latency(Duration::ZERO, Duration::from_millis(900));
+    let started = Instant::now();
+    let out = Command::cargo_bin("redmutex")
+        .expect("the redmutex binary")
+        .env("REDMUTEX_URL", proxy.url())
+        .args(["list"])
+        .output()
+        .expect("list");
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("incomplete"));
+    // The budget is cut into its steps, a connect included: the slack is
+    // the process's start and exit in a debug build.
+    let limit = Duration::from_secs(30) + Duration::from_millis(300);
+    eprintln!("bound | list's default --timeout | {took:?} | limit 30s .. {limit:?}");
+    assert!(
+        took >= Duration::from_secs(30) && took < limit,
+        "list ended after {took:?}"
     );
 }

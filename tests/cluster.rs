@@ -519,11 +519,10 @@ fn bad_cluster_urls_are_refused() {
     let started = Instant::now();
     let outcome = DistributedLock::new(&client, "k").try_lock();
     assert!(outcome.is_err(), "{outcome:?}");
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "{:?}",
-        started.elapsed()
-    );
+    // One connect's wait (one seed), and a slack below the timeout.
+    let (took, limit) = (started.elapsed(), Duration::from_millis(800));
+    eprintln!("bound | a cluster nobody listens on: the error | {took:?} | limit {limit:?}");
+    assert!(took < limit, "{took:?}");
 }
 
 /// On a cluster, redis-rs resends a command by itself after a read timeout

@@ -275,7 +275,17 @@ fn lock_times_out_with_the_time_waited() {
                 unreachable!()
             };
             assert_eq!(key, "busy");
-            assert!(waited >= Duration::from_millis(190) && waited < Duration::from_millis(400));
+            // Its wait, then one last attempt at the deadline: not sooner,
+            // and later only by that attempt's round trip and the slack of
+            // a deadline the crate computes (tests/bounds.rs's SHORT_SLACK).
+            let wait = Duration::from_millis(200);
+            eprintln!(
+                "bound | lock() timing out after its wait | {waited:?} | limit {wait:?} .. +60ms"
+            );
+            assert!(
+                waited >= wait && waited < wait + Duration::from_millis(60),
+                "{waited:?}"
+            );
         }
         other => panic!("expected a timeout, got {other:?}"),
     }
@@ -425,7 +435,12 @@ fn an_unreachable_server_is_an_error_within_the_timeout() {
             }
             Ok(got) => panic!("an unreachable server gave Ok({got})"),
         }
-        assert!(took < Duration::from_secs(3), "took {took:?}");
+        // Within the timeout (one connect's wait: the pool tries again
+        // after a refused connect until it runs out), and a slack for
+        // scheduling below the timeout.
+        let limit = Duration::from_millis(500) + Duration::from_millis(300);
+        eprintln!("bound | an unreachable server's error | {took:?} | limit {limit:?}");
+        assert!(took < limit, "took {took:?}");
     }
 }
 

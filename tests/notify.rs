@@ -94,17 +94,31 @@ fn a_lock_freed_by_expiry_is_taken_without_a_message() {
     let guard = DistributedLock::with_options(&holder, "expiry", LockOptions::default().ttl(ttl))
         .lock()
         .expect("lock");
-    let acquired = Instant::now();
+    // When Redis expires the key: its ttl as Redis counts it, read now.
+    let pttl: i64 = server.conn().pttl("expiry").expect("PTTL");
+    let expiry = Instant::now() + Duration::from_millis(u64::try_from(pttl).expect("a ttl"));
     std::mem::forget(guard); // never released, never announced
     let waiter = server.lock_client();
     let guard = DistributedLock::with_options(&waiter, "expiry", slow_waiter())
         .lock()
         .expect("acquired after the expiry");
-    let after = acquired.elapsed();
-    assert!(after >= ttl - Duration::from_millis(50), "{after:?}");
+    let got = Instant::now();
+    // The head sleeps at most the holder's time left (its backoff step is
+    // far longer): taken right at the expiry, not before (PTTL is whole
+    // milliseconds), with the slack of a deadline the crate computes
+    // (tests/bounds.rs's SHORT_SLACK).
+    eprintln!(
+        "bound | a lock freed by expiry taken without a message | {:?} after the expiry | limit 0 .. 60ms",
+        got.saturating_duration_since(expiry)
+    );
     assert!(
-        after < ttl + Duration::from_millis(700),
-        "waited {after:?}: the PTTL bound failed"
+        got + Duration::from_millis(2) >= expiry,
+        "taken before the expiry"
+    );
+    assert!(
+        got < expiry + Duration::from_millis(60),
+        "waited {:?} past the expiry: the PTTL bound failed",
+        got.saturating_duration_since(expiry)
     );
     assert_eq!(
         waiter.stats().notifications,
@@ -199,56 +213,6 @@ fn waiters_of_two_clients_all_make_progress() {
             "the budget caps handoffs per acquisition: {stats:?}"
         );
     }
-}
-
-#[test]
-fn handoff_yields_to_a_remote_waiter_within_its_budget() {
-    let server = RedisServer::start();
-    let local = server.lock_client();
-    let remote = server.lock_client();
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let workers: Vec<_> = (0..4)
-        .map(|_| {
-            let lock = DistributedLock::new(&local, "budget");
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let mut rounds = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) && rounds < 1_000_000 {
-                    let guard = lock.lock().expect("lock");
-                    std::hint::black_box(&guard);
-                    drop(guard);
-                    rounds += 1;
-                }
-                rounds
-            })
-        })
-        .collect();
-    assert!(wait_until(Duration::from_secs(5), || local
-        .stats()
-        .handoffs
-        > 100));
-    let mut waits = Vec::new();
-    for _ in 0..5 {
-        let asked = Instant::now();
-        let guard = DistributedLock::with_options(
-            &remote,
-            "budget",
-            LockOptions::default().wait(Duration::from_secs(10)),
-        )
-        .lock()
-        .expect("the remote waiter gets its turn");
-        waits.push(asked.elapsed());
-        drop(guard);
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let rounds: u64 = workers.into_iter().map(|w| w.join().expect("worker")).sum();
-    let stats = local.stats();
-    assert!(stats.handoffs > 0 && rounds > 0);
-    assert!(stats.handoffs <= 256 * stats.acquired, "{stats:?}");
-    // The budget (256 handoffs or 10 ms) bounds the wait; allow a loaded machine.
-    let worst = waits.iter().max().copied().unwrap_or_default();
-    assert!(worst < Duration::from_millis(500), "remote waits {waits:?}");
 }
 
 #[test]

@@ -186,7 +186,11 @@ fn bad_sentinel_input_gets_clear_errors() {
     let started = Instant::now();
     let outcome = DistributedLock::new(&client, "k").try_lock();
     assert!(outcome.is_err(), "{outcome:?}");
-    assert!(started.elapsed() < Duration::from_secs(10));
+    // One connect's wait (T per sentinel asked, one here, plus T), and a
+    // slack below the timeout.
+    let (took, limit) = (started.elapsed(), Duration::from_millis(1300));
+    eprintln!("bound | sentinels without the name: the error | {took:?} | limit {limit:?}");
+    assert!(took < limit, "{took:?}");
 }
 
 #[test]

@@ -648,11 +648,10 @@ fn a_server_that_never_answers_the_handshake_fails_within_the_timeout() {
         .try_lock()
         .expect_err("no handshake answer");
     assert!(err.is_connection() || err.is_timeout(), "{err:?}");
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "{:?}",
-        started.elapsed()
-    );
+    // Within the timeout (one connect's wait), and a slack below it.
+    let (took, limit) = (started.elapsed(), TIMEOUT + Duration::from_millis(300));
+    eprintln!("bound | a silent TLS handshake: the error | {took:?} | limit {limit:?}");
+    assert!(took < limit, "{took:?}");
     let dropped = Instant::now();
     drop(client);
     assert!(dropped.elapsed() < Duration::from_secs(3));
@@ -1036,7 +1035,10 @@ fn a_silent_tls_subscriber_link_is_detected() {
     let got = waiting.join().expect("waiter");
     let waited = released.elapsed();
     assert!(got.is_ok(), "{got:?}");
-    let bound = timeout * 2 + Duration::from_secs(1);
+    // Two timeouts (the link went silent at the subscription, before the
+    // blackhole), then a request on the pool; a slack below the timeout.
+    let bound = timeout * 2 + Duration::from_millis(300);
+    eprintln!("bound | a silent TLS subscriber link | {waited:?} | limit {bound:?}");
     assert!(
         waited < bound,
         "the waiter slept {waited:?} after the release"

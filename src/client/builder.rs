@@ -38,13 +38,15 @@ impl LockClient {
     /// touches the network: connecting (the TCP connect and the handshake),
     /// waiting for a pooled connection, and every read and write; so no lock
     /// call can hang on a dead or stalled server, and the pool is usable
-    /// again within one timeout after the server heals. A connection whose
+    /// again within one timeout and 250 ms after the server heals (the
+    /// bounds in `docs/failure-model.md`). A connection whose
     /// reply was lost is closed, never reused (a late reply cannot reach the
     /// next user), and when one connection finds the server gone the pool's
     /// older idle connections are discarded too, without a round trip. No
     /// `PING` is sent per checkout. The server is not contacted here; an
     /// unreachable one makes the first lock operation fail with
-    /// [`Error::Pool`] within the timeout.
+    /// [`Error::Pool`] within the timeout (one connect: the bounds in
+    /// `docs/failure-model.md`).
     ///
     /// # Errors
     ///

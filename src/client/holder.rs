@@ -497,9 +497,10 @@ impl ServerClock {
     ///
     /// What `ask` failed with when the server could not be reached
     /// ([`Error::is_connection`]): the acquisition that needs the time
-    /// would meet the same, and failing before it sends anything keeps the
-    /// call within its usual bound (one connect and one resend window) and
-    /// Redis unchanged. When the server answers but refuses `TIME`
+    /// would meet the same, and failing before it sends anything keeps
+    /// Redis unchanged; `ask` takes at most one connect's wait, so with
+    /// the attempt after it the call keeps its bound (one connect and one
+    /// resend window past its wait). When the server answers but refuses `TIME`
     /// (renamed away, an ACL), the local wall clock stands in, and the
     /// server is asked again a minute later.
     pub(crate) fn now_ms(

@@ -335,8 +335,8 @@ impl LockClient {
     /// # Errors
     ///
     /// A connection error when the client's first `TIME` cannot reach the
-    /// server (after the resends a read gets): nothing was sent that
-    /// changes Redis, and the acquisition would have met the same.
+    /// server within one connect's wait: nothing was sent that changes
+    /// Redis, and the acquisition would have met the same.
     pub(crate) fn new_token(&self, key: &str) -> Result<String, Error> {
         Ok(self.holder.token(self.acquisition_ms(key)?))
     }
@@ -365,19 +365,29 @@ impl LockClient {
         }
         self.inner.clock.now_ms(|| {
             self.inner.stats.commands(1);
-            // A read: resent on a fresh connection after a lost reply.
-            self.run(Op::Read, key, |con, _| {
-                let time = redis::cmd("TIME");
-                // On a cluster, the key's own node: redis-rs sends a
-                // keyless command to any node, maybe one that stalls.
-                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                    Route::with_key(key, SlotAddr::Master),
-                ));
-                match con.on_cluster(|cluster| cluster.route(&time, route)) {
-                    Some(reply) => Ok(redis::from_redis_value(reply?)?),
-                    None => time.query::<(u64, u64)>(con),
-                }
-            })
+            // A read, resent on a fresh connection after a lost reply, but
+            // all within one connect's wait: the attempt it precedes takes
+            // up to a connect and the resend window of its own, and a
+            // call's bound has room for one connect more, not for a
+            // second resend window (on a fresh client, whose first
+            // attempt reads the clock).
+            self.run_within(
+                Op::Read,
+                key,
+                self.inner.backend.connect_wait(),
+                |con, _| {
+                    let time = redis::cmd("TIME");
+                    // On a cluster, the key's own node: redis-rs sends a
+                    // keyless command to any node, maybe one that stalls.
+                    let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+                        Route::with_key(key, SlotAddr::Master),
+                    ));
+                    match con.on_cluster(|cluster| cluster.route(&time, route)) {
+                        Some(reply) => Ok(redis::from_redis_value(reply?)?),
+                        None => time.query::<(u64, u64)>(con),
+                    }
+                },
+            )
         })
     }
 

@@ -90,18 +90,95 @@ pub(crate) fn keepalive(idle: Duration) -> TcpKeepalive {
     probes
 }
 
+/// The library name a connection gives the server (`CLIENT SETINFO`), as
+/// redis-rs gives it.
+const LIB_NAME: &str = "redis-rs";
+
+/// Opens a connection to `info` with the connect and its whole handshake
+/// within `limit` (at least 1 ms).
+///
+/// redis-rs sets a connection up with a pipeline (`HELLO` or `AUTH`,
+/// `SELECT`, two `CLIENT SETINFO`) and reads each reply with what was left
+/// of its connect timeout after the TCP connect, reading on after a read
+/// that timed out: a server that accepts and never answers would cost a
+/// connect one timeout per reply. So redis-rs is left only what a
+/// connection needs (`HELLO` or `AUTH`, `SELECT`), each reply within its
+/// share of `limit` ([`handshake_share`]), and `CLIENT SETINFO` is sent
+/// here after it, its replies read within what is left of `limit` (a
+/// refusal ignored, as redis-rs ignores it: servers before 7.2 do not know
+/// the command). Without `AUTH` or `SELECT`, the usual case, the connect
+/// (a TLS handshake included) and the first reply have the whole `limit`.
+fn open_within(info: &redis::ConnectionInfo, limit: Duration) -> RedisResult<redis::Connection> {
+    let started = Instant::now();
+    let limit = limit.max(Duration::from_millis(1));
+    let settings = info.redis_settings();
+    let needed = settings.clone().set_skip_set_lib_name();
+    let share = handshake_share(&needed, limit);
+    let client = redis::Client::open(info.clone().set_redis_settings(needed))?;
+    let mut con = client.get_connection_with_timeout(share)?;
+    if settings.skip_set_lib_name() {
+        return Ok(con);
+    }
+    let deadline = started.checked_add(limit);
+    let left = || deadline.map_or(limit, |at| at.saturating_duration_since(Instant::now()));
+    if left().is_zero() {
+        return Err(time_ran_out("before the connection was set up"));
+    }
+    // Both: redis-rs leaves none after its setup, and on TLS the first
+    // write also reads (the handshake is completed then).
+    con.set_read_timeout(Some(left()))?;
+    con.set_write_timeout(Some(left()))?;
+    let mut setinfo = redis::pipe();
+    setinfo
+        .cmd("CLIENT")
+        .arg("SETINFO")
+        .arg("LIB-NAME")
+        .arg(settings.lib_name().unwrap_or(LIB_NAME));
+    if let Some(version) = settings.lib_ver() {
+        setinfo
+            .cmd("CLIENT")
+            .arg("SETINFO")
+            .arg("LIB-VER")
+            .arg(version);
+    }
+    // Each reply within what is left; a refusal is a reply like another.
+    pipeline_each(
+        &mut con,
+        &setinfo.get_packed_pipeline(),
+        setinfo.len(),
+        &mut |con| {
+            let left = left();
+            if left.is_zero() {
+                return Err(time_ran_out("while the connection was set up"));
+            }
+            con.set_read_timeout(Some(left))
+        },
+    )?;
+    Ok(con)
+}
+
+/// What each reply redis-rs reads when it sets up a connection with
+/// `settings` may take, so that all of them fit in `limit` (see
+/// [`open_within`]): a server that answers sends them together (they are
+/// pipelined), so the connect and the first reply must fit in one share.
+/// (A server that refuses the username gets the pipeline again without it,
+/// after that answer.)
+fn handshake_share(settings: &redis::RedisConnectionInfo, limit: Duration) -> Duration {
+    let replies = u32::from(settings.protocol().supports_resp3() || settings.password().is_some())
+        + u32::from(settings.db() != 0)
+        + if settings.skip_set_lib_name() { 0 } else { 2 };
+    (limit / replies.max(1)).max(Duration::from_millis(1))
+}
+
 /// Opens a plain connection with at most `limit` (at least 1 ms) for the
-/// connect and the handshake, and `timeout` on every later read and write.
+/// connect and the handshake ([`open_within`]), and `timeout` on every
+/// later read and write.
 fn connect_plain(
     info: &redis::ConnectionInfo,
     timeout: Duration,
     limit: Duration,
 ) -> RedisResult<redis::Connection> {
-    let client = redis::Client::open(info.clone())?;
-    let connecting = limit.max(Duration::from_millis(1));
-    let con = client
-        .get_connection_with_timeout(connecting)
-        .map_err(|err| explain(info.addr(), err, true))?;
+    let con = open_within(info, limit).map_err(|err| explain(info.addr(), err, true))?;
     con.set_read_timeout(Some(timeout))?;
     con.set_write_timeout(Some(timeout))?;
     Ok(con)
@@ -363,7 +440,7 @@ impl NodeLink {
             (timeout, left) => timeout.or(left),
         };
         let con = match timeout {
-            Some(timeout) => self.client.get_connection_with_timeout(timeout),
+            Some(timeout) => open_within(self.client.get_connection_info(), timeout),
             None => self.client.get_connection(),
         }
         .map_err(|err| explain(self.client.get_connection_info().addr(), err, false))?;
@@ -1104,8 +1181,13 @@ impl Manager {
                 LinkKind::Plain(connect_plain(info, self.timeout, limit.min(self.timeout))?)
             }
             // Bounded per seed tried by the client's timeout (a connect
-            // and a first reply each, see `NodeLink`), not by `limit`; the
-            // other nodes are opened by the requests that go to them.
+            // and a first reply each, see `NodeLink`), not by `limit`: a
+            // limit shorter than that would end every connect at the first
+            // seed when it is silent, and the next seed would never be
+            // tried. So a caller with less time left (a watchdog round)
+            // can overrun it by a timeout per silent seed (a documented
+            // exception to its bound). The other nodes are opened by the
+            // requests that go to them.
             Target::Cluster(target) => LinkKind::Cluster(Box::new(target.connect()?)),
             Target::Sentinel(target) => LinkKind::Plain(target.connect(self.timeout, limit)?),
         };
@@ -1860,5 +1942,33 @@ impl std::fmt::Debug for Connection {
             .field("kind", &kind)
             .field("broken", &self.is_broken())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The connect timeout given to redis-rs times the replies its setup
+    /// reads stays within the limit: one share per reply. `open_within`
+    /// leaves it no `CLIENT SETINFO`, so without `AUTH` or `SELECT` the
+    /// share is the whole limit.
+    #[test]
+    fn a_handshake_fits_in_its_limit_whatever_it_sends() {
+        let limit = Duration::from_millis(900);
+        let plain = redis::RedisConnectionInfo::default();
+        assert_eq!(handshake_share(&plain, limit), limit / 2, "two SETINFO");
+        let auth = plain.clone().set_password("p").set_db(3);
+        assert_eq!(handshake_share(&auth, limit), limit / 4);
+        assert_eq!(
+            handshake_share(&auth.set_skip_set_lib_name(), limit),
+            limit / 2
+        );
+        let bare = plain.set_skip_set_lib_name();
+        assert_eq!(handshake_share(&bare, limit), limit);
+        assert_eq!(
+            handshake_share(&bare, Duration::ZERO),
+            Duration::from_millis(1)
+        );
     }
 }

@@ -1226,6 +1226,58 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// A node that keeps failing is left alone 250 ms, then twice as long
+    /// after each failure, at most 5 s (docs/deployments.md).
+    #[test]
+    fn a_failed_node_rests_250_ms_doubling_to_5_s() {
+        let ms: Vec<u128> = (1..=8).map(|n| rest(n).as_millis()).collect();
+        assert_eq!(ms, vec![250, 500, 1000, 2000, 4000, 5000, 5000, 5000]);
+        assert_eq!(rest(u32::MAX), Duration::from_secs(5));
+        let health = Health {
+            down: Mutex::new(None),
+            busy_since: Mutex::new(None),
+        };
+        let now = Instant::now();
+        let patience = Duration::from_secs(1);
+        assert!(health.admit(now, patience), "healthy");
+        health.failed(now);
+        assert!(health.resting(now + Duration::from_millis(249)));
+        assert!(!health.admit(now + Duration::from_millis(249), patience));
+        // The probe after 250 ms; the node rests again while it is out.
+        let probe = now + Duration::from_millis(250);
+        assert!(health.admit(probe, patience), "probed after its rest");
+        assert!(!health.admit(probe, patience), "one probe");
+        health.failed(probe);
+        assert!(health.resting(probe + Duration::from_millis(499)));
+        assert!(!health.resting(probe + Duration::from_millis(500)));
+        health.answered();
+        assert!(health.admit(probe, patience), "up again");
+    }
+
+    /// A node may take 5 % of the ttl to answer unless set otherwise
+    /// (never more than the ttl).
+    #[test]
+    fn the_node_timeout_is_5_percent_of_the_ttl_by_default() {
+        let node = || LockClient::open("redis://127.0.0.1:1/").expect("client");
+        let options = LeaseOptions::default().ttl(Duration::from_secs(10));
+        let lock =
+            RedLock::with_options(vec![node(), node(), node()], "k", options).expect("redlock");
+        assert_eq!(lock.node_timeout(), Duration::from_millis(500));
+        let lock = lock.with_node_timeout(Duration::from_secs(60));
+        assert_eq!(
+            lock.node_timeout(),
+            Duration::from_secs(10),
+            "at most the ttl"
+        );
+        let lock = RedLock::with_options(
+            vec![node(), node(), node()],
+            "k",
+            LeaseOptions::default().ttl(Duration::from_millis(200)),
+        )
+        .expect("redlock");
+        assert_eq!(lock.node_timeout(), Duration::from_millis(10));
+    }
+
     /// What one node holds when a release or an extension reaches it.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     enum Truth {

@@ -24,6 +24,12 @@ use crate::wait::queue::{Capacity, Queues};
 /// what waking a sleeping thread costs.
 const SHORT_HOLD: Duration = Duration::from_micros(20);
 
+/// Whether a hold that began at `held_since` (if known) and ends at `now`
+/// hands its lease over as interceptable: shorter than [`SHORT_HOLD`].
+fn interceptable(held_since: Option<Instant>, now: Instant) -> bool {
+    held_since.is_some_and(|since| now.saturating_duration_since(since) < SHORT_HOLD)
+}
+
 /// A lease passed from a releasing holder to a waiter of the same client,
 /// without Redis: the key keeps the same token and expiry.
 pub(crate) struct Handoff {
@@ -512,10 +518,7 @@ impl Lease {
             // waking a waiter would cost more than the hold. Longer holds
             // (a round trip in the critical section) keep the queue's
             // strict order, at no loss of throughput.
-            let short = self
-                .held_since
-                .get()
-                .is_some_and(|since| since.elapsed() < SHORT_HOLD);
+            let short = interceptable(self.held_since.get(), Instant::now());
             // Passed on without Redis: its receiver confirms it there first
             // when Redis vouched for it too long ago
             // (`DistributedLock::take_handoff`).
@@ -611,5 +614,23 @@ impl Drop for Lease {
             Ok(()) => {}
             Err(err) => log::warn!("redmutex: releasing {:?} on drop: {err}", self.key),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Interceptable after a hold under 20 µs, never after a longer one or
+    /// one whose start is unknown.
+    #[test]
+    fn a_hold_under_20_us_is_interceptable() {
+        let since = Instant::now();
+        let at = |micros| since + Duration::from_micros(micros);
+        assert!(interceptable(Some(since), since));
+        assert!(interceptable(Some(since), at(19)));
+        assert!(!interceptable(Some(since), at(20)));
+        assert!(!interceptable(Some(since), at(1_000)));
+        assert!(!interceptable(None, since));
     }
 }

@@ -8,7 +8,10 @@
 //! and applies the replies afterwards to the entries still watched. A
 //! renewal in flight when its lease is released is harmless (owner-checked:
 //! it finds the key gone or another owner's). A renewal call never lasts
-//! longer than the shortest lease it renews has left, and a watched lease
+//! longer than the shortest lease it renews has left (nor a round the
+//! shortest renewal period; on Redis Cluster a round that opens a new
+//! pooled connection can take a timeout more per silent seed: the bound
+//! as docs/failure-model.md states it), and a watched lease
 //! reads as lost from its local expiry on whatever the thread is doing
 //! (see `loss.rs`), so the holder learns of a loss before another client
 //! can take the key.
@@ -232,6 +235,14 @@ impl Orphan {
         if std::mem::take(&mut self.unreached) {
             self.extend(now);
         }
+    }
+
+    /// A cleanup round of it ended at `now`: the next one a step later,
+    /// each step twice the last ([`ORPHAN_FIRST_STEP`] to
+    /// [`ORPHAN_MAX_STEP`]).
+    fn stepped(&mut self, now: Instant) {
+        self.next = now + self.step;
+        self.step = (self.step * 2).min(ORPHAN_MAX_STEP);
     }
 
     fn extend(&mut self, now: Instant) {
@@ -1064,8 +1075,7 @@ fn clean_orphans(shared: &Shared, mut orphans: Vec<Orphan>, budget: Duration) ->
         }
     }
     for orphan in &mut orphans {
-        orphan.next = now + orphan.step;
-        orphan.step = (orphan.step * 2).min(ORPHAN_MAX_STEP);
+        orphan.stepped(now);
     }
     // Watched until the window ends, then forgotten.
     orphans.retain(|o| now < o.until);
@@ -1126,4 +1136,74 @@ fn cleaned(reply: &redis::Value) -> bool {
     // 1 from every release script; `lua/release.lua` also answers n + 3
     // for a release whose message reached n subscribers.
     matches!(first, Some(redis::Value::Int(n)) if *n == 1 || *n >= 3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conn::policy::marker_ttl;
+
+    fn orphan(window: Duration) -> Orphan {
+        let token: Arc<str> = Arc::from("t");
+        Orphan::new("k", "c", OrphanKind::Plain { token }, window)
+    }
+
+    /// The cleanup steps of one orphan: at once, then 50 ms, doubling to
+    /// 1 s (docs/failure-model.md's bounds).
+    #[test]
+    fn cleanups_step_from_50_ms_doubling_to_1_s() {
+        let mut o = orphan(Duration::from_secs(1));
+        let start = Instant::now();
+        assert!(o.next <= start, "the first cleanup at once");
+        let mut now = start;
+        let mut steps = Vec::new();
+        for _ in 0..8 {
+            o.stepped(now);
+            steps.push(o.next - now);
+            now = o.next;
+        }
+        let ms: Vec<u128> = steps.iter().map(Duration::as_millis).collect();
+        assert_eq!(ms, vec![50, 100, 200, 400, 800, 1000, 1000, 1000]);
+    }
+
+    /// An orphan is cleaned up for the marker's life (three timeouts, at
+    /// least 1 s, at most 24 h) after the error, a whole window again after
+    /// a cleanup that could not reach Redis and after the first answer
+    /// that follows, and never past 600 s from the error.
+    #[test]
+    fn an_orphan_is_watched_for_its_window_renewed_while_redis_is_out_of_reach() {
+        assert_eq!(
+            marker_ttl(Duration::from_millis(200)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(marker_ttl(Duration::from_secs(2)), Duration::from_secs(6));
+        assert_eq!(
+            marker_ttl(Duration::from_secs(3600)),
+            Duration::from_secs(3 * 3600)
+        );
+        assert_eq!(
+            marker_ttl(Duration::from_secs(40_000)),
+            Duration::from_secs(24 * 3600)
+        );
+        let window = marker_ttl(Duration::from_secs(2));
+        let mut o = orphan(window);
+        let created = o.until - window;
+        // Answered with nothing unreached before: the window stays.
+        o.answered(created + Duration::from_secs(5));
+        assert_eq!(o.until, created + window);
+        // Out of reach at 5 s: a whole window from then.
+        let at = created + Duration::from_secs(5);
+        o.unreached(at);
+        assert_eq!(o.until, at + window);
+        // The first answer after it, at 9 s: a whole window from then; the
+        // next answer changes nothing.
+        let answered = created + Duration::from_secs(9);
+        o.answered(answered);
+        assert_eq!(o.until, answered + window);
+        o.answered(answered + Duration::from_secs(1));
+        assert_eq!(o.until, answered + window);
+        // Never past 600 s from the error, however long Redis stays away.
+        o.unreached(created + Duration::from_secs(598));
+        assert_eq!(o.until, created + ORPHAN_MAX_LIFE);
+    }
 }

@@ -231,7 +231,7 @@ where
         // let them have this turn.
         if waiter.take_yield() {
             let until = clamp(Instant::now() + YIELD, deadline);
-            if let Some(gift) = waiter.wait_release(seen, until)
+            if let Some(gift) = waiter.stand_back(until)
                 && let Some(won) = contender.accept(gift)?
             {
                 return Ok(Some(won));

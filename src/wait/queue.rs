@@ -56,7 +56,7 @@ impl<G> Default for QueueState<G> {
 }
 
 /// How long a head stands back after its own client's release reached
-/// waiters of other clients, unless woken sooner (their release, a handoff).
+/// waiters of other clients, unless handed a lease sooner.
 pub(crate) const YIELD: Duration = Duration::from_millis(5);
 
 /// The longest a queued waiter sleeps without looking at the queue again.
@@ -465,6 +465,28 @@ impl<G: Send + 'static> Waiter<'_, G> {
         std::mem::take(&mut self.queue.state.lock().yield_turn)
     }
 
+    /// As the head standing back for other clients' waiters ([`YIELD`]):
+    /// waits until a lease is handed over or `until`, whatever else wakes
+    /// the queue meanwhile. The release that reached those waiters reaches
+    /// this client's subscriber too, and its message, arriving during the
+    /// yield, would otherwise end it at once: the head then raced the
+    /// waiters it meant to let in, and took the lock for another run of
+    /// handoffs as often as not.
+    pub(crate) fn stand_back(&self, until: Instant) -> Option<G> {
+        let mut state = self.queue.state.lock();
+        still_waiting(&mut state, self.ticket);
+        // Bounded by `until`: a wake-up without a gift waits again for
+        // what is left of it.
+        loop {
+            if let Some(lease) = take_gift(&mut state, self.ticket) {
+                return Some(lease);
+            }
+            if self.wake.wait_until(&mut state, until).timed_out() {
+                return take_gift(&mut state, self.ticket);
+            }
+        }
+    }
+
     /// The wake-up count now; pass it to [`Waiter::wait_release`] after an
     /// attempt so a release during the attempt is not missed.
     pub(crate) fn wakeups(&self) -> u64 {
@@ -813,6 +835,39 @@ mod tests {
         drop(only);
         assert_eq!(*orphans.borrow(), vec!["t".to_string()]);
         assert!(!queues.has_waiters("k"));
+    }
+
+    /// Standing back for other clients' waiters lasts [`YIELD`] (5 ms),
+    /// whatever else wakes the queue meanwhile (the release's own message
+    /// reaching this client's subscriber), and ends early only when a lease
+    /// is handed over.
+    #[test]
+    fn the_head_stands_back_for_its_yield_unless_handed_a_lease() {
+        assert_eq!(YIELD, Duration::from_millis(5));
+        let queues = Queues::<Handoff>::default();
+        let ignore = |_: Handoff| {};
+        let head = queues.enqueue("k", true, &ignore);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                std::thread::sleep(Duration::from_millis(1));
+                // A wake-up of the queue, as a message brings.
+                queues.released("k", None);
+            });
+            let started = Instant::now();
+            assert!(head.stand_back(started + YIELD).is_none());
+            assert!(started.elapsed() >= YIELD, "{:?}", started.elapsed());
+        });
+        let long = Duration::from_secs(5);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                std::thread::sleep(Duration::from_millis(1));
+                assert!(queues.offer("k", lease("t"), false).is_ok());
+            });
+            let started = Instant::now();
+            let gift = head.stand_back(started + long);
+            assert!(matches!(gift, Some(h) if h.token == "t"));
+            assert!(started.elapsed() < long, "ended by the handoff");
+        });
     }
 
     #[test]
