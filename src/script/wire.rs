@@ -182,13 +182,23 @@ pub(crate) fn evalsha<T: FromRedisValue>(
     key_slots.copy_from_slice(keys);
     arg_slots.copy_from_slice(args);
     let command = &*slots;
-    match query(con, command) {
-        Err(err) if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            script.load(con)?;
-            query(con, command)
+    // A `NOSCRIPT` ran nothing: load the script and send it again. Up to
+    // three times, for a script cache flushed again between the load and
+    // the second send (a flush a moment after a restart, an operator's
+    // loop); the last refusal is the caller's.
+    let mut result = query(con, command);
+    for _ in 0..3 {
+        match result {
+            Err(err)
+                if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                script.load(con)?;
+                result = query(con, command);
+            }
+            done => return done,
         }
-        other => other,
     }
+    result
 }
 
 /// The most keys and arguments [`evalsha`] takes.
