@@ -41,6 +41,8 @@ fi
 if [ -n "$full" ]; then
   cargo test --all-features --all-targets
   cargo test --all-features --doc
+  # Tests too slow to repeat in every tier (the CLI's 30 s default wait).
+  cargo test --all-features --test cli -- --ignored
   exit 0
 fi
 

@@ -1536,6 +1536,7 @@ fn list_shows_progress_on_a_terminal_after_a_second() {
 /// incomplete and exits 3 (docs/cli.md): here 10,000 keys through a link
 /// that delays every reply 900 ms (within the 2 s timeout), 40 s of steps.
 #[test]
+#[ignore = "30 s: run by the full tier only (scripts/test.sh --full)"]
 fn list_stops_after_30_s_by_default() {
     let server = RedisServer::start();
     let mut pipe = redis::pipe();
