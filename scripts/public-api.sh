@@ -4,6 +4,17 @@
 # committed file (so a change to the surface shows in review). rustdoc's
 # JSON is unstable; RUSTC_BOOTSTRAP lets the pinned stable toolchain emit
 # it, and the script checks the format version it was written for.
+#
+# Every line is the compiler's: each path is the item's canonical one
+# (rustdoc's path table, not the name as written in the source, so
+# `r2d2::Error` never shows as a bare `Error`), each impl is printed with
+# its own `for` type (an impl listed under a type it only mentions is not
+# attributed to that type), and the auto traits (`Send`, `Sync`, `Unpin`,
+# `UnwindSafe`, `RefUnwindSafe`, `Freeze`) are those rustdoc computed,
+# negative ones included: a guard that stops being `Send` changes a line
+# and fails `--check`. Blanket impls (`From<T> for T`, `Into`, `Any`…)
+# hold for every type and are left out. `--count` prints the number of
+# public functions (a trait's methods once, on the trait).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUSTC_BOOTSTRAP=1 cargo rustdoc --quiet --all-features --lib -- \
@@ -21,6 +32,17 @@ index = doc["index"]
 
 def item(i):
     return index.get(str(i))
+
+def canonical(p):
+    """The path of a path reference (`{path, id, args}`): this crate's
+    items by the root re-export that makes them public (modules are
+    private), others by their canonical path."""
+    known = doc["paths"].get(str(p.get("id")))
+    if known is None:
+        return p["path"]
+    if known["crate_id"] == 0:
+        return "redmutex::" + known["path"][-1]
+    return "::".join(known["path"])
 
 def generic_args(args):
     if not args:
@@ -55,7 +77,7 @@ def bounds(bs):
     for b in bs:
         if "trait_bound" in b:
             t = b["trait_bound"]["trait"]
-            out.append(t["path"] + generic_args(t.get("args")))
+            out.append(canonical(t) + generic_args(t.get("args")))
         elif "outlives" in b:
             out.append(b["outlives"])
         else:
@@ -67,7 +89,7 @@ def ty(t):
         return "()"
     (kind, v), = t.items()
     if kind == "resolved_path":
-        return v["path"] + generic_args(v.get("args"))
+        return canonical(v) + generic_args(v.get("args"))
     if kind == "generic" or kind == "primitive":
         return v
     if kind == "borrowed_ref":
@@ -84,13 +106,13 @@ def ty(t):
     if kind == "impl_trait":
         return "impl " + bounds(v)
     if kind == "dyn_trait":
-        traits = [p["trait"]["path"] + generic_args(p["trait"].get("args")) for p in v["traits"]]
+        traits = [canonical(p["trait"]) + generic_args(p["trait"].get("args")) for p in v["traits"]]
         if v.get("lifetime"):
             traits.append(v["lifetime"])
         return "dyn " + " + ".join(traits)
     if kind == "qualified_path":
         trait = v.get("trait")
-        return "<%s as %s>::%s" % (ty(v["self_type"]), trait["path"] if trait else "?", v["name"])
+        return "<%s as %s>::%s" % (ty(v["self_type"]), canonical(trait) if trait else "?", v["name"])
     if kind == "function_pointer":
         sig = v["sig"]
         return "fn(%s)%s" % (", ".join(ty(x[1]) for x in sig["inputs"]),
@@ -137,14 +159,19 @@ def deprecated(it):
 
 lines = []
 
-def impls(path, ids):
+def impls(path, ids, owner):
     traits = []
     for i in ids:
         impl = item(i)
         if impl is None:
             continue
         inner = impl["inner"]["impl"]
-        if inner.get("is_synthetic") or inner.get("blanket_impl"):
+        if inner.get("blanket_impl"):
+            continue
+        # rustdoc also lists, under a type, impls for another type that
+        # only name it (`From<A> for B` under A): listed under B alone.
+        target = inner["for"].get("resolved_path")
+        if target is not None and target.get("id") != owner:
             continue
         if inner["trait"] is None:
             for m in inner["items"]:
@@ -157,9 +184,14 @@ def impls(path, ids):
                     lines.append("pub const %s::%s: %s" % (path, mi["name"], ty(mi["inner"]["assoc_const"]["type"])))
         else:
             t = inner["trait"]
-            traits.append(t["path"] + generic_args(t.get("args")))
-    for t in sorted(set(traits)):
-        lines.append("impl %s for %s" % (t, path))
+            traits.append("impl%s %s%s%s for %s" % (
+                generics(inner["generics"]),
+                "!" if inner.get("is_negative") else "",
+                canonical(t),
+                generic_args(t.get("args")),
+                ty(inner["for"]),
+            ))
+    lines.extend(sorted(set(traits)))
 
 def visit(it, path):
     (kind, v), = it["inner"].items()
@@ -170,7 +202,7 @@ def visit(it, path):
             fi = item(f)
             if fi and fi.get("visibility") == "public":
                 lines.append("%s.%s: %s" % (path, fi["name"], ty(fi["inner"]["struct_field"])))
-        impls(path, v["impls"])
+        impls(path, v["impls"], it["id"])
     elif kind == "enum":
         ne = " #[non_exhaustive]" if any("non_exhaustive" in str(a) for a in it.get("attrs", [])) else ""
         lines.append("pub enum %s%s%s" % (path, generics(v["generics"]), ne))
@@ -185,13 +217,17 @@ def visit(it, path):
             elif "struct" in vk:
                 lines.append("%s::%s { %s }" % (path, vi["name"], ", ".join(
                     "%s: %s" % (item(f)["name"], ty(item(f)["inner"]["struct_field"])) for f in vk["struct"]["fields"])))
-        impls(path, v["impls"])
+        impls(path, v["impls"], it["id"])
     elif kind == "function":
         lines.append("pub " + function(path, v) + deprecated(it))
     elif kind == "constant":
         lines.append("pub const %s: %s" % (path, ty(v["type"])))
     elif kind == "trait":
-        lines.append("pub trait %s" % path)
+        lines.append("pub trait %s%s" % (path, generics(v["generics"])))
+        for m in v["items"]:
+            mi = item(m)
+            if mi is not None and "function" in mi["inner"]:
+                lines.append("pub %s%s" % (function(path + "::" + mi["name"], mi["inner"]["function"]), deprecated(mi)))
     elif kind == "module":
         for i in v["items"]:
             sub = item(i)
@@ -221,7 +257,9 @@ for i in sorted(root["inner"]["module"]["items"], key=root_name):
         visit(it, "redmutex::" + it["name"])
 print("\n".join(lines))
 PY
-if [ "${1:-}" = "--check" ]; then
+if [ "${1:-}" = "--count" ]; then
+  echo "$(grep -c '^pub fn' "$out") public functions"
+elif [ "${1:-}" = "--check" ]; then
   if ! diff -u public-api.txt "$out"; then
     echo "error: the public API changed; run scripts/public-api.sh and commit public-api.txt" >&2
     exit 1

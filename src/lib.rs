@@ -375,3 +375,33 @@ pub struct ReadmeDoctests;
 #[doc = include_str!("../docs/testing.md")]
 #[cfg(doctest)]
 pub struct GuideDoctests;
+
+// The auto traits that are part of the contract, checked where the types
+// are built (`public-api.txt` lists every public type's, as the compiler
+// computes them). Handles, the client and its options cross threads; a
+// permit, a read-write guard and a RedLock guard may be moved to and shared
+// with another thread. `LockGuard` and `ReentrantGuard` are `!Send` on
+// purpose (their holds are the thread's), shown by `compile_fail` examples
+// on those types.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<LockClient>();
+    send_sync::<LockClientBuilder>();
+    send_sync::<DistributedLock>();
+    send_sync::<ReentrantLock>();
+    send_sync::<RwLock>();
+    send_sync::<Semaphore>();
+    send_sync::<RedLock>();
+    send_sync::<Permit>();
+    send_sync::<RwGuard>();
+    send_sync::<RedLockGuard>();
+    send_sync::<LossSignal>();
+    send_sync::<LockOptions>();
+    send_sync::<LeaseOptions>();
+    send_sync::<SemaphoreOptions>();
+    send_sync::<Error>();
+    // A checked-out connection may go to another thread (it is `!Sync`:
+    // redis-rs's cluster connection keeps its state in `RefCell`s).
+    const fn send<T: Send>() {}
+    send::<Connection>();
+};
