@@ -10,9 +10,10 @@
 --   kind     'lock' (a string that is not a number: a plain lock's token),
 --            'reentrant' (a hash with 'owner'), 'read' or 'write' (a
 --            read-write lock hash held by readers or a writer),
---            'semaphore' (a hash with 'limit'), or '' for anything else
---            (a fencing counter, a release marker, another program's key,
---            a lock hash with no live holder)
+--            'semaphore' (a hash with 'limit'), '' for nothing held (no
+--            key, or a lock hash with no live holder), or 'other' for a
+--            key that is no lock (a number: a fencing counter; another
+--            type; a hash of no lock type of this crate)
 --   ms       time left: the key's PTTL for a lock or reentrant lock (-1:
 --            no expiry), the earliest live deadline for a read-write lock
 --            or semaphore
@@ -24,6 +25,7 @@
 --            16 holders whose tokens carry it: the value of a lock, the
 --            writer, each live reader or permit, each hold of a reentrant
 --            lock (in no particular order)
+-- A key that is not there, or not a lock, answers {kind, 0, 0, 0}.
 -- Reads only (expired fields are skipped, not purged): safe to run twice.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -45,7 +47,7 @@ end
 local value = redis.pcall('GET', KEYS[1])
 if type(value) == 'string' then
   if tonumber(value) ~= nil then
-    return {'', 0, 0, 0}
+    return {'other', 0, 0, 0}
   end
   meta(value)
   return reply('lock', redis.call('PTTL', KEYS[1]), 1, 0)
@@ -55,7 +57,10 @@ if type(value) ~= 'table' or not value.err then
 end
 -- Not a string: a hash, or another type (HGETALL fails on those).
 local fields = redis.pcall('HGETALL', KEYS[1])
-if type(fields) ~= 'table' or fields.err or #fields == 0 then
+if type(fields) ~= 'table' or fields.err then
+  return {'other', 0, 0, 0}
+end
+if #fields == 0 then
   return {'', 0, 0, 0}
 end
 local values = {}
@@ -109,5 +114,13 @@ end
 local readers = count_live('r:')
 if readers > 0 then
   return reply('read', soonest - now, readers, 0)
+end
+-- A read-write lock's hash whose holders' deadlines all passed is free;
+-- a hash with none of the lock types' fields is another program's.
+for name, _ in pairs(values) do
+  local kind = string.sub(name, 1, 2)
+  if name ~= 'w' and name ~= 'wexp' and kind ~= 'r:' and kind ~= 'q:' then
+    return {'other', 0, 0, 0}
+  end
 end
 return {'', 0, 0, 0}

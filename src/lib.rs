@@ -180,7 +180,9 @@
 //! label, acquisition time by the server's clock) inside its token,
 //! written by the acquisition itself; [`LockClient::list`] shows every
 //! held lock and semaphore under the client's prefix (kind, time left,
-//! holders and who they are; never a token's secret). A server that
+//! holders and who they are; never a token's secret), and a lock's
+//! `status()` ([`DistributedLock::status`], [`ReentrantLock::status`],
+//! [`RwLock::status`]) the same for one key, in one atomic read. A server that
 //! refuses a command the crate needs gives [`Error::Unsupported`].
 //!
 //! ## Guarantees

@@ -488,6 +488,7 @@ fn round(client: &LockClient, kind: &str, key: &str) -> Result<(), redmutex::Err
             let mut guard = lock.lock()?;
             guard.extend(Duration::from_secs(10))?;
             assert!(guard.is_held()?);
+            assert!(lock.status()?.is_some());
             guard.unlock()?;
             // And once more by drop (written behind after the first).
             drop(lock.lock()?);
@@ -515,12 +516,21 @@ fn round(client: &LockClient, kind: &str, key: &str) -> Result<(), redmutex::Err
             let lock = ReentrantLock::with_options(client, key, lease);
             let outer = lock.lock()?;
             let mut inner = lock.lock()?;
+            assert_eq!(lock.status()?.map(|held| held.holders), Some(2));
             inner.extend(Duration::from_secs(10))?;
             inner.unlock()?;
             outer.unlock()?;
         }
-        "read" => RwLock::with_options(client, key, lease).read()?.unlock()?,
-        "write" => RwLock::with_options(client, key, lease).write()?.unlock()?,
+        "read" | "write" => {
+            let lock = RwLock::with_options(client, key, lease);
+            let guard = if kind == "read" {
+                lock.read()?
+            } else {
+                lock.write()?
+            };
+            assert!(lock.status()?.is_some());
+            guard.unlock()?;
+        }
         "semaphore" | "fenced semaphore" => {
             let options = redmutex::SemaphoreOptions::from(lease).fencing(kind != "semaphore");
             let mut permit =

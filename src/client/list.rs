@@ -22,7 +22,9 @@ const BATCH: u64 = 500;
 /// never comes back to 0 (keys added as fast as they are scanned) ends.
 const MAX_STEPS: u32 = 100_000;
 
-/// One lock or semaphore held now, as [`LockClient::list`] found it.
+/// One lock or semaphore held now, as [`LockClient::list`] or a lock's
+/// `status()` ([`DistributedLock::status`](crate::DistributedLock::status))
+/// found it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HeldLock {
@@ -195,55 +197,100 @@ impl LockClient {
         });
         for (key, reply) in keys.iter().zip(replies?) {
             // A key that changed type or vanished meanwhile: skipped.
-            let Ok(value) = reply else { continue };
-            let Ok(fields) = redis::from_redis_value::<Vec<Value>>(value) else {
-                continue;
-            };
-            let mut fields = fields.into_iter();
-            let (Some(kind), Some(ms), Some(holders), Some(limit)) =
-                (fields.next(), fields.next(), fields.next(), fields.next())
-            else {
-                continue;
-            };
-            let (Ok(kind), Ok(ms), Ok(holders), Ok(limit)) = (
-                redis::from_redis_value::<String>(kind),
-                redis::from_redis_value::<i64>(ms),
-                redis::from_redis_value::<i64>(holders),
-                redis::from_redis_value::<i64>(limit),
-            ) else {
-                continue;
-            };
-            let now = fields
-                .next()
-                .and_then(|v| redis::from_redis_value::<u64>(v).ok())
-                .unwrap_or_default();
-            let mut held_by: Vec<Holder> = fields
-                .filter_map(|v| redis::from_redis_value::<String>(v).ok())
-                .filter_map(|meta| Holder::from_meta(&meta))
-                .collect();
-            held_by.sort_by_key(|h| h.acquired_at);
-            let kind = match kind.as_str() {
-                "lock" => LockKind::Mutex,
-                "reentrant" => LockKind::Reentrant,
-                "read" => LockKind::Read,
-                "write" => LockKind::Write,
-                "semaphore" => LockKind::Semaphore,
-                _ => continue,
-            };
-            held.push(HeldLock {
-                key: key.strip_prefix(prefix).unwrap_or(key).to_owned(),
-                kind,
-                remaining: u64::try_from(ms).ok().map(Duration::from_millis),
-                holders: u32::try_from(holders).unwrap_or(u32::MAX),
-                limit: (kind == LockKind::Semaphore).then(|| u32::try_from(limit).unwrap_or(0)),
-                held_by,
-                seen_at: UNIX_EPOCH
-                    .checked_add(Duration::from_millis(now))
-                    .unwrap_or(UNIX_EPOCH),
-            });
+            if let Ok(value) = reply
+                && let Some(Inspected::Held(lock)) = inspected(key, prefix, value)
+            {
+                held.push(lock);
+            }
         }
         Ok(())
     }
+
+    /// What `key` (a key in Redis, the prefix included) holds now, by
+    /// `lua/inspect.lua`: one read, in one step. `None` when nothing holds
+    /// it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongType`] when the key holds data that is no lock of this
+    /// crate; [`Error::Redis`] or [`Error::Pool`].
+    pub(crate) fn status_of(&self, key: &str) -> Result<Option<HeldLock>, Error> {
+        self.check_key(key)?;
+        self.counters().commands(1);
+        // A read: a lost reply is sent again on a fresh connection.
+        let value: Value =
+            self.run(Op::Read, key, |con, _| script::INSPECT.key(key).invoke(con))?;
+        match inspected(key, self.key_prefix(), value) {
+            Some(Inspected::Held(lock)) => Ok(Some(lock)),
+            Some(Inspected::Free) => Ok(None),
+            Some(Inspected::Other) => Err(Error::WrongType {
+                key: key.to_owned(),
+            }),
+            None => Err(Error::Redis(redis::RedisError::from((
+                redis::ErrorKind::Parse,
+                "the status script answered in an unexpected shape",
+            )))),
+        }
+    }
+}
+
+/// What `lua/inspect.lua` found under one key.
+enum Inspected {
+    Held(HeldLock),
+    /// Nothing holds the key.
+    Free,
+    /// Data that is no lock of this crate.
+    Other,
+}
+
+/// Reads `lua/inspect.lua`'s reply for `key`; `None` for a reply of
+/// another shape.
+fn inspected(key: &str, prefix: &str, value: Value) -> Option<Inspected> {
+    let fields = redis::from_redis_value::<Vec<Value>>(value).ok()?;
+    let mut fields = fields.into_iter();
+    let (kind, ms, holders, limit) = (
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+    );
+    let (Ok(kind), Ok(ms), Ok(holders), Ok(limit)) = (
+        redis::from_redis_value::<String>(kind),
+        redis::from_redis_value::<i64>(ms),
+        redis::from_redis_value::<i64>(holders),
+        redis::from_redis_value::<i64>(limit),
+    ) else {
+        return None;
+    };
+    let kind = match kind.as_str() {
+        "lock" => LockKind::Mutex,
+        "reentrant" => LockKind::Reentrant,
+        "read" => LockKind::Read,
+        "write" => LockKind::Write,
+        "semaphore" => LockKind::Semaphore,
+        "" => return Some(Inspected::Free),
+        _ => return Some(Inspected::Other),
+    };
+    let now = fields
+        .next()
+        .and_then(|v| redis::from_redis_value::<u64>(v).ok())
+        .unwrap_or_default();
+    let mut held_by: Vec<Holder> = fields
+        .filter_map(|v| redis::from_redis_value::<String>(v).ok())
+        .filter_map(|meta| Holder::from_meta(&meta))
+        .collect();
+    held_by.sort_by_key(|h| h.acquired_at);
+    Some(Inspected::Held(HeldLock {
+        key: key.strip_prefix(prefix).unwrap_or(key).to_owned(),
+        kind,
+        remaining: u64::try_from(ms).ok().map(Duration::from_millis),
+        holders: u32::try_from(holders).unwrap_or(u32::MAX),
+        limit: (kind == LockKind::Semaphore).then(|| u32::try_from(limit).unwrap_or(0)),
+        held_by,
+        seen_at: UNIX_EPOCH
+            .checked_add(Duration::from_millis(now))
+            .unwrap_or(UNIX_EPOCH),
+    }))
 }
 
 /// One `SCAN` step on `node` (or the connection's own server).

@@ -166,6 +166,28 @@ impl RwLock {
         &self.key
     }
 
+    /// Who holds the key now, by the server's clock, read in one step
+    /// (`lua/inspect.lua`: one round trip, atomic, never a token's secret):
+    /// the lock type found ([`LockKind::Read`](crate::LockKind::Read) while readers hold it, [`LockKind::Write`](crate::LockKind::Write) while a writer does), the time left, the readers (or 1 writer) and the
+    /// holders' metadata ([`Holder`](crate::Holder)). `None` when it is
+    /// free. A key held by another lock type of this crate is reported as
+    /// that type. Changes nothing; a lost reply is asked again.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongType`] when the key holds data that is no lock of
+    /// this crate; [`Error::InvalidArgument`] for an empty key (or, on
+    /// Redis Cluster, a key with `}` and no valid `{tag}`);
+    /// [`Error::Redis`] or [`Error::Pool`].
+    pub fn status(&self) -> Result<Option<crate::HeldLock>, Error> {
+        if self.key.is_empty() {
+            return Err(Error::InvalidArgument(
+                "the lock key must not be empty".into(),
+            ));
+        }
+        self.client.status_of(&self.key)
+    }
+
     /// Takes a read lock, waiting up to the options' `wait`.
     ///
     /// # Errors

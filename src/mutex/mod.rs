@@ -244,6 +244,28 @@ impl DistributedLock {
         )
     }
 
+    /// Who holds the key now, by the server's clock, read in one step
+    /// (`lua/inspect.lua`: one round trip, atomic, never a token's secret):
+    /// the lock type found ([`LockKind::Mutex`](crate::LockKind::Mutex) for a plain lock), the time left, how many hold it and
+    /// the holders' metadata ([`Holder`](crate::Holder)). `None` when it
+    /// is free. A key held by another lock type of this crate is reported
+    /// as that type. Changes nothing; a lost reply is asked again.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongType`] when the key holds data that is no lock of
+    /// this crate; [`Error::InvalidArgument`] for an empty key (or, on
+    /// Redis Cluster, a key with `}` and no valid `{tag}`);
+    /// [`Error::Redis`] or [`Error::Pool`].
+    pub fn status(&self) -> Result<Option<crate::HeldLock>, Error> {
+        if self.key.is_empty() {
+            return Err(Error::InvalidArgument(
+                "the lock key must not be empty".into(),
+            ));
+        }
+        self.client.status_of(&self.key)
+    }
+
     /// Deletes the key whatever it holds, for operators breaking a lock
     /// whose holder is known to be gone (`redmutex release --force`), and
     /// returns the token that was in it (`None`: it was free). Not
