@@ -523,12 +523,14 @@ fn round(client: &LockClient, kind: &str, key: &str) -> Result<(), redmutex::Err
         }
         "read" | "write" => {
             let lock = RwLock::with_options(client, key, lease);
-            let guard = if kind == "read" {
+            let mut guard = if kind == "read" {
                 lock.read()?
             } else {
                 lock.write()?
             };
             assert!(lock.status()?.is_some());
+            guard.extend(Duration::from_secs(10))?;
+            assert!(guard.is_held()?);
             guard.unlock()?;
         }
         "semaphore" | "fenced semaphore" => {

@@ -253,7 +253,14 @@ fn inert_in_child(world: World) -> i32 {
     {
         return 24;
     }
-    if !read.validity().is_zero() || !refused(read.unlock()) || !refused(write.unlock()) {
+    let mut write = write;
+    if !read.validity().is_zero()
+        || !read.is_lost()
+        || read.is_held().is_ok()
+        || !refused(write.extend(Duration::from_secs(60)))
+        || !refused(read.unlock())
+        || !refused(write.unlock())
+    {
         return 25;
     }
     if !permit.validity().is_zero() || !permit.is_lost() || !refused(permit.release()) {

@@ -268,3 +268,156 @@ fn until_deadlines_are_kept_for_reads_and_writes() {
     assert!(lock.try_read_until(past).expect("read").is_none());
     writer.unlock().expect("unlock");
 }
+
+/// The server's deadline of `field` in the hash, in ms from now.
+fn left_ms(server: &RedisServer, key: &str, field: &str) -> i64 {
+    let mut con = server.conn();
+    let deadline: Option<i64> = con.hget(key, field).expect("HGET");
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query(&mut con).expect("TIME");
+    deadline.map_or(-1, |d| d - (secs * 1000 + micros / 1000))
+}
+
+fn reader_field(guard: &redmutex::RwGuard) -> String {
+    format!("r:{}", guard.token())
+}
+
+#[test]
+fn readers_and_the_writer_extend_their_own_hold_only() {
+    let server = RedisServer::start();
+    let client = redmutex::LockClient::open(&server.url()).expect("client");
+    let options = LeaseOptions::default().ttl(Duration::from_secs(2));
+    let lock = RwLock::with_options(&client, "rw:extend", options);
+    let mut first = lock.read().expect("read");
+    let second = lock.read().expect("read");
+    first.extend(Duration::from_secs(60)).expect("extend");
+    assert!(left_ms(&server, "rw:extend", &reader_field(&first)) > 50_000);
+    assert!(
+        left_ms(&server, "rw:extend", &reader_field(&second)) <= 2_000,
+        "the other reader's deadline is its own"
+    );
+    let pttl: i64 = server.conn().pttl("rw:extend").expect("PTTL");
+    assert!(
+        pttl > 50_000,
+        "the hash lives as long as its latest deadline: {pttl}"
+    );
+    assert!(first.validity() > Duration::from_secs(50));
+    assert!(first.is_held().expect("is_held"));
+    // Never earlier: a shorter ttl leaves the deadline where it is.
+    first.extend(Duration::from_secs(1)).expect("extend");
+    assert!(left_ms(&server, "rw:extend", &reader_field(&first)) > 50_000);
+    assert!(first.validity() > Duration::from_secs(50));
+    second.unlock().expect("unlock");
+    first.unlock().expect("unlock");
+
+    let mut writer = lock.write().expect("write");
+    writer.extend(Duration::from_secs(60)).expect("extend");
+    assert!(left_ms(&server, "rw:extend", "wexp") > 50_000);
+    assert!(writer.is_held().expect("is_held"));
+    assert!(!writer.is_lost());
+    writer.unlock().expect("unlock");
+    assert!(
+        !server
+            .conn()
+            .exists::<_, bool>("rw:extend")
+            .expect("EXISTS")
+    );
+}
+
+#[test]
+fn an_extension_never_re_creates_a_hold_and_reports_the_loss() {
+    let server = RedisServer::start();
+    let client = redmutex::LockClient::open(&server.url()).expect("client");
+    let lock = RwLock::new(&client, "rw:gone");
+    let mut reader = lock.read().expect("read");
+    let signal = reader.loss_signal();
+    let field = reader_field(&reader);
+    let _: () = server.conn().hdel("rw:gone", &field).expect("HDEL");
+    assert!(!reader.is_held().expect("is_held"));
+    let err = reader.extend(Duration::from_secs(30)).expect_err("gone");
+    assert!(
+        matches!(
+            err,
+            Error::NotHeld {
+                reason: NotHeldReason::Expired,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(reader.is_lost());
+    assert_eq!(reader.validity(), Duration::ZERO);
+    assert!(
+        signal.wait_timeout(Duration::from_secs(1)).is_some(),
+        "fired"
+    );
+    let fields: Vec<String> = server.conn().hkeys("rw:gone").expect("HKEYS");
+    assert!(!fields.contains(&field), "not re-created: {fields:?}");
+    drop(reader);
+
+    // A writer whose token was replaced by another writer's.
+    let mut writer = lock.write().expect("write");
+    let _: () = server
+        .conn()
+        .hset("rw:gone", "w", "another-writer")
+        .expect("HSET");
+    assert!(!writer.is_held().expect("is_held"));
+    let err = writer
+        .extend(Duration::from_secs(30))
+        .expect_err("replaced");
+    assert!(
+        matches!(
+            err,
+            Error::NotHeld {
+                reason: NotHeldReason::OwnedByOther,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(writer.is_lost());
+    let owner: Option<String> = server.conn().hget("rw:gone", "w").expect("HGET");
+    assert_eq!(owner.as_deref(), Some("another-writer"), "left alone");
+}
+
+#[test]
+fn a_bad_ttl_or_another_types_key_changes_nothing() {
+    let server = RedisServer::start();
+    let client = redmutex::LockClient::open(&server.url()).expect("client");
+    let lock = RwLock::new(&client, "rw:bad");
+    let mut reader = lock.read().expect("read");
+    let field = reader_field(&reader);
+    let before = left_ms(&server, "rw:bad", &field);
+    for ttl in [Duration::ZERO, Duration::MAX] {
+        let err = reader.extend(ttl).expect_err("refused");
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    }
+    assert!(left_ms(&server, "rw:bad", &field) <= before);
+    assert!(!reader.is_lost());
+    // The hash turned into another type's: refused, nothing written.
+    let _: () = server.conn().hset("rw:bad", "limit", 3).expect("HSET");
+    let err = reader.extend(Duration::from_secs(60)).expect_err("foreign");
+    assert!(matches!(err, Error::WrongType { .. }), "{err:?}");
+    assert!(!err.to_string().contains(reader.token()), "{err}");
+    assert!(left_ms(&server, "rw:bad", &field) <= before);
+    let _: () = server.conn().del("rw:bad").expect("DEL");
+}
+
+#[test]
+fn an_extension_whose_reply_is_lost_is_sent_again() {
+    let server = RedisServer::start();
+    let proxy = support::FaultProxy::to(&server);
+    let client = redmutex::LockClient::open(&proxy.url()).expect("client");
+    let options = LeaseOptions::default().ttl(Duration::from_secs(2));
+    let mut writer = RwLock::with_options(&client, "rw:lossy", options)
+        .write()
+        .expect("write");
+    writer
+        .extend(Duration::from_secs(20))
+        .expect("loads the script");
+    proxy.lose_reply(&support::sha(include_str!("../lua/rw_extend.lua")), 1);
+    writer.extend(Duration::from_secs(60)).expect("sent again");
+    assert_eq!(proxy.lost_replies(), 1, "the fault fired");
+    assert!(left_ms(&server, "rw:lossy", "wexp") > 50_000);
+    assert!(writer.validity() > Duration::from_secs(50));
+    writer.unlock().expect("unlock");
+}

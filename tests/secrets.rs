@@ -148,7 +148,10 @@ impl Held {
                 keep(texts, guard.is_held().map(|_| ()));
                 keep(texts, guard.extend(ttl));
             }
-            Held::Rw(_) => {}
+            Held::Rw(guard) => {
+                keep(texts, guard.is_held().map(|_| ()));
+                keep(texts, guard.extend(ttl));
+            }
             Held::Permit(permit) => {
                 keep(texts, permit.is_held().map(|_| ()));
                 keep(texts, permit.extend(ttl));

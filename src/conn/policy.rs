@@ -73,6 +73,9 @@ pub(crate) enum Op {
     /// `lua/rw_release.lua`. *Made safe*: it removes only this holder's
     /// field, and leaves a marker when it did.
     RwRelease,
+    /// `lua/rw_extend.lua`: *safe* (owner-checked, never re-creates a
+    /// hold, never moves a deadline earlier).
+    RwExtend,
     /// `lua/sem_acquire.lua`. *Made safe*: the permit id is chosen before
     /// the first send; a resend that finds its own permit answers
     /// "acquired" and takes no second one.
@@ -112,7 +115,7 @@ impl Op {
             | Op::RwAcquire
             | Op::SemAcquire => "acquire",
             Op::Release | Op::ReentrantRelease | Op::RwRelease | Op::SemRelease => "release",
-            Op::Extend | Op::ReentrantExtend | Op::SemExtend => "extend",
+            Op::Extend | Op::ReentrantExtend | Op::RwExtend | Op::SemExtend => "extend",
             Op::Renew => "renew",
             Op::Read => "read",
             Op::Cleanup => "cleanup",

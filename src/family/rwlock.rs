@@ -13,6 +13,7 @@ use crate::client::release;
 use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
 use crate::error::{Error, NotHeldReason};
+use crate::lease::loss::{LossReason, LossSignal, LossState};
 use crate::lease::remaining;
 use crate::renew::watchdog::OrphanKind;
 use crate::script;
@@ -436,6 +437,7 @@ impl Contender for Grant<'_> {
             released: false,
             tag: self.lock.tag(self.mode),
             held_since: Instant::now(),
+            loss: Arc::default(),
         }))
     }
 
@@ -501,6 +503,8 @@ pub struct RwGuard {
     tag: Tag,
     /// When this hold began.
     held_since: Instant,
+    /// Set when Redis said the hold is gone ([`RwGuard::extend`]).
+    loss: Arc<LossState>,
 }
 
 impl std::fmt::Debug for RwGuard {
@@ -532,12 +536,135 @@ impl RwGuard {
         self.mode == Mode::Write
     }
 
-    /// The lease left by the local clock, minus the drift allowance.
+    /// The lease left by the local clock since this hold's acquisition or
+    /// last [`RwGuard::extend`], minus the drift allowance; zero once
+    /// released or lost.
     pub fn validity(&self) -> Duration {
-        if self.released || self.client.inherited() {
+        if self.released || self.is_lost() {
             return Duration::ZERO;
         }
         remaining(self.sent, self.ttl, Instant::now())
+    }
+
+    /// Whether the hold was found lost: an [`RwGuard::extend`] found its
+    /// field gone (the lease ran out) or, for the writer, another writer in
+    /// its place. Always true in a process forked since it was taken.
+    pub fn is_lost(&self) -> bool {
+        self.client.inherited() || self.loss.reason().is_some()
+    }
+
+    /// A signal, usable from any thread and after the guard is gone, that
+    /// fires when the hold is found lost.
+    pub fn loss_signal(&self) -> LossSignal {
+        LossSignal {
+            state: self.loss.clone(),
+        }
+    }
+
+    /// Whether Redis still has this hold (this reader's field, or this
+    /// writer's token) within its deadline, by the server's clock. Changes
+    /// nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::WrongType`] when the key is not a hash; [`Error::Redis`]
+    /// or [`Error::Pool`]; [`Error::InvalidArgument`] for a guard
+    /// inherited through `fork()` (nothing is sent).
+    pub fn is_held(&self) -> Result<bool, Error> {
+        if self.released {
+            return Ok(false);
+        }
+        let key = self.key.as_str();
+        let reader = format!("r:{}", self.token);
+        self.client.counters().commands(1);
+        // A read: a lost reply is asked again. One reply shape for both
+        // modes: a reader's field is read twice (it has no owner field).
+        let (owner, deadline, now): (Option<String>, Option<u64>, (u64, u64)) =
+            self.client.run(Op::Read, key, |con, _| {
+                let mut pipe = redis::pipe();
+                match self.mode {
+                    Mode::Write => pipe
+                        .cmd("HGET")
+                        .arg(key)
+                        .arg("w")
+                        .cmd("HGET")
+                        .arg(key)
+                        .arg("wexp"),
+                    Mode::Read => pipe
+                        .cmd("HGET")
+                        .arg(key)
+                        .arg(&reader)
+                        .cmd("HGET")
+                        .arg(key)
+                        .arg(&reader),
+                };
+                pipe.cmd("TIME").query(con)
+            })?;
+        let now_ms = now.0.saturating_mul(1000).saturating_add(now.1 / 1000);
+        let ours = match self.mode {
+            Mode::Write => owner.as_deref() == Some(self.token.as_str()),
+            Mode::Read => true,
+        };
+        Ok(ours && deadline.is_some_and(|d| d > now_ms))
+    }
+
+    /// Sets this hold's deadline to `ttl` from now by the server's clock
+    /// (`lua/rw_extend.lua`), if Redis still has it: owner-checked, it
+    /// never re-creates a hold that ran out and never moves a deadline
+    /// earlier (a `ttl` shorter than what is left changes nothing). The
+    /// hash's own expiry follows its latest deadline.
+    ///
+    /// Safe to send twice: a resend after a lost reply finds the same
+    /// hold and sets a deadline no earlier (the local estimate keeps
+    /// counting from the first send).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a ttl under 1 ms or over ten years,
+    /// or a guard inherited through `fork()` (nothing is sent);
+    /// [`Error::NotHeld`] ([`NotHeldReason::Expired`] when its field is
+    /// gone, [`NotHeldReason::OwnedByOther`] when another writer holds the
+    /// write lock), after which [`RwGuard::is_lost`] is true;
+    /// [`Error::WrongType`] when the key is another type's (nothing
+    /// changes); [`Error::Redis`], [`Error::Pool`] or
+    /// [`Error::OutcomeUnknown`].
+    pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        self.client.check_process()?;
+        let millis = ttl_millis(ttl)?;
+        if self.released {
+            return Err(Error::not_held(&self.key, NotHeldReason::Expired));
+        }
+        let key = self.key.as_str();
+        let sent = Instant::now();
+        self.client.counters().commands(1);
+        let renewed: i64 = self.client.run(Op::RwExtend, key, |con, _| {
+            script::RW_EXTEND
+                .key(key)
+                .arg(&self.token)
+                .arg(self.mode.code())
+                .arg(millis)
+                .invoke(con)
+        })?;
+        match renewed {
+            1 => {
+                // The deadline in Redis is the later of the two: so is
+                // the local estimate.
+                let asked = Duration::from_millis(millis);
+                if remaining(sent, asked, sent) >= remaining(self.sent, self.ttl, sent) {
+                    self.sent = sent;
+                    self.ttl = asked;
+                }
+                Ok(())
+            }
+            0 => {
+                self.loss.lose(LossReason::Expired);
+                Err(Error::not_held(key, NotHeldReason::Expired))
+            }
+            _ => {
+                self.loss.lose(LossReason::OwnedByOther);
+                Err(Error::not_held(key, NotHeldReason::OwnedByOther))
+            }
+        }
     }
 
     /// Releases this hold: removes only this holder's field.

@@ -133,6 +133,11 @@ pub(crate) static RW_ACQUIRE: LazyLock<Script> =
 pub(crate) static RW_RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/rw_release.lua")));
 
+/// `lua/rw_extend.lua`: renew one holder's field, owner-checked, never
+/// earlier. Returns 1, 0 gone, -1 other writer.
+pub(crate) static RW_EXTEND: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/rw_extend.lua")));
+
 /// `lua/sem_acquire.lua`: take a permit. Returns `{acquired, wait_ms,
 /// fence}`; `LIMIT <n>` when live permits exist under another limit,
 /// `FENCE ...` when the fencing counter cannot be incremented.
