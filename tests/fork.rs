@@ -249,6 +249,7 @@ fn inert_in_child(world: World) -> i32 {
         return 23;
     }
     if !reentrant.validity().is_zero()
+        || !reentrant.is_lost()
         || !matches!(reentrant.unlock(), Err(Error::InvalidArgument(_)))
     {
         return 24;

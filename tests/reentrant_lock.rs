@@ -160,3 +160,45 @@ fn extend_is_owner_checked_and_wrong_types_are_named() {
     }
     drop(plain);
 }
+
+#[test]
+fn a_loss_an_extension_finds_is_reported() {
+    let server = RedisServer::start();
+    let mut con = server.conn();
+    let client = server.lock_client();
+    let lock = ReentrantLock::new(&client, "lost");
+    let mut guard = lock.lock().expect("lock");
+    let signal = guard.loss_signal();
+    assert!(!guard.is_lost());
+    assert!(signal.reason().is_none());
+    let _: () = con.del("lost").expect("DEL");
+    let err = guard.extend(Duration::from_secs(60)).expect_err("gone");
+    assert_eq!(err.not_held_reason(), Some(NotHeldReason::Expired));
+    assert!(guard.is_lost());
+    assert_eq!(guard.validity(), Duration::ZERO);
+    assert_eq!(
+        signal.wait_timeout(Duration::from_secs(1)),
+        Some(redmutex::LossReason::Expired)
+    );
+    assert!(
+        !con.exists::<_, bool>("lost").expect("EXISTS"),
+        "not re-created"
+    );
+    drop(guard);
+
+    // Taken by another owner: OwnedByOther.
+    let mut guard = lock.lock().expect("lock");
+    let _: () = con.del("lost").expect("DEL");
+    let _: () = con
+        .hset_multiple("lost", &[("owner", "someone:1"), ("h:x", "1")])
+        .expect("HSET");
+    let err = guard.extend(Duration::from_secs(60)).expect_err("taken");
+    assert_eq!(err.not_held_reason(), Some(NotHeldReason::OwnedByOther));
+    assert_eq!(
+        guard.loss_signal().reason(),
+        Some(redmutex::LossReason::OwnedByOther)
+    );
+    drop(guard);
+    let kept: i64 = con.hget("lost", "h:x").expect("HGET");
+    assert_eq!(kept, 1, "the other owner's hold is untouched");
+}

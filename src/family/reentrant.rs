@@ -18,6 +18,7 @@ use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
 use crate::error::{Error, NotHeldReason};
 use crate::fork::Birth;
+use crate::lease::loss::{LossReason, LossSignal, LossState};
 use crate::lease::remaining;
 use crate::renew::watchdog::OrphanKind;
 use crate::script;
@@ -337,6 +338,7 @@ impl Contender for Hold<'_> {
             released: false,
             tag: self.lock.tag(),
             held_since: Instant::now(),
+            loss: Arc::default(),
             _thread_bound: PhantomData,
         }))
     }
@@ -369,6 +371,9 @@ pub struct ReentrantGuard {
     tag: Tag,
     /// When this hold began.
     held_since: Instant,
+    /// Set when Redis said the lock is gone or another owner's
+    /// ([`ReentrantGuard::extend`]).
+    loss: Arc<LossState>,
     _thread_bound: PhantomData<Rc<()>>,
 }
 
@@ -405,13 +410,29 @@ impl ReentrantGuard {
     }
 
     /// The lease left by the local clock since this guard's acquisition or
-    /// extension, minus the drift allowance. Later re-entries refresh the
-    /// lease in Redis, so this is a lower bound.
+    /// extension, minus the drift allowance; zero once released or lost.
+    /// Later re-entries refresh the lease in Redis, so this is a lower
+    /// bound.
     pub fn validity(&self) -> Duration {
-        if self.released || self.client.inherited() {
+        if self.released || self.is_lost() {
             return Duration::ZERO;
         }
         remaining(self.sent, self.ttl, Instant::now())
+    }
+
+    /// Whether the lock was found lost: an [`ReentrantGuard::extend`] found
+    /// the key gone (the lease ran out) or held by another owner. Always
+    /// true in a process forked since it was taken.
+    pub fn is_lost(&self) -> bool {
+        self.client.inherited() || self.loss.reason().is_some()
+    }
+
+    /// A signal, usable from any thread and after the guard is gone, that
+    /// fires when the lock is found lost through this guard.
+    pub fn loss_signal(&self) -> LossSignal {
+        LossSignal {
+            state: self.loss.clone(),
+        }
     }
 
     /// Asks Redis whether this owner still holds the lock.
@@ -433,7 +454,8 @@ impl ReentrantGuard {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for a bad ttl; [`Error::NotHeld`] when the
-    /// key is gone or another owner holds it; [`Error::Redis`],
+    /// key is gone or another owner holds it (then [`ReentrantGuard::is_lost`]
+    /// is true and its loss signal fires); [`Error::Redis`],
     /// [`Error::Pool`] or [`Error::WrongType`].
     pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         let millis = ttl_millis(ttl)?;
@@ -447,7 +469,10 @@ impl ReentrantGuard {
                 .arg(millis)
                 .invoke(con)
         })?;
-        script::owner_checked(reply).map_err(|reason| Error::not_held(key, reason))?;
+        script::owner_checked(reply).map_err(|reason| {
+            self.loss.lose(LossReason::from(reason));
+            Error::not_held(key, reason)
+        })?;
         self.sent = sent;
         self.ttl = Duration::from_millis(millis);
         Ok(())
