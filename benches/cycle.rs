@@ -166,7 +166,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 },
             ),
         ),
-        ("lock() + unlock()", Box::new(|| Ok(lock.lock()?.unlock()?))),
+        (
+            "lock() + unlock()",
+            Box::new(|| lock.lock()?.unlock().map(drop).map_err(Into::into)),
+        ),
         (
             "lock() + drop (release written behind)",
             Box::new(|| {

@@ -420,7 +420,7 @@ fn uncontended(
     let mut cycle = |_: ()| -> Result<(), Failure> {
         match &semaphore {
             Some(semaphore) => Ok(semaphore.acquire()?.release()?),
-            None => Ok(lock.lock()?.unlock()?),
+            None => Ok(lock.lock()?.unlock().map(drop)?),
         }
     };
     let mut dropped = |_: ()| -> Result<(), Failure> {
@@ -639,7 +639,7 @@ fn run_process(
                     locals[k].leave();
                     match held {
                         Held::Permit(permit) => permit.release()?,
-                        Held::Lock(guard) => guard.unlock()?,
+                        Held::Lock(guard) => drop(guard.unlock()?),
                     }
                     worker.acquisitions += 1;
                 }

@@ -127,7 +127,7 @@ fn main() -> Result<(), Error> {
                 false => Err(Error::InvalidArgument("demo:pair was held".into())),
             }
         })?);
-        unlocked.push(time(rounds, || lock.lock()?.unlock())?);
+        unlocked.push(time(rounds, || lock.lock()?.unlock().map(drop))?);
         dropped.push(time(rounds, || lock.lock().map(drop))?);
     }
     let median = |mut runs: Vec<Duration>| {

@@ -59,13 +59,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let single = DistributedLock::new(&clients[0], "bench:single");
     row(
         "single node",
-        time(args.rounds, || single.lock()?.unlock())?,
+        time(args.rounds, || single.lock()?.unlock().map(drop))?,
     );
 
     let via_sentinel = DistributedLock::new(&sentinels.lock_client(), "bench:sentinel");
     row(
         "primary via Sentinel",
-        time(args.rounds, || via_sentinel.lock()?.unlock())?,
+        time(args.rounds, || via_sentinel.lock()?.unlock().map(drop))?,
     );
 
     let cluster_client = cluster.lock_client();
@@ -79,7 +79,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "Redis Cluster, 3 primaries",
         time(args.rounds, || {
             next = (next + 1) % locks.len();
-            locks[next].lock()?.unlock()
+            locks[next].lock()?.unlock().map(drop)
         })?,
     );
 

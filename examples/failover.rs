@@ -56,11 +56,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let outcome = lock.lock().and_then(|guard| guard.unlock());
                 let after_kill = killed.load(Ordering::SeqCst);
                 match outcome {
-                    Ok(()) if !after_kill => {
+                    Ok(_) if !after_kill => {
                         ok_before += 1;
                         last_ok = Some(Instant::now());
                     }
-                    Ok(()) => return (ok_before, last_ok, Some(Instant::now()), errors),
+                    Ok(_) => return (ok_before, last_ok, Some(Instant::now()), errors),
                     Err(err) => {
                         let kind = err.to_string().chars().take(160).collect();
                         *errors.entry(kind).or_default() += 1;

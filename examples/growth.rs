@@ -105,7 +105,7 @@ impl Held {
 
     fn release(self) -> Result<(), redmutex::Error> {
         match self {
-            Held::Lock(guard) => guard.unlock(),
+            Held::Lock(guard) => guard.unlock().map(drop),
             Held::Reentrant(guard) => guard.unlock().map(drop),
             Held::Rw(guard) => guard.unlock(),
             Held::Permit(permit) => permit.release(),

@@ -102,7 +102,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Ok::<f64, redmutex::Error>((support::allocations() - before) as f64 / CYCLES as f64)
     };
-    let unlocked = per_cycle(&|| lock.lock()?.unlock())?;
+    let unlocked = per_cycle(&|| lock.lock()?.unlock().map(drop))?;
     let dropped = per_cycle(&|| lock.lock().map(drop))?;
     lock.lock()?.unlock()?;
     println!(

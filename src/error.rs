@@ -3,23 +3,39 @@
 use std::fmt;
 use std::time::Duration;
 
-/// Why an owner-checked operation found that we no longer hold the lock.
+/// Why a lock is not held (any more): what an owner-checked operation
+/// found in Redis ([`Error::NotHeld`]), or why a held lease was found lost
+/// ([`LossSignal`](crate::LossSignal), a guard's `is_lost()`). One type for
+/// both: an `unlock()` after a loss Redis reported answers with the same
+/// reason the loss signal gave.
 #[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum NotHeldReason {
-    /// The key is gone: the lease ran out (or someone deleted it) and nobody
-    /// has taken the lock since.
+pub enum LossReason {
+    /// The key (or this holder's field) is gone: the lease ran out, or
+    /// someone deleted it, and nobody holds it in our place.
     Expired,
-    /// The key holds another owner's token: our lease ran out and another
-    /// client acquired the lock.
+    /// The key holds another owner's token: our lease ran out (or was
+    /// broken) and another holder took the lock.
     OwnedByOther,
+    /// Redis could not be reached until the lease ran out by the local
+    /// clock (the watchdog's verdict).
+    Unreachable,
+    /// The cap set by [`LockOptions::max_hold`](crate::LockOptions::max_hold)
+    /// stopped the renewals and the lease ran out.
+    MaxHold,
+    /// Read in a process forked since the lease was taken: the lease is
+    /// its parent's, never this process's.
+    Inherited,
 }
 
-impl fmt::Display for NotHeldReason {
+impl fmt::Display for LossReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            NotHeldReason::Expired => "the lease expired and the key is gone",
-            NotHeldReason::OwnedByOther => "the key now holds another owner's token",
+            LossReason::Expired => "the lease ran out and the key is gone",
+            LossReason::OwnedByOther => "the key now holds another owner's token",
+            LossReason::Unreachable => "Redis stayed unreachable until the lease ran out",
+            LossReason::MaxHold => "the hold-time cap stopped renewals and the lease ran out",
+            LossReason::Inherited => "inherited through fork(): the lease is the parent process's",
         })
     }
 }
@@ -43,8 +59,9 @@ pub enum Error {
     NotHeld {
         /// The lock key.
         key: String,
-        /// Expired (key gone) or taken by another owner.
-        reason: NotHeldReason,
+        /// What Redis answered: [`LossReason::Expired`] (the key or field
+        /// gone) or [`LossReason::OwnedByOther`].
+        reason: LossReason,
     },
     /// The caller passed something unusable (an empty key, a ttl under 1 ms,
     /// a URL that does not parse). Nothing was sent to Redis.
@@ -273,7 +290,7 @@ impl Error {
     }
 
     /// The reason of an [`Error::NotHeld`], `None` for every other error.
-    pub fn not_held_reason(&self) -> Option<NotHeldReason> {
+    pub fn not_held_reason(&self) -> Option<LossReason> {
         match self {
             Error::NotHeld { reason, .. } => Some(*reason),
             _ => None,
@@ -389,7 +406,7 @@ impl Error {
         }
     }
 
-    pub(crate) fn not_held(key: &str, reason: NotHeldReason) -> Error {
+    pub(crate) fn not_held(key: &str, reason: LossReason) -> Error {
         Error::NotHeld {
             key: key.to_owned(),
             reason,

@@ -31,7 +31,7 @@
 //! * **Release** is owner-checked, by [`Release::Lua`] (one `EVALSHA`,
 //!   reloaded after `NOSCRIPT`) or [`Release::Watch`] (`WATCH`+`GET`, then
 //!   `MULTI`/`DEL`/`EXEC`: two round trips, `UNWATCH` on every other path).
-//!   Both report [`NotHeldReason::Expired`] and [`NotHeldReason::OwnedByOther`]
+//!   Both report [`LossReason::Expired`] and [`LossReason::OwnedByOther`]
 //!   apart and never delete a key they do not own.
 //! * **Reentrancy** is per thread and per [`LockClient`]: a second acquire of
 //!   a key the thread holds returns a nested guard without any Redis command;
@@ -345,12 +345,13 @@ pub use client::{DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT, LockClient, MAX_TIMEOUT};
 pub use conn::backend::{Connection, Deployment};
 pub use conn::histogram::Distribution;
 pub use conn::stats::{KindStats, LockKind, LockStats};
-pub use error::{Error, NotHeldReason, PoolError};
+pub use error::{Error, LossReason, PoolError};
 pub use family::redlock::{RedLock, RedLockGuard};
-pub use family::reentrant::{ReentrantGuard, ReentrantLock, Unlocked};
+pub use family::reentrant::{ReentrantGuard, ReentrantLock};
 pub use family::rwlock::{RwGuard, RwLock};
 pub use family::semaphore::{Permit, PermitHolder, Semaphore, SemaphoreStatus};
-pub use lease::loss::{LossReason, LossSignal};
+pub use lease::Unlocked;
+pub use lease::loss::LossSignal;
 pub use mutex::DistributedLock;
 pub use mutex::guard::LockGuard;
 pub use script::names::{fence_key, release_channel};

@@ -225,7 +225,7 @@ fn a_bare_watch_release_whose_reply_is_lost_does_not_lie() {
     assert_eq!(proxy.lost_replies(), 1, "the fault fired");
     assert!(!exists(&server, "locks:w"), "the release deleted the key");
     match result {
-        Ok(()) => {}
+        Ok(_) => {}
         Err(err) => assert!(err.is_outcome_unknown(), "told {err}"),
     }
 }
@@ -254,7 +254,7 @@ fn a_release_whose_marker_cannot_be_read_does_not_claim_not_held() {
     assert_eq!(proxy.lost_replies(), 1, "the fault fired");
     assert!(!exists(&server, "locks:m"), "the first send released it");
     match result {
-        Ok(()) => panic!("no marker could say so"),
+        Ok(_) => panic!("no marker could say so"),
         Err(err) => assert!(err.is_outcome_unknown(), "told {err}"),
     }
 }

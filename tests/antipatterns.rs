@@ -13,7 +13,7 @@ use redmutex_test_support as support;
 use std::time::Duration;
 
 use redis::Commands;
-use redmutex::{DistributedLock, LockOptions, NotHeldReason, Release};
+use redmutex::{DistributedLock, LockOptions, LossReason, Release};
 use support::{RedisServer, wait_until};
 
 const LEASE_MS: u64 = 100;
@@ -143,7 +143,7 @@ fn del_without_check_deletes_another_owners_lock() {
     pause_until_expired(&mut a, "job");
     let b_guard = DistributedLock::new(&cb, "job").lock().expect("b");
     let err = a_guard.unlock().expect_err("a no longer holds it");
-    assert_eq!(err.not_held_reason(), Some(NotHeldReason::OwnedByOther));
+    assert_eq!(err.not_held_reason(), Some(LossReason::OwnedByOther));
     assert_eq!(get(&mut a, "job").as_deref(), Some(b_guard.token()));
     assert!(
         DistributedLock::new(&cc, "job")
@@ -203,7 +203,7 @@ fn get_then_del_deletes_another_owners_lock() {
         pause_until_expired(&mut a, "job3");
         let b_guard = DistributedLock::new(&cb, "job3").lock().expect("b");
         let err = a_guard.unlock().expect_err("not a's");
-        assert_eq!(err.not_held_reason(), Some(NotHeldReason::OwnedByOther));
+        assert_eq!(err.not_held_reason(), Some(LossReason::OwnedByOther));
         assert_eq!(
             get(&mut b, "job3").as_deref(),
             Some(b_guard.token()),

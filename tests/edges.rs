@@ -451,7 +451,7 @@ impl Held {
 
     fn unlock(self) -> Result<(), Error> {
         match self {
-            Held::Plain(guard) => guard.unlock(),
+            Held::Plain(guard) => guard.unlock().map(|_| ()),
             Held::Reentrant(guard) => guard.unlock().map(|_| ()),
             Held::Rw(guard) => guard.unlock(),
             Held::Permit(permit) => permit.release(),

@@ -353,7 +353,7 @@ fn never_passed_on_after_its_loss(
             matches!(
                 unlocked,
                 Err(redmutex::Error::NotHeld {
-                    reason: redmutex::NotHeldReason::OwnedByOther,
+                    reason: redmutex::LossReason::OwnedByOther,
                     ..
                 })
             ),

@@ -239,13 +239,13 @@ fn inert_in_child(world: World) -> i32 {
     ) {
         return 32;
     }
-    if !refused(nested.unlock()) {
+    if !refused(nested.unlock().map(drop)) {
         return 21; // a nested guard's share given up as if it were the child's
     }
-    if !refused(plain.unlock()) {
+    if !refused(plain.unlock().map(drop)) {
         return 22; // the parent's lease released, or handed to a parent thread
     }
-    if !refused(watched.unlock()) {
+    if !refused(watched.unlock().map(drop)) {
         return 23;
     }
     if !reentrant.validity().is_zero()

@@ -6,7 +6,7 @@ use redmutex_test_support as support;
 use std::time::{Duration, Instant};
 
 use redis::Commands;
-use redmutex::{DistributedLock, Error, LockClient, LockOptions, NotHeldReason, Release};
+use redmutex::{DistributedLock, Error, LockClient, LockOptions, LossReason, Release};
 use support::{RedisServer, wait_until};
 
 const RELEASES: [Release; 2] = [Release::Lua, Release::Watch];
@@ -111,7 +111,7 @@ fn release_never_deletes_another_owners_key() {
         let err = guard.unlock().expect_err("not ours any more");
         assert_eq!(
             err.not_held_reason(),
-            Some(NotHeldReason::OwnedByOther),
+            Some(LossReason::OwnedByOther),
             "{release:?}"
         );
         assert!(err.is_not_held());
@@ -139,7 +139,7 @@ fn expired_and_taken_are_reported_distinctly() {
         match guard.unlock() {
             Err(Error::NotHeld { key, reason }) => {
                 assert_eq!(key, "exp");
-                assert_eq!(reason, NotHeldReason::Expired, "{release:?}");
+                assert_eq!(reason, LossReason::Expired, "{release:?}");
             }
             other => panic!("expected NotHeld(Expired), got {other:?}"),
         }
@@ -149,7 +149,7 @@ fn expired_and_taken_are_reported_distinctly() {
             .expect("lock");
         let _: () = con.set("exp", "someone-else").expect("SET");
         let err = guard.unlock_with(release).expect_err("taken");
-        assert_eq!(err.not_held_reason(), Some(NotHeldReason::OwnedByOther));
+        assert_eq!(err.not_held_reason(), Some(LossReason::OwnedByOther));
         assert_eq!(get(&mut con, "exp").as_deref(), Some("someone-else"));
         let _: () = con.del("exp").expect("DEL");
     }
@@ -182,7 +182,7 @@ fn extend_is_owner_checked_and_never_recreates() {
     // Expired: not re-created.
     assert!(wait_until(Duration::from_secs(3), || get(&mut con, "ext").is_none()));
     let err = guard.extend(Duration::from_secs(5)).expect_err("expired");
-    assert_eq!(err.not_held_reason(), Some(NotHeldReason::Expired));
+    assert_eq!(err.not_held_reason(), Some(LossReason::Expired));
     let exists: bool = con.exists("ext").expect("EXISTS");
     assert!(!exists, "extend must never re-create an expired lock");
     drop(guard);
@@ -197,7 +197,7 @@ fn extend_is_owner_checked_and_never_recreates() {
         .query(&mut con)
         .expect("SET");
     let err = guard.extend(Duration::from_secs(60)).expect_err("taken");
-    assert_eq!(err.not_held_reason(), Some(NotHeldReason::OwnedByOther));
+    assert_eq!(err.not_held_reason(), Some(LossReason::OwnedByOther));
     assert!(pttl(&mut con, "ext") <= 3_000);
     assert_eq!(get(&mut con, "ext").as_deref(), Some("other"));
 }

@@ -461,7 +461,7 @@ fn unlock_and_extend_tell_the_truth_when_another_client_holds_the_majority() {
             matches!(
                 extended,
                 Err(Error::NotHeld {
-                    reason: redmutex::NotHeldReason::OwnedByOther,
+                    reason: redmutex::LossReason::OwnedByOther,
                     ..
                 })
             ),
@@ -472,7 +472,7 @@ fn unlock_and_extend_tell_the_truth_when_another_client_holds_the_majority() {
             matches!(
                 unlocked,
                 Err(Error::NotHeld {
-                    reason: redmutex::NotHeldReason::OwnedByOther,
+                    reason: redmutex::LossReason::OwnedByOther,
                     ..
                 })
             ),

@@ -105,9 +105,15 @@ fn out_of_order_drops_keep_the_count() {
     let again = lock.lock().expect("re-enter");
     assert_eq!(again.hold_count(), 2, "one live guard plus this one");
     assert_eq!(again.token(), token);
-    inner.unlock().expect("nested unlock gives up its share");
+    assert_eq!(
+        inner.unlock().expect("nested unlock gives up its share"),
+        redmutex::Unlocked::StillHeld
+    );
     assert_eq!(get(&server, "ooo").as_deref(), Some(token.as_str()));
-    again.unlock().expect("last guard releases");
+    assert_eq!(
+        again.unlock().expect("last guard releases"),
+        redmutex::Unlocked::Released
+    );
     assert_eq!(get(&server, "ooo"), None);
     let fresh = lock.lock().expect("fresh hold");
     assert_eq!(fresh.hold_count(), 1);

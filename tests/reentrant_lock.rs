@@ -7,7 +7,7 @@ use redmutex_test_support as support;
 use std::time::Duration;
 
 use redis::Commands;
-use redmutex::{DistributedLock, Error, LeaseOptions, NotHeldReason, ReentrantLock, Unlocked};
+use redmutex::{DistributedLock, Error, LeaseOptions, LossReason, ReentrantLock, Unlocked};
 use support::{RedisServer, wait_until};
 
 /// The release script as the articles run it by hand, for a foreign owner.
@@ -119,7 +119,7 @@ fn reentry_refreshes_the_lease_and_expiry_is_reported() {
         !exists
     }));
     match outer.unlock() {
-        Err(Error::NotHeld { reason, .. }) => assert_eq!(reason, NotHeldReason::Expired),
+        Err(Error::NotHeld { reason, .. }) => assert_eq!(reason, LossReason::Expired),
         other => panic!("expected NotHeld(Expired), got {other:?}"),
     }
 }
@@ -144,10 +144,10 @@ fn extend_is_owner_checked_and_wrong_types_are_named() {
         .hset_multiple("ext", &[("owner", "someone:1"), ("h:x", "1")])
         .expect("HSET");
     let err = guard.extend(Duration::from_secs(60)).expect_err("taken");
-    assert_eq!(err.not_held_reason(), Some(NotHeldReason::OwnedByOther));
+    assert_eq!(err.not_held_reason(), Some(LossReason::OwnedByOther));
     assert_eq!(
         guard.unlock().expect_err("not ours").not_held_reason(),
-        Some(NotHeldReason::OwnedByOther)
+        Some(LossReason::OwnedByOther)
     );
     let kept: i64 = con.hget("ext", "h:x").expect("HGET");
     assert_eq!(kept, 1, "the other owner's hold is untouched");
@@ -173,7 +173,7 @@ fn a_loss_an_extension_finds_is_reported() {
     assert!(signal.reason().is_none());
     let _: () = con.del("lost").expect("DEL");
     let err = guard.extend(Duration::from_secs(60)).expect_err("gone");
-    assert_eq!(err.not_held_reason(), Some(NotHeldReason::Expired));
+    assert_eq!(err.not_held_reason(), Some(LossReason::Expired));
     assert!(guard.is_lost());
     assert_eq!(guard.validity(), Duration::ZERO);
     assert_eq!(
@@ -193,7 +193,7 @@ fn a_loss_an_extension_finds_is_reported() {
         .hset_multiple("lost", &[("owner", "someone:1"), ("h:x", "1")])
         .expect("HSET");
     let err = guard.extend(Duration::from_secs(60)).expect_err("taken");
-    assert_eq!(err.not_held_reason(), Some(NotHeldReason::OwnedByOther));
+    assert_eq!(err.not_held_reason(), Some(LossReason::OwnedByOther));
     assert_eq!(
         guard.loss_signal().reason(),
         Some(redmutex::LossReason::OwnedByOther)

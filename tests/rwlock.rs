@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::Commands;
-use redmutex::{Error, LeaseOptions, NotHeldReason, RwLock};
+use redmutex::{Error, LeaseOptions, LossReason, RwLock};
 use support::{RedisServer, wait_until};
 
 fn fields(server: &RedisServer, key: &str) -> Vec<String> {
@@ -177,7 +177,7 @@ fn an_expired_writer_reports_it_and_a_plain_key_is_refused() {
         !exists
     }));
     match guard.unlock() {
-        Err(Error::NotHeld { reason, .. }) => assert_eq!(reason, NotHeldReason::Expired),
+        Err(Error::NotHeld { reason, .. }) => assert_eq!(reason, LossReason::Expired),
         other => panic!("expected NotHeld(Expired), got {other:?}"),
     }
     let _: () = server.conn().set("plain", "x").expect("SET");
@@ -338,7 +338,7 @@ fn an_extension_never_re_creates_a_hold_and_reports_the_loss() {
         matches!(
             err,
             Error::NotHeld {
-                reason: NotHeldReason::Expired,
+                reason: LossReason::Expired,
                 ..
             }
         ),
@@ -368,7 +368,7 @@ fn an_extension_never_re_creates_a_hold_and_reports_the_loss() {
         matches!(
             err,
             Error::NotHeld {
-                reason: NotHeldReason::OwnedByOther,
+                reason: LossReason::OwnedByOther,
                 ..
             }
         ),

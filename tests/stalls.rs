@@ -359,7 +359,7 @@ fn a_stalled_server_bounds_the_call_and_leaves_no_lease() {
     assert!(took < T * 4, "took {took:?}");
     sleeper.join().expect("sleeper");
     match result {
-        Ok(Some(guard)) => guard.unlock().expect("unlock"),
+        Ok(Some(guard)) => drop(guard.unlock().expect("unlock")),
         Ok(None) => panic!("nobody holds it"),
         Err(err) => {
             assert!(err.is_connection(), "{err}");

@@ -7,7 +7,7 @@ use redmutex_test_support as support;
 use std::time::Duration;
 
 use redis::Commands;
-use redmutex::{DistributedLock, Error, LockOptions, NotHeldReason, Release};
+use redmutex::{DistributedLock, Error, LockOptions, LossReason, Release};
 use support::RedisServer;
 
 /// Changes `key` from outside, then runs a transaction on the client's one
@@ -75,7 +75,7 @@ fn every_watch_release_path_leaves_the_connection_clean() {
     let guard = lock.lock().expect("lock");
     let _: () = con.set("w", "other").expect("SET");
     let err = guard.unlock().expect_err("taken");
-    assert_eq!(err.not_held_reason(), Some(NotHeldReason::OwnedByOther));
+    assert_eq!(err.not_held_reason(), Some(LossReason::OwnedByOther));
     assert!(
         next_transaction_runs(&server, &client, "w"),
         "after owned-by-other"
@@ -85,7 +85,7 @@ fn every_watch_release_path_leaves_the_connection_clean() {
     let guard = lock.lock().expect("lock");
     let _: () = con.del("w").expect("DEL");
     let err = guard.unlock().expect_err("gone");
-    assert_eq!(err.not_held_reason(), Some(NotHeldReason::Expired));
+    assert_eq!(err.not_held_reason(), Some(LossReason::Expired));
     assert!(
         next_transaction_runs(&server, &client, "w"),
         "after expired"
@@ -138,7 +138,7 @@ fn watch_release_retries_when_exec_aborts_but_the_key_is_still_ours() {
     for _ in 0..300 {
         let guard = lock.lock().expect("lock");
         match guard.unlock() {
-            Ok(()) => released += 1,
+            Ok(_) => released += 1,
             Err(err) => panic!("release failed: {err}"),
         }
     }

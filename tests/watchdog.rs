@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use redis::Commands;
-use redmutex::{DistributedLock, Error, LockClient, LockOptions, LossReason, NotHeldReason};
+use redmutex::{DistributedLock, Error, LockClient, LockOptions, LossReason};
 use support::{RedisServer, wait_until};
 
 const ROLE: &str = "REDMUTEX_TEST_ROLE";
@@ -92,7 +92,7 @@ fn a_taken_lease_is_reported_lost_within_a_renewal_period() {
     assert!(guard.is_lost());
     assert_eq!(guard.validity(), Duration::ZERO);
     match guard.unlock() {
-        Err(Error::NotHeld { reason, .. }) => assert_eq!(reason, NotHeldReason::OwnedByOther),
+        Err(Error::NotHeld { reason, .. }) => assert_eq!(reason, LossReason::OwnedByOther),
         other => panic!("expected NotHeld, got {other:?}"),
     }
     let kept: Option<String> = server.conn().get("taken").expect("GET");
@@ -283,7 +283,7 @@ fn redis_unreachable_until_the_lease_runs_out_is_a_loss() {
     // waited in the stopped server's socket ran on SIGCONT), so the
     // release is sent all the same and nothing of ours is left.
     match guard.unlock() {
-        Ok(()) => {}
+        Ok(_) => {}
         Err(err) => assert!(err.is_not_held(), "{err}"),
     }
     let left: Option<String> = server.conn().get("stalled").expect("GET");

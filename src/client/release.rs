@@ -18,7 +18,7 @@ use crate::conn::backend::Connection;
 use crate::conn::ledger::{Owed, Rewrite};
 use crate::conn::policy::{Op, Replied, marker_ttl};
 use crate::conn::stats::{Stats, Tag};
-use crate::error::{Error, NotHeldReason};
+use crate::error::{Error, LossReason};
 use crate::renew::watchdog::{Cleanups, Deferred, Pending};
 use crate::script;
 use crate::wait::backoff::{Jitter, ThreadJitter};
@@ -51,7 +51,7 @@ impl Released {
 }
 
 /// `Ok(Ok(_))` released; `Ok(Err(reason))` not ours; `Err` Redis failed.
-pub(crate) type Outcome = Result<Released, NotHeldReason>;
+pub(crate) type Outcome = Result<Released, LossReason>;
 
 /// Where and how long a release leaves its marker.
 #[derive(Clone, Copy, Debug)]
@@ -109,13 +109,13 @@ pub(crate) fn released(reply: i64, markerless: &Cell<bool>) -> Outcome {
 /// The reason of a "not released" answer of the release scripts: 0 (or
 /// -2) gone, -1 (or -3) another owner's; -2 and -3 also say the marker
 /// could not be read, which `markerless` records.
-pub(crate) fn not_held(reply: i64, markerless: &Cell<bool>) -> NotHeldReason {
+pub(crate) fn not_held(reply: i64, markerless: &Cell<bool>) -> LossReason {
     if reply <= -2 {
         markerless.set(true);
     }
     match reply {
-        0 | -2 => NotHeldReason::Expired,
-        _ => NotHeldReason::OwnedByOther,
+        0 | -2 => LossReason::Expired,
+        _ => LossReason::OwnedByOther,
     }
 }
 
@@ -221,11 +221,11 @@ pub(crate) fn release_watch(
             }
             None => {
                 unwatch(con, stats);
-                return Ok(Err(NotHeldReason::Expired));
+                return Ok(Err(LossReason::Expired));
             }
             Some(_) => {
                 unwatch(con, stats);
-                return Ok(Err(NotHeldReason::OwnedByOther));
+                return Ok(Err(LossReason::OwnedByOther));
             }
         }
     }
@@ -349,11 +349,11 @@ pub(crate) fn with_marker<T>(
 /// send) is not the truth: it is unknown.
 pub(crate) fn check_resend<T>(
     key: &str,
-    answer: Result<T, NotHeldReason>,
+    answer: Result<T, LossReason>,
     replied: Replied,
     has_marker: bool,
     marker_millis: u64,
-) -> Result<Result<T, NotHeldReason>, Error> {
+) -> Result<Result<T, LossReason>, Error> {
     let late = !has_marker
         || u64::try_from(replied.after.as_millis()).unwrap_or(u64::MAX) >= marker_millis;
     match answer {
@@ -793,7 +793,7 @@ mod tests {
 
     #[test]
     fn not_held_after_a_resend_is_believed_only_within_the_markers_life() {
-        let gone: Result<(), NotHeldReason> = Err(NotHeldReason::Expired);
+        let gone: Result<(), LossReason> = Err(LossReason::Expired);
         // A first send: Redis's answer is the truth.
         assert!(matches!(
             check_resend("k", gone, replied(false, 9_999), true, 6_000),
@@ -814,7 +814,7 @@ mod tests {
         assert!(matches!(
             check_resend(
                 "k",
-                Ok::<_, NotHeldReason>(()),
+                Ok::<_, LossReason>(()),
                 replied(true, 99_999),
                 false,
                 1

@@ -18,7 +18,7 @@ use crate::client::options::{Backoff, LeaseOptions, Release, ttl_millis};
 use crate::client::release;
 use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
-use crate::error::{Error, NotHeldReason};
+use crate::error::{Error, LossReason};
 use crate::lease::{drift, later};
 use crate::renew::watchdog::OrphanKind;
 use crate::script;
@@ -869,8 +869,8 @@ impl RedLockGuard {
     ///
     /// [`Error::NotHeld`] only when so many nodes answered that they do
     /// not hold our token that no majority can (more than the nodes a
-    /// majority can do without): [`NotHeldReason::OwnedByOther`] when one
-    /// of them holds another owner's token, [`NotHeldReason::Expired`]
+    /// majority can do without): [`LossReason::OwnedByOther`] when one
+    /// of them holds another owner's token, [`LossReason::Expired`]
     /// when none does; [`Error::QuorumLost`] when neither a majority
     /// extended in time nor is one ruled out (nodes unreachable, too slow
     /// or failing may still hold it), or the extension took the whole ttl:
@@ -942,9 +942,9 @@ impl RedLockGuard {
     ///
     /// [`Error::NotHeld`] only when so many nodes answered that they do
     /// not hold our token that no majority can (more than the nodes a
-    /// majority can do without): [`NotHeldReason::OwnedByOther`] when one
+    /// majority can do without): [`LossReason::OwnedByOther`] when one
     /// of them holds another owner's token (another client may hold the
-    /// RedLock), [`NotHeldReason::Expired`] when none does (the lease had
+    /// RedLock), [`LossReason::Expired`] when none does (the lease had
     /// run out); [`Error::NodesUnreachable`] when neither a majority
     /// released in time nor is one ruled out: the nodes not heard from
     /// (unreachable, too slow, failing) decide, and are released in the
@@ -1030,7 +1030,7 @@ impl Answer {
         match result {
             Ok(()) => Answer::Confirmed,
             Err(err) => match err.not_held_reason() {
-                Some(NotHeldReason::Expired) => Answer::Expired,
+                Some(LossReason::Expired) => Answer::Expired,
                 Some(_) => Answer::Taken,
                 None if matches!(err, Error::WrongType { .. }) => Answer::Taken,
                 None => Answer::Failed,
@@ -1049,7 +1049,7 @@ enum Verdict {
     /// So many nodes answered "not ours" (the key gone, or another
     /// owner's) that no majority can hold our token: another owner's token
     /// on any of them is `OwnedByOther`, else `Expired`.
-    NotHeld(NotHeldReason),
+    NotHeld(LossReason),
     /// Neither: the nodes not heard from (unreachable, too slow, an error
     /// reply) may or may not hold our token, and they decide.
     Unknown,
@@ -1108,9 +1108,9 @@ impl Tally {
             Verdict::Confirmed
         } else if self.ruled_out(self.not_ours()) {
             Verdict::NotHeld(if self.taken > 0 {
-                NotHeldReason::OwnedByOther
+                LossReason::OwnedByOther
             } else {
-                NotHeldReason::Expired
+                LossReason::Expired
             })
         } else {
             Verdict::Unknown
@@ -1313,9 +1313,9 @@ mod tests {
             Verdict::Confirmed
         } else if n - not_holding < majority {
             Verdict::NotHeld(if heard_as(&|t| t == Truth::Theirs) > 0 {
-                NotHeldReason::OwnedByOther
+                LossReason::OwnedByOther
             } else {
-                NotHeldReason::Expired
+                LossReason::Expired
             })
         } else {
             Verdict::Unknown
@@ -1453,10 +1453,7 @@ mod tests {
         assert_eq!(tally.verdict(), Verdict::Unknown);
         // Two "not ours" of three: no majority can hold it.
         let tally = tally_of(3, &[Answer::Expired, Answer::Taken, Answer::Failed]);
-        assert_eq!(
-            tally.verdict(),
-            Verdict::NotHeld(NotHeldReason::OwnedByOther)
-        );
+        assert_eq!(tally.verdict(), Verdict::NotHeld(LossReason::OwnedByOther));
     }
 
     #[test]
@@ -1470,18 +1467,12 @@ mod tests {
         assert!(!tally.is_final(), "the third node could still confirm");
         tally.record(Answer::Taken);
         assert!(tally.is_final());
-        assert_eq!(
-            tally.verdict(),
-            Verdict::NotHeld(NotHeldReason::OwnedByOther)
-        );
+        assert_eq!(tally.verdict(), Verdict::NotHeld(LossReason::OwnedByOther));
         // Heard in the other order: the same.
         let mut tally = Tally::new(3, 3);
         tally.record(Answer::Taken);
         tally.record(Answer::Taken);
         assert!(tally.is_final(), "no majority can confirm any more");
-        assert_eq!(
-            tally.verdict(),
-            Verdict::NotHeld(NotHeldReason::OwnedByOther)
-        );
+        assert_eq!(tally.verdict(), Verdict::NotHeld(LossReason::OwnedByOther));
     }
 }

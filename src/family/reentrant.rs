@@ -16,10 +16,10 @@ use crate::client::options::{Backoff, LeaseOptions, ttl_millis};
 use crate::client::release;
 use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
-use crate::error::{Error, NotHeldReason};
+use crate::error::{Error, LossReason};
 use crate::fork::Birth;
-use crate::lease::loss::{LossReason, LossSignal, LossState};
-use crate::lease::remaining;
+use crate::lease::loss::{LossSignal, LossState};
+use crate::lease::{Unlocked, remaining};
 use crate::renew::watchdog::OrphanKind;
 use crate::script;
 use crate::wait::acquire::{Attempt, Contender, Waiting, Within, acquire, blocking};
@@ -122,16 +122,6 @@ pub struct ReentrantLock {
     client: LockClient,
     key: String,
     options: LeaseOptions,
-}
-
-/// What a [`ReentrantGuard::unlock`] did in Redis.
-#[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Unlocked {
-    /// The count dropped but other holds of this owner remain.
-    StillHeld,
-    /// The count reached zero and the key was deleted.
-    Released,
 }
 
 impl ReentrantLock {
@@ -470,7 +460,7 @@ impl ReentrantGuard {
                 .invoke(con)
         })?;
         script::owner_checked(reply).map_err(|reason| {
-            self.loss.lose(LossReason::from(reason));
+            self.loss.lose(reason);
             Error::not_held(key, reason)
         })?;
         self.sent = sent;
@@ -483,9 +473,9 @@ impl ReentrantGuard {
     ///
     /// # Errors
     ///
-    /// [`Error::NotHeld`] with [`NotHeldReason::OwnedByOther`] when the hash
+    /// [`Error::NotHeld`] with [`LossReason::OwnedByOther`] when the hash
     /// belongs to another owner (the articles' `nil`), or
-    /// [`NotHeldReason::Expired`] when the key is gone;
+    /// [`LossReason::Expired`] when the key is gone;
     /// [`Error::OutcomeUnknown`] when no reply came back even after resends
     /// (the hold may or may not be released; the key expires by its ttl);
     /// [`Error::Redis`], [`Error::Pool`] or [`Error::WrongType`];
@@ -544,8 +534,8 @@ impl ReentrantGuard {
             Some(0) => Ok(Unlocked::StillHeld),
             // -1 gone; -2 gone, -3 another owner's, the marker unreadable.
             Some(code @ (-3 | -2)) => Err(release::not_held(code, &markerless)),
-            Some(_) => Err(NotHeldReason::Expired),
-            None => Err(NotHeldReason::OwnedByOther),
+            Some(_) => Err(LossReason::Expired),
+            None => Err(LossReason::OwnedByOther),
         };
         release::check_resend(key, answer, send, !markerless.get(), millis)?
             .map_err(|reason| Error::not_held(key, reason))

@@ -12,8 +12,8 @@ use crate::client::options::{Backoff, LeaseOptions, MAX_TTL, WaitMode, ttl_milli
 use crate::client::release;
 use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
-use crate::error::{Error, NotHeldReason};
-use crate::lease::loss::{LossReason, LossSignal, LossState};
+use crate::error::{Error, LossReason};
+use crate::lease::loss::{LossSignal, LossState};
 use crate::lease::remaining;
 use crate::renew::watchdog::OrphanKind;
 use crate::script;
@@ -622,8 +622,8 @@ impl RwGuard {
     ///
     /// [`Error::InvalidArgument`] for a ttl under 1 ms or over ten years,
     /// or a guard inherited through `fork()` (nothing is sent);
-    /// [`Error::NotHeld`] ([`NotHeldReason::Expired`] when its field is
-    /// gone, [`NotHeldReason::OwnedByOther`] when another writer holds the
+    /// [`Error::NotHeld`] ([`LossReason::Expired`] when its field is
+    /// gone, [`LossReason::OwnedByOther`] when another writer holds the
     /// write lock), after which [`RwGuard::is_lost`] is true;
     /// [`Error::WrongType`] when the key is another type's (nothing
     /// changes); [`Error::Redis`], [`Error::Pool`] or
@@ -632,7 +632,7 @@ impl RwGuard {
         self.client.check_process()?;
         let millis = ttl_millis(ttl)?;
         if self.released {
-            return Err(Error::not_held(&self.key, NotHeldReason::Expired));
+            return Err(Error::not_held(&self.key, LossReason::Expired));
         }
         let key = self.key.as_str();
         let sent = Instant::now();
@@ -658,11 +658,11 @@ impl RwGuard {
             }
             0 => {
                 self.loss.lose(LossReason::Expired);
-                Err(Error::not_held(key, NotHeldReason::Expired))
+                Err(Error::not_held(key, LossReason::Expired))
             }
             _ => {
                 self.loss.lose(LossReason::OwnedByOther);
-                Err(Error::not_held(key, NotHeldReason::OwnedByOther))
+                Err(Error::not_held(key, LossReason::OwnedByOther))
             }
         }
     }
@@ -671,8 +671,8 @@ impl RwGuard {
     ///
     /// # Errors
     ///
-    /// [`Error::NotHeld`] ([`NotHeldReason::Expired`] when its field is
-    /// gone, [`NotHeldReason::OwnedByOther`] when another writer holds the
+    /// [`Error::NotHeld`] ([`LossReason::Expired`] when its field is
+    /// gone, [`LossReason::OwnedByOther`] when another writer holds the
     /// write lock); [`Error::Redis`], [`Error::Pool`] or [`Error::WrongType`];
     /// [`Error::InvalidArgument`] for a guard inherited through `fork()`
     /// (nothing is sent: the hold is the parent's).
@@ -711,8 +711,8 @@ impl RwGuard {
         })?;
         match released {
             1 => Ok(()),
-            0 => Err(Error::not_held(&self.key, NotHeldReason::Expired)),
-            _ => Err(Error::not_held(&self.key, NotHeldReason::OwnedByOther)),
+            0 => Err(Error::not_held(&self.key, LossReason::Expired)),
+            _ => Err(Error::not_held(&self.key, LossReason::OwnedByOther)),
         }
     }
 }

@@ -20,8 +20,8 @@ use crate::client::{release, replicas};
 use crate::conn::backend::Connection;
 use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
-use crate::error::{Error, NotHeldReason};
-use crate::lease::loss::{LossReason, LossSignal, LossState};
+use crate::error::{Error, LossReason};
+use crate::lease::loss::{LossSignal, LossState};
 use crate::lease::remaining;
 use crate::renew::watchdog::{OrphanKind, Renewal, WatchEntry};
 use crate::script;
@@ -1010,7 +1010,7 @@ impl Permit {
         })?;
         if renewed != 1 {
             self.loss.lose(LossReason::Expired);
-            return Err(Error::not_held(&self.key, NotHeldReason::Expired));
+            return Err(Error::not_held(&self.key, LossReason::Expired));
         }
         // The watchdog's entry owns the timing of a watched permit.
         match &self.watch {
@@ -1052,7 +1052,7 @@ impl Permit {
     ///
     /// # Errors
     ///
-    /// [`Error::NotHeld`] ([`NotHeldReason::Expired`]) when the permit was
+    /// [`Error::NotHeld`] ([`LossReason::Expired`]) when the permit was
     /// already gone, or was found gone when it was about to be passed to a
     /// waiting thread (see [`HandoffBudget::max_age`](crate::HandoffBudget::max_age));
     /// [`Error::Redis`], [`Error::Pool`], [`Error::WrongType`] or
@@ -1124,7 +1124,7 @@ impl Permit {
         if let Some(reason @ (LossReason::Expired | LossReason::OwnedByOther)) = self.loss.reason()
         {
             self.local.queues.released(&self.queue_key, None);
-            return Err(Error::not_held(&self.key, reason.not_held_reason()));
+            return Err(Error::not_held(&self.key, reason));
         }
         // Written behind, as a plain lock's drop is, only with nobody known
         // to wait: no thread of this client queued for a permit (the

@@ -6,57 +6,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::error::NotHeldReason;
+use crate::error::LossReason;
 use crate::fork::Birth;
-
-/// Why a lease was found lost.
-#[non_exhaustive]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum LossReason {
-    /// A renewal found the key gone: the lease had run out.
-    Expired,
-    /// A renewal found another owner's token in the key.
-    OwnedByOther,
-    /// Redis could not be reached until the lease ran out by the local clock.
-    Unreachable,
-    /// The cap set by [`LockOptions::max_hold`](crate::LockOptions::max_hold)
-    /// stopped the renewals and the lease ran out.
-    MaxHold,
-    /// Read in a process forked since the lease was taken: the lease is
-    /// its parent's, never this process's.
-    Inherited,
-}
-
-impl LossReason {
-    /// The [`NotHeldReason`] an unlock after this loss reports.
-    pub fn not_held_reason(self) -> NotHeldReason {
-        match self {
-            LossReason::OwnedByOther => NotHeldReason::OwnedByOther,
-            _ => NotHeldReason::Expired,
-        }
-    }
-}
-
-impl From<NotHeldReason> for LossReason {
-    fn from(reason: NotHeldReason) -> LossReason {
-        match reason {
-            NotHeldReason::Expired => LossReason::Expired,
-            NotHeldReason::OwnedByOther => LossReason::OwnedByOther,
-        }
-    }
-}
-
-impl fmt::Display for LossReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            LossReason::Expired => "a renewal found the key gone",
-            LossReason::OwnedByOther => "a renewal found another owner's token",
-            LossReason::Unreachable => "Redis stayed unreachable until the lease ran out",
-            LossReason::MaxHold => "the hold-time cap stopped renewals and the lease ran out",
-            LossReason::Inherited => "inherited through fork(): the lease is the parent process's",
-        })
-    }
-}
 
 /// Whether a lease is lost. A watched lease also carries its local
 /// expiry: once the clock passes it, the lease reads as lost whatever the
@@ -276,10 +227,6 @@ mod tests {
         signal.state.lose(LossReason::Expired);
         assert_eq!(waiter.join().ok().flatten(), Some(LossReason::OwnedByOther));
         assert_eq!(signal.reason(), Some(LossReason::OwnedByOther));
-        assert_eq!(
-            LossReason::Unreachable.not_held_reason(),
-            NotHeldReason::Expired
-        );
     }
 
     #[test]

@@ -12,6 +12,22 @@
 
 pub(crate) mod loss;
 
+/// What an `unlock()` of a lock type that nests did: the answer of
+/// [`LockGuard::unlock`](crate::LockGuard::unlock) (a nested guard of the
+/// thread's hold) and [`ReentrantGuard::unlock`](crate::ReentrantGuard::unlock)
+/// (a hold of the owner's in Redis).
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unlocked {
+    /// Only this guard's share was given up: other holds remain (another
+    /// guard of the same hold on this thread, or other holds of this owner
+    /// in Redis), and the lock stays held.
+    StillHeld,
+    /// The last hold: the lock was released in Redis (or handed on to a
+    /// waiting thread of this client).
+    Released,
+}
+
 use std::time::{Duration, Instant};
 
 /// The safety margin taken off the local estimate of a lease: clocks drift,

@@ -8,6 +8,7 @@ use crate::client::holder::Redacted;
 use crate::client::options::Release;
 use crate::conn::policy::Op;
 use crate::error::Error;
+use crate::lease::Unlocked;
 use crate::lease::loss::LossSignal;
 use crate::mutex::lease::Lease;
 
@@ -118,8 +119,8 @@ impl LockGuard {
     ///
     /// [`Error::InvalidArgument`] for a ttl under 1 ms or over ten years
     /// (nothing is sent); [`Error::NotHeld`] with
-    /// [`NotHeldReason::Expired`](crate::NotHeldReason::Expired) when the key is gone or
-    /// [`NotHeldReason::OwnedByOther`](crate::NotHeldReason::OwnedByOther) when another owner holds it (nothing
+    /// [`LossReason::Expired`](crate::LossReason::Expired) when the key is gone or
+    /// [`LossReason::OwnedByOther`](crate::LossReason::OwnedByOther) when another owner holds it (nothing
     /// changes in Redis); [`Error::Redis`], [`Error::Pool`] or
     /// [`Error::WrongType`] when Redis fails.
     pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
@@ -128,14 +129,16 @@ impl LockGuard {
 
     /// Releases the lock with the lock's configured [`Release`] and reports
     /// the outcome. A nested guard (other guards of the same hold still
-    /// alive on this thread) only gives up its share: `Ok(())`, nothing
-    /// sent; the last guard releases in Redis.
+    /// alive on this thread) only gives up its share:
+    /// `Ok(`[`Unlocked::StillHeld`]`)`, nothing sent; the last guard
+    /// releases in Redis (or hands the lease to a waiting thread of the
+    /// client): `Ok(`[`Unlocked::Released`]`)`.
     ///
     /// # Errors
     ///
     /// [`Error::NotHeld`] when the lease had already run out
-    /// ([`NotHeldReason::Expired`](crate::NotHeldReason::Expired)) or another owner holds the key
-    /// ([`NotHeldReason::OwnedByOther`](crate::NotHeldReason::OwnedByOther)); nothing is deleted then.
+    /// ([`LossReason::Expired`](crate::LossReason::Expired)) or another owner holds the key
+    /// ([`LossReason::OwnedByOther`](crate::LossReason::OwnedByOther)); nothing is deleted then.
     /// After Redis said the lease is gone or another's
     /// ([`LossReason::Expired`](crate::LossReason::Expired), [`LossReason::OwnedByOther`](crate::LossReason::OwnedByOther)) nothing is
     /// sent and that is reported; after a loss by the local clock
@@ -152,7 +155,7 @@ impl LockGuard {
     /// [`max_age`](crate::HandoffBudget::max_age) ago, it is confirmed
     /// first: found gone, it is not passed on and this says
     /// [`Error::NotHeld`].
-    pub fn unlock(self) -> Result<(), Error> {
+    pub fn unlock(self) -> Result<Unlocked, Error> {
         let how = self.lease.release;
         self.unlock_with(how)
     }
@@ -165,17 +168,17 @@ impl LockGuard {
     /// [`Release::Watch`] on a Redis Cluster client, refused before anything
     /// is sent (the guard is then dropped, which releases with the lock's
     /// own method, [`Release::Lua`] on a cluster).
-    pub fn unlock_with(self, release: Release) -> Result<(), Error> {
+    pub fn unlock_with(self, release: Release) -> Result<Unlocked, Error> {
         // A forked child's copy of its parent's guard, nested or not:
         // refused (its drop then leaves the parent's lease alone).
         self.lease.client.check_process()?;
         if Rc::strong_count(&self.lease) > 1 {
-            return Ok(());
+            return Ok(Unlocked::StillHeld);
         }
         // Refused before anything changes; the guard's drop then releases
         // with the lock's own method.
         self.lease.client.check_release(release)?;
-        self.lease.release_now(release)
+        self.lease.release_now(release).map(|()| Unlocked::Released)
     }
 }
 

@@ -11,8 +11,8 @@ use crate::client::options::{HandoffBudget, LockOptions, Release, WaitMode, ttl_
 use crate::client::release::{self, Pass, Waited};
 use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
-use crate::error::Error;
-use crate::lease::loss::{LossReason, LossState};
+use crate::error::{Error, LossReason};
+use crate::lease::loss::LossState;
 use crate::lease::remaining;
 use crate::mutex::holds;
 use crate::renew::watchdog::{OrphanKind, Renewal, WatchEntry};
@@ -395,7 +395,7 @@ impl Lease {
                 Ok(())
             }
             Err(reason) => {
-                self.loss_state().lose(reason.into());
+                self.loss_state().lose(reason);
                 Err(Error::not_held(key, reason))
             }
         }
@@ -545,7 +545,7 @@ impl Lease {
             self.loss.get().and_then(|loss| loss.reason())
         {
             self.local.queues.released(&self.key, None);
-            return Err(Error::not_held(&self.key, reason.not_held_reason()));
+            return Err(Error::not_held(&self.key, reason));
         }
         // Written behind only with nobody known to wait: no thread of this
         // client queued for the key (a release that tells the queue when it

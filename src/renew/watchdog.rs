@@ -28,8 +28,8 @@ use crate::conn::backend::{Backend, Deployment};
 use crate::conn::policy::{self, Op};
 use crate::conn::stats::{Stats, Tag};
 use crate::conn::worker::{STOP_WAIT, Worker};
-use crate::error::Error;
-use crate::lease::loss::{LossReason, LossState};
+use crate::error::{Error, LossReason};
+use crate::lease::loss::LossState;
 use crate::lease::{local_expiry, remaining};
 use crate::script::{self, Unmarked};
 
@@ -925,7 +925,7 @@ fn renew_group(
                             d.entry.renewed(sent, d.ttl, d.generation);
                             next = next.min(sent + d.ttl / 3);
                         }
-                        Err(reason) => d.entry.lost(reason.into()),
+                        Err(reason) => d.entry.lost(reason),
                     },
                     // This key alone holds something else now: taken.
                     Err(err) if crate::error::server_code(&err) == Some("WRONGTYPE") => {

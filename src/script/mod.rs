@@ -178,11 +178,11 @@ pub(crate) static INSPECT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/inspect.lua")));
 
 /// Reads the common reply of the owner-checked scripts.
-pub(crate) fn owner_checked(reply: i64) -> Result<(), crate::error::NotHeldReason> {
+pub(crate) fn owner_checked(reply: i64) -> Result<(), crate::error::LossReason> {
     match reply {
         1 => Ok(()),
-        0 => Err(crate::error::NotHeldReason::Expired),
-        _ => Err(crate::error::NotHeldReason::OwnedByOther),
+        0 => Err(crate::error::LossReason::Expired),
+        _ => Err(crate::error::LossReason::OwnedByOther),
     }
 }
 

@@ -172,7 +172,7 @@ impl Hold {
 
     fn unlock(self) -> Result<(), Error> {
         match self {
-            Hold::Lock(guard) => guard.unlock(),
+            Hold::Lock(guard) => guard.unlock().map(|_| ()),
             Hold::Permit(permit) => permit.release(),
             Hold::RedLock(guard) => guard.unlock(),
         }

@@ -408,7 +408,7 @@ impl Held {
 
     fn unlock(self) -> Result<(), Error> {
         match self {
-            Held::Lock(guard) => guard.unlock(),
+            Held::Lock(guard) => guard.unlock().map(|_| ()),
             Held::Permit(permit) => permit.release(),
         }
     }
