@@ -1,11 +1,15 @@
 -- Server-side reentrant release: remove this hold's field; delete the key
--- when no hold is left, leaving a marker.
+-- when no hold is left, leaving a marker and telling waiters.
 --
 -- KEYS[1]  the lock key (a hash)
 -- KEYS[2]  (optional) this release's marker, {KEY}:released:<hold id>
 -- ARGV[1]  the owner id
 -- ARGV[2]  this hold's id
 -- ARGV[3]  how long the marker lives, in milliseconds (a positive integer)
+-- ARGV[4]  (optional) the release channel to PUBLISH on when the key is
+--          deleted (absent: no message)
+-- ARGV[5]  (optional) 's': announce with SPUBLISH (Redis Cluster 7.0+);
+--          PUBLISH when absent, or when the server refuses SPUBLISH
 --
 -- Returns:
 --   nil  not the owner: the hash belongs to someone else
@@ -21,7 +25,9 @@
 -- other than a hash, or a hash without an owner (another lock type's).
 --
 -- Safe to run twice: the field is removed once; a second run finds it gone
--- and answers from what is left (or from the marker).
+-- and answers from what is left (or from the marker). The marker and the
+-- message go through pcall, so an ACL that refuses them does not turn a
+-- done release into an error; a second message only wakes a waiter early.
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if owner ~= ARGV[1] then
   local gone = owner == false and redis.call('EXISTS', KEYS[1]) == 0
@@ -49,6 +55,15 @@ if redis.call('HLEN', KEYS[1]) <= 1 then
   redis.call('DEL', KEYS[1])
   if KEYS[2] then
     redis.pcall('PSETEX', KEYS[2], ARGV[3], '1')
+  end
+  if ARGV[4] then
+    local n
+    if ARGV[5] == 's' then
+      n = redis.pcall('SPUBLISH', ARGV[4], '')
+    end
+    if type(n) ~= 'number' then
+      redis.pcall('PUBLISH', ARGV[4], '')
+    end
   end
   return 1
 end

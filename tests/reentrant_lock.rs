@@ -202,3 +202,79 @@ fn a_loss_an_extension_finds_is_reported() {
     let kept: i64 = con.hget("lost", "h:x").expect("HGET");
     assert_eq!(kept, 1, "the other owner's hold is untouched");
 }
+
+/// Waiting is by notify: a waiter of another client is woken by the
+/// release message, long before its backoff step or the holder's ttl.
+#[test]
+fn a_waiter_is_woken_by_the_release_message() {
+    let server = RedisServer::start();
+    let holder_client = server.lock_client();
+    let waiter_client = server.lock_client();
+    let slow = LeaseOptions::default()
+        .ttl(Duration::from_secs(30))
+        .backoff(redmutex::Backoff::constant(Duration::from_secs(8)));
+    let guard = ReentrantLock::with_options(&holder_client, "notified", slow)
+        .lock()
+        .expect("lock");
+    let waiter = std::thread::spawn(move || {
+        let lock = ReentrantLock::with_options(&waiter_client, "notified", slow);
+        let started = std::time::Instant::now();
+        let got = lock.try_lock_for(Duration::from_secs(20)).expect("wait");
+        (got.map(|guard| guard.unlock()), started.elapsed())
+    });
+    // The waiter is subscribed once its first attempt was refused.
+    assert!(wait_until(Duration::from_secs(5), || {
+        support::numsub(&server, &holder_client.release_channel("notified")) > 0
+    }));
+    std::thread::sleep(Duration::from_millis(100));
+    let released = std::time::Instant::now();
+    assert_eq!(guard.unlock().expect("unlock"), Unlocked::Released);
+    let (got, waited) = waiter.join().expect("waiter");
+    assert!(matches!(got, Some(Ok(Unlocked::Released))), "{got:?}");
+    let after = released.elapsed();
+    assert!(
+        after < Duration::from_secs(4),
+        "woken {after:?} after the release (waited {waited:?}): by the message, not the 8 s backoff"
+    );
+}
+
+/// A thread that holds the key re-enters at once, even while threads of
+/// its client queue for the key.
+#[test]
+fn a_holder_re_enters_past_its_clients_queue() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let lock = ReentrantLock::new(&client, "queued");
+    let outer = lock.lock().expect("lock");
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let lock = lock.clone();
+            std::thread::spawn(move || {
+                lock.try_lock_for(Duration::from_secs(20))
+                    .expect("wait")
+                    .map(|guard| guard.unlock())
+            })
+        })
+        .collect();
+    assert!(wait_until(Duration::from_secs(5), || {
+        support::numsub(&server, &client.release_channel("queued")) > 0
+    }));
+    std::thread::sleep(Duration::from_millis(50));
+    let started = std::time::Instant::now();
+    let inner = lock
+        .try_lock_for(Duration::from_secs(5))
+        .expect("re-enter")
+        .expect("held by this thread");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "re-entered after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(inner.hold_count(), 2);
+    assert_eq!(inner.unlock().expect("unlock"), Unlocked::StillHeld);
+    assert_eq!(outer.unlock().expect("unlock"), Unlocked::Released);
+    for waiter in waiters {
+        let got = waiter.join().expect("waiter");
+        assert!(matches!(got, Some(Ok(Unlocked::Released))), "{got:?}");
+    }
+}

@@ -1,7 +1,7 @@
 //! `ReentrantLock`: the hold count kept in Redis, in a hash whose field is
 //! the owner (the article "Distributed locks by Redis", as Redisson does it).
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::convert::Infallible;
 use std::marker::PhantomData;
 use std::rc::Rc;
@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
-use crate::client::options::{Backoff, LeaseOptions, ttl_millis};
+use crate::client::options::{Backoff, LeaseOptions, WaitMode, ttl_millis};
 use crate::client::release;
 use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
@@ -22,7 +22,8 @@ use crate::lease::loss::{LossSignal, LossState};
 use crate::lease::{Unlocked, remaining};
 use crate::renew::watchdog::OrphanKind;
 use crate::script;
-use crate::wait::acquire::{Attempt, Contender, Waiting, Within, acquire, blocking};
+use crate::wait::acquire::{Attempt, Contender, Queued, Waiting, Within, acquire, blocking};
+use crate::wait::queue::Queues;
 
 /// This process's part of every owner id: one UUID per process, so any
 /// `LockClient` of a thread re-enters what the thread holds. Made again in
@@ -79,6 +80,63 @@ fn process_id() -> Arc<str> {
     id
 }
 
+thread_local! {
+    /// The keys this thread holds through a live [`ReentrantGuard`], with
+    /// their number of guards: a thread re-entering a key it holds must
+    /// never queue behind the key's waiters (the head would wait for a
+    /// release this thread makes only after its own acquire returns).
+    static HOLDING: RefCell<Vec<(String, u32)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Whether this thread holds `key` through a live guard.
+fn holding(key: &str) -> bool {
+    HOLDING
+        .try_with(|held| {
+            held.try_borrow()
+                .is_ok_and(|held| held.iter().any(|(k, _)| k == key))
+        })
+        .unwrap_or(false)
+}
+
+/// Counts one more (`up`) or one fewer guard of `key` on this thread.
+fn count_holding(key: &str, up: bool) {
+    let _ = HOLDING.try_with(|held| {
+        let Ok(mut held) = held.try_borrow_mut() else {
+            return;
+        };
+        match held.iter().position(|(k, _)| k == key) {
+            Some(at) if up => {
+                if let Some(entry) = held.get_mut(at) {
+                    entry.1 = entry.1.saturating_add(1);
+                }
+            }
+            Some(at) => {
+                if held.get(at).is_some_and(|entry| entry.1 <= 1) {
+                    held.swap_remove(at);
+                } else if let Some(entry) = held.get_mut(at) {
+                    entry.1 -= 1;
+                }
+            }
+            None if up => held.push((key.to_owned(), 1)),
+            None => {}
+        }
+    });
+}
+
+/// The reentrant lock's state in one client: its wait queues, apart from
+/// plain locks of the same name. Nothing is ever handed over (a hold is
+/// its owner thread's).
+#[derive(Default)]
+struct Local {
+    queues: Queues<Infallible>,
+}
+
+impl std::fmt::Debug for Local {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Local").finish_non_exhaustive()
+    }
+}
+
 /// The owner id of the calling thread: `<process uuid>:<thread number>`.
 fn current_owner() -> String {
     // In a thread-local destructor the number may be gone: a fresh one
@@ -102,8 +160,13 @@ fn current_owner() -> String {
 /// who holds it and how deeply), or when a thread re-enters through another
 /// [`LockClient`] (the owner id is per process and thread, not per client).
 /// The price: every nested acquire and release is a round trip, where the
-/// thread-local counter sends nothing. Waiting is by backoff polling
-/// ([`WaitMode::Notify`](crate::WaitMode::Notify) and handoff do not apply).
+/// thread-local counter sends nothing. Waiting is as the plain lock's in
+/// [`WaitMode::Notify`](crate::WaitMode::Notify) (the client's default:
+/// waiting threads of a client queue up, the head sleeps until the
+/// release message that deleting the key publishes, never longer than the
+/// holder's ttl or a backoff step), without handoff: a hold is its owner
+/// thread's. A thread that holds the key re-enters at once, never behind
+/// the queue.
 ///
 /// ```no_run
 /// # fn main() -> Result<(), redmutex::Error> {
@@ -120,15 +183,21 @@ fn current_owner() -> String {
 #[derive(Clone, Debug)]
 pub struct ReentrantLock {
     client: LockClient,
+    local: Arc<Local>,
     key: String,
     options: LeaseOptions,
+    wait_mode: WaitMode,
 }
 
 impl ReentrantLock {
     /// A reentrant lock on `key` with the ttl, wait and backoff of the
     /// client's default options.
     pub fn new(client: &LockClient, key: impl Into<String>) -> ReentrantLock {
-        ReentrantLock::with_options(client, key, LeaseOptions::from(client.defaults()))
+        let defaults = client.defaults();
+        ReentrantLock {
+            wait_mode: defaults.wait_mode,
+            ..ReentrantLock::with_options(client, key, LeaseOptions::from(defaults))
+        }
     }
 
     /// A reentrant lock on `key` with the given options.
@@ -139,8 +208,10 @@ impl ReentrantLock {
     ) -> ReentrantLock {
         ReentrantLock {
             client: client.clone(),
+            local: client.local::<Local>(),
             key: client.names().own_key(key.into()),
             options,
+            wait_mode: WaitMode::Notify,
         }
     }
 
@@ -259,12 +330,33 @@ impl ReentrantLock {
             owner: &owner,
             millis,
         };
-        // Holds live in Redis, not in a local queue: waiters poll.
+        let queue_key = format!("{}\u{0}reentrant", self.key);
+        // Named only when a head subscribes: the uncontended path allocates
+        // no channel name.
+        let subscribe = |waker| {
+            self.client
+                .subscribe(&self.client.release_channel(&self.key), waker)
+        };
+        let nothing = |never: Infallible| match never {};
+        let waiting = match self.wait_mode {
+            WaitMode::Spin => Waiting::Spin,
+            WaitMode::Notify => Waiting::Queued(Queued {
+                queues: &self.local.queues,
+                key: &queue_key,
+                takes_handoffs: false,
+                // A thread that holds the key re-enters at once: queued
+                // behind the key's waiters it would wait for itself.
+                barge: holding(&self.key),
+                intercepts: false,
+                on_orphan: &nothing,
+                subscribe: &subscribe,
+            }),
+        };
         acquire(
             &mut contender,
             within.deadline(),
             self.options.backoff,
-            Waiting::Spin,
+            waiting,
         )
     }
 }
@@ -317,6 +409,7 @@ impl Contender for Hold<'_> {
                 u64::try_from(pttl).ok().map(Duration::from_millis),
             ));
         }
+        count_holding(key, true);
         Ok(Attempt::Won(ReentrantGuard {
             client: client.clone(),
             key: key.to_owned(),
@@ -487,6 +580,7 @@ impl ReentrantGuard {
 
     fn release(&mut self) -> Result<Unlocked, Error> {
         self.released = true;
+        count_holding(&self.key, false);
         // A forked child's copy of its parent's hold: refused, nothing sent.
         self.client.check_process()?;
         let result = self.let_go();
@@ -498,6 +592,9 @@ impl ReentrantGuard {
     fn let_go(&mut self) -> Result<Unlocked, Error> {
         let key = self.key.as_str();
         let (marker, millis) = release::marker_of(&self.client, key, &self.hold);
+        // Waiters of every client learn of the key's deletion from it.
+        let channel = self.client.release_channel(key);
+        let sharded = self.client.sharded(&channel);
         self.client.counters().commands(1);
         let markerless = Cell::new(marker.is_none());
         let (reply, send) = self
@@ -513,7 +610,11 @@ impl ReentrantGuard {
                             .arg(&self.owner)
                             .arg(&self.hold)
                             .arg(millis)
-                            .invoke(con)
+                            .arg(&channel);
+                        if sharded {
+                            script.arg(script::SHARDED);
+                        }
+                        script.invoke(con)
                     })?;
                 Ok((reply, send.replied()))
             })

@@ -1106,7 +1106,11 @@ fn cleanup_call(orphan: &Orphan) -> redis::Cmd {
                 .arg(&*orphan.key)
                 .arg(owner)
                 .arg(hold)
-                .arg(1);
+                .arg(1)
+                .arg(channel);
+            if orphan.sharded {
+                cmd.arg(script::SHARDED);
+            }
             cmd
         }
         OrphanKind::Rw { token } => {
