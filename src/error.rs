@@ -120,16 +120,18 @@ pub enum Error {
         /// What went wrong, per failed node.
         failed: Vec<String>,
     },
-    /// [`RedLockGuard::extend`](crate::RedLockGuard::extend) reached fewer
-    /// than a majority of the nodes in time, and too few answered "not
-    /// ours" to rule a majority out: whether a majority still holds the
-    /// lock is unknown, so it must be considered lost (stop the work it
-    /// protects).
-    #[error("RedLock on {key:?} is lost: {extended} of the {needed} nodes needed extended it; {}", failed.join("; "))]
+    /// [`RedLockGuard::extend`](crate::RedLockGuard::extend) (or
+    /// [`RedLockGuard::is_held`](crate::RedLockGuard::is_held)) heard fewer
+    /// than a majority of the nodes confirm our token in time, and too few
+    /// answered "not ours" to rule a majority out: whether a majority
+    /// still holds the lock is unknown, so it must be considered lost
+    /// (stop the work it protects).
+    #[error("RedLock on {key:?} is lost: {extended} of the {needed} nodes needed confirmed it; {}", failed.join("; "))]
     QuorumLost {
         /// The lock key.
         key: String,
-        /// Nodes that extended the lease.
+        /// Nodes that confirmed our token (extended the lease, or answered
+        /// that they hold it).
         extended: usize,
         /// Nodes needed.
         needed: usize,

@@ -267,7 +267,11 @@ fn inert_in_child(world: World) -> i32 {
     if !permit.validity().is_zero() || !permit.is_lost() || !refused(permit.release()) {
         return 26;
     }
-    if !redlock.validity().is_zero() || !refused(redlock.unlock()) {
+    if !redlock.validity().is_zero()
+        || !redlock.is_lost()
+        || redlock.is_held().is_ok()
+        || !refused(redlock.unlock())
+    {
         return 27;
     }
     if !matches!(lock.try_lock(), Err(Error::InvalidArgument(_)))

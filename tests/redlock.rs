@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::Commands;
-use redmutex::{Error, LeaseOptions, LockClient, RedLock};
+use redmutex::{Error, LeaseOptions, LockClient, LossReason, RedLock};
 use support::{RedisServer, wait_until};
 
 fn clients(nodes: &[RedisServer]) -> Vec<LockClient> {
@@ -541,4 +541,96 @@ fn a_late_node_holding_our_token_makes_the_answer_unknown_not_not_held() {
     )
     .is_none()));
     assert_eq!(value(&nodes[2], "late").as_deref(), Some("someone else"));
+}
+
+/// `is_held` answers from the definition (a majority holding our token),
+/// and a loss it or an extension finds is reported by `is_lost` and the
+/// loss signal.
+#[test]
+fn is_held_answers_from_a_majority_and_a_loss_is_reported() {
+    let nodes = RedisServer::start_many(3);
+    let proxy = support::FaultProxy::to(&nodes[2]);
+    let clients = vec![
+        nodes[0].lock_client(),
+        nodes[1].lock_client(),
+        LockClient::open(&proxy.url()).expect("client"),
+    ];
+    let timeout = Duration::from_millis(300);
+    let lock = RedLock::new(clients, "asked")
+        .expect("lock")
+        .with_node_timeout(timeout);
+    let held = lock.lock().expect("lock");
+    let signal = held.loss_signal();
+    assert!(held.is_held().expect("asked"));
+    assert!(!held.is_lost());
+
+    // Gone on one node: a majority still holds it.
+    let _: () = nodes[0].conn().del("asked").expect("DEL");
+    assert!(held.is_held().expect("asked"));
+    // Gone on one, node 2 silent: neither a majority nor ruled out.
+    proxy.blackhole(true);
+    let asked = held.is_held();
+    assert!(
+        matches!(
+            asked,
+            Err(Error::QuorumLost {
+                extended: 1,
+                needed: 2,
+                ..
+            })
+        ),
+        "{asked:?}"
+    );
+    assert!(!held.is_lost(), "unknown is not a loss");
+    proxy.blackhole(false);
+    proxy.heal();
+    // Another owner on node 1: no majority can hold ours.
+    let _: () = nodes[1]
+        .conn()
+        .set_ex("asked", "someone else", 60)
+        .expect("SET");
+    assert!(wait_until(Duration::from_secs(5), || {
+        held.is_held().is_ok_and(|held| !held)
+    }));
+    assert!(held.is_lost());
+    assert_eq!(held.validity(), Duration::ZERO);
+    assert_eq!(
+        signal.wait_timeout(Duration::from_secs(1)),
+        Some(LossReason::OwnedByOther)
+    );
+    assert_eq!(value(&nodes[1], "asked").as_deref(), Some("someone else"));
+    drop(held);
+}
+
+#[test]
+fn an_extension_that_cannot_reach_a_majority_marks_the_lock_lost() {
+    let nodes = RedisServer::start_many(3);
+    let proxies = [
+        support::FaultProxy::to(&nodes[1]),
+        support::FaultProxy::to(&nodes[2]),
+    ];
+    let clients = vec![
+        nodes[0].lock_client(),
+        LockClient::open(&proxies[0].url()).expect("client"),
+        LockClient::open(&proxies[1].url()).expect("client"),
+    ];
+    let lock = RedLock::new(clients, "cut")
+        .expect("lock")
+        .with_node_timeout(Duration::from_millis(200));
+    let mut held = lock.lock().expect("lock");
+    let signal = held.loss_signal();
+    for proxy in &proxies {
+        proxy.blackhole(true);
+    }
+    let extended = held.extend(Duration::from_secs(30));
+    assert!(
+        matches!(extended, Err(Error::QuorumLost { .. })),
+        "{extended:?}"
+    );
+    assert!(held.is_lost());
+    assert_eq!(signal.reason(), Some(LossReason::Unreachable));
+    for proxy in &proxies {
+        proxy.blackhole(false);
+        proxy.heal();
+    }
 }

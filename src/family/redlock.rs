@@ -19,6 +19,7 @@ use crate::client::release;
 use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
 use crate::error::{Error, LossReason};
+use crate::lease::loss::{LossSignal, LossState};
 use crate::lease::{drift, later};
 use crate::renew::watchdog::OrphanKind;
 use crate::script;
@@ -740,6 +741,7 @@ impl RedLock {
                 meter: self.meter.clone(),
                 tag: self.tag(),
                 held_since: Instant::now(),
+                loss: Arc::default(),
             }));
         }
         // A lost round: the nodes that granted are released now, in the
@@ -822,6 +824,10 @@ pub struct RedLockGuard {
     tag: Tag,
     /// When this hold began.
     held_since: Instant,
+    /// Set when the nodes' answers rule a majority out, or leave it
+    /// unknown after an extension ([`RedLockGuard::extend`],
+    /// [`RedLockGuard::is_held`]).
+    loss: Arc<LossState>,
 }
 
 impl std::fmt::Debug for RedLockGuard {
@@ -848,13 +854,94 @@ impl RedLockGuard {
         &self.token
     }
 
-    /// What is left of the validity: ttl − the acquisition's duration −
-    /// drift, counted down by the local clock.
+    /// What is left of the validity: ttl − the acquisition's (or last
+    /// extension's) duration − drift, counted down by the local clock;
+    /// zero once released or lost.
     pub fn validity(&self) -> Duration {
-        if self.released || self.meter.inherited() {
+        if self.released || self.is_lost() {
             return Duration::ZERO;
         }
         self.valid_until.saturating_duration_since(Instant::now())
+    }
+
+    /// Whether the lock was found lost: an [`RedLockGuard::extend`] or
+    /// [`RedLockGuard::is_held`] heard so many nodes answer "not ours"
+    /// that no majority can hold our token ([`LossReason::Expired`], or
+    /// [`LossReason::OwnedByOther`] when one of them holds another
+    /// owner's), or an extension could not reach a majority in time
+    /// ([`LossReason::Unreachable`]: the lock must then be considered
+    /// lost). Always true in a process forked since it was taken.
+    pub fn is_lost(&self) -> bool {
+        self.meter.inherited() || self.loss.reason().is_some()
+    }
+
+    /// A signal, usable from any thread and after the guard is gone, that
+    /// fires when the lock is found lost.
+    pub fn loss_signal(&self) -> LossSignal {
+        LossSignal {
+            state: self.loss.clone(),
+        }
+    }
+
+    /// Asks every node (in parallel, each at most the node timeout, never a
+    /// node known down) whether it holds our token, and answers from the
+    /// definition of holding a RedLock: `true` when a majority holds it,
+    /// `false` when so many nodes do not that no majority can (then the
+    /// lock is lost: [`RedLockGuard::is_lost`]). Changes nothing on the
+    /// nodes.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::QuorumLost`] when neither is known (nodes unreachable, too
+    /// slow or failing may hold it or not); [`Error::InvalidArgument`] for
+    /// a guard inherited through `fork()` (nothing is asked).
+    pub fn is_held(&self) -> Result<bool, Error> {
+        self.nodes.check_process()?;
+        if self.released {
+            return Ok(false);
+        }
+        let started = Instant::now();
+        let give_up = later(started, self.timeout);
+        let (tx, rx) = mpsc::channel();
+        let mut results: Vec<Option<Result<(), Error>>> =
+            (0..self.nodes.len()).map(|_| None).collect();
+        let mut pending = 0usize;
+        for (node, target) in self.nodes.nodes.iter().enumerate() {
+            if !target.health.admit(started, self.timeout) {
+                results[node] = Some(Err(known_down()));
+                continue;
+            }
+            pending += 1;
+            let (key, token) = (self.key.clone(), self.token.clone());
+            self.nodes.send(node, Some(give_up), &tx, move |client| {
+                client.counters().commands(1);
+                // A read: a lost reply is asked again.
+                let value: Option<Vec<u8>> = client.run(Op::Read, &key, |con, _| {
+                    redis::cmd("GET").arg(&key).query(con)
+                })?;
+                match value {
+                    Some(value) if value == token.as_bytes() => Ok(()),
+                    Some(_) => Err(Error::not_held(&key, LossReason::OwnedByOther)),
+                    None => Err(Error::not_held(&key, LossReason::Expired)),
+                }
+            });
+        }
+        drop(tx);
+        let tally = collect(&rx, &mut results, pending, give_up, self.timeout);
+        let results = settle(results, self.timeout);
+        match tally.verdict() {
+            Verdict::Confirmed => Ok(true),
+            Verdict::NotHeld(reason) => {
+                self.loss.lose(reason);
+                Ok(false)
+            }
+            Verdict::Unknown => Err(Error::QuorumLost {
+                key: self.key.clone(),
+                extended: tally.confirmed,
+                needed: tally.quorum,
+                failed: failures(&results),
+            }),
+        }
     }
 
     /// Extends the lease to `ttl` on every node (owner-checked, in
@@ -875,7 +962,8 @@ impl RedLockGuard {
     /// extended in time nor is one ruled out (nodes unreachable, too slow
     /// or failing may still hold it), or the extension took the whole ttl:
     /// either way the lock must be considered lost, and
-    /// [`RedLockGuard::validity`] is zero from then on;
+    /// [`RedLockGuard::validity`] is zero and [`RedLockGuard::is_lost`]
+    /// true from then on (after a `NotHeld` too);
     /// [`Error::InvalidArgument`] for a bad ttl, and for a guard inherited
     /// through `fork()`.
     pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
@@ -919,13 +1007,19 @@ impl RedLockGuard {
         // promised any more.
         self.valid_until = Instant::now();
         match verdict {
-            Verdict::NotHeld(reason) => Err(Error::not_held(&self.key, reason)),
-            Verdict::Confirmed | Verdict::Unknown => Err(Error::QuorumLost {
-                key: self.key.clone(),
-                extended: tally.confirmed,
-                needed: tally.quorum,
-                failed: failures(&results),
-            }),
+            Verdict::NotHeld(reason) => {
+                self.loss.lose(reason);
+                Err(Error::not_held(&self.key, reason))
+            }
+            Verdict::Confirmed | Verdict::Unknown => {
+                self.loss.lose(LossReason::Unreachable);
+                Err(Error::QuorumLost {
+                    key: self.key.clone(),
+                    extended: tally.confirmed,
+                    needed: tally.quorum,
+                    failed: failures(&results),
+                })
+            }
         }
     }
 
