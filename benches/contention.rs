@@ -23,6 +23,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use redmutex::Lease;
 use redmutex::{DistributedLock, LockClient, LockOptions, Release, Semaphore, SemaphoreOptions};
 
 fn options(release: Release) -> LockOptions {

@@ -19,6 +19,7 @@ use redmutex_test_support as support;
 
 use std::time::{Duration, Instant};
 
+use redmutex::Lease;
 use redmutex::{DistributedLock, LockClient, Semaphore};
 
 #[global_allocator]

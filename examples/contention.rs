@@ -47,6 +47,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, ValueEnum};
 use redis::Commands;
+use redmutex::Lease;
 use redmutex::{
     DistributedLock, LockClient, LockOptions, Release, Semaphore, SemaphoreOptions, WaitMode,
 };

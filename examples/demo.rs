@@ -8,6 +8,7 @@ use redmutex_test_support as support;
 
 use std::time::{Duration, Instant};
 
+use redmutex::Lease;
 use redmutex::{DistributedLock, Error, LockClient, LockOptions};
 
 fn main() -> Result<(), Error> {

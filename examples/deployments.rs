@@ -10,6 +10,7 @@ use redmutex_test_support as support;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use redmutex::Lease;
 use redmutex::{DistributedLock, LockClient, RedLock};
 use support::{RedisCluster, RedisServer, SentinelSet};
 
@@ -85,7 +86,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     for n in [3, 5] {
         let lock = RedLock::new(clients[..n].to_vec(), format!("bench:redlock{n}"))?;
-        let cycle = time(args.rounds, || lock.lock()?.unlock())?;
+        let cycle = time(args.rounds, || lock.lock()?.unlock().map(drop))?;
         row(&format!("RedLock, {n} masters"), cycle);
     }
     Ok(())

@@ -15,6 +15,7 @@ use redmutex_test_support as support;
 
 use std::time::Duration;
 
+use redmutex::Lease;
 use redmutex::{DistributedLock, LockClient, LockOptions};
 
 /// The protected resource: a "file" that accepts a write only with a

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use redmutex::Lease;
 use redmutex::{
     DistributedLock, LeaseOptions, LockClient, LockOptions, ReentrantLock, RwLock, Semaphore,
     SemaphoreOptions,
@@ -107,7 +108,7 @@ impl Held {
         match self {
             Held::Lock(guard) => guard.unlock().map(drop),
             Held::Reentrant(guard) => guard.unlock().map(drop),
-            Held::Rw(guard) => guard.unlock(),
+            Held::Rw(guard) => guard.unlock().map(drop),
             Held::Permit(permit) => permit.release(),
         }
     }

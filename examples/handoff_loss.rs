@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use parking_lot::Mutex;
+use redmutex::Lease;
 use redmutex::{DistributedLock, LockClient, LockKind, LockOptions};
 
 #[derive(Parser, Debug)]

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use redis::{Commands, Connection, RedisResult};
+use redmutex::Lease;
 use redmutex::{DistributedLock, LockClient, LockOptions};
 
 #[derive(Parser, Debug)]

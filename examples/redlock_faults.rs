@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use redmutex::Lease;
 use redmutex::{LeaseOptions, LockClient, RedLock};
 use support::{FaultProxy, RedisServer, wait_until};
 

@@ -16,6 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::Parser;
+use redmutex::Lease;
 use redmutex::{Backoff, DistributedLock, LockClient, LockOptions};
 use support::RedisCluster;
 

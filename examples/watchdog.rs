@@ -11,6 +11,7 @@ use redmutex_test_support as support;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use redmutex::Lease;
 use redmutex::{DistributedLock, LockClient, LockOptions};
 
 #[global_allocator]

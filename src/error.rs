@@ -120,8 +120,8 @@ pub enum Error {
         /// What went wrong, per failed node.
         failed: Vec<String>,
     },
-    /// [`RedLockGuard::extend`](crate::RedLockGuard::extend) (or
-    /// [`RedLockGuard::is_held`](crate::RedLockGuard::is_held)) heard fewer
+    /// [`RedLockGuard::extend`](crate::Lease::extend) (or
+    /// [`RedLockGuard::is_held`](crate::Lease::is_held)) heard fewer
     /// than a majority of the nodes confirm our token in time, and too few
     /// answered "not ours" to rule a majority out: whether a majority
     /// still holds the lock is unknown, so it must be considered lost
@@ -138,7 +138,7 @@ pub enum Error {
         /// What went wrong, per failed node.
         failed: Vec<String>,
     },
-    /// [`RedLockGuard::unlock`](crate::RedLockGuard::unlock) released on
+    /// [`RedLockGuard::unlock`](crate::Lease::unlock) released on
     /// fewer than a majority of the nodes in time, and too few answered
     /// "not ours" to rule a majority out: the nodes not heard from
     /// (unreachable, too slow, or refusing) decide whether it was held, and

@@ -5,7 +5,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use redmutex::{DistributedLock, LockClient, LockOptions};
+//! use redmutex::{DistributedLock, Lease, LockClient, LockOptions};
 //!
 //! # fn main() -> Result<(), redmutex::Error> {
 //! let client = LockClient::open("redis://127.0.0.1:6379/")?;
@@ -350,8 +350,8 @@ pub use family::redlock::{RedLock, RedLockGuard};
 pub use family::reentrant::{ReentrantGuard, ReentrantLock};
 pub use family::rwlock::{RwGuard, RwLock};
 pub use family::semaphore::{Permit, PermitHolder, Semaphore, SemaphoreStatus};
-pub use lease::Unlocked;
 pub use lease::loss::LossSignal;
+pub use lease::{Lease, Unlocked};
 pub use mutex::DistributedLock;
 pub use mutex::guard::LockGuard;
 pub use script::names::{fence_key, release_channel};

@@ -6,6 +6,7 @@ use redmutex_test_support as support;
 
 use std::time::{Duration, Instant};
 
+use redmutex::Lease;
 use redmutex::{
     Backoff, DistributedLock, LockClient, LockOptions, RedLock, ReentrantLock, Release, RwLock,
     Unlocked,

@@ -11,6 +11,7 @@ use redmutex_test_support as support;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use redmutex::Lease;
 use redmutex::{
     Backoff, DistributedLock, LockClient, LockOptions, ReentrantLock, RwLock, Semaphore,
 };

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use assert_cmd::cargo::CommandCargoExt;
 use redis::Commands;
+use redmutex::Lease;
 use support::{RedisServer, wait_until};
 
 fn redmutex(server: &RedisServer) -> Command {

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::{Commands, ConnectionLike};
+use redmutex::Lease;
 use redmutex::{
     Deployment, DistributedLock, Error, LockClient, LockOptions, ReentrantLock, Release, RwLock,
     Semaphore, SemaphoreOptions,

@@ -9,6 +9,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use redis::Commands;
+use redmutex::Lease;
 use redmutex::{DistributedLock, Error, LockClient, LockOptions, ReentrantLock};
 use support::{FaultProxy, RedisServer, exists, get};
 
@@ -453,7 +454,7 @@ impl Held {
         match self {
             Held::Plain(guard) => guard.unlock().map(|_| ()),
             Held::Reentrant(guard) => guard.unlock().map(|_| ()),
-            Held::Rw(guard) => guard.unlock(),
+            Held::Rw(guard) => guard.unlock().map(|_| ()),
             Held::Permit(permit) => permit.release(),
         }
     }

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::Commands;
+use redmutex::Lease;
 use redmutex::{DistributedLock, LockClient, LockOptions, Release};
 use support::RedisServer;
 

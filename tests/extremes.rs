@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
+use redmutex::Lease;
 use redmutex::{
     Backoff, DistributedLock, Error, LeaseOptions, LockClient, LockOptions, RedLock, ReentrantLock,
     Release, RwLock, WaitMode,

@@ -8,6 +8,7 @@ use redmutex_test_support as support;
 
 use std::time::Duration;
 
+use redmutex::Lease;
 use redmutex::{DistributedLock, LockClient, LockOptions, Semaphore, SemaphoreOptions};
 use support::{RedisServer, SentinelSet, clock_floored, wait_until};
 

@@ -11,6 +11,7 @@ use redmutex_test_support as support;
 use std::io::{BufRead, BufReader, Write};
 use std::time::{Duration, Instant};
 
+use redmutex::Lease;
 use redmutex::{
     Backoff, DistributedLock, Error, LeaseOptions, LockClient, LockOptions, RedLock, ReentrantLock,
     RwLock, Semaphore, SemaphoreOptions, Unlocked,
@@ -259,8 +260,8 @@ fn inert_in_child(world: World) -> i32 {
         || !read.is_lost()
         || read.is_held().is_ok()
         || !refused(write.extend(Duration::from_secs(60)))
-        || !refused(read.unlock())
-        || !refused(write.unlock())
+        || !refused(read.unlock().map(drop))
+        || !refused(write.unlock().map(drop))
     {
         return 25;
     }
@@ -270,7 +271,7 @@ fn inert_in_child(world: World) -> i32 {
     if !redlock.validity().is_zero()
         || !redlock.is_lost()
         || redlock.is_held().is_ok()
-        || !refused(redlock.unlock())
+        || !refused(redlock.unlock().map(drop))
     {
         return 27;
     }

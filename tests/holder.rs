@@ -7,6 +7,7 @@ use redmutex_test_support as support;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use redmutex::Lease;
 use redmutex::{
     DistributedLock, Holder, LockClient, LockKind, RedLock, ReentrantLock, RwLock, Semaphore,
 };

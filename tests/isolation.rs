@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use redmutex::Lease;
 use redmutex::{DistributedLock, LeaseOptions, LockClient, LockOptions, RedLock};
 use support::{FaultProxy, RedisServer};
 

@@ -6,6 +6,7 @@ use redmutex_test_support as support;
 use std::time::{Duration, Instant};
 
 use redis::Commands;
+use redmutex::Lease;
 use redmutex::{DistributedLock, Error, LockClient, LockOptions, LossReason, Release};
 use support::{RedisServer, wait_until};
 

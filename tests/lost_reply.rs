@@ -9,6 +9,7 @@ use redmutex_test_support as support;
 use std::time::{Duration, Instant};
 
 use redis::Commands;
+use redmutex::Lease;
 use redmutex::{
     DistributedLock, LeaseOptions, LockClient, LockOptions, RedLock, ReentrantLock, Release,
     RwLock, Unlocked, WaitMode,

@@ -7,6 +7,7 @@ use redmutex_test_support as support;
 
 use std::time::Duration;
 
+use redmutex::Lease;
 use redmutex::{DistributedLock, Error, LockOptions, Semaphore, SemaphoreOptions};
 use support::{RedisServer, exists, wait_until};
 

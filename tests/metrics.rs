@@ -6,6 +6,7 @@ use redmutex_test_support as support;
 
 use std::time::Duration;
 
+use redmutex::Lease;
 use redmutex::{
     DistributedLock, LeaseOptions, LockKind, LockOptions, ReentrantLock, RwLock, Semaphore,
     SemaphoreOptions,

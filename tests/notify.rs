@@ -8,6 +8,7 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::Commands;
+use redmutex::Lease;
 use redmutex::{Backoff, DistributedLock, LockClient, LockOptions, WaitMode};
 use support::{RedisServer, wait_until};
 

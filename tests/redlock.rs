@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::Commands;
+use redmutex::Lease;
 use redmutex::{Error, LeaseOptions, LockClient, LossReason, RedLock};
 use support::{RedisServer, wait_until};
 

@@ -6,6 +6,7 @@ use redmutex_test_support as support;
 use std::time::Duration;
 
 use redis::Commands;
+use redmutex::Lease;
 use redmutex::{DistributedLock, LockOptions};
 use support::{RedisServer, wait_until};
 

@@ -7,6 +7,7 @@ use redmutex_test_support as support;
 use std::time::Duration;
 
 use redis::Commands;
+use redmutex::Lease;
 use redmutex::{DistributedLock, Error, LeaseOptions, LossReason, ReentrantLock, Unlocked};
 use support::{RedisServer, wait_until};
 

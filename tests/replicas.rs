@@ -7,6 +7,7 @@ use redmutex_test_support as support;
 use std::time::{Duration, Instant};
 
 use redis::Commands;
+use redmutex::Lease;
 use redmutex::{DistributedLock, Error, LockClient, LockOptions};
 use support::RedisServer;
 

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use redis::Commands;
+use redmutex::Lease;
 use redmutex::{Error, LeaseOptions, LossReason, RwLock};
 use support::{RedisServer, wait_until};
 

@@ -18,6 +18,7 @@ use redmutex_test_support as support;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
+use redmutex::Lease;
 use redmutex::{
     DistributedLock, Error, LeaseOptions, LockClient, LockOptions, ReentrantLock, RwLock,
     Semaphore, SemaphoreOptions,

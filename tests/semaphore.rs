@@ -6,6 +6,7 @@ use redmutex_test_support as support;
 use std::time::{Duration, Instant};
 
 use redis::Commands;
+use redmutex::Lease;
 use redmutex::{Error, LeaseOptions, LockClient, Semaphore, SemaphoreOptions};
 use support::{FaultProxy, RedisServer, exists, sha, wait_until};
 

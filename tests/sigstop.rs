@@ -11,6 +11,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use redmutex::Lease;
 use redmutex::{DistributedLock, LockClient, LockOptions};
 use support::{FaultProxy, RedisServer, exists, get};
 

@@ -8,6 +8,7 @@ use redmutex_test_support as support;
 use std::time::{Duration, Instant};
 
 use redis::Commands;
+use redmutex::Lease;
 use redmutex::{Backoff, DistributedLock, Error, LockClient, LockOptions, WaitMode};
 use support::{FaultProxy, RedisServer, exists, get, numsub, wait_until};
 

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use redis::Commands;
+use redmutex::Lease;
 use support::{RedisServer, wait_until};
 
 fn redmutex_path() -> PathBuf {

@@ -9,6 +9,7 @@ use redmutex_test_support as support;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use redmutex::Lease;
 use redmutex::{DistributedLock, LockClient, LockOptions};
 use support::{FaultProxy, RedisServer, wait_until};
 

@@ -17,6 +17,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use redis::Commands;
+use redmutex::Lease;
 use redmutex::{Backoff, DistributedLock, LockClient, LockOptions};
 use support::tls::TlsServer;
 use support::{FaultProxy, wait_until};

@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use redis::Commands;
+use redmutex::Lease;
 use redmutex::{DistributedLock, Error, LockClient, LockOptions, LossReason};
 use support::{RedisServer, wait_until};
 

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use redmutex::Lease;
 use redmutex::{DistributedLock, LockClient, LockKind, LockOptions, Release};
 use support::{FaultProxy, RedisServer, exists, sha, wait_until};
 

@@ -64,6 +64,7 @@ static NEXT_CLIENT_ID: AtomicU64 = AtomicU64::new(1);
 /// [`LockClient::new`] are strangers to each other, like two processes.
 ///
 /// ```no_run
+/// use redmutex::Lease;
 /// # fn main() -> Result<(), redmutex::Error> {
 /// let client = redmutex::LockClient::open("redis://127.0.0.1:6379/")?;
 /// let lock = redmutex::DistributedLock::new(&client, "jobs:nightly-report");

@@ -227,8 +227,8 @@ impl SemaphoreOptions {
     /// Keeps each permit alive while it is held: the client's watchdog
     /// renews it every ttl/3 (only while it is still present: an expired
     /// permit is never re-created), pipelined with the client's other
-    /// renewals, and marks it lost ([`Permit::is_lost`](crate::Permit::is_lost),
-    /// [`Permit::loss_signal`](crate::Permit::loss_signal)) when a renewal
+    /// renewals, and marks it lost ([`Permit::is_lost`](crate::Lease::is_lost),
+    /// [`Permit::loss_signal`](crate::Lease::loss_signal)) when a renewal
     /// finds it gone or its lease runs out by the local clock first.
     /// Defaults to `false`.
     #[must_use]
@@ -556,8 +556,8 @@ impl LockOptions {
     /// expiry (send time + ttl − drift) passes with no successful renewal
     /// (whatever the renewal call is doing: the holder learns before Redis
     /// can give the key away), the guard is marked lost
-    /// ([`LockGuard::is_lost`](crate::LockGuard::is_lost),
-    /// [`LockGuard::loss_signal`](crate::LockGuard::loss_signal)). Defaults
+    /// ([`LockGuard::is_lost`](crate::Lease::is_lost),
+    /// [`LockGuard::loss_signal`](crate::Lease::loss_signal)). Defaults
     /// to `false`.
     #[must_use]
     pub fn watchdog(mut self, enabled: bool) -> Self {

@@ -19,6 +19,7 @@ use crate::client::release;
 use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
 use crate::error::{Error, LossReason};
+use crate::lease::Lease as _;
 use crate::lease::loss::{LossSignal, LossState};
 use crate::lease::{drift, later};
 use crate::renew::watchdog::OrphanKind;
@@ -53,7 +54,7 @@ use crate::wait::acquire::{Attempt, Contender, Waiting, Within, acquire};
 ///
 /// ```no_run
 /// # fn main() -> Result<(), redmutex::Error> {
-/// use redmutex::{LockClient, RedLock};
+/// use redmutex::{Lease, LockClient, RedLock};
 /// let nodes = ["redis://a:6379/", "redis://b:6379/", "redis://c:6379/"]
 ///     .iter()
 ///     .map(|url| LockClient::open(url))
@@ -843,21 +844,82 @@ impl std::fmt::Debug for RedLockGuard {
 }
 
 impl RedLockGuard {
-    /// The lock key.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
     /// The token written on the nodes: a random secret and the holder
     /// metadata of the first node's client ([`Holder::from_token`](crate::Holder::from_token)).
     pub fn token(&self) -> &str {
         &self.token
     }
 
+    fn release(&mut self) -> Result<(), Error> {
+        self.released = true;
+        // A forked child's copy: refused, nothing asked of any node.
+        self.nodes.check_process()?;
+        let result = self.let_go();
+        self.meter
+            .counters()
+            .release(self.tag, Some(self.held_since), false, result)
+    }
+
+    fn let_go(&mut self) -> Result<(), Error> {
+        let started = Instant::now();
+        let give_up = later(started, self.timeout);
+        let (rx, deferred) = self.nodes.release_all(&self.key, &self.token, self.timeout);
+        let mut results: Vec<Option<Result<(), Error>>> =
+            (0..self.nodes.len()).map(|_| None).collect();
+        for node in &deferred {
+            results[*node] = Some(Err(known_down()));
+        }
+        let pending = self.nodes.len().saturating_sub(deferred.len());
+        let tally = collect(&rx, &mut results, pending, give_up, self.timeout);
+        let now = Instant::now();
+        for (node, result) in results.iter().enumerate() {
+            // Not heard from by the deadline (not merely not needed once a
+            // majority answered).
+            if result.is_none()
+                && now >= give_up
+                && let Some(target) = self.nodes.nodes.get(node)
+            {
+                // Its release goes on in the background; later requests
+                // do not wait for it meanwhile.
+                target.health.failed(now);
+            }
+        }
+        let results = settle(results, self.timeout);
+        match tally.verdict() {
+            Verdict::Confirmed => {
+                let rest = failures(&results);
+                if !rest.is_empty() {
+                    log::debug!(
+                        "redmutex: RedLock {:?} released on a majority; the rest in the background: {}",
+                        self.key,
+                        rest.join("; ")
+                    );
+                }
+                Ok(())
+            }
+            Verdict::NotHeld(reason) => Err(Error::not_held(&self.key, reason)),
+            Verdict::Unknown => Err(Error::NodesUnreachable {
+                key: self.key.clone(),
+                released: tally.confirmed,
+                nodes: self.nodes.len(),
+                failed: failures(&results),
+            }),
+        }
+    }
+}
+
+impl crate::lease::sealed::Sealed for RedLockGuard {}
+
+impl crate::lease::Lease for RedLockGuard {
+    /// The lock key.
+    fn key(&self) -> &str {
+        &self.key
+    }
+
     /// What is left of the validity: ttl − the acquisition's (or last
     /// extension's) duration − drift, counted down by the local clock;
     /// zero once released or lost.
-    pub fn validity(&self) -> Duration {
+    fn validity(&self) -> Duration {
         if self.released || self.is_lost() {
             return Duration::ZERO;
         }
@@ -871,13 +933,13 @@ impl RedLockGuard {
     /// owner's), or an extension could not reach a majority in time
     /// ([`LossReason::Unreachable`]: the lock must then be considered
     /// lost). Always true in a process forked since it was taken.
-    pub fn is_lost(&self) -> bool {
+    fn is_lost(&self) -> bool {
         self.meter.inherited() || self.loss.reason().is_some()
     }
 
     /// A signal, usable from any thread and after the guard is gone, that
     /// fires when the lock is found lost.
-    pub fn loss_signal(&self) -> LossSignal {
+    fn loss_signal(&self) -> LossSignal {
         LossSignal {
             state: self.loss.clone(),
         }
@@ -895,7 +957,7 @@ impl RedLockGuard {
     /// [`Error::QuorumLost`] when neither is known (nodes unreachable, too
     /// slow or failing may hold it or not); [`Error::InvalidArgument`] for
     /// a guard inherited through `fork()` (nothing is asked).
-    pub fn is_held(&self) -> Result<bool, Error> {
+    fn is_held(&self) -> Result<bool, Error> {
         self.nodes.check_process()?;
         if self.released {
             return Ok(false);
@@ -966,7 +1028,7 @@ impl RedLockGuard {
     /// true from then on (after a `NotHeld` too);
     /// [`Error::InvalidArgument`] for a bad ttl, and for a guard inherited
     /// through `fork()`.
-    pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+    fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         self.nodes.check_process()?;
         let millis = ttl_millis(ttl)?;
         let ttl = Duration::from_millis(millis);
@@ -1044,65 +1106,8 @@ impl RedLockGuard {
     /// (unreachable, too slow, failing) decide, and are released in the
     /// background (how many released, and what each failed node met);
     /// [`Error::InvalidArgument`] for a guard inherited through `fork()`.
-    pub fn unlock(mut self) -> Result<(), Error> {
-        self.release()
-    }
-
-    fn release(&mut self) -> Result<(), Error> {
-        self.released = true;
-        // A forked child's copy: refused, nothing asked of any node.
-        self.nodes.check_process()?;
-        let result = self.let_go();
-        self.meter
-            .counters()
-            .release(self.tag, Some(self.held_since), false, result)
-    }
-
-    fn let_go(&mut self) -> Result<(), Error> {
-        let started = Instant::now();
-        let give_up = later(started, self.timeout);
-        let (rx, deferred) = self.nodes.release_all(&self.key, &self.token, self.timeout);
-        let mut results: Vec<Option<Result<(), Error>>> =
-            (0..self.nodes.len()).map(|_| None).collect();
-        for node in &deferred {
-            results[*node] = Some(Err(known_down()));
-        }
-        let pending = self.nodes.len().saturating_sub(deferred.len());
-        let tally = collect(&rx, &mut results, pending, give_up, self.timeout);
-        let now = Instant::now();
-        for (node, result) in results.iter().enumerate() {
-            // Not heard from by the deadline (not merely not needed once a
-            // majority answered).
-            if result.is_none()
-                && now >= give_up
-                && let Some(target) = self.nodes.nodes.get(node)
-            {
-                // Its release goes on in the background; later requests
-                // do not wait for it meanwhile.
-                target.health.failed(now);
-            }
-        }
-        let results = settle(results, self.timeout);
-        match tally.verdict() {
-            Verdict::Confirmed => {
-                let rest = failures(&results);
-                if !rest.is_empty() {
-                    log::debug!(
-                        "redmutex: RedLock {:?} released on a majority; the rest in the background: {}",
-                        self.key,
-                        rest.join("; ")
-                    );
-                }
-                Ok(())
-            }
-            Verdict::NotHeld(reason) => Err(Error::not_held(&self.key, reason)),
-            Verdict::Unknown => Err(Error::NodesUnreachable {
-                key: self.key.clone(),
-                released: tally.confirmed,
-                nodes: self.nodes.len(),
-                failed: failures(&results),
-            }),
-        }
+    fn unlock(mut self) -> Result<crate::Unlocked, Error> {
+        self.release().map(|()| crate::Unlocked::Released)
     }
 }
 

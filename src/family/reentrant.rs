@@ -169,6 +169,8 @@ fn current_owner() -> String {
 /// the queue.
 ///
 /// ```no_run
+/// use redmutex::Lease;
+///
 /// # fn main() -> Result<(), redmutex::Error> {
 /// let client = redmutex::LockClient::open("redis://127.0.0.1:6379/")?;
 /// let lock = redmutex::ReentrantLock::new(&client, "accounts:42");
@@ -432,7 +434,7 @@ impl Contender for Hold<'_> {
 }
 
 /// One hold of a [`ReentrantLock`]. Dropping it releases that hold (best
-/// effort); [`ReentrantGuard::unlock`] reports what happened. `!Send`: the
+/// effort); [`ReentrantGuard::unlock`](crate::Lease::unlock) reports what happened. `!Send`: the
 /// owner id names the acquiring thread.
 ///
 /// ```compile_fail
@@ -472,11 +474,6 @@ impl std::fmt::Debug for ReentrantGuard {
 }
 
 impl ReentrantGuard {
-    /// The lock key.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
     /// The owner id, the hash field: `<process uuid>:<thread id>`.
     pub fn owner(&self) -> &str {
         &self.owner
@@ -490,92 +487,6 @@ impl ReentrantGuard {
     /// The owner's number of holds in Redis right after this acquisition.
     pub fn hold_count(&self) -> u32 {
         self.hold_count
-    }
-
-    /// The lease left by the local clock since this guard's acquisition or
-    /// extension, minus the drift allowance; zero once released or lost.
-    /// Later re-entries refresh the lease in Redis, so this is a lower
-    /// bound.
-    pub fn validity(&self) -> Duration {
-        if self.released || self.is_lost() {
-            return Duration::ZERO;
-        }
-        remaining(self.sent, self.ttl, Instant::now())
-    }
-
-    /// Whether the lock was found lost: an [`ReentrantGuard::extend`] found
-    /// the key gone (the lease ran out) or held by another owner. Always
-    /// true in a process forked since it was taken.
-    pub fn is_lost(&self) -> bool {
-        self.client.inherited() || self.loss.reason().is_some()
-    }
-
-    /// A signal, usable from any thread and after the guard is gone, that
-    /// fires when the lock is found lost through this guard.
-    pub fn loss_signal(&self) -> LossSignal {
-        LossSignal {
-            state: self.loss.clone(),
-        }
-    }
-
-    /// Asks Redis whether this owner still holds the lock.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Redis`], [`Error::Pool`] or [`Error::WrongType`].
-    pub fn is_held(&self) -> Result<bool, Error> {
-        let key = self.key.as_str();
-        self.client.counters().commands(1);
-        let owner: Option<String> = self.client.run(Op::Read, key, |con, _| {
-            redis::cmd("HGET").arg(key).arg("owner").query(con)
-        })?;
-        Ok(owner.as_deref() == Some(self.owner.as_str()))
-    }
-
-    /// Sets the lease to `ttl` from now if this owner still holds the lock.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidArgument`] for a bad ttl; [`Error::NotHeld`] when the
-    /// key is gone or another owner holds it (then [`ReentrantGuard::is_lost`]
-    /// is true and its loss signal fires); [`Error::Redis`],
-    /// [`Error::Pool`] or [`Error::WrongType`].
-    pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
-        let millis = ttl_millis(ttl)?;
-        let key = self.key.as_str();
-        let sent = Instant::now();
-        self.client.counters().commands(1);
-        let reply: i64 = self.client.run(Op::ReentrantExtend, key, |con, _| {
-            script::REENTRANT_EXTEND
-                .key(key)
-                .arg(&self.owner)
-                .arg(millis)
-                .invoke(con)
-        })?;
-        script::owner_checked(reply).map_err(|reason| {
-            self.loss.lose(reason);
-            Error::not_held(key, reason)
-        })?;
-        self.sent = sent;
-        self.ttl = Duration::from_millis(millis);
-        Ok(())
-    }
-
-    /// Releases this hold: removes its field, deleting the key when no hold
-    /// is left.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NotHeld`] with [`LossReason::OwnedByOther`] when the hash
-    /// belongs to another owner (the articles' `nil`), or
-    /// [`LossReason::Expired`] when the key is gone;
-    /// [`Error::OutcomeUnknown`] when no reply came back even after resends
-    /// (the hold may or may not be released; the key expires by its ttl);
-    /// [`Error::Redis`], [`Error::Pool`] or [`Error::WrongType`];
-    /// [`Error::InvalidArgument`] for a guard inherited through `fork()`
-    /// (nothing is sent: the hold is the parent's).
-    pub fn unlock(mut self) -> Result<Unlocked, Error> {
-        self.release()
     }
 
     fn release(&mut self) -> Result<Unlocked, Error> {
@@ -640,6 +551,101 @@ impl ReentrantGuard {
         };
         release::check_resend(key, answer, send, !markerless.get(), millis)?
             .map_err(|reason| Error::not_held(key, reason))
+    }
+}
+
+impl crate::lease::sealed::Sealed for ReentrantGuard {}
+
+impl crate::lease::Lease for ReentrantGuard {
+    /// The lock key.
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The lease left by the local clock since this guard's acquisition or
+    /// extension, minus the drift allowance; zero once released or lost.
+    /// Later re-entries refresh the lease in Redis, so this is a lower
+    /// bound.
+    fn validity(&self) -> Duration {
+        if self.released || self.is_lost() {
+            return Duration::ZERO;
+        }
+        remaining(self.sent, self.ttl, Instant::now())
+    }
+
+    /// Whether the lock was found lost: an [`ReentrantGuard::extend`](crate::Lease::extend) found
+    /// the key gone (the lease ran out) or held by another owner. Always
+    /// true in a process forked since it was taken.
+    fn is_lost(&self) -> bool {
+        self.client.inherited() || self.loss.reason().is_some()
+    }
+
+    /// A signal, usable from any thread and after the guard is gone, that
+    /// fires when the lock is found lost through this guard.
+    fn loss_signal(&self) -> LossSignal {
+        LossSignal {
+            state: self.loss.clone(),
+        }
+    }
+
+    /// Asks Redis whether this owner still holds the lock.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`], [`Error::Pool`] or [`Error::WrongType`].
+    fn is_held(&self) -> Result<bool, Error> {
+        let key = self.key.as_str();
+        self.client.counters().commands(1);
+        let owner: Option<String> = self.client.run(Op::Read, key, |con, _| {
+            redis::cmd("HGET").arg(key).arg("owner").query(con)
+        })?;
+        Ok(owner.as_deref() == Some(self.owner.as_str()))
+    }
+
+    /// Sets the lease to `ttl` from now if this owner still holds the lock.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a bad ttl; [`Error::NotHeld`] when the
+    /// key is gone or another owner holds it (then [`ReentrantGuard::is_lost`](crate::Lease::is_lost)
+    /// is true and its loss signal fires); [`Error::Redis`],
+    /// [`Error::Pool`] or [`Error::WrongType`].
+    fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        let millis = ttl_millis(ttl)?;
+        let key = self.key.as_str();
+        let sent = Instant::now();
+        self.client.counters().commands(1);
+        let reply: i64 = self.client.run(Op::ReentrantExtend, key, |con, _| {
+            script::REENTRANT_EXTEND
+                .key(key)
+                .arg(&self.owner)
+                .arg(millis)
+                .invoke(con)
+        })?;
+        script::owner_checked(reply).map_err(|reason| {
+            self.loss.lose(reason);
+            Error::not_held(key, reason)
+        })?;
+        self.sent = sent;
+        self.ttl = Duration::from_millis(millis);
+        Ok(())
+    }
+
+    /// Releases this hold: removes its field, deleting the key when no hold
+    /// is left.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] with [`LossReason::OwnedByOther`] when the hash
+    /// belongs to another owner (the articles' `nil`), or
+    /// [`LossReason::Expired`] when the key is gone;
+    /// [`Error::OutcomeUnknown`] when no reply came back even after resends
+    /// (the hold may or may not be released; the key expires by its ttl);
+    /// [`Error::Redis`], [`Error::Pool`] or [`Error::WrongType`];
+    /// [`Error::InvalidArgument`] for a guard inherited through `fork()`
+    /// (nothing is sent: the hold is the parent's).
+    fn unlock(mut self) -> Result<Unlocked, Error> {
+        self.release()
     }
 }
 

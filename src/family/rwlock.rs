@@ -51,6 +51,8 @@ impl std::fmt::Debug for Local {
 /// step; in [`WaitMode::Spin`] every waiter polls with backoff.
 ///
 /// ```no_run
+/// use redmutex::Lease;
+///
 /// # fn main() -> Result<(), redmutex::Error> {
 /// let client = redmutex::LockClient::open("redis://127.0.0.1:6379/")?;
 /// let catalog = redmutex::RwLock::new(&client, "catalog");
@@ -489,7 +491,7 @@ fn release_field(
 }
 
 /// A read or write hold of an [`RwLock`]. Dropping it releases it (best
-/// effort); [`RwGuard::unlock`] reports the outcome.
+/// effort); [`RwGuard::unlock`](crate::Lease::unlock) reports the outcome.
 #[must_use = "the lock is released as soon as the guard is dropped"]
 pub struct RwGuard {
     client: LockClient,
@@ -520,11 +522,6 @@ impl std::fmt::Debug for RwGuard {
 }
 
 impl RwGuard {
-    /// The lock key.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
     /// This holder's token (its own field in the hash): a random secret
     /// and the holder metadata ([`Holder::from_token`](crate::Holder::from_token)).
     pub fn token(&self) -> &str {
@@ -536,26 +533,71 @@ impl RwGuard {
         self.mode == Mode::Write
     }
 
+    fn release(&mut self) -> Result<(), Error> {
+        self.released = true;
+        // A forked child's copy of its parent's hold: refused, nothing sent.
+        self.client.check_process()?;
+        let result = self.let_go();
+        self.client
+            .counters()
+            .release(self.tag, Some(self.held_since), false, result)
+    }
+
+    fn let_go(&mut self) -> Result<(), Error> {
+        let released = release_field(
+            &self.client,
+            &self.key,
+            &self.token,
+            self.mode.code(),
+            Duration::MAX,
+        )
+        .inspect_err(|err| {
+            if err.may_leave_a_lease() {
+                // Released in the background once Redis answers.
+                self.client.orphan(
+                    &self.key,
+                    OrphanKind::Rw {
+                        token: self.token.clone(),
+                    },
+                );
+            }
+        })?;
+        match released {
+            1 => Ok(()),
+            0 => Err(Error::not_held(&self.key, LossReason::Expired)),
+            _ => Err(Error::not_held(&self.key, LossReason::OwnedByOther)),
+        }
+    }
+}
+
+impl crate::lease::sealed::Sealed for RwGuard {}
+
+impl crate::lease::Lease for RwGuard {
+    /// The lock key.
+    fn key(&self) -> &str {
+        &self.key
+    }
+
     /// The lease left by the local clock since this hold's acquisition or
-    /// last [`RwGuard::extend`], minus the drift allowance; zero once
+    /// last [`RwGuard::extend`](crate::Lease::extend), minus the drift allowance; zero once
     /// released or lost.
-    pub fn validity(&self) -> Duration {
+    fn validity(&self) -> Duration {
         if self.released || self.is_lost() {
             return Duration::ZERO;
         }
         remaining(self.sent, self.ttl, Instant::now())
     }
 
-    /// Whether the hold was found lost: an [`RwGuard::extend`] found its
+    /// Whether the hold was found lost: an [`RwGuard::extend`](crate::Lease::extend) found its
     /// field gone (the lease ran out) or, for the writer, another writer in
     /// its place. Always true in a process forked since it was taken.
-    pub fn is_lost(&self) -> bool {
+    fn is_lost(&self) -> bool {
         self.client.inherited() || self.loss.reason().is_some()
     }
 
     /// A signal, usable from any thread and after the guard is gone, that
     /// fires when the hold is found lost.
-    pub fn loss_signal(&self) -> LossSignal {
+    fn loss_signal(&self) -> LossSignal {
         LossSignal {
             state: self.loss.clone(),
         }
@@ -570,7 +612,7 @@ impl RwGuard {
     /// [`Error::WrongType`] when the key is not a hash; [`Error::Redis`]
     /// or [`Error::Pool`]; [`Error::InvalidArgument`] for a guard
     /// inherited through `fork()` (nothing is sent).
-    pub fn is_held(&self) -> Result<bool, Error> {
+    fn is_held(&self) -> Result<bool, Error> {
         if self.released {
             return Ok(false);
         }
@@ -624,11 +666,11 @@ impl RwGuard {
     /// or a guard inherited through `fork()` (nothing is sent);
     /// [`Error::NotHeld`] ([`LossReason::Expired`] when its field is
     /// gone, [`LossReason::OwnedByOther`] when another writer holds the
-    /// write lock), after which [`RwGuard::is_lost`] is true;
+    /// write lock), after which [`RwGuard::is_lost`](crate::Lease::is_lost) is true;
     /// [`Error::WrongType`] when the key is another type's (nothing
     /// changes); [`Error::Redis`], [`Error::Pool`] or
     /// [`Error::OutcomeUnknown`].
-    pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+    fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         self.client.check_process()?;
         let millis = ttl_millis(ttl)?;
         if self.released {
@@ -676,44 +718,8 @@ impl RwGuard {
     /// write lock); [`Error::Redis`], [`Error::Pool`] or [`Error::WrongType`];
     /// [`Error::InvalidArgument`] for a guard inherited through `fork()`
     /// (nothing is sent: the hold is the parent's).
-    pub fn unlock(mut self) -> Result<(), Error> {
-        self.release()
-    }
-
-    fn release(&mut self) -> Result<(), Error> {
-        self.released = true;
-        // A forked child's copy of its parent's hold: refused, nothing sent.
-        self.client.check_process()?;
-        let result = self.let_go();
-        self.client
-            .counters()
-            .release(self.tag, Some(self.held_since), false, result)
-    }
-
-    fn let_go(&mut self) -> Result<(), Error> {
-        let released = release_field(
-            &self.client,
-            &self.key,
-            &self.token,
-            self.mode.code(),
-            Duration::MAX,
-        )
-        .inspect_err(|err| {
-            if err.may_leave_a_lease() {
-                // Released in the background once Redis answers.
-                self.client.orphan(
-                    &self.key,
-                    OrphanKind::Rw {
-                        token: self.token.clone(),
-                    },
-                );
-            }
-        })?;
-        match released {
-            1 => Ok(()),
-            0 => Err(Error::not_held(&self.key, LossReason::Expired)),
-            _ => Err(Error::not_held(&self.key, LossReason::OwnedByOther)),
-        }
+    fn unlock(mut self) -> Result<crate::Unlocked, Error> {
+        self.release().map(|()| crate::Unlocked::Released)
     }
 }
 

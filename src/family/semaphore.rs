@@ -21,6 +21,7 @@ use crate::conn::backend::Connection;
 use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
 use crate::error::{Error, LossReason};
+use crate::lease::Lease as _;
 use crate::lease::loss::{LossSignal, LossState};
 use crate::lease::remaining;
 use crate::renew::watchdog::{OrphanKind, Renewal, WatchEntry};
@@ -940,11 +941,6 @@ impl Permit {
         remaining(sent, ttl, Instant::now())
     }
 
-    /// The semaphore's key.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
     /// This permit's id (its field in the hash; what `redmutex release
     /// KEY --token ID` takes): a random secret and the holder metadata
     /// ([`Holder::from_token`]).
@@ -957,95 +953,6 @@ impl Permit {
     /// permits of the key. `None` otherwise.
     pub fn fencing_token(&self) -> Option<u64> {
         self.fence
-    }
-
-    /// Whether the permit was found lost: by the watchdog (gone from the
-    /// hash, Redis unreachable until the lease ran out, hold cap reached)
-    /// or by a [`Permit::extend`] that found it gone.
-    pub fn is_lost(&self) -> bool {
-        // A forked child's copy is never the child's permit.
-        self.client.inherited() || self.loss.reason().is_some()
-    }
-
-    /// A signal, usable from any thread and after the permit is gone, that
-    /// fires when the permit is found lost.
-    pub fn loss_signal(&self) -> LossSignal {
-        LossSignal {
-            state: self.loss.clone(),
-        }
-    }
-
-    /// The lease left by the local clock, minus the drift allowance; zero
-    /// once released or lost.
-    pub fn validity(&self) -> Duration {
-        if self.released || self.is_lost() {
-            return Duration::ZERO;
-        }
-        self.timing_left()
-    }
-
-    /// Renews this permit for `ttl` from now, only if it is still present
-    /// (an expired permit is never re-created).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::NotHeld`] when the permit is gone; [`Error::InvalidArgument`]
-    /// for a bad ttl; [`Error::Redis`], [`Error::Pool`] or
-    /// [`Error::OutcomeUnknown`].
-    pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
-        // Before the watch entry's lock, which a parent thread may have
-        // held at a fork.
-        self.client.check_process()?;
-        let millis = ttl_millis(ttl)?;
-        let ttl = Duration::from_millis(millis);
-        let generation = self.watch.as_ref().map(|entry| entry.generation());
-        let sent = Instant::now();
-        self.client.counters().commands(1);
-        let renewed: i64 = self.client.run(Op::SemExtend, &self.key, |con, _| {
-            script::SEM_EXTEND
-                .key(&*self.key)
-                .arg(&*self.id)
-                .arg(millis)
-                .invoke(con)
-        })?;
-        if renewed != 1 {
-            self.loss.lose(LossReason::Expired);
-            return Err(Error::not_held(&self.key, LossReason::Expired));
-        }
-        // The watchdog's entry owns the timing of a watched permit.
-        match &self.watch {
-            Some(entry) => entry.renewed(sent, ttl, generation.unwrap_or_default()),
-            None => {
-                self.sent = sent;
-                self.ttl = ttl;
-            }
-        }
-        self.confirmed = self.confirmed.max(sent);
-        self.count_held(sent, ttl);
-        Ok(())
-    }
-
-    /// Whether Redis still has this permit within its deadline.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Redis`] or [`Error::Pool`].
-    pub fn is_held(&self) -> Result<bool, Error> {
-        if self.released {
-            return Ok(false);
-        }
-        let field = format!("p:{}", self.id);
-        let (deadline, now): (Option<u64>, (u64, u64)) =
-            self.client.run(Op::Read, &self.key, |con, _| {
-                redis::pipe()
-                    .cmd("HGET")
-                    .arg(&*self.key)
-                    .arg(&field)
-                    .cmd("TIME")
-                    .query(con)
-            })?;
-        let now_ms = now.0.saturating_mul(1000).saturating_add(now.1 / 1000);
-        Ok(deadline.is_some_and(|d| d > now_ms))
     }
 
     /// Gives the permit back: removes only this permit.
@@ -1161,6 +1068,110 @@ impl Permit {
                 .saturating_sub(started.elapsed())
                 .max(Duration::from_millis(1)),
         )
+    }
+}
+
+impl crate::lease::sealed::Sealed for Permit {}
+
+impl crate::lease::Lease for Permit {
+    /// The semaphore's key.
+    fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The lease left by the local clock, minus the drift allowance; zero
+    /// once released or lost.
+    fn validity(&self) -> Duration {
+        if self.released || self.is_lost() {
+            return Duration::ZERO;
+        }
+        self.timing_left()
+    }
+
+    /// Whether the permit was found lost: by the watchdog (gone from the
+    /// hash, Redis unreachable until the lease ran out, hold cap reached)
+    /// or by a [`Permit::extend`] that found it gone.
+    fn is_lost(&self) -> bool {
+        // A forked child's copy is never the child's permit.
+        self.client.inherited() || self.loss.reason().is_some()
+    }
+
+    /// A signal, usable from any thread and after the permit is gone, that
+    /// fires when the permit is found lost.
+    fn loss_signal(&self) -> LossSignal {
+        LossSignal {
+            state: self.loss.clone(),
+        }
+    }
+
+    /// Whether Redis still has this permit within its deadline.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`] or [`Error::Pool`].
+    fn is_held(&self) -> Result<bool, Error> {
+        if self.released {
+            return Ok(false);
+        }
+        let field = format!("p:{}", self.id);
+        let (deadline, now): (Option<u64>, (u64, u64)) =
+            self.client.run(Op::Read, &self.key, |con, _| {
+                redis::pipe()
+                    .cmd("HGET")
+                    .arg(&*self.key)
+                    .arg(&field)
+                    .cmd("TIME")
+                    .query(con)
+            })?;
+        let now_ms = now.0.saturating_mul(1000).saturating_add(now.1 / 1000);
+        Ok(deadline.is_some_and(|d| d > now_ms))
+    }
+
+    /// Renews this permit for `ttl` from now, only if it is still present
+    /// (an expired permit is never re-created).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] when the permit is gone; [`Error::InvalidArgument`]
+    /// for a bad ttl; [`Error::Redis`], [`Error::Pool`] or
+    /// [`Error::OutcomeUnknown`].
+    fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        // Before the watch entry's lock, which a parent thread may have
+        // held at a fork.
+        self.client.check_process()?;
+        let millis = ttl_millis(ttl)?;
+        let ttl = Duration::from_millis(millis);
+        let generation = self.watch.as_ref().map(|entry| entry.generation());
+        let sent = Instant::now();
+        self.client.counters().commands(1);
+        let renewed: i64 = self.client.run(Op::SemExtend, &self.key, |con, _| {
+            script::SEM_EXTEND
+                .key(&*self.key)
+                .arg(&*self.id)
+                .arg(millis)
+                .invoke(con)
+        })?;
+        if renewed != 1 {
+            self.loss.lose(LossReason::Expired);
+            return Err(Error::not_held(&self.key, LossReason::Expired));
+        }
+        // The watchdog's entry owns the timing of a watched permit.
+        match &self.watch {
+            Some(entry) => entry.renewed(sent, ttl, generation.unwrap_or_default()),
+            None => {
+                self.sent = sent;
+                self.ttl = ttl;
+            }
+        }
+        self.confirmed = self.confirmed.max(sent);
+        self.count_held(sent, ttl);
+        Ok(())
+    }
+
+    /// Gives the permit back, as [`Permit::release`] does:
+    /// [`Unlocked::Released`](crate::Unlocked::Released) on success.
+    fn unlock(mut self) -> Result<crate::Unlocked, Error> {
+        self.give_back(false).map(|()| crate::Unlocked::Released)
     }
 }
 

@@ -153,7 +153,7 @@ impl LossState {
 /// # fn main() -> Result<(), redmutex::Error> {
 /// # let client = redmutex::LockClient::open("redis://127.0.0.1:6379/")?;
 /// use std::time::Duration;
-/// use redmutex::{DistributedLock, LockOptions};
+/// use redmutex::{DistributedLock, Lease, LockOptions};
 ///
 /// let lock = DistributedLock::with_options(
 ///     &client,

@@ -12,6 +12,115 @@
 
 pub(crate) mod loss;
 
+use crate::error::Error;
+use loss::LossSignal;
+
+/// Keeps [`Lease`] to the crate's own guards: its methods may grow.
+pub(crate) mod sealed {
+    pub trait Sealed {}
+}
+
+/// What every guard of the lock family offers: the lease it holds.
+///
+/// Implemented by [`LockGuard`](crate::LockGuard),
+/// [`ReentrantGuard`](crate::ReentrantGuard), [`RwGuard`](crate::RwGuard),
+/// [`Permit`](crate::Permit) and [`RedLockGuard`](crate::RedLockGuard), so
+/// that code written against a lease (a worker loop that renews, checks
+/// and releases) works with any lock type. Each implementation's own docs
+/// say what its methods send. Sealed: only this crate implements it.
+///
+/// | | `validity` | `is_lost`, `loss_signal` | `is_held` | `extend` | `unlock` |
+/// |---|---|---|---|---|---|
+/// | what it is | the local estimate, zero once lost | a loss Redis (or the watchdog) reported | asks Redis, owner-checked | owner-checked, never re-creates | owner-checked release |
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use redmutex::{Error, Lease};
+///
+/// /// Works while the lease lasts, renewing it, with any lock type.
+/// fn work_under(mut lease: impl Lease, steps: u32) -> Result<(), Error> {
+///     for _ in 0..steps {
+///         if lease.is_lost() {
+///             return Err(Error::InvalidArgument("the lease was lost".into()));
+///         }
+///         // ... one step of work ...
+///         if lease.validity() < Duration::from_secs(5) {
+///             lease.extend(Duration::from_secs(30))?;
+///         }
+///     }
+///     lease.unlock().map(drop)
+/// }
+/// # fn main() -> Result<(), Error> {
+/// let client = redmutex::LockClient::open("redis://127.0.0.1:6379/")?;
+/// work_under(redmutex::DistributedLock::new(&client, "jobs:a").lock()?, 3)?;
+/// work_under(redmutex::Semaphore::new(&client, "jobs:b", 2).acquire()?, 3)?;
+/// work_under(redmutex::RwLock::new(&client, "jobs:c").write()?, 3)?;
+/// # Ok(())
+/// # }
+/// ```
+pub trait Lease: sealed::Sealed {
+    /// The lock key, as it is in Redis (the client's key prefix included).
+    fn key(&self) -> &str;
+
+    /// The lease left by the local monotonic clock, minus a drift
+    /// allowance, counted from when the acquiring (or last extending)
+    /// request was sent, so never more than Redis allows; zero once
+    /// released or lost. An estimate without a round trip;
+    /// [`Lease::is_held`] asks Redis.
+    fn validity(&self) -> Duration;
+
+    /// Whether the lease was found lost: by an [`Lease::extend`] or
+    /// [`Lease::is_held`] that Redis answered "not ours", or by the
+    /// watchdog where the lock type has one. Always true in a process
+    /// forked since the lease was taken.
+    fn is_lost(&self) -> bool;
+
+    /// A signal, usable from any thread and after the guard is gone, that
+    /// fires when the lease is found lost.
+    fn loss_signal(&self) -> LossSignal;
+
+    /// Asks Redis whether it still holds this lease, owner-checked.
+    /// Changes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`] or [`Error::Pool`] when Redis cannot answer (a
+    /// RedLock: [`Error::QuorumLost`] when its nodes' answers leave it
+    /// unknown); [`Error::WrongType`] when the key holds another type's
+    /// data; [`Error::InvalidArgument`] for a guard inherited through
+    /// `fork()`.
+    fn is_held(&self) -> Result<bool, Error>;
+
+    /// Sets the lease to expire `ttl` from now, if Redis still holds it
+    /// (owner-checked): an expired lease is never re-created. A lease found
+    /// not held is lost from then on.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a ttl under 1 ms or over ten years
+    /// (nothing is sent), or a guard inherited through `fork()`;
+    /// [`Error::NotHeld`] when Redis no longer holds it; [`Error::Redis`],
+    /// [`Error::Pool`], [`Error::WrongType`] or [`Error::OutcomeUnknown`]
+    /// (a RedLock: [`Error::QuorumLost`]).
+    fn extend(&mut self, ttl: Duration) -> Result<(), Error>;
+
+    /// Releases the lease and reports the outcome: [`Unlocked::StillHeld`]
+    /// when only a nested hold was given up (a lock type that nests),
+    /// [`Unlocked::Released`] otherwise. Dropping the guard releases too,
+    /// reporting nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] when Redis no longer held it (nothing is
+    /// deleted); [`Error::OutcomeUnknown`], [`Error::Redis`] or
+    /// [`Error::Pool`] when Redis fails (the lease is then released in the
+    /// background once Redis answers, or expires); [`Error::InvalidArgument`]
+    /// for a guard inherited through `fork()`.
+    fn unlock(self) -> Result<Unlocked, Error>
+    where
+        Self: Sized;
+}
+
 /// What an `unlock()` of a lock type that nests did: the answer of
 /// [`LockGuard::unlock`](crate::LockGuard::unlock) (a nested guard of the
 /// thread's hold) and [`ReentrantGuard::unlock`](crate::ReentrantGuard::unlock)

@@ -8,6 +8,7 @@ use crate::client::holder::Redacted;
 use crate::client::options::Release;
 use crate::conn::policy::Op;
 use crate::error::Error;
+use crate::lease::Lease as _;
 use crate::lease::Unlocked;
 use crate::lease::loss::LossSignal;
 use crate::mutex::lease::Lease;
@@ -44,11 +45,6 @@ impl LockGuard {
         LockGuard { lease, hold_count }
     }
 
-    /// The lock key.
-    pub fn key(&self) -> &str {
-        &self.lease.key
-    }
-
     /// The token this acquisition wrote into the key: a random secret and,
     /// unless turned off, the holder metadata ([`Holder::from_token`](crate::Holder::from_token));
     /// shared by the guards of a reentrant hold.
@@ -62,15 +58,6 @@ impl LockGuard {
         self.hold_count
     }
 
-    /// The lease left by the local monotonic clock, minus a drift allowance
-    /// (1 % of the ttl + 2 ms). Measured from when the acquiring (or last
-    /// extending) request was sent, so it is never more than Redis allows.
-    /// Zero once the lease has run out. This is an estimate without a round
-    /// trip; [`LockGuard::is_held`] asks Redis.
-    pub fn validity(&self) -> Duration {
-        self.lease.validity()
-    }
-
     /// The fencing token of this acquisition (strictly increasing for the
     /// key), when the lock was taken with
     /// [`LockOptions::fencing`](crate::LockOptions::fencing); `None`
@@ -81,16 +68,55 @@ impl LockGuard {
         self.lease.fence
     }
 
+    /// Like [`LockGuard::unlock`], with the given release method.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockGuard::unlock`]; also [`Error::InvalidArgument`] for
+    /// [`Release::Watch`] on a Redis Cluster client, refused before anything
+    /// is sent (the guard is then dropped, which releases with the lock's
+    /// own method, [`Release::Lua`] on a cluster).
+    pub fn unlock_with(self, release: Release) -> Result<Unlocked, Error> {
+        // A forked child's copy of its parent's guard, nested or not:
+        // refused (its drop then leaves the parent's lease alone).
+        self.lease.client.check_process()?;
+        if Rc::strong_count(&self.lease) > 1 {
+            return Ok(Unlocked::StillHeld);
+        }
+        // Refused before anything changes; the guard's drop then releases
+        // with the lock's own method.
+        self.lease.client.check_release(release)?;
+        self.lease.release_now(release).map(|()| Unlocked::Released)
+    }
+}
+
+impl crate::lease::sealed::Sealed for LockGuard {}
+
+impl crate::lease::Lease for LockGuard {
+    /// The lock key.
+    fn key(&self) -> &str {
+        &self.lease.key
+    }
+
+    /// The lease left by the local monotonic clock, minus a drift allowance
+    /// (1 % of the ttl + 2 ms). Measured from when the acquiring (or last
+    /// extending) request was sent, so it is never more than Redis allows.
+    /// Zero once the lease has run out. This is an estimate without a round
+    /// trip; [`LockGuard::is_held`] asks Redis.
+    fn validity(&self) -> Duration {
+        self.lease.validity()
+    }
+
     /// Whether the lease was found lost: by the watchdog (key gone or taken,
     /// Redis unreachable until the lease ran out, hold cap reached) or by an
     /// [`LockGuard::extend`] that found it not held.
-    pub fn is_lost(&self) -> bool {
+    fn is_lost(&self) -> bool {
         self.lease.is_lost()
     }
 
     /// A signal, usable from any thread and after the guard is gone, that
     /// fires when the lease is found lost.
-    pub fn loss_signal(&self) -> LossSignal {
+    fn loss_signal(&self) -> LossSignal {
         LossSignal {
             state: self.lease.loss_state().clone(),
         }
@@ -102,7 +128,7 @@ impl LockGuard {
     ///
     /// [`Error::Redis`] or [`Error::Pool`] when Redis cannot be asked;
     /// [`Error::WrongType`] when the key now holds a non-string value.
-    pub fn is_held(&self) -> Result<bool, Error> {
+    fn is_held(&self) -> Result<bool, Error> {
         let key = self.key();
         self.lease.client.counters().commands(1);
         let current: Option<Vec<u8>> = self.lease.client.run(Op::Read, key, |con, _| {
@@ -123,7 +149,7 @@ impl LockGuard {
     /// [`LossReason::OwnedByOther`](crate::LossReason::OwnedByOther) when another owner holds it (nothing
     /// changes in Redis); [`Error::Redis`], [`Error::Pool`] or
     /// [`Error::WrongType`] when Redis fails.
-    pub fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+    fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
         self.lease.extend(ttl)
     }
 
@@ -155,30 +181,9 @@ impl LockGuard {
     /// [`max_age`](crate::HandoffBudget::max_age) ago, it is confirmed
     /// first: found gone, it is not passed on and this says
     /// [`Error::NotHeld`].
-    pub fn unlock(self) -> Result<Unlocked, Error> {
+    fn unlock(self) -> Result<Unlocked, Error> {
         let how = self.lease.release;
         self.unlock_with(how)
-    }
-
-    /// Like [`LockGuard::unlock`], with the given release method.
-    ///
-    /// # Errors
-    ///
-    /// As [`LockGuard::unlock`]; also [`Error::InvalidArgument`] for
-    /// [`Release::Watch`] on a Redis Cluster client, refused before anything
-    /// is sent (the guard is then dropped, which releases with the lock's
-    /// own method, [`Release::Lua`] on a cluster).
-    pub fn unlock_with(self, release: Release) -> Result<Unlocked, Error> {
-        // A forked child's copy of its parent's guard, nested or not:
-        // refused (its drop then leaves the parent's lease alone).
-        self.lease.client.check_process()?;
-        if Rc::strong_count(&self.lease) > 1 {
-            return Ok(Unlocked::StillHeld);
-        }
-        // Refused before anything changes; the guard's drop then releases
-        // with the lock's own method.
-        self.lease.client.check_release(release)?;
-        self.lease.release_now(release).map(|()| Unlocked::Released)
     }
 }
 

@@ -57,6 +57,7 @@ use super::{
     ClusterNode, Dice, FaultProxy, ProxiedSentinelSet, RedisCluster, RedisServer, SentinelSet,
     wait_until,
 };
+use redmutex::Lease;
 
 /// The lock every worker takes.
 pub const KEY: &str = "chaos";
@@ -174,7 +175,7 @@ impl Hold {
         match self {
             Hold::Lock(guard) => guard.unlock().map(|_| ()),
             Hold::Permit(permit) => permit.release(),
-            Hold::RedLock(guard) => guard.unlock(),
+            Hold::RedLock(guard) => guard.unlock().map(drop),
         }
     }
 }

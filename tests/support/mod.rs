@@ -17,6 +17,7 @@ pub use deploy::*;
 #[allow(unused_imports)]
 pub use proxy::*;
 
+use redmutex::Lease;
 use std::io::Read;
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};

@@ -3,6 +3,7 @@
 
 #[allow(unused_imports)]
 use super::*;
+use redmutex::Lease;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// Shows what `redmutex run` waits for, on a terminal only.
