@@ -56,8 +56,12 @@ if wanted > deadline then
   redis.call('HSET', KEYS[1], field, wanted)
   deadline = wanted
 end
--- The hash lives as long as its latest deadline (as the release keeps it).
-if deadline > now + redis.call('PTTL', KEYS[1]) then
+-- The hash lives as long as its latest deadline (as the release keeps
+-- it). A hash without an expiry (PTTL -1: made persistent from outside)
+-- is left so: an expiry set from this holder's deadline alone could end
+-- another holder's sooner.
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl >= 0 and deadline > now + pttl then
   redis.call('PEXPIREAT', KEYS[1], deadline)
 end
 return 1

@@ -603,8 +603,11 @@ fn is_held_answers_from_a_majority_and_a_loss_is_reported() {
     drop(held);
 }
 
+/// An extension that cannot reach a majority leaves the truth unknown:
+/// no loss, the validity zero, and an extension a majority confirms later
+/// restores it.
 #[test]
-fn an_extension_that_cannot_reach_a_majority_marks_the_lock_lost() {
+fn an_extension_that_cannot_reach_a_majority_is_unknown_not_lost() {
     let nodes = RedisServer::start_many(3);
     let proxies = [
         support::FaultProxy::to(&nodes[1]),
@@ -628,10 +631,20 @@ fn an_extension_that_cannot_reach_a_majority_marks_the_lock_lost() {
         matches!(extended, Err(Error::QuorumLost { .. })),
         "{extended:?}"
     );
-    assert!(held.is_lost());
-    assert_eq!(signal.reason(), Some(LossReason::Unreachable));
+    assert!(!held.is_lost(), "unknown is not a loss");
+    assert_eq!(signal.reason(), None);
+    assert_eq!(held.validity(), Duration::ZERO);
     for proxy in &proxies {
         proxy.blackhole(false);
         proxy.heal();
     }
+    // The nodes answer again (once no longer known down): a majority
+    // confirms the extension.
+    assert!(wait_until(Duration::from_secs(10), || {
+        held.extend(Duration::from_secs(30)).is_ok()
+    }));
+    assert!(held.validity() > Duration::from_secs(20));
+    assert!(held.is_held().expect("asked"));
+    assert!(!held.is_lost());
+    assert_eq!(held.unlock().expect("unlock"), redmutex::Unlocked::Released);
 }

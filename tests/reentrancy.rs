@@ -180,3 +180,48 @@ fn extend_through_a_nested_guard_extends_the_hold() {
     let pttl: i64 = server.conn().pttl("ext").expect("PTTL");
     assert!(pttl > 29_000);
 }
+
+/// A nested guard of a hold found lost does not say "still held": its
+/// unlock answers with the loss.
+#[test]
+fn a_nested_unlock_after_a_loss_says_not_held() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let other = server.lock_client();
+    let lock = DistributedLock::with_options(
+        &client,
+        "nested-lost",
+        redmutex::LockOptions::default().ttl(Duration::from_secs(30)),
+    );
+    let outer = lock.lock().expect("lock");
+    let mut inner = lock.lock().expect("nested");
+    let _: () = redis::cmd("DEL")
+        .arg("nested-lost")
+        .query(&mut server.conn())
+        .expect("DEL");
+    let theirs = DistributedLock::new(&other, "nested-lost")
+        .try_lock()
+        .expect("try")
+        .expect("free");
+    let err = inner.extend(Duration::from_secs(30)).expect_err("lost");
+    assert_eq!(
+        err.not_held_reason(),
+        Some(redmutex::LossReason::OwnedByOther)
+    );
+    let nested = inner.unlock();
+    assert!(
+        matches!(
+            nested,
+            Err(redmutex::Error::NotHeld {
+                reason: redmutex::LossReason::OwnedByOther,
+                ..
+            })
+        ),
+        "{nested:?}"
+    );
+    assert!(outer.unlock().is_err(), "not ours any more");
+    assert_eq!(
+        theirs.unlock().expect("theirs"),
+        redmutex::Unlocked::Released
+    );
+}

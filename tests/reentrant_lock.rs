@@ -279,3 +279,37 @@ fn a_holder_re_enters_past_its_clients_queue() {
         assert!(matches!(got, Some(Ok(Unlocked::Released))), "{got:?}");
     }
 }
+
+/// A loss found through one guard of a thread's hold is the hold's: the
+/// thread's other guards of the key read it too.
+#[test]
+fn a_loss_found_through_one_guard_is_every_guard_of_the_hold() {
+    let server = RedisServer::start();
+    let mut con = server.conn();
+    let client = server.lock_client();
+    let lock = ReentrantLock::with_options(
+        &client,
+        "shared-loss",
+        LeaseOptions::default().ttl(Duration::from_secs(30)),
+    );
+    let outer = lock.lock().expect("lock");
+    let mut inner = lock.lock().expect("again");
+    let signal = outer.loss_signal();
+    let _: () = con.del("shared-loss").expect("DEL");
+    let _: () = con
+        .hset_multiple("shared-loss", &[("owner", "someone:1"), ("h:x", "1")])
+        .expect("HSET");
+    let err = inner.extend(Duration::from_secs(30)).expect_err("taken");
+    assert_eq!(err.not_held_reason(), Some(LossReason::OwnedByOther));
+    assert!(outer.is_lost(), "the outer guard of the same hold");
+    assert_eq!(outer.validity(), Duration::ZERO);
+    assert_eq!(signal.reason(), Some(LossReason::OwnedByOther));
+    drop(inner);
+    drop(outer);
+    let _: () = con.del("shared-loss").expect("DEL");
+    // A fresh hold afterwards starts with no loss.
+    let fresh = lock.lock().expect("lock");
+    assert!(!fresh.is_lost());
+    assert!(fresh.validity() > Duration::from_secs(20));
+    assert_eq!(fresh.unlock().expect("unlock"), Unlocked::Released);
+}

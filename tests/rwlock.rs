@@ -422,3 +422,35 @@ fn an_extension_whose_reply_is_lost_is_sent_again() {
     assert!(writer.validity() > Duration::from_secs(50));
     writer.unlock().expect("unlock");
 }
+
+/// A hash made persistent from outside keeps no expiry: an extension
+/// never sets one from its own deadline alone, which could end another
+/// reader's hold sooner.
+#[test]
+fn an_extension_never_cuts_another_readers_hold_through_the_hash_expiry() {
+    let server = RedisServer::start();
+    let client = redmutex::LockClient::open(&server.url()).expect("client");
+    let short = RwLock::with_options(
+        &client,
+        "rw:persisted",
+        LeaseOptions::default().ttl(Duration::from_millis(500)),
+    );
+    let long = RwLock::with_options(
+        &client,
+        "rw:persisted",
+        LeaseOptions::default().ttl(Duration::from_secs(60)),
+    );
+    let mut first = short.read().expect("read");
+    let second = long.read().expect("read");
+    let _: () = redis::cmd("PERSIST")
+        .arg("rw:persisted")
+        .query(&mut server.conn())
+        .expect("PERSIST");
+    first.extend(Duration::from_millis(600)).expect("extend");
+    let pttl: i64 = server.conn().pttl("rw:persisted").expect("PTTL");
+    assert_eq!(pttl, -1, "no expiry set from one holder's deadline");
+    assert!(left_ms(&server, "rw:persisted", &reader_field(&second)) > 50_000);
+    assert!(second.is_held().expect("is_held"));
+    first.unlock().expect("unlock");
+    second.unlock().expect("unlock");
+}

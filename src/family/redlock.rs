@@ -926,13 +926,13 @@ impl crate::lease::Lease for RedLockGuard {
         self.valid_until.saturating_duration_since(Instant::now())
     }
 
-    /// Whether the lock was found lost: an [`RedLockGuard::extend`] or
-    /// [`RedLockGuard::is_held`] heard so many nodes answer "not ours"
-    /// that no majority can hold our token ([`LossReason::Expired`], or
-    /// [`LossReason::OwnedByOther`] when one of them holds another
-    /// owner's), or an extension could not reach a majority in time
-    /// ([`LossReason::Unreachable`]: the lock must then be considered
-    /// lost). Always true in a process forked since it was taken.
+    /// Whether the lock was found lost: an extension or `is_held` heard so
+    /// many nodes answer "not ours" that no majority can hold our token
+    /// ([`LossReason::Expired`], or [`LossReason::OwnedByOther`] when one
+    /// of them holds another owner's). An answer that leaves it unknown
+    /// ([`Error::QuorumLost`]) is no loss: the validity is zero then, and a
+    /// later extension a majority confirms restores it. Always true in a
+    /// process forked since it was taken.
     fn is_lost(&self) -> bool {
         self.meter.inherited() || self.loss.reason().is_some()
     }
@@ -1023,9 +1023,9 @@ impl crate::lease::Lease for RedLockGuard {
     /// when none does; [`Error::QuorumLost`] when neither a majority
     /// extended in time nor is one ruled out (nodes unreachable, too slow
     /// or failing may still hold it), or the extension took the whole ttl:
-    /// either way the lock must be considered lost, and
-    /// [`RedLockGuard::validity`] is zero and [`RedLockGuard::is_lost`]
-    /// true from then on (after a `NotHeld` too);
+    /// either way the lock must be considered lost, and its validity is
+    /// zero until an extension a majority confirms (a `NotHeld` is a
+    /// loss: `is_lost()` true from then on);
     /// [`Error::InvalidArgument`] for a bad ttl, and for a guard inherited
     /// through `fork()`.
     fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
@@ -1073,15 +1073,14 @@ impl crate::lease::Lease for RedLockGuard {
                 self.loss.lose(reason);
                 Err(Error::not_held(&self.key, reason))
             }
-            Verdict::Confirmed | Verdict::Unknown => {
-                self.loss.lose(LossReason::Unreachable);
-                Err(Error::QuorumLost {
-                    key: self.key.clone(),
-                    extended: tally.confirmed,
-                    needed: tally.quorum,
-                    failed: failures(&results),
-                })
-            }
+            // Unknown is not lost: a majority may still hold our token (a
+            // later extension may confirm it); the validity is zero.
+            Verdict::Confirmed | Verdict::Unknown => Err(Error::QuorumLost {
+                key: self.key.clone(),
+                extended: tally.confirmed,
+                needed: tally.quorum,
+                failed: failures(&results),
+            }),
         }
     }
 

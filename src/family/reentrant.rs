@@ -80,45 +80,79 @@ fn process_id() -> Arc<str> {
     id
 }
 
-thread_local! {
-    /// The keys this thread holds through a live [`ReentrantGuard`], with
-    /// their number of guards: a thread re-entering a key it holds must
-    /// never queue behind the key's waiters (the head would wait for a
-    /// release this thread makes only after its own acquire returns).
-    static HOLDING: RefCell<Vec<(String, u32)>> = const { RefCell::new(Vec::new()) };
+/// One key this thread holds through live [`ReentrantGuard`]s of one
+/// client.
+struct Holding {
+    client: u64,
+    key: String,
+    guards: u32,
+    /// Shared by those guards: a loss one of them finds (its extension
+    /// met another owner, or the key gone) is the hold's, so every guard
+    /// of it reads it.
+    loss: Arc<LossState>,
 }
 
-/// Whether this thread holds `key` through a live guard.
+thread_local! {
+    /// The keys this thread holds, and their guards: a thread re-entering
+    /// a key it holds must never queue behind the key's waiters (the head
+    /// would wait for a release this thread makes only after its own
+    /// acquire returns).
+    static HOLDING: RefCell<Vec<Holding>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Whether this thread holds `key` through a live guard (of any client:
+/// the owner id is the thread's, so a re-entry through another client
+/// must not queue either).
 fn holding(key: &str) -> bool {
     HOLDING
         .try_with(|held| {
             held.try_borrow()
-                .is_ok_and(|held| held.iter().any(|(k, _)| k == key))
+                .is_ok_and(|held| held.iter().any(|h| h.key == key))
         })
         .unwrap_or(false)
 }
 
-/// Counts one more (`up`) or one fewer guard of `key` on this thread.
-fn count_holding(key: &str, up: bool) {
+/// One more guard of `key` on this thread through `client`: the loss
+/// state its hold shares.
+fn hold_on(client: u64, key: &str) -> Arc<LossState> {
+    HOLDING
+        .try_with(|held| {
+            let Ok(mut held) = held.try_borrow_mut() else {
+                return Arc::default();
+            };
+            if let Some(h) = held.iter_mut().find(|h| h.client == client && h.key == key) {
+                // A hold already found lost starts afresh: this
+                // acquisition was granted by Redis just now.
+                if h.loss.reason().is_some() {
+                    h.loss = Arc::default();
+                }
+                h.guards = h.guards.saturating_add(1);
+                return h.loss.clone();
+            }
+            let loss: Arc<LossState> = Arc::default();
+            held.push(Holding {
+                client,
+                key: key.to_owned(),
+                guards: 1,
+                loss: loss.clone(),
+            });
+            loss
+        })
+        .unwrap_or_default()
+}
+
+/// One guard of `key` through `client` fewer on this thread.
+fn hold_off(client: u64, key: &str) {
     let _ = HOLDING.try_with(|held| {
         let Ok(mut held) = held.try_borrow_mut() else {
             return;
         };
-        match held.iter().position(|(k, _)| k == key) {
-            Some(at) if up => {
-                if let Some(entry) = held.get_mut(at) {
-                    entry.1 = entry.1.saturating_add(1);
-                }
+        if let Some(at) = held.iter().position(|h| h.client == client && h.key == key) {
+            if held.get(at).is_some_and(|h| h.guards <= 1) {
+                held.swap_remove(at);
+            } else if let Some(h) = held.get_mut(at) {
+                h.guards -= 1;
             }
-            Some(at) => {
-                if held.get(at).is_some_and(|entry| entry.1 <= 1) {
-                    held.swap_remove(at);
-                } else if let Some(entry) = held.get_mut(at) {
-                    entry.1 -= 1;
-                }
-            }
-            None if up => held.push((key.to_owned(), 1)),
-            None => {}
         }
     });
 }
@@ -411,7 +445,7 @@ impl Contender for Hold<'_> {
                 u64::try_from(pttl).ok().map(Duration::from_millis),
             ));
         }
-        count_holding(key, true);
+        let loss = hold_on(client.id(), key);
         Ok(Attempt::Won(ReentrantGuard {
             client: client.clone(),
             key: key.to_owned(),
@@ -423,7 +457,7 @@ impl Contender for Hold<'_> {
             released: false,
             tag: self.lock.tag(),
             held_since: Instant::now(),
-            loss: Arc::default(),
+            loss,
             _thread_bound: PhantomData,
         }))
     }
@@ -456,8 +490,9 @@ pub struct ReentrantGuard {
     tag: Tag,
     /// When this hold began.
     held_since: Instant,
-    /// Set when Redis said the lock is gone or another owner's
-    /// ([`ReentrantGuard::extend`]).
+    /// Set when Redis said the lock is gone or another owner's (an
+    /// extension through any guard of this thread's hold): shared by the
+    /// thread's guards of the key on this client.
     loss: Arc<LossState>,
     _thread_bound: PhantomData<Rc<()>>,
 }
@@ -491,7 +526,7 @@ impl ReentrantGuard {
 
     fn release(&mut self) -> Result<Unlocked, Error> {
         self.released = true;
-        count_holding(&self.key, false);
+        hold_off(self.client.id(), &self.key);
         // A forked child's copy of its parent's hold: refused, nothing sent.
         self.client.check_process()?;
         let result = self.let_go();
@@ -573,7 +608,8 @@ impl crate::lease::Lease for ReentrantGuard {
         remaining(self.sent, self.ttl, Instant::now())
     }
 
-    /// Whether the lock was found lost: an [`ReentrantGuard::extend`](crate::Lease::extend) found
+    /// Whether the lock was found lost: an extension through this guard or
+    /// another guard of the thread's hold (same key, same client) found
     /// the key gone (the lease ran out) or held by another owner. Always
     /// true in a process forked since it was taken.
     fn is_lost(&self) -> bool {

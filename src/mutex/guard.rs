@@ -81,6 +81,11 @@ impl LockGuard {
         // refused (its drop then leaves the parent's lease alone).
         self.lease.client.check_process()?;
         if Rc::strong_count(&self.lease) > 1 {
+            // Only this guard's share is given up; but a hold found lost
+            // is not "still held": its loss is the answer.
+            if let Some(reason) = self.lease.loss_reason() {
+                return Err(Error::not_held(&self.lease.key, reason));
+            }
             return Ok(Unlocked::StillHeld);
         }
         // Refused before anything changes; the guard's drop then releases
@@ -156,7 +161,8 @@ impl crate::lease::Lease for LockGuard {
     /// Releases the lock with the lock's configured [`Release`] and reports
     /// the outcome. A nested guard (other guards of the same hold still
     /// alive on this thread) only gives up its share:
-    /// `Ok(`[`Unlocked::StillHeld`]`)`, nothing sent; the last guard
+    /// `Ok(`[`Unlocked::StillHeld`]`)`, nothing sent (or, once the hold
+    /// was found lost, [`Error::NotHeld`] with the loss's reason); the last guard
     /// releases in Redis (or hands the lease to a waiting thread of the
     /// client): `Ok(`[`Unlocked::Released`]`)`.
     ///

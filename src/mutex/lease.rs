@@ -328,6 +328,11 @@ impl Lease {
         self.client.inherited() || self.loss.get().is_some_and(|loss| loss.reason().is_some())
     }
 
+    /// Why the lease was found lost, if it was.
+    pub(crate) fn loss_reason(&self) -> Option<LossReason> {
+        self.loss.get().and_then(|loss| loss.reason())
+    }
+
     /// The lease's loss state, made on first use.
     pub(crate) fn loss_state(&self) -> &Arc<LossState> {
         self.loss.get_or_init(Arc::default)
