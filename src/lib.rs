@@ -128,6 +128,24 @@
 //! * [`RedLock`]: one lock over N independent masters, granted by a majority
 //!   within a validity of ttl − elapsed − drift.
 //!
+//! ### Capabilities by lock type
+//!
+//! Every guard holds a lease through the [`Lease`] trait (`use
+//! redmutex::Lease;`): code written against `impl Lease` works with any of
+//! them. What else each type offers today (each ✓ is exercised against a
+//! real Redis by `tests/capabilities.rs`):
+//!
+//! | | [`DistributedLock`] | [`ReentrantLock`] | [`RwLock`] (read / write) | [`Semaphore`] | [`RedLock`] |
+//! |---|---|---|---|---|---|
+//! | [`Lease`]: `validity` (zero once lost), `is_held` (asks Redis), `extend` (owner-checked), `is_lost`, `loss_signal`, `unlock` | ✓ | ✓ | ✓ | ✓ | ✓ (by majority) |
+//! | a nested unlock says [`Unlocked::StillHeld`] | ✓ | ✓ | – | – | – |
+//! | `status()`: who holds it, one atomic read | ✓ | ✓ | ✓ | ✓ (per permit) | ✗ |
+//! | waits by notify (a local queue, woken by the release) | ✓ | ✓ | ✓ | ✓ | ✗ (polls) |
+//! | handoff between threads of a client | ✓ | – | – | ✓ | – |
+//! | watchdog, `max_hold` | ✓ | ✗ | ✗ | ✓ | ✗ |
+//! | fencing token | ✓ | ✗ | ✗ | ✓ | ✗ |
+//! | `min_replicas` | ✓ | ✗ | ✗ | ✓ | n/a |
+//!
 //! ## Deployments
 //!
 //! The constructor picks the deployment; the lock types stay the same

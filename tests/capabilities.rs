@@ -1,0 +1,355 @@
+//! The capability matrix of the crate docs ("Capabilities by lock type"),
+//! cell by cell, against real Redis: every ✓ is exercised here and fails
+//! the test if it does not work. Each cell runs on fresh servers and a
+//! fresh client.
+
+use redmutex_test_support as support;
+
+use std::time::{Duration, Instant};
+
+use redmutex::{
+    DistributedLock, Error, Lease, LeaseOptions, LockClient, LockKind, LockOptions, LossReason,
+    RedLock, ReentrantLock, RwLock, Semaphore, SemaphoreOptions, Unlocked,
+};
+use support::{RedisServer, numsub, wait_until};
+
+/// The whole `Lease` contract, written once against the trait: held and
+/// asked, extended, then broken in Redis by `break_it` and found lost by
+/// every way the contract offers.
+fn lease_contract<L: Lease>(mut lease: L, break_it: impl FnOnce()) {
+    assert!(!lease.key().is_empty());
+    assert!(
+        lease.validity() > Duration::ZERO,
+        "validity of a fresh lease"
+    );
+    assert!(!lease.is_lost());
+    assert!(lease.is_held().expect("is_held"), "asks Redis: held");
+    lease.extend(Duration::from_secs(40)).expect("extend");
+    assert!(lease.validity() > Duration::from_secs(30), "extended");
+    let signal = lease.loss_signal();
+    assert_eq!(signal.reason(), None);
+
+    break_it();
+    assert!(!lease.is_held().expect("is_held"), "asks Redis: gone");
+    let err = lease
+        .extend(Duration::from_secs(40))
+        .expect_err("never re-created");
+    assert_eq!(err.not_held_reason(), Some(LossReason::Expired), "{err}");
+    assert!(lease.is_lost(), "found lost");
+    assert_eq!(lease.validity(), Duration::ZERO, "zero once lost");
+    assert_eq!(
+        signal.wait_timeout(Duration::from_secs(5)),
+        Some(LossReason::Expired),
+        "the signal fired"
+    );
+    let unlocked = lease.unlock();
+    assert!(
+        matches!(unlocked, Err(Error::NotHeld { .. })),
+        "unlock of a lost lease: {unlocked:?}"
+    );
+}
+
+fn delete<'a>(server: &'a RedisServer, key: &str) -> impl FnOnce() + 'a {
+    let key = key.to_owned();
+    move || {
+        let _: () = redis::cmd("DEL")
+            .arg(&key)
+            .query(&mut server.conn())
+            .expect("DEL");
+    }
+}
+
+#[test]
+fn the_lease_contract_holds_for_every_lock_type() {
+    {
+        let server = RedisServer::start();
+        let client = server.lock_client();
+        let guard = DistributedLock::new(&client, "cap:lock")
+            .lock()
+            .expect("lock");
+        lease_contract(guard, delete(&server, "cap:lock"));
+    }
+    {
+        let server = RedisServer::start();
+        let client = server.lock_client();
+        let guard = ReentrantLock::new(&client, "cap:reentrant")
+            .lock()
+            .expect("lock");
+        lease_contract(guard, delete(&server, "cap:reentrant"));
+    }
+    {
+        let server = RedisServer::start();
+        let client = server.lock_client();
+        let guard = RwLock::new(&client, "cap:read").read().expect("read");
+        lease_contract(guard, delete(&server, "cap:read"));
+    }
+    {
+        let server = RedisServer::start();
+        let client = server.lock_client();
+        let guard = RwLock::new(&client, "cap:write").write().expect("write");
+        lease_contract(guard, delete(&server, "cap:write"));
+    }
+    {
+        let server = RedisServer::start();
+        let client = server.lock_client();
+        let permit = Semaphore::new(&client, "cap:sem", 2)
+            .acquire()
+            .expect("permit");
+        lease_contract(permit, delete(&server, "cap:sem"));
+    }
+    {
+        let nodes = RedisServer::start_many(3);
+        let clients: Vec<LockClient> = nodes.iter().map(RedisServer::lock_client).collect();
+        let guard = RedLock::new(clients, "cap:redlock")
+            .expect("redlock")
+            .lock()
+            .expect("lock");
+        // Gone on a majority: no majority can hold it.
+        let (first, second) = (&nodes[0], &nodes[1]);
+        lease_contract(guard, move || {
+            delete(first, "cap:redlock")();
+            delete(second, "cap:redlock")();
+        });
+    }
+}
+
+/// A nested hold's unlock says "still held" the same way on both lock
+/// types that nest.
+#[test]
+fn a_nested_unlock_says_still_held_on_every_type_that_nests() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let lock = DistributedLock::new(&client, "cap:nest-lock");
+    let outer = lock.lock().expect("lock");
+    let inner = lock.lock().expect("nested");
+    assert_eq!(inner.unlock().expect("nested"), Unlocked::StillHeld);
+    assert_eq!(outer.unlock().expect("last"), Unlocked::Released);
+
+    let lock = ReentrantLock::new(&client, "cap:nest-reentrant");
+    let outer = lock.lock().expect("lock");
+    let inner = lock.lock().expect("nested");
+    assert_eq!(inner.unlock().expect("nested"), Unlocked::StillHeld);
+    assert_eq!(outer.unlock().expect("last"), Unlocked::Released);
+}
+
+/// `status()`: who holds the key, for the types that have it.
+#[test]
+fn status_reports_the_holder_for_every_type_that_has_it() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let lock = DistributedLock::new(&client, "cap:st-lock");
+    let guard = lock.lock().expect("lock");
+    let held = lock.status().expect("status").expect("held");
+    assert_eq!(held.kind, LockKind::Mutex);
+    guard.unlock().expect("unlock");
+
+    let lock = ReentrantLock::new(&client, "cap:st-reentrant");
+    let guard = lock.lock().expect("lock");
+    let held = lock.status().expect("status").expect("held");
+    assert_eq!(held.kind, LockKind::Reentrant);
+    guard.unlock().expect("unlock");
+
+    let lock = RwLock::new(&client, "cap:st-rw");
+    let guard = lock.write().expect("write");
+    let held = lock.status().expect("status").expect("held");
+    assert_eq!(held.kind, LockKind::Write);
+    guard.unlock().expect("unlock");
+
+    let semaphore = Semaphore::new(&client, "cap:st-sem", 2);
+    let permit = semaphore.acquire().expect("permit");
+    let status = semaphore.status().expect("status");
+    assert_eq!(status.in_use(), 1);
+    permit.unlock().expect("unlock");
+}
+
+/// The watchdog keeps a short lease held past its ttl, where the type has
+/// one.
+#[test]
+fn the_watchdog_renews_where_the_type_has_one() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let ttl = Duration::from_millis(400);
+    let guard = DistributedLock::with_options(
+        &client,
+        "cap:wd-lock",
+        LockOptions::default().ttl(ttl).watchdog(true),
+    )
+    .lock()
+    .expect("lock");
+    let permit = Semaphore::with_options(
+        &client,
+        "cap:wd-sem",
+        2,
+        SemaphoreOptions::from(LeaseOptions::default().ttl(ttl)).watchdog(true),
+    )
+    .acquire()
+    .expect("permit");
+    let until = Instant::now() + ttl * 3;
+    let mut checks = 0;
+    while Instant::now() < until && checks < 1_000 {
+        checks += 1;
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(guard.is_held().expect("is_held"), "renewed past its ttl");
+    assert!(permit.is_held().expect("is_held"), "renewed past its ttl");
+    assert!(!guard.is_lost() && !permit.is_lost());
+    guard.unlock().expect("unlock");
+    permit.unlock().expect("unlock");
+}
+
+/// Fencing tokens increase across acquisitions, where the type has them.
+#[test]
+fn fencing_tokens_increase_where_the_type_has_them() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let lock =
+        DistributedLock::with_options(&client, "cap:f-lock", LockOptions::default().fencing(true));
+    let first = lock.lock().expect("lock");
+    let a = first.fencing_token().expect("a token");
+    first.unlock().expect("unlock");
+    let second = lock.lock().expect("lock");
+    assert!(second.fencing_token().expect("a token") > a);
+    second.unlock().expect("unlock");
+
+    let semaphore = Semaphore::with_options(
+        &client,
+        "cap:f-sem",
+        2,
+        SemaphoreOptions::default().fencing(true),
+    );
+    let first = semaphore.acquire().expect("permit");
+    let second = semaphore.acquire().expect("permit");
+    assert!(second.fencing_token().expect("a token") > first.fencing_token().expect("a token"));
+    first.unlock().expect("unlock");
+    second.unlock().expect("unlock");
+}
+
+/// Waiting by notify: a waiter of another client subscribes to the key's
+/// release channel and is woken by the release, long before its 8 s
+/// backoff step, for every type that waits by notify.
+#[test]
+fn every_type_that_waits_by_notify_is_woken_by_the_release() {
+    let slow = LeaseOptions::default()
+        .ttl(Duration::from_secs(30))
+        .backoff(redmutex::Backoff::constant(Duration::from_secs(8)));
+    type Hold = Box<dyn Fn(&LockClient) -> Box<dyn FnOnce()>>;
+    type Wait = Box<dyn Fn(&LockClient) -> Box<dyn FnOnce() + Send>>;
+    // For each type: take the lock on one client, and the waiter's call on
+    // another (it returns once it held and released the lock).
+    let cases: Vec<(&str, Hold, Wait)> = vec![
+        (
+            "lock",
+            Box::new(move |c| {
+                let g = DistributedLock::with_options(
+                    c,
+                    "n",
+                    LockOptions::default().ttl(Duration::from_secs(30)),
+                )
+                .lock()
+                .expect("lock");
+                Box::new(move || {
+                    g.unlock().expect("unlock");
+                })
+            }),
+            Box::new(move |c| {
+                let lock = DistributedLock::with_options(
+                    c,
+                    "n",
+                    LockOptions::default()
+                        .ttl(Duration::from_secs(30))
+                        .backoff(redmutex::Backoff::constant(Duration::from_secs(8))),
+                );
+                Box::new(move || {
+                    let g = lock.try_lock_for(Duration::from_secs(20)).expect("wait");
+                    {
+                        g.expect("woken").unlock().expect("unlock");
+                    };
+                })
+            }),
+        ),
+        (
+            "reentrant",
+            Box::new(move |c| {
+                let g = ReentrantLock::with_options(c, "n", slow)
+                    .lock()
+                    .expect("lock");
+                Box::new(move || {
+                    g.unlock().expect("unlock");
+                })
+            }),
+            Box::new(move |c| {
+                let lock = ReentrantLock::with_options(c, "n", slow);
+                Box::new(move || {
+                    let g = lock.try_lock_for(Duration::from_secs(20)).expect("wait");
+                    {
+                        g.expect("woken").unlock().expect("unlock");
+                    };
+                })
+            }),
+        ),
+        (
+            "read-write",
+            Box::new(move |c| {
+                let g = RwLock::with_options(c, "n", slow).write().expect("write");
+                Box::new(move || {
+                    g.unlock().expect("unlock");
+                })
+            }),
+            Box::new(move |c| {
+                let lock = RwLock::with_options(c, "n", slow);
+                Box::new(move || {
+                    let g = lock.try_read_for(Duration::from_secs(20)).expect("wait");
+                    {
+                        g.expect("woken").unlock().expect("unlock");
+                    };
+                })
+            }),
+        ),
+        (
+            "semaphore",
+            Box::new(move |c| {
+                let p = Semaphore::with_options(c, "n", 1, SemaphoreOptions::from(slow))
+                    .acquire()
+                    .expect("permit");
+                Box::new(move || {
+                    p.unlock().expect("unlock");
+                })
+            }),
+            Box::new(move |c| {
+                let s = Semaphore::with_options(c, "n", 1, SemaphoreOptions::from(slow));
+                Box::new(move || {
+                    let p = s.try_acquire_for(Duration::from_secs(20)).expect("wait");
+                    {
+                        p.expect("woken").unlock().expect("unlock");
+                    };
+                })
+            }),
+        ),
+    ];
+    for (name, hold, wait) in cases {
+        let server = RedisServer::start();
+        let holder = server.lock_client();
+        let waiter = server.lock_client();
+        let release = hold(&holder);
+        let call = wait(&waiter);
+        let waiting = std::thread::spawn(move || {
+            call();
+            Instant::now()
+        });
+        assert!(
+            wait_until(Duration::from_secs(5), || {
+                numsub(&server, &holder.release_channel("n")) > 0
+            }),
+            "{name}: the waiter subscribed"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        let released = Instant::now();
+        release();
+        let woken = waiting.join().expect("waiter");
+        let after = woken.saturating_duration_since(released);
+        assert!(
+            after < Duration::from_secs(4),
+            "{name}: woken {after:?} after the release, not by the 8 s backoff"
+        );
+    }
+}
