@@ -140,7 +140,7 @@
 //! | [`Lease`]: `validity` (zero once lost), `is_held` (asks Redis), `extend` (owner-checked), `is_lost`, `loss_signal`, `unlock` | ✓ | ✓ | ✓ | ✓ | ✓ (by majority) |
 //! | a nested unlock says [`Unlocked::StillHeld`] | ✓ | ✓ | – | – | – |
 //! | `status()`: who holds it, one atomic read | ✓ | ✓ | ✓ | ✓ (per permit) | ✗ |
-//! | waits by notify (a local queue, woken by the release) | ✓ | ✓ | ✓ | ✓ | ✗ (polls) |
+//! | waits by notify (a local queue, woken by the release) | ✓ | ✓ | ✓ | ✓ | ✓ (any node's message) |
 //! | handoff between threads of a client | ✓ | – | – | ✓ | – |
 //! | watchdog, `max_hold` | ✓ | ✗ | ✗ | ✓ | ✗ |
 //! | fencing token | ✓ | ✗ | ✗ | ✓ | ✗ |

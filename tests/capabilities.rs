@@ -353,3 +353,41 @@ fn every_type_that_waits_by_notify_is_woken_by_the_release() {
         );
     }
 }
+
+/// RedLock waits by notify too: woken by the nodes' release message.
+#[test]
+fn a_redlock_waiter_is_woken_by_the_release() {
+    let nodes = RedisServer::start_many(3);
+    let clients = |nodes: &[RedisServer]| -> Vec<LockClient> {
+        nodes.iter().map(RedisServer::lock_client).collect()
+    };
+    let slow = LeaseOptions::default()
+        .ttl(Duration::from_secs(30))
+        .backoff(redmutex::Backoff::constant(Duration::from_secs(8)));
+    let holder = RedLock::with_options(clients(&nodes), "n", slow).expect("lock");
+    let waiter = RedLock::with_options(clients(&nodes), "n", slow).expect("lock");
+    let channel = nodes[0].lock_client().release_channel("n");
+    let held = holder.lock().expect("lock");
+    let waiting = std::thread::spawn(move || {
+        let got = waiter.try_lock_for(Duration::from_secs(20)).expect("wait");
+        let woken = Instant::now();
+        if let Some(guard) = got {
+            guard.unlock().expect("unlock");
+        }
+        woken
+    });
+    assert!(wait_until(Duration::from_secs(5), || {
+        numsub(&nodes[0], &channel) > 0
+    }));
+    std::thread::sleep(Duration::from_millis(100));
+    let released = Instant::now();
+    held.unlock().expect("unlock");
+    let after = waiting
+        .join()
+        .expect("waiter")
+        .saturating_duration_since(released);
+    assert!(
+        after < Duration::from_secs(4),
+        "woken {after:?} after the release"
+    );
+}

@@ -648,3 +648,38 @@ fn an_extension_that_cannot_reach_a_majority_is_unknown_not_lost() {
     assert!(!held.is_lost());
     assert_eq!(held.unlock().expect("unlock"), redmutex::Unlocked::Released);
 }
+
+/// Waiting is by notify: a waiter is woken by the release message of the
+/// nodes, long before its 8 s backoff step or the holder's ttl.
+#[test]
+fn a_waiter_is_woken_by_the_release_message() {
+    let nodes = RedisServer::start_many(3);
+    let slow = LeaseOptions::default()
+        .ttl(Duration::from_secs(30))
+        .backoff(redmutex::Backoff::constant(Duration::from_secs(8)));
+    let holder = RedLock::with_options(clients(&nodes), "woken", slow).expect("lock");
+    let waiter = RedLock::with_options(clients(&nodes), "woken", slow).expect("lock");
+    let channel = nodes[0].lock_client().release_channel("woken");
+    let held = holder.lock().expect("lock");
+    let waiting = std::thread::spawn(move || {
+        let got = waiter.try_lock_for(Duration::from_secs(20)).expect("wait");
+        let woken = Instant::now();
+        got.map(|guard| guard.unlock().expect("unlock"));
+        woken
+    });
+    assert!(
+        wait_until(Duration::from_secs(5), || nodes
+            .iter()
+            .all(|node| support::numsub(node, &channel) > 0)),
+        "the waiter subscribed on every node"
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    let released = Instant::now();
+    assert_eq!(held.unlock().expect("unlock"), redmutex::Unlocked::Released);
+    let woken = waiting.join().expect("waiter");
+    let after = woken.saturating_duration_since(released);
+    assert!(
+        after < Duration::from_secs(4),
+        "woken {after:?} after the release, not by the 8 s backoff"
+    );
+}

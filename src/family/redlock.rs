@@ -24,7 +24,8 @@ use crate::lease::loss::{LossSignal, LossState};
 use crate::lease::{drift, later};
 use crate::renew::watchdog::OrphanKind;
 use crate::script;
-use crate::wait::acquire::{Attempt, Contender, Waiting, Within, acquire};
+use crate::wait::acquire::{Attempt, Contender, Queued, Waiting, Within, acquire};
+use crate::wait::queue::{Feed, Queues, Waker};
 
 /// A lock held on a majority of N independent Redis masters (RedLock).
 ///
@@ -93,6 +94,10 @@ struct Nodes {
     nodes: Vec<Node>,
     /// Whether any node is a Redis Cluster (keys are then checked).
     cluster: bool,
+    /// The threads of this process waiting for the lock through this
+    /// handle (and its clones): one queue per key, its head woken by the
+    /// release message of any node.
+    queues: Queues<Infallible>,
 }
 
 struct Node {
@@ -283,7 +288,11 @@ impl Nodes {
                 }
             })
             .collect();
-        Nodes { nodes, cluster }
+        Nodes {
+            nodes,
+            cluster,
+            queues: Queues::default(),
+        }
     }
 
     fn len(&self) -> usize {
@@ -380,6 +389,59 @@ fn release_one(client: &LockClient, key: &str, token: &str) -> Result<(), Error>
                 clean_up_later(client, key, token);
             }
         })
+}
+
+impl Nodes {
+    /// Subscribes to `key`'s release channel on every node that has a
+    /// subscriber, waking the queue's head with `waker`; `None` when none
+    /// has.
+    fn subscribe(&self, key: &str, waker: Waker) -> Option<Box<dyn Feed>> {
+        let feeds: Vec<Box<dyn Feed>> = self
+            .nodes
+            .iter()
+            .filter_map(|node| {
+                node.client
+                    .subscribe(&node.client.release_channel(key), waker.clone())
+            })
+            .collect();
+        if feeds.is_empty() {
+            return None;
+        }
+        Some(Box::new(AnyNode(feeds)))
+    }
+}
+
+/// The release messages of every node: a release reaches each node it
+/// releases, so one live subscription is enough to hear it.
+struct AnyNode(Vec<Box<dyn Feed>>);
+
+impl Feed for AnyNode {
+    fn is_live(&self) -> bool {
+        self.0.iter().any(|feed| feed.is_live())
+    }
+
+    fn wait_live(&self, until: Instant) -> bool {
+        // Each node in turn for a share of what is left, until one is live
+        // (bounded in rounds: a subscription that answers "not live" at
+        // once must not make this spin).
+        for _ in 0..50 {
+            if self.is_live() {
+                return true;
+            }
+            let now = Instant::now();
+            let Some(left) = until.checked_duration_since(now) else {
+                return false;
+            };
+            let share = (left / u32::try_from(self.0.len().max(1)).unwrap_or(u32::MAX))
+                .max(Duration::from_millis(1));
+            for feed in &self.0 {
+                if feed.wait_live(later(Instant::now(), share).min(until)) {
+                    return true;
+                }
+            }
+        }
+        self.is_live()
+    }
 }
 
 impl std::fmt::Debug for Nodes {
@@ -515,11 +577,12 @@ impl RedLock {
             lock: self,
             last: None,
         };
+        let subscribe = |waker| self.nodes.subscribe(&self.key, waker);
         let guard = acquire(
             &mut rounds,
             Within::For(self.options.wait).deadline(),
             self.options.backoff,
-            Waiting::Spin,
+            self.waiting(&subscribe),
         )
         .and_then(|guard| {
             guard.ok_or_else(|| {
@@ -584,15 +647,35 @@ impl RedLock {
             lock: self,
             last: None,
         };
+        let subscribe = |waker| self.nodes.subscribe(&self.key, waker);
         let result = acquire(
             &mut rounds,
             within.deadline(),
             self.options.backoff,
-            Waiting::Spin,
+            self.waiting(&subscribe),
         );
         self.meter
             .counters()
             .acquisition(self.tag(), started, result)
+    }
+
+    /// Waiting by notify: this handle's waiting threads line up in one
+    /// queue per key, and the head sleeps until a release message from
+    /// any node (every node's release publishes on the key's channel),
+    /// never longer than the holder's time left or a backoff step.
+    fn waiting<'a>(
+        &'a self,
+        subscribe: &'a dyn Fn(Waker) -> Option<Box<dyn Feed>>,
+    ) -> Waiting<'a, Infallible> {
+        Waiting::Queued(Queued {
+            queues: &self.nodes.queues,
+            key: &self.key,
+            takes_handoffs: false,
+            barge: false,
+            intercepts: false,
+            on_orphan: &|never: Infallible| match never {},
+            subscribe,
+        })
     }
 
     /// This lock's stats tag.
