@@ -143,7 +143,7 @@
 //! | waits by notify (a local queue, woken by the release) | ✓ | ✓ | ✓ | ✓ | ✓ (any node's message) |
 //! | handoff between threads of a client | ✓ | – | – | ✓ | – |
 //! | watchdog, `max_hold` | ✓ | ✗ | ✗ | ✓ | ✗ |
-//! | fencing token | ✓ | ✗ | ✗ | ✓ | ✗ |
+//! | fencing token | ✓ | ✗ | ✗ | ✓ | no, by design (see the deployments chapter) |
 //! | `min_replicas` | ✓ | ✗ | ✗ | ✓ | n/a |
 //!
 //! ## Deployments

@@ -1566,3 +1566,69 @@ fn list_stops_after_30_s_by_default() {
         "list ended after {took:?}"
     );
 }
+
+/// `status` reads any lock type through the library's status (one atomic
+/// read, never a secret): a reentrant lock's holds, a read-write lock's
+/// readers or writer.
+#[test]
+fn status_shows_every_lock_type() {
+    let server = RedisServer::start();
+    let client = redmutex::LockClient::builder()
+        .url(server.url())
+        .label("kinds-1")
+        .build()
+        .expect("client");
+    let reentrant = redmutex::ReentrantLock::new(&client, "st-reentrant");
+    let outer = reentrant.lock().expect("lock");
+    let inner = reentrant.lock().expect("again");
+    let out = redmutex(&server)
+        .args(["status", "st-reentrant"])
+        .output()
+        .expect("status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(text.contains("reentrant lock held by"), "{text}");
+    assert!(
+        text.contains("[kinds-1]") && text.contains("2 holds"),
+        "{text}"
+    );
+    let json = redmutex(&server)
+        .args(["status", "st-reentrant", "--json"])
+        .output()
+        .expect("status --json");
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    assert_eq!(json["kind"], "reentrant");
+    assert_eq!(json["holders"], 2);
+    assert_eq!(json["holder"]["label"], "kinds-1");
+    inner.unlock().expect("unlock");
+    outer.unlock().expect("unlock");
+
+    let rw = redmutex::RwLock::new(&client, "st-rw");
+    let readers = [rw.read().expect("read"), rw.read().expect("read")];
+    let out = redmutex(&server)
+        .args(["status", "st-rw"])
+        .output()
+        .expect("status");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("read lock, 2 readers"), "{text}");
+    for reader in readers {
+        // No secret of any reader in what status printed.
+        let secret = reader.token().split('|').next().expect("secret").to_owned();
+        assert!(!text.contains(&secret), "{text}");
+        reader.unlock().expect("unlock");
+    }
+    let writer = rw.write().expect("write");
+    let json = redmutex(&server)
+        .args(["status", "st-rw", "--json"])
+        .output()
+        .expect("status --json");
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    assert_eq!(json["kind"], "write");
+    assert_eq!(json["held"], true);
+    writer.unlock().expect("unlock");
+    let free = redmutex(&server)
+        .args(["status", "st-rw"])
+        .output()
+        .expect("status");
+    assert!(String::from_utf8_lossy(&free.stdout).contains("st-rw: free"));
+}

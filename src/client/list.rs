@@ -48,6 +48,11 @@ pub struct HeldLock {
     /// holder whose token carries it (at most 16; see [`Holder`]). Never
     /// a token's secret part.
     pub held_by: Vec<Holder>,
+    /// Holders (among the 16 read) whose token carries metadata this crate
+    /// does not write (a field out of range, control characters): counted,
+    /// never shown. `holders` less `held_by` and these is the holders
+    /// whose token carries no metadata at all.
+    pub unreadable: u32,
     /// The server's time when the key was read, to set against
     /// [`Holder::acquired_at`] (both by the server's clock).
     pub seen_at: SystemTime,
@@ -275,10 +280,14 @@ fn inspected(key: &str, prefix: &str, value: Value) -> Option<Inspected> {
         .next()
         .and_then(|v| redis::from_redis_value::<u64>(v).ok())
         .unwrap_or_default();
-    let mut held_by: Vec<Holder> = fields
-        .filter_map(|v| redis::from_redis_value::<String>(v).ok())
-        .filter_map(|meta| Holder::from_meta(&meta))
-        .collect();
+    let mut held_by: Vec<Holder> = Vec::new();
+    let mut unreadable = 0u32;
+    for meta in fields.filter_map(|v| redis::from_redis_value::<String>(v).ok()) {
+        match Holder::from_meta(&meta) {
+            Some(holder) => held_by.push(holder),
+            None => unreadable = unreadable.saturating_add(1),
+        }
+    }
     held_by.sort_by_key(|h| h.acquired_at);
     Some(Inspected::Held(HeldLock {
         key: key.strip_prefix(prefix).unwrap_or(key).to_owned(),
@@ -287,6 +296,7 @@ fn inspected(key: &str, prefix: &str, value: Value) -> Option<Inspected> {
         holders: u32::try_from(holders).unwrap_or(u32::MAX),
         limit: (kind == LockKind::Semaphore).then(|| u32::try_from(limit).unwrap_or(0)),
         held_by,
+        unreadable,
         seen_at: UNIX_EPOCH
             .checked_add(Duration::from_millis(now))
             .unwrap_or(UNIX_EPOCH),

@@ -35,8 +35,8 @@ mod supervise;
 
 use clap::{Args, Parser, Subcommand};
 use redmutex::{
-    DistributedLock, Error, Holder, LockClient, LockClientBuilder, LockOptions, Semaphore,
-    SemaphoreOptions, WaitMode,
+    DistributedLock, Error, HeldLock, Holder, LockClient, LockClientBuilder, LockOptions,
+    Semaphore, SemaphoreOptions, WaitMode,
 };
 
 const EXIT_CONFLICT: u8 = 1;
@@ -418,23 +418,44 @@ fn with_settings(cli: &Cli, builder: LockClientBuilder) -> LockClientBuilder {
 /// unreadable, and nothing in it can make this panic.
 fn who(token: &str) -> String {
     match Holder::from_token(token) {
-        Some(holder) => {
-            let mut text = format!("{holder}, since ");
-            // The parser keeps times before the year 10000; should a
-            // formatter still refuse one, it is said so, not a panic.
-            if write!(
-                text,
-                "{}",
-                humantime::format_rfc3339_seconds(holder.acquired_at)
-            )
-            .is_err()
-            {
-                text.push_str("an unreadable time");
-            }
-            text
-        }
+        Some(holder) => holder_text(&holder),
         None if token.contains('|') => "an unreadable holder".into(),
         None => "a holder without metadata".into(),
+    }
+}
+
+/// A holder in a few words: who, and since when.
+fn holder_text(holder: &Holder) -> String {
+    let mut text = format!("{holder}, since ");
+    // The parser keeps times before the year 10000; should a formatter
+    // still refuse one, it is said so, not a panic.
+    if write!(
+        text,
+        "{}",
+        humantime::format_rfc3339_seconds(holder.acquired_at)
+    )
+    .is_err()
+    {
+        text.push_str("an unreadable time");
+    }
+    text
+}
+
+/// Who holds a lock a status read found: its first holder, or what kind
+/// of holder it is when none can be shown.
+fn who_holds(held: &HeldLock) -> String {
+    match held.held_by.first() {
+        Some(holder) => holder_text(holder),
+        None if held.unreadable > 0 => "an unreadable holder".into(),
+        None => "a holder without metadata".into(),
+    }
+}
+
+/// The time left of a lock a status read found.
+fn left_text(held: &HeldLock) -> String {
+    match held.remaining {
+        Some(left) => format!("{:.1}s left", left.as_secs_f64()),
+        None => "no expiry".into(),
     }
 }
 
@@ -505,42 +526,6 @@ fn verbose(cli: &Cli, message: std::fmt::Arguments<'_>) {
     }
 }
 
-/// Who holds the lock named `name` and for how long, on a connection of
-/// `client`'s pool. (Two commands, not a pipeline: a cluster connection
-/// cannot pipeline.)
-fn holder(client: &LockClient, name: &str) -> Result<Option<(String, i64)>, Failure> {
-    let key = client.key(name);
-    let key = key.as_str();
-    let mut con = connection(client)?;
-    let token: Option<String> = redis::cmd("GET")
-        .arg(key)
-        .query(&mut con)
-        .map_err(|e| match e.code() {
-            Some("WRONGTYPE") => fail(
-                EXIT_UNAVAILABLE,
-                format!("{key:?} holds a non-string value: it is not a redmutex lock"),
-            ),
-            _ => redis_failure(Error::Redis(e)),
-        })?;
-    let Some(token) = token else {
-        return Ok(None);
-    };
-    let pttl: i64 = redis::cmd("PTTL")
-        .arg(key)
-        .query(&mut con)
-        .map_err(|e| redis_failure(Error::Redis(e)))?;
-    // -2: released between the two commands.
-    Ok((pttl != -2).then_some((token, pttl)))
-}
-
-fn ttl_text(pttl: i64) -> String {
-    if pttl < 0 {
-        "no expiry".into()
-    } else {
-        format!("{:.1}s left", pttl as f64 / 1000.0)
-    }
-}
-
 fn json_string(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 2);
     out.push('"');
@@ -570,7 +555,7 @@ fn redact(urls: &str) -> String {
     urls.split(',').map(one).collect::<Vec<_>>().join(",")
 }
 
-/// What KEY is in Redis, as `status` and `release` need to know.
+/// What KEY is in Redis, as `release` needs to know.
 enum Kind {
     /// Nothing there.
     Free,
@@ -579,8 +564,8 @@ enum Kind {
     /// A hash with a limit: a semaphore.
     Semaphore,
     /// Something else (a reentrant or read-write lock, another program's
-    /// key): named by its Redis type.
-    Other(String),
+    /// key).
+    Other,
 }
 
 /// Asked with the commands the ACL rules (docs/failure-model.md) allow (no `TYPE`): a
@@ -599,10 +584,7 @@ fn kind(client: &LockClient, name: &str) -> Result<Kind, Failure> {
         Ok(status) if status.limit().is_some() => Ok(Kind::Semaphore),
         // Gone in between.
         Ok(_) => Ok(Kind::Free),
-        Err(Error::InvalidArgument(_)) => Ok(Kind::Other(
-            "hash that is not a semaphore (a reentrant or read-write lock?)".into(),
-        )),
-        Err(Error::WrongType { .. }) => Ok(Kind::Other("value of another type".into())),
+        Err(Error::InvalidArgument(_) | Error::WrongType { .. }) => Ok(Kind::Other),
         Err(err) => Err(redis_failure(err)),
     }
 }
@@ -615,8 +597,17 @@ fn describe(
     limit: Option<u32>,
 ) -> Result<Option<String>, Failure> {
     if limit.is_none() {
-        return Ok(holder(client, name)?
-            .map(|(token, pttl)| format!("held by {} ({})", who(&token), ttl_text(pttl))));
+        // One atomic read (the lock's status), never a token's secret.
+        return match DistributedLock::new(client, name).status() {
+            Ok(held) => {
+                Ok(held.map(|held| format!("held by {} ({})", who_holds(&held), left_text(&held))))
+            }
+            Err(Error::WrongType { key }) => Err(fail(
+                EXIT_UNAVAILABLE,
+                format!("{key:?} holds a value of another type: it is not a redmutex lock"),
+            )),
+            Err(err) => Err(redis_failure(err)),
+        };
     }
     let status = Semaphore::new(client, name, 1)
         .status()

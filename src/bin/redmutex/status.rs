@@ -1,8 +1,10 @@
-//! `redmutex status`: who holds a lock, and for how long; for a semaphore,
-//! its limit and every permit's holder and time left.
+//! `redmutex status`: who holds a lock (of any type), and for how long, by
+//! the lock's own status read; for a semaphore, its limit and every
+//! permit's holder and time left.
 
 #[allow(unused_imports)]
 use super::*;
+use redmutex::LockKind;
 
 pub(super) fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
     let client = client(cli)?;
@@ -15,56 +17,103 @@ pub(super) fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
             .map_err(|e| redis_failure(Error::Redis(e)))
     };
     let counter_json = |counter: Option<u64>| counter.map_or("null".into(), |c| c.to_string());
-    match kind(&client, &args.key)? {
-        Kind::Semaphore => {
-            let status = Semaphore::new(&client, args.key.clone(), 1)
-                .status()
-                .map_err(redis_failure)?;
-            let counter = counter()?;
-            semaphore(cli, args, &status, counter, counter_json);
-            return Ok(0);
-        }
-        Kind::Other(what) => {
+    // Who holds it: one atomic read (`lua/inspect.lua`), never a secret.
+    let held = match DistributedLock::new(&client, args.key.clone()).status() {
+        Ok(held) => held,
+        Err(Error::WrongType { key }) => {
             return Err(fail(
                 EXIT_UNAVAILABLE,
-                format!(
-                    "{:?} holds a {what}: not a redmutex lock or semaphore",
-                    client.key(&args.key)
-                ),
+                format!("{key:?} holds a value of another type: not a redmutex lock or semaphore"),
             ));
         }
-        Kind::Free | Kind::Lock => {}
+        Err(err) => return Err(redis_failure(err)),
+    };
+    if held.as_ref().is_some_and(|h| h.kind == LockKind::Semaphore) {
+        let status = Semaphore::new(&client, args.key.clone(), 1)
+            .status()
+            .map_err(redis_failure)?;
+        let counter = counter()?;
+        semaphore(cli, args, &status, counter, counter_json);
+        return Ok(0);
     }
-    let held = holder(&client, &args.key)?;
+    // The token itself only when asked for (it is the secret
+    // `release --token` takes): a read of its own, kept only while it is
+    // still the holder the status read found.
+    let token = match (&held, cli.tokens) {
+        (Some(h), true) if h.kind == LockKind::Mutex => {
+            let mut con = connection(&client)?;
+            let token: Option<String> = redis::cmd("GET")
+                .arg(client.key(&args.key))
+                .query(&mut con)
+                .ok()
+                .flatten();
+            token.filter(|t| Holder::from_token(t).as_ref() == h.held_by.first())
+        }
+        _ => None,
+    };
     let counter = counter()?;
+    let kind = |h: &HeldLock| match h.kind {
+        LockKind::Reentrant => "reentrant",
+        LockKind::Read => "read",
+        LockKind::Write => "write",
+        _ => "lock",
+    };
     if args.json {
-        let (holder, ttl) = match &held {
-            Some((token, pttl)) => (
-                holder_json(Holder::from_token(token).as_ref()),
-                pttl.to_string(),
+        let (kind, holder, holders, ttl) = match &held {
+            Some(h) => (
+                kind(h),
+                holder_json(h.held_by.first()),
+                h.holders.to_string(),
+                h.remaining
+                    .map_or("-1".into(), |left| left.as_millis().to_string()),
             ),
-            None => ("null".into(), "null".into()),
+            None => ("lock", "null".into(), "0".into(), "null".into()),
         };
-        let token = match (&held, cli.tokens) {
-            (Some((token, _)), true) => format!(",\"token\":{}", json_string(token)),
+        let token = match (&token, cli.tokens) {
+            (Some(token), true) => format!(",\"token\":{}", json_string(token)),
             (None, true) => ",\"token\":null".into(),
             (_, false) => String::new(),
         };
         println!(
-            "{{\"key\":{},\"kind\":\"lock\",\"held\":{},\"holder\":{holder}{token},\"ttl_ms\":{ttl},\"fencing_counter\":{}}}",
+            "{{\"key\":{},\"kind\":\"{kind}\",\"held\":{},\"holder\":{holder},\"holders\":{holders}{token},\"ttl_ms\":{ttl},\"fencing_counter\":{}}}",
             json_string(&args.key),
             held.is_some(),
             counter_json(counter),
         );
     } else {
         match &held {
-            Some((token, pttl)) => {
-                println!("{}: held by {} ({})", args.key, who(token), ttl_text(*pttl));
-                if cli.tokens {
-                    println!("token: {}", printable(token));
+            Some(h) if h.kind == LockKind::Mutex => {
+                println!("{}: held by {} ({})", args.key, who_holds(h), left_text(h));
+            }
+            Some(h) if h.kind == LockKind::Read => {
+                println!(
+                    "{}: read lock, {} readers ({})",
+                    args.key,
+                    h.holders,
+                    left_text(h)
+                );
+                for holder in &h.held_by {
+                    println!("  {}", holder_text(holder));
                 }
             }
+            Some(h) => {
+                let holds = if h.kind == LockKind::Reentrant {
+                    format!(", {} holds", h.holders)
+                } else {
+                    String::new()
+                };
+                println!(
+                    "{}: {} lock held by {}{holds} ({})",
+                    args.key,
+                    kind(h),
+                    who_holds(h),
+                    left_text(h)
+                );
+            }
             None => println!("{}: free", args.key),
+        }
+        if let Some(token) = &token {
+            println!("token: {}", printable(token));
         }
         if let Some(counter) = counter {
             println!("fencing counter: {counter}");
