@@ -124,9 +124,10 @@ pub enum Error {
     /// [`RedLockGuard::is_held`](crate::Lease::is_held)) heard fewer
     /// than a majority of the nodes confirm our token in time, and too few
     /// answered "not ours" to rule a majority out: whether a majority
-    /// still holds the lock is unknown, so it must be considered lost
-    /// (stop the work it protects).
-    #[error("RedLock on {key:?} is lost: {extended} of the {needed} nodes needed confirmed it; {}", failed.join("; "))]
+    /// still holds the lock is unknown. Stop the work it protects: the
+    /// guard's validity is zero until a later extension a majority
+    /// confirms (it is not marked lost, since it may still be held).
+    #[error("RedLock on {key:?} may be lost: {extended} of the {needed} nodes needed confirmed it; {}", failed.join("; "))]
     QuorumLost {
         /// The lock key.
         key: String,

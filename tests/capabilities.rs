@@ -104,6 +104,19 @@ fn the_lease_contract_holds_for_every_lock_type() {
             .expect("redlock")
             .lock()
             .expect("lock");
+        // Every node's grant landed (the round returned at a majority; a
+        // slower node's request may still be on its way, and would land
+        // after the deletion below).
+        let token = guard.token().to_owned();
+        assert!(wait_until(Duration::from_secs(10), || {
+            nodes.iter().all(|node| {
+                let value: Option<String> = redis::cmd("GET")
+                    .arg("cap:redlock")
+                    .query(&mut node.conn())
+                    .expect("GET");
+                value.as_deref() == Some(token.as_str())
+            })
+        }));
         // Gone on a majority: no majority can hold it.
         let (first, second) = (&nodes[0], &nodes[1]);
         lease_contract(guard, move || {
@@ -390,4 +403,118 @@ fn a_redlock_waiter_is_woken_by_the_release() {
         after < Duration::from_secs(4),
         "woken {after:?} after the release"
     );
+}
+
+/// A lease passes to a waiting thread of the same client without Redis,
+/// where the type hands off (the plain lock and the semaphore): three
+/// threads taking turns hand it over.
+#[test]
+fn a_release_hands_the_lease_to_a_waiting_thread_where_the_type_hands_off() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let turns = |take: std::sync::Arc<dyn Fn() -> Box<dyn Lease> + Send + Sync>| {
+        let before = client.stats().handoffs;
+        let threads: Vec<_> = (0..3)
+            .map(|_| {
+                let take = take.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..30 {
+                        let held = take();
+                        std::thread::sleep(Duration::from_millis(2));
+                        drop(held);
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().expect("thread");
+        }
+        client.stats().handoffs - before
+    };
+    let lock = DistributedLock::new(&client, "cap:h-lock");
+    let handed = turns(std::sync::Arc::new(move || -> Box<dyn Lease> {
+        Box::new(lock.lock().expect("lock"))
+    }));
+    assert!(handed > 0, "the plain lock: {handed} handoffs");
+    let semaphore = Semaphore::new(&client, "cap:h-sem", 1);
+    let handed = turns(std::sync::Arc::new(move || -> Box<dyn Lease> {
+        Box::new(semaphore.acquire().expect("permit"))
+    }));
+    assert!(handed > 0, "the semaphore: {handed} handoffs");
+}
+
+/// The watchdog's `max_hold` stops renewals and the lease runs out, found
+/// lost as `MaxHold`, where the type has a watchdog.
+#[test]
+fn max_hold_caps_the_renewals_where_the_type_has_a_watchdog() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let ttl = Duration::from_millis(300);
+    let cap = Some(Duration::from_millis(500));
+    let guard = DistributedLock::with_options(
+        &client,
+        "cap:m-lock",
+        LockOptions::default().ttl(ttl).watchdog(true).max_hold(cap),
+    )
+    .lock()
+    .expect("lock");
+    let permit = Semaphore::with_options(
+        &client,
+        "cap:m-sem",
+        2,
+        SemaphoreOptions::from(LeaseOptions::default().ttl(ttl))
+            .watchdog(true)
+            .max_hold(cap),
+    )
+    .acquire()
+    .expect("permit");
+    let (lock_signal, permit_signal) = (guard.loss_signal(), permit.loss_signal());
+    assert_eq!(
+        lock_signal.wait_timeout(Duration::from_secs(5)),
+        Some(LossReason::MaxHold)
+    );
+    assert_eq!(
+        permit_signal.wait_timeout(Duration::from_secs(5)),
+        Some(LossReason::MaxHold)
+    );
+    assert!(guard.is_lost() && permit.is_lost());
+    drop(guard);
+    drop(permit);
+}
+
+/// `min_replicas`: the acquisition waits for a replica's acknowledgement,
+/// where the type offers it.
+#[test]
+fn min_replicas_is_acknowledged_where_the_type_offers_it() {
+    let primary = RedisServer::start();
+    let replica = RedisServer::start_replica_of(&primary);
+    let client = primary.lock_client();
+    let wait = Duration::from_millis(500);
+    let guard = DistributedLock::with_options(
+        &client,
+        "cap:r-lock",
+        LockOptions::default().min_replicas(1, wait),
+    )
+    .lock()
+    .expect("acknowledged");
+    let on_replica: Option<String> = redis::cmd("GET")
+        .arg("cap:r-lock")
+        .query(&mut replica.conn())
+        .expect("GET");
+    assert!(on_replica.is_some(), "the replica has it");
+    let permit = Semaphore::with_options(
+        &client,
+        "cap:r-sem",
+        2,
+        SemaphoreOptions::default().min_replicas(1, wait),
+    )
+    .acquire()
+    .expect("acknowledged");
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg("cap:r-sem")
+        .query(&mut replica.conn())
+        .expect("HKEYS");
+    assert!(fields.iter().any(|f| f.starts_with("p:")), "{fields:?}");
+    guard.unlock().expect("unlock");
+    permit.unlock().expect("unlock");
 }

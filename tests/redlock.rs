@@ -562,6 +562,14 @@ fn is_held_answers_from_a_majority_and_a_loss_is_reported() {
         .with_node_timeout(timeout);
     let held = lock.lock().expect("lock");
     let signal = held.loss_signal();
+    // Every node's grant landed (the round returned at a majority; a
+    // slower node's grant landing after the deletion below would undo it).
+    let token = held.token().to_owned();
+    assert!(wait_until(Duration::from_secs(10), || {
+        nodes
+            .iter()
+            .all(|node| value(node, "asked").as_deref() == Some(token.as_str()))
+    }));
     assert!(held.is_held().expect("asked"));
     assert!(!held.is_lost());
 
@@ -682,4 +690,30 @@ fn a_waiter_is_woken_by_the_release_message() {
         after < Duration::from_secs(4),
         "woken {after:?} after the release, not by the 8 s backoff"
     );
+}
+
+/// A round lost against a holder of a majority (nodes 0 and 1) undoes its
+/// grant on node 2 without announcing it on the key's channel: announced,
+/// it woke this very waiter (subscribed on every node) at once, in a busy
+/// loop for as long as it waited.
+#[test]
+fn undoing_a_lost_rounds_grant_wakes_nobody() {
+    let nodes = RedisServer::start_many(3);
+    for node in &nodes[..2] {
+        let _: () = node
+            .conn()
+            .set_ex("storm", "held elsewhere", 60)
+            .expect("SET");
+    }
+    let options = LeaseOptions::default()
+        .ttl(Duration::from_secs(30))
+        .backoff(redmutex::Backoff::constant(Duration::from_secs(1)));
+    let lock = RedLock::with_options(clients(&nodes), "storm", options).expect("lock");
+    let before = nodes[2].command_calls("set") + nodes[2].command_calls("evalsha");
+    let got = lock.try_lock_for(Duration::from_secs(3)).expect("wait");
+    assert!(got.is_none(), "held elsewhere on a majority");
+    let rounds = nodes[2].command_calls("set") + nodes[2].command_calls("evalsha") - before;
+    // About one round per 1 s backoff step (each a grant and its undo).
+    assert!(rounds <= 12, "{rounds} requests on node 2 in 3 s");
+    assert_eq!(value(&nodes[2], "storm"), None, "every grant undone");
 }

@@ -313,3 +313,37 @@ fn a_loss_found_through_one_guard_is_every_guard_of_the_hold() {
     assert!(fresh.validity() > Duration::from_secs(20));
     assert_eq!(fresh.unlock().expect("unlock"), Unlocked::Released);
 }
+
+/// A guard found lost never answers "still held", even when a fresh hold
+/// of the same owner (this thread) is in the hash.
+#[test]
+fn a_lost_guard_says_not_held_beside_a_fresh_hold() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let lock = ReentrantLock::new(&client, "lost-then-fresh");
+    let mut old = lock.lock().expect("lock");
+    let _: () = server.conn().del("lost-then-fresh").expect("DEL");
+    assert!(old.extend(Duration::from_secs(30)).is_err());
+    assert!(old.is_lost());
+    let fresh = lock.lock().expect("a fresh hold");
+    assert!(
+        !fresh.is_lost(),
+        "the fresh hold does not share the old loss"
+    );
+    let unlocked = old.unlock();
+    assert!(
+        matches!(
+            unlocked,
+            Err(Error::NotHeld {
+                reason: LossReason::Expired,
+                ..
+            })
+        ),
+        "{unlocked:?}"
+    );
+    assert!(
+        fresh.is_held().expect("is_held"),
+        "the fresh hold untouched"
+    );
+    assert_eq!(fresh.unlock().expect("unlock"), Unlocked::Released);
+}

@@ -379,6 +379,25 @@ fn clean_up_later(client: &LockClient, key: &str, token: &str) {
     );
 }
 
+/// Undoes a grant of a round that was lost: an owner-checked release
+/// announced on a channel nobody listens to (the key's own channel with a
+/// suffix, in the same slot and under the same ACL pattern), never the
+/// key's. Announced there, it would wake this handle's own head (which
+/// subscribes on every node) and every other contender at once, who would
+/// try again at once, fail against the same split, undo, and wake each
+/// other again: a busy loop for as long as the holder holds a majority
+/// but not every node. A grant is undone before anyone could have been
+/// waiting for it; the others' next try is paced by their backoff.
+fn undo_one(client: &LockClient, key: &str, token: &str) {
+    let silent = format!("{}:undone", client.release_channel(key));
+    let undone = release::release_on(client, key, &silent, token, Release::Lua);
+    if let Err(err) = undone
+        && err.may_leave_a_lease()
+    {
+        clean_up_later(client, key, token);
+    }
+}
+
 /// One node's owner-checked release; a release that may not have run is
 /// handed to the client's cleanup, which finishes it once the node answers.
 fn release_one(client: &LockClient, key: &str, token: &str) -> Result<(), Error> {
@@ -746,7 +765,7 @@ impl RedLock {
                 let state = round.lock();
                 if matches!(reply, Reply::Granted) && matches!(*state, RoundState::Lost) {
                     drop(state);
-                    let _ = release_one(client, &key, &sent_token);
+                    undo_one(client, &key, &sent_token);
                     return;
                 }
                 let _ = tx.send((node, Sent::Done(reply)));
@@ -836,9 +855,7 @@ impl RedLock {
                 let (key, sent_token) = (self.key.clone(), token.clone());
                 self.nodes.queue(
                     node,
-                    Box::new(move |client| {
-                        let _ = release_one(client, &key, &sent_token);
-                    }),
+                    Box::new(move |client| undo_one(client, &key, &sent_token)),
                 );
             }
         }
@@ -908,9 +925,8 @@ pub struct RedLockGuard {
     tag: Tag,
     /// When this hold began.
     held_since: Instant,
-    /// Set when the nodes' answers rule a majority out, or leave it
-    /// unknown after an extension ([`RedLockGuard::extend`],
-    /// [`RedLockGuard::is_held`]).
+    /// Set when the nodes' answers to an extension or `is_held` rule a
+    /// majority out.
     loss: Arc<LossState>,
 }
 
@@ -991,6 +1007,38 @@ impl RedLockGuard {
     }
 }
 
+impl RedLockGuard {
+    /// Sends `ask` (about this guard's key and token) to every node not
+    /// known down, in parallel, and collects the answers until the
+    /// verdict is final or the node timeout from `started` passed: the
+    /// tally, and every node's answer (none in time counts as a failure).
+    fn ask_every_node(
+        &self,
+        started: Instant,
+        ask: impl Fn(&LockClient, &str, &str) -> Result<(), Error> + Clone + Send + 'static,
+    ) -> (Tally, Vec<Result<(), Error>>) {
+        let give_up = later(started, self.timeout);
+        let (tx, rx) = mpsc::channel();
+        let mut results: Vec<Option<Result<(), Error>>> =
+            (0..self.nodes.len()).map(|_| None).collect();
+        let mut pending = 0usize;
+        for (node, target) in self.nodes.nodes.iter().enumerate() {
+            if !target.health.admit(started, self.timeout) {
+                results[node] = Some(Err(known_down()));
+                continue;
+            }
+            pending += 1;
+            let (key, token, ask) = (self.key.clone(), self.token.clone(), ask.clone());
+            self.nodes.send(node, Some(give_up), &tx, move |client| {
+                ask(client, &key, &token)
+            });
+        }
+        drop(tx);
+        let tally = collect(&rx, &mut results, pending, give_up, self.timeout);
+        (tally, settle(results, self.timeout))
+    }
+}
+
 impl crate::lease::sealed::Sealed for RedLockGuard {}
 
 impl crate::lease::Lease for RedLockGuard {
@@ -1045,35 +1093,18 @@ impl crate::lease::Lease for RedLockGuard {
         if self.released {
             return Ok(false);
         }
-        let started = Instant::now();
-        let give_up = later(started, self.timeout);
-        let (tx, rx) = mpsc::channel();
-        let mut results: Vec<Option<Result<(), Error>>> =
-            (0..self.nodes.len()).map(|_| None).collect();
-        let mut pending = 0usize;
-        for (node, target) in self.nodes.nodes.iter().enumerate() {
-            if !target.health.admit(started, self.timeout) {
-                results[node] = Some(Err(known_down()));
-                continue;
+        let (tally, results) = self.ask_every_node(Instant::now(), |client, key, token| {
+            client.counters().commands(1);
+            // A read: a lost reply is asked again.
+            let value: Option<Vec<u8>> = client.run(Op::Read, key, |con, _| {
+                redis::cmd("GET").arg(key).query(con)
+            })?;
+            match value {
+                Some(value) if value == token.as_bytes() => Ok(()),
+                Some(_) => Err(Error::not_held(key, LossReason::OwnedByOther)),
+                None => Err(Error::not_held(key, LossReason::Expired)),
             }
-            pending += 1;
-            let (key, token) = (self.key.clone(), self.token.clone());
-            self.nodes.send(node, Some(give_up), &tx, move |client| {
-                client.counters().commands(1);
-                // A read: a lost reply is asked again.
-                let value: Option<Vec<u8>> = client.run(Op::Read, &key, |con, _| {
-                    redis::cmd("GET").arg(&key).query(con)
-                })?;
-                match value {
-                    Some(value) if value == token.as_bytes() => Ok(()),
-                    Some(_) => Err(Error::not_held(&key, LossReason::OwnedByOther)),
-                    None => Err(Error::not_held(&key, LossReason::Expired)),
-                }
-            });
-        }
-        drop(tx);
-        let tally = collect(&rx, &mut results, pending, give_up, self.timeout);
-        let results = settle(results, self.timeout);
+        });
         match tally.verdict() {
             Verdict::Confirmed => Ok(true),
             Verdict::NotHeld(reason) => {
@@ -1116,29 +1147,13 @@ impl crate::lease::Lease for RedLockGuard {
         let millis = ttl_millis(ttl)?;
         let ttl = Duration::from_millis(millis);
         let started = Instant::now();
-        let give_up = later(started, self.timeout);
-        let (tx, rx) = mpsc::channel();
-        let mut results: Vec<Option<Result<(), Error>>> =
-            (0..self.nodes.len()).map(|_| None).collect();
-        let mut pending = 0usize;
-        for (node, target) in self.nodes.nodes.iter().enumerate() {
-            if !target.health.admit(started, self.timeout) {
-                results[node] = Some(Err(known_down()));
-                continue;
-            }
-            pending += 1;
-            let (key, token) = (self.key.clone(), self.token.clone());
-            self.nodes.send(node, Some(give_up), &tx, move |client| {
-                client.counters().commands(1);
-                let reply: i64 = client.run(Op::Extend, &key, |con, _| {
-                    script::EXTEND.key(&key).arg(&token).arg(millis).invoke(con)
-                })?;
-                script::owner_checked(reply).map_err(|reason| Error::not_held(&key, reason))
-            });
-        }
-        drop(tx);
-        let tally = collect(&rx, &mut results, pending, give_up, self.timeout);
-        let results = settle(results, self.timeout);
+        let (tally, results) = self.ask_every_node(started, move |client, key, token| {
+            client.counters().commands(1);
+            let reply: i64 = client.run(Op::Extend, key, |con, _| {
+                script::EXTEND.key(key).arg(token).arg(millis).invoke(con)
+            })?;
+            script::owner_checked(reply).map_err(|reason| Error::not_held(key, reason))
+        });
         let verdict = tally.verdict();
         let validity = ttl.checked_sub(started.elapsed() + drift(ttl));
         if let (Verdict::Confirmed, Some(validity)) = (verdict, validity)

@@ -537,6 +537,13 @@ impl ReentrantGuard {
 
     fn let_go(&mut self) -> Result<Unlocked, Error> {
         let key = self.key.as_str();
+        // Redis said this hold is gone or another owner's (through this
+        // guard or another of the thread's hold): nothing to release, and
+        // never "still held" (a fresh hold of the same owner may be in
+        // the hash, which would answer so).
+        if let Some(reason) = self.loss.reason() {
+            return Err(Error::not_held(key, reason));
+        }
         let (marker, millis) = release::marker_of(&self.client, key, &self.hold);
         // Waiters of every client learn of the key's deletion from it.
         let channel = self.client.release_channel(key);
