@@ -1203,8 +1203,8 @@ impl crate::lease::Lease for RedLockGuard {
     /// (unreachable, too slow, failing) decide, and are released in the
     /// background (how many released, and what each failed node met);
     /// [`Error::InvalidArgument`] for a guard inherited through `fork()`.
-    fn unlock(mut self) -> Result<crate::Unlocked, Error> {
-        self.release().map(|()| crate::Unlocked::Released)
+    fn unlock(mut self) -> Result<crate::lease::Unlocked, Error> {
+        self.release().map(|()| crate::lease::Unlocked::Released)
     }
 }
 

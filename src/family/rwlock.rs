@@ -182,7 +182,7 @@ impl RwLock {
     /// this crate; [`Error::InvalidArgument`] for an empty key (or, on
     /// Redis Cluster, a key with `}` and no valid `{tag}`);
     /// [`Error::Redis`] or [`Error::Pool`].
-    pub fn status(&self) -> Result<Option<crate::HeldLock>, Error> {
+    pub fn status(&self) -> Result<Option<crate::client::list::HeldLock>, Error> {
         if self.key.is_empty() {
             return Err(Error::InvalidArgument(
                 "the lock key must not be empty".into(),
@@ -718,8 +718,8 @@ impl crate::lease::Lease for RwGuard {
     /// write lock); [`Error::Redis`], [`Error::Pool`] or [`Error::WrongType`];
     /// [`Error::InvalidArgument`] for a guard inherited through `fork()`
     /// (nothing is sent: the hold is the parent's).
-    fn unlock(mut self) -> Result<crate::Unlocked, Error> {
-        self.release().map(|()| crate::Unlocked::Released)
+    fn unlock(mut self) -> Result<crate::lease::Unlocked, Error> {
+        self.release().map(|()| crate::lease::Unlocked::Released)
     }
 }
 

@@ -1170,8 +1170,9 @@ impl crate::lease::Lease for Permit {
 
     /// Gives the permit back, as [`Permit::release`] does:
     /// [`Unlocked::Released`](crate::Unlocked::Released) on success.
-    fn unlock(mut self) -> Result<crate::Unlocked, Error> {
-        self.give_back(false).map(|()| crate::Unlocked::Released)
+    fn unlock(mut self) -> Result<crate::lease::Unlocked, Error> {
+        self.give_back(false)
+            .map(|()| crate::lease::Unlocked::Released)
     }
 }
 

@@ -257,7 +257,7 @@ impl DistributedLock {
     /// this crate; [`Error::InvalidArgument`] for an empty key (or, on
     /// Redis Cluster, a key with `}` and no valid `{tag}`);
     /// [`Error::Redis`] or [`Error::Pool`].
-    pub fn status(&self) -> Result<Option<crate::HeldLock>, Error> {
+    pub fn status(&self) -> Result<Option<crate::client::list::HeldLock>, Error> {
         if self.key.is_empty() {
             return Err(Error::InvalidArgument(
                 "the lock key must not be empty".into(),
