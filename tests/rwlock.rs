@@ -454,3 +454,23 @@ fn an_extension_never_cuts_another_readers_hold_through_the_hash_expiry() {
     first.unlock().expect("unlock");
     second.unlock().expect("unlock");
 }
+
+/// `is_held` is a read: its lost reply is asked again, for the writer and
+/// for a reader.
+#[test]
+fn is_held_whose_reply_is_lost_is_asked_again() {
+    let server = RedisServer::start();
+    let proxy = support::FaultProxy::to(&server);
+    let client = redmutex::LockClient::open(&proxy.url()).expect("client");
+    let lock = RwLock::new(&client, "rw:asked");
+    let writer = lock.write().expect("write");
+    proxy.lose_reply("wexp", 1);
+    assert!(writer.is_held().expect("asked again"));
+    assert_eq!(proxy.lost_replies(), 1, "the fault fired");
+    writer.unlock().expect("unlock");
+    let reader = lock.read().expect("read");
+    proxy.lose_reply(&reader_field(&reader), 1);
+    assert!(reader.is_held().expect("asked again"));
+    assert_eq!(proxy.lost_replies(), 2, "the fault fired");
+    reader.unlock().expect("unlock");
+}

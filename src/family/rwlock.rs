@@ -617,36 +617,40 @@ impl crate::lease::Lease for RwGuard {
             return Ok(false);
         }
         let key = self.key.as_str();
-        let reader = format!("r:{}", self.token);
         self.client.counters().commands(1);
-        // A read: a lost reply is asked again. One reply shape for both
-        // modes: a reader's field is read twice (it has no owner field).
-        let (owner, deadline, now): (Option<String>, Option<u64>, (u64, u64)) =
-            self.client.run(Op::Read, key, |con, _| {
-                let mut pipe = redis::pipe();
-                match self.mode {
-                    Mode::Write => pipe
-                        .cmd("HGET")
-                        .arg(key)
-                        .arg("w")
-                        .cmd("HGET")
-                        .arg(key)
-                        .arg("wexp"),
-                    Mode::Read => pipe
-                        .cmd("HGET")
-                        .arg(key)
-                        .arg(&reader)
-                        .cmd("HGET")
-                        .arg(key)
-                        .arg(&reader),
-                };
-                pipe.cmd("TIME").query(con)
-            })?;
-        let now_ms = now.0.saturating_mul(1000).saturating_add(now.1 / 1000);
-        let ours = match self.mode {
-            Mode::Write => owner.as_deref() == Some(self.token.as_str()),
-            Mode::Read => true,
+        // A read: a lost reply is asked again. The writer's token and
+        // deadline, or this reader's deadline, with the server's time.
+        let (ours, deadline, now) = match self.mode {
+            Mode::Write => {
+                let (owner, deadline, now): (Option<String>, Option<u64>, (u64, u64)) =
+                    self.client.run(Op::Read, key, |con, _| {
+                        redis::pipe()
+                            .cmd("HGET")
+                            .arg(key)
+                            .arg("w")
+                            .cmd("HGET")
+                            .arg(key)
+                            .arg("wexp")
+                            .cmd("TIME")
+                            .query(con)
+                    })?;
+                (owner.as_deref() == Some(self.token.as_str()), deadline, now)
+            }
+            Mode::Read => {
+                let reader = format!("r:{}", self.token);
+                let (deadline, now): (Option<u64>, (u64, u64)) =
+                    self.client.run(Op::Read, key, |con, _| {
+                        redis::pipe()
+                            .cmd("HGET")
+                            .arg(key)
+                            .arg(&reader)
+                            .cmd("TIME")
+                            .query(con)
+                    })?;
+                (true, deadline, now)
+            }
         };
+        let now_ms = now.0.saturating_mul(1000).saturating_add(now.1 / 1000);
         Ok(ours && deadline.is_some_and(|d| d > now_ms))
     }
 
