@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use redmutex::Lease;
-use redmutex::{DistributedLock, LockClient, LockOptions, Release, Semaphore, SemaphoreOptions};
+use redmutex::{DistributedLock, LockClient, LockOptions, Release, Semaphore};
 
 fn options(release: Release) -> LockOptions {
     LockOptions::default()
@@ -53,7 +53,7 @@ fn uncontended(c: &mut Criterion, client: &LockClient) {
         client,
         "bench:permit",
         3,
-        SemaphoreOptions::from(&options(Release::Lua)),
+        options(Release::Lua).with_extra(redmutex::SemaphoreExtra::default()),
     );
     group.bench_function("acquire+release/permit/3", |b| {
         b.iter(|| {
@@ -162,9 +162,7 @@ fn held(c: &mut Criterion, client: &LockClient) {
     let options = options(Release::Lua).watchdog(true);
     for n in [1usize, 10, 100, 1_000, 10_000] {
         let locks: Vec<DistributedLock> = (0..n)
-            .map(|i| {
-                DistributedLock::with_options(client, format!("bench:held:{i}"), options.clone())
-            })
+            .map(|i| DistributedLock::with_options(client, format!("bench:held:{i}"), options))
             .collect();
         group.throughput(Throughput::Elements(n as u64));
         group.bench_with_input(BenchmarkId::new("watched", n), &n, |b, _| {

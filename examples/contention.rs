@@ -48,9 +48,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::{Parser, ValueEnum};
 use redis::Commands;
 use redmutex::Lease;
-use redmutex::{
-    DistributedLock, LockClient, LockOptions, Release, Semaphore, SemaphoreOptions, WaitMode,
-};
+use redmutex::{DistributedLock, LockClient, LockOptions, Release, Semaphore, WaitMode};
 
 #[derive(Parser, Debug, Clone)]
 #[command(about = "Contention report for redmutex: throughput, waits, fairness, Redis cost")]
@@ -409,9 +407,14 @@ fn uncontended(
     const ROUNDS: u32 = 200;
     let options = LockOptions::default().wait_mode(mode).release(release);
     let key = format!("{PREFIX}:uncontended");
-    let lock = DistributedLock::with_options(client, key.clone(), options.clone());
+    let lock = DistributedLock::with_options(client, key.clone(), options);
     let semaphore = limit.map(|limit| {
-        Semaphore::with_options(client, key.clone(), limit, SemaphoreOptions::from(&options))
+        Semaphore::with_options(
+            client,
+            key.clone(),
+            limit,
+            options.with_extra(redmutex::SemaphoreExtra::default()),
+        )
     });
     let mut ping = |_: ()| -> Result<(), Failure> {
         let mut con = client.pool()?.get()?;
@@ -587,14 +590,16 @@ fn run_process(
         .wait_mode(mode)
         .local_handoff(!args.no_handoff)
         .handoff_budget(
-            args.handoff_budget.0,
-            Duration::from_millis(args.handoff_budget.1),
-        )
-        .handoff_max_age(Duration::from_micros(args.handoff_max_age_us));
+            redmutex::HandoffBudget::new(
+                args.handoff_budget.0,
+                Duration::from_millis(args.handoff_budget.1),
+            )
+            .with_max_age(Duration::from_micros(args.handoff_max_age_us)),
+        );
     let handles: Vec<_> = (0..args.threads)
         .map(|t| {
             let locks: Vec<_> = (0..args.keys)
-                .map(|k| DistributedLock::with_options(&client, lock_key(k), options.clone()))
+                .map(|k| DistributedLock::with_options(&client, lock_key(k), options))
                 .collect();
             let semaphores: Vec<_> = match limit {
                 Some(limit) => (0..args.keys)
@@ -603,7 +608,7 @@ fn run_process(
                             &client,
                             lock_key(k),
                             limit,
-                            SemaphoreOptions::from(&options),
+                            options.with_extra(redmutex::SemaphoreExtra::default()),
                         )
                     })
                     .collect(),

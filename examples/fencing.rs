@@ -58,7 +58,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ttl(Duration::from_millis(200))
         .fencing(true);
 
-    let guard_a = DistributedLock::with_options(&a, "file", options.clone()).lock()?;
+    let guard_a = DistributedLock::with_options(&a, "file", options).lock()?;
     let token_a = guard_a.fencing_token().ok_or("fencing is on")?;
     println!("A acquires the lock, fencing token {token_a}, then pauses for 500 ms...");
     std::thread::sleep(Duration::from_millis(500)); // longer than the 200 ms lease

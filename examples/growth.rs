@@ -19,10 +19,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use redmutex::Lease;
-use redmutex::{
-    DistributedLock, LeaseOptions, LockClient, LockOptions, ReentrantLock, RwLock, Semaphore,
-    SemaphoreOptions,
-};
+use redmutex::{DistributedLock, LockClient, LockOptions, ReentrantLock, RwLock, Semaphore};
 
 #[global_allocator]
 static ALLOCATOR: support::Counting = support::Counting;
@@ -122,7 +119,7 @@ fn take(
     ttl: Duration,
 ) -> Result<Held, redmutex::Error> {
     // The types with a watchdog have it on; the others hold for their ttl.
-    let lease = LeaseOptions::default().ttl(if kind.watched() {
+    let lease = redmutex::Options::default().ttl(if kind.watched() {
         ttl
     } else {
         ttl.max(Duration::from_secs(120))
@@ -137,14 +134,20 @@ fn take(
             .lock()?,
         ),
         Kind::Reentrant => Held::Reentrant(ReentrantLock::with_options(client, key, lease).lock()?),
-        Kind::Read => Held::Rw(RwLock::with_options(client, key, lease).read()?),
-        Kind::Write => Held::Rw(RwLock::with_options(client, key, lease).write()?),
+        Kind::Read => Held::Rw(
+            RwLock::with_options(client, key, lease.with_extra(Default::default())).read()?,
+        ),
+        Kind::Write => Held::Rw(
+            RwLock::with_options(client, key, lease.with_extra(Default::default())).write()?,
+        ),
         Kind::Permit => Held::Permit(
             Semaphore::with_options(
                 client,
                 key,
                 10,
-                SemaphoreOptions::from(lease).watchdog(true),
+                lease
+                    .with_extra(redmutex::SemaphoreExtra::default())
+                    .watchdog(true),
             )
             .acquire()?,
         ),

@@ -60,7 +60,7 @@ fn main() {
     let options = LockOptions::default()
         .ttl(Duration::from_secs(30))
         .wait(Duration::from_secs(60))
-        .handoff_max_age(max_age);
+        .handoff_budget(redmutex::HandoffBudget::default().with_max_age(max_age));
     let lock = DistributedLock::with_options(&client, "handoff-loss", options);
     let watching = Arc::new(AtomicBool::new(false));
     let starts: Arc<Mutex<Starts>> = Arc::default();

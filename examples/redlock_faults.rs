@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use redmutex::Lease;
-use redmutex::{LeaseOptions, LockClient, RedLock};
+use redmutex::{LockClient, RedLock};
 use support::{FaultProxy, RedisServer, wait_until};
 
 #[derive(Parser)]
@@ -88,12 +88,12 @@ fn main() {
             RedLock::with_options(
                 clients(),
                 "faults",
-                LeaseOptions::default()
+                redmutex::Options::default()
                     .ttl(Duration::from_secs(10))
-                    .wait(Duration::from_secs(5)),
+                    .wait(Duration::from_secs(5))
+                    .node_timeout(Duration::from_millis(args.node_timeout_ms)),
             )
             .expect("redlock")
-            .with_node_timeout(Duration::from_millis(args.node_timeout_ms))
         })
         .collect();
     println!(

@@ -49,7 +49,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .watchdog(true);
     // Warm up: the pool's connections, the watchdog thread, the scripts.
     for i in 0..64 {
-        DistributedLock::with_options(&client, format!("redmutex-dog:warm:{i}"), options.clone())
+        DistributedLock::with_options(&client, format!("redmutex-dog:warm:{i}"), options)
             .lock()?
             .unlock()?;
     }
@@ -60,9 +60,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut lost_total = 0;
     for &n in &args.locks {
         let locks: Vec<DistributedLock> = (0..n)
-            .map(|i| {
-                DistributedLock::with_options(&client, format!("redmutex-dog:{i}"), options.clone())
-            })
+            .map(|i| DistributedLock::with_options(&client, format!("redmutex-dog:{i}"), options))
             .collect();
         let empty = support::in_use();
         let guards = locks

@@ -174,7 +174,7 @@ pub enum Error {
         #[source]
         source: redis::RedisError,
     },
-    /// The key's fencing counter ([`fence_key`](crate::fence_key)) cannot be
+    /// The key's fencing counter ([`LockClient::fence_key`](crate::LockClient::fence_key)) cannot be
     /// incremented: it holds a non-integer, another type, or `i64::MAX`, or
     /// the ACL user may not use it (`NOPERM`: the rule lacks the `{KEY}`
     /// keys). Checked before the lock is taken: nothing was changed.

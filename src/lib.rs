@@ -85,7 +85,7 @@
 //!   A lease passed on is as fresh as an acquisition: when Redis last
 //!   confirmed it (its acquisition, a renewal, an extension, a check) more
 //!   than the budget's `max_age` ago (1 ms,
-//!   [`LockOptions::handoff_max_age`]), the thread passing it asks Redis
+//!   [`HandoffBudget::max_age`]), the thread passing it asks Redis
 //!   first (one read-only, owner-checked `GET`; for a semaphore permit, its
 //!   place and the stored limit), and releases it instead, its `unlock()`
 //!   reporting [`Error::NotHeld`], when Redis no longer holds it (deleted,
@@ -357,7 +357,9 @@ pub use client::builder::LockClientBuilder;
 pub use client::holder::{Holder, redact};
 pub use client::list::{HeldLock, Listing};
 pub use client::options::{
-    Backoff, HandoffBudget, LeaseOptions, LockOptions, Release, SemaphoreOptions, WaitMode,
+    Backoff, HandoffBudget, LockExtra, LockOptions, Options, RedLockExtra, RedLockOptions,
+    ReentrantExtra, ReentrantOptions, Release, RwLockExtra, RwLockOptions, SemaphoreExtra,
+    SemaphoreOptions, WaitMode,
 };
 pub use client::{DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT, LockClient, MAX_TIMEOUT};
 pub use conn::backend::{Connection, Deployment};
@@ -372,7 +374,6 @@ pub use lease::loss::LossSignal;
 pub use lease::{Lease, Unlocked};
 pub use mutex::DistributedLock;
 pub use mutex::guard::LockGuard;
-pub use script::names::{fence_key, release_channel};
 
 /// The connection pool type a [`LockClient`] is built on.
 pub type Pool = r2d2::Pool<redis::Client>;
@@ -418,7 +419,9 @@ const _: () = {
     send_sync::<RedLockGuard>();
     send_sync::<LossSignal>();
     send_sync::<LockOptions>();
-    send_sync::<LeaseOptions>();
+    send_sync::<ReentrantOptions>();
+    send_sync::<RwLockOptions>();
+    send_sync::<RedLockOptions>();
     send_sync::<SemaphoreOptions>();
     send_sync::<Error>();
     // A checked-out connection may go to another thread (it is `!Sync`:

@@ -75,8 +75,7 @@ fn the_readme_rule_runs_every_lock_type() {
     let client = client_as(&server, "locker");
     let options = LockOptions::default().wait(Duration::from_secs(5));
     for release in [Release::Lua, Release::Watch] {
-        let lock =
-            DistributedLock::with_options(&client, "locks:plain", options.clone().release(release));
+        let lock = DistributedLock::with_options(&client, "locks:plain", options.release(release));
         let mut guard = lock.lock().expect("lock");
         guard.extend(Duration::from_secs(10)).expect("extend");
         assert!(guard.is_held().expect("is_held"));
@@ -86,8 +85,7 @@ fn the_readme_rule_runs_every_lock_type() {
         // so a refusal would otherwise go unnoticed).
         assert!(exists(&server, &marker), "{release:?}: no release marker");
     }
-    let fenced =
-        DistributedLock::with_options(&client, "locks:fenced", options.clone().fencing(true));
+    let fenced = DistributedLock::with_options(&client, "locks:fenced", options.fencing(true));
     let guard = fenced.lock().expect("fenced lock");
     assert!(guard.fencing_token().is_some_and(support::clock_floored));
     guard.unlock().expect("unlock");
@@ -95,10 +93,7 @@ fn the_readme_rule_runs_every_lock_type() {
     let watched = DistributedLock::with_options(
         &client,
         "locks:watched",
-        options
-            .clone()
-            .ttl(Duration::from_millis(300))
-            .watchdog(true),
+        options.ttl(Duration::from_millis(300)).watchdog(true),
     );
     let guard = watched.lock().expect("watched lock");
     let renewals = client.stats().renewals;
@@ -292,8 +287,7 @@ fn a_key_prefix_confines_every_lock_type_to_one_acl_pattern() {
     ));
     let options = LockOptions::default().wait(Duration::from_secs(5));
     for release in [Release::Lua, Release::Watch] {
-        let lock =
-            DistributedLock::with_options(&client, "plain", options.clone().release(release));
+        let lock = DistributedLock::with_options(&client, "plain", options.release(release));
         assert_eq!(lock.key(), "teamA:plain");
         let mut guard = lock.lock().expect("lock");
         assert!(exists(&server, "teamA:plain"));
@@ -303,7 +297,7 @@ fn a_key_prefix_confines_every_lock_type_to_one_acl_pattern() {
         guard.unlock().expect("unlock");
         assert!(exists(&server, &marker), "{release:?}: no marker {marker}");
     }
-    let fenced = DistributedLock::with_options(&client, "fenced", options.clone().fencing(true));
+    let fenced = DistributedLock::with_options(&client, "fenced", options.fencing(true));
     let guard = fenced.lock().expect("fenced lock");
     assert!(guard.fencing_token().is_some_and(support::clock_floored));
     assert!(exists(&server, &client.fence_key(fenced.key())));
@@ -313,10 +307,7 @@ fn a_key_prefix_confines_every_lock_type_to_one_acl_pattern() {
     let watched = DistributedLock::with_options(
         &client,
         "watched",
-        options
-            .clone()
-            .ttl(Duration::from_millis(300))
-            .watchdog(true),
+        options.ttl(Duration::from_millis(300)).watchdog(true),
     );
     let guard = watched.lock().expect("watched lock");
     let renewals = client.stats().renewals;
@@ -477,7 +468,7 @@ fn definitive_refusals_fail_fast_with_their_own_error() {
 /// error met; the key it names must then hold nothing of ours.
 fn round(client: &LockClient, kind: &str, key: &str) -> Result<(), redmutex::Error> {
     let options = LockOptions::default().wait(Duration::from_secs(2));
-    let lease = redmutex::LeaseOptions::default().wait(Duration::from_secs(2));
+    let lease = redmutex::Options::default().wait(Duration::from_secs(2));
     match kind {
         "lock (Lua)" | "lock (WATCH)" => {
             let release = if kind == "lock (Lua)" {
@@ -523,7 +514,7 @@ fn round(client: &LockClient, kind: &str, key: &str) -> Result<(), redmutex::Err
             outer.unlock()?;
         }
         "read" | "write" => {
-            let lock = RwLock::with_options(client, key, lease);
+            let lock = RwLock::with_options(client, key, lease.with_extra(Default::default()));
             let mut guard = if kind == "read" {
                 lock.read()?
             } else {
@@ -535,14 +526,20 @@ fn round(client: &LockClient, kind: &str, key: &str) -> Result<(), redmutex::Err
             guard.unlock()?;
         }
         "semaphore" | "fenced semaphore" => {
-            let options = redmutex::SemaphoreOptions::from(lease).fencing(kind != "semaphore");
+            let options = lease
+                .with_extra(redmutex::SemaphoreExtra::default())
+                .fencing(kind != "semaphore");
             let mut permit =
                 redmutex::Semaphore::with_options(client, key, 2, options).acquire()?;
             permit.extend(Duration::from_secs(10))?;
             permit.release()?;
         }
         "RedLock" => {
-            let lock = RedLock::with_options(vec![client.clone()], key, lease)?;
+            let lock = RedLock::with_options(
+                vec![client.clone()],
+                key,
+                lease.with_extra(Default::default()),
+            )?;
             let mut guard = lock.lock()?;
             guard.extend(Duration::from_secs(10))?;
             guard.unlock()?;

@@ -138,7 +138,7 @@ fn del_without_check_deletes_another_owners_lock() {
         server.lock_client(),
     );
     let opts = LockOptions::default().ttl(Duration::from_millis(LEASE_MS));
-    let a_guard = DistributedLock::with_options(&ca, "job", opts.clone())
+    let a_guard = DistributedLock::with_options(&ca, "job", opts)
         .lock()
         .expect("a");
     pause_until_expired(&mut a, "job");

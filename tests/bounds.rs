@@ -452,7 +452,7 @@ fn a_half_open_subscriber_link_is_found_within_two_timeouts() {
                 let guard = DistributedLock::new(holder, key.as_str())
                     .lock()
                     .expect("lock");
-                let channel = redmutex::release_channel(&key);
+                let channel = holder.release_channel(&key);
                 let waiting = std::thread::spawn({
                     let (waiter, key) = (waiter.clone(), key.clone());
                     move || {
@@ -863,8 +863,9 @@ fn a_lease_handed_on_is_never_older_than_its_max_age() {
     let options = LockOptions::default()
         .ttl(Duration::from_secs(30))
         .wait(Duration::from_secs(10))
-        .handoff_budget(256, Duration::from_secs(10))
-        .handoff_max_age(max_age);
+        .handoff_budget(
+            redmutex::HandoffBudget::new(256, Duration::from_secs(10)).with_max_age(max_age),
+        );
     let lock = DistributedLock::with_options(&client, "bound-age", options);
     std::thread::scope(|scope| {
         for _ in 0..3 {
@@ -902,8 +903,9 @@ fn a_handoff_whose_check_cannot_be_answered_costs_one_round_trip() {
         LockOptions::default()
             .ttl(Duration::from_secs(30))
             .wait(Duration::from_secs(30))
-            .handoff_budget(256, Duration::from_secs(30))
-            .handoff_max_age(max_age)
+            .handoff_budget(
+                redmutex::HandoffBudget::new(256, Duration::from_secs(30)).with_max_age(max_age),
+            )
     };
     let mut givers = Vec::new();
     let mut takers = Vec::new();
@@ -1099,7 +1101,8 @@ fn a_remote_waiter_behind_a_run_of_handoffs_waits_one_budget_a_hold_and_its_wake
             let lock = DistributedLock::with_options(
                 &local,
                 "budget",
-                LockOptions::default().handoff_budget(u32::MAX, budget),
+                LockOptions::default()
+                    .handoff_budget(redmutex::HandoffBudget::new(u32::MAX, budget)),
             );
             let stop = stop.clone();
             std::thread::spawn(move || {

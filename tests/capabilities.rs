@@ -8,8 +8,8 @@ use redmutex_test_support as support;
 use std::time::{Duration, Instant};
 
 use redmutex::{
-    DistributedLock, Error, Lease, LeaseOptions, LockClient, LockKind, LockOptions, LossReason,
-    RedLock, ReentrantLock, RwLock, Semaphore, SemaphoreOptions, Unlocked,
+    DistributedLock, Error, Lease, LockClient, LockKind, LockOptions, LossReason, RedLock,
+    ReentrantLock, RwLock, Semaphore, SemaphoreOptions, Unlocked,
 };
 use support::{RedisServer, numsub, wait_until};
 
@@ -193,7 +193,9 @@ fn the_watchdog_renews_where_the_type_has_one() {
         &client,
         "cap:wd-sem",
         2,
-        SemaphoreOptions::from(LeaseOptions::default().ttl(ttl)).watchdog(true),
+        redmutex::SemaphoreOptions::default()
+            .ttl(ttl)
+            .watchdog(true),
     )
     .acquire()
     .expect("permit");
@@ -242,7 +244,7 @@ fn fencing_tokens_increase_where_the_type_has_them() {
 /// backoff step, for every type that waits by notify.
 #[test]
 fn every_type_that_waits_by_notify_is_woken_by_the_release() {
-    let slow = LeaseOptions::default()
+    let slow = redmutex::Options::default()
         .ttl(Duration::from_secs(30))
         .backoff(redmutex::Backoff::constant(Duration::from_secs(8)));
     type Hold = Box<dyn Fn(&LockClient) -> Box<dyn FnOnce()>>;
@@ -303,13 +305,15 @@ fn every_type_that_waits_by_notify_is_woken_by_the_release() {
         (
             "read-write",
             Box::new(move |c| {
-                let g = RwLock::with_options(c, "n", slow).write().expect("write");
+                let g = RwLock::with_options(c, "n", slow.with_extra(Default::default()))
+                    .write()
+                    .expect("write");
                 Box::new(move || {
                     g.unlock().expect("unlock");
                 })
             }),
             Box::new(move |c| {
-                let lock = RwLock::with_options(c, "n", slow);
+                let lock = RwLock::with_options(c, "n", slow.with_extra(Default::default()));
                 Box::new(move || {
                     let g = lock.try_read_for(Duration::from_secs(20)).expect("wait");
                     {
@@ -321,15 +325,25 @@ fn every_type_that_waits_by_notify_is_woken_by_the_release() {
         (
             "semaphore",
             Box::new(move |c| {
-                let p = Semaphore::with_options(c, "n", 1, SemaphoreOptions::from(slow))
-                    .acquire()
-                    .expect("permit");
+                let p = Semaphore::with_options(
+                    c,
+                    "n",
+                    1,
+                    slow.with_extra(redmutex::SemaphoreExtra::default()),
+                )
+                .acquire()
+                .expect("permit");
                 Box::new(move || {
                     p.unlock().expect("unlock");
                 })
             }),
             Box::new(move |c| {
-                let s = Semaphore::with_options(c, "n", 1, SemaphoreOptions::from(slow));
+                let s = Semaphore::with_options(
+                    c,
+                    "n",
+                    1,
+                    slow.with_extra(redmutex::SemaphoreExtra::default()),
+                );
                 Box::new(move || {
                     let p = s.try_acquire_for(Duration::from_secs(20)).expect("wait");
                     {
@@ -374,7 +388,7 @@ fn a_redlock_waiter_is_woken_by_the_release() {
     let clients = |nodes: &[RedisServer]| -> Vec<LockClient> {
         nodes.iter().map(RedisServer::lock_client).collect()
     };
-    let slow = LeaseOptions::default()
+    let slow = redmutex::Options::default()
         .ttl(Duration::from_secs(30))
         .backoff(redmutex::Backoff::constant(Duration::from_secs(8)));
     let holder = RedLock::with_options(clients(&nodes), "n", slow).expect("lock");
@@ -462,7 +476,8 @@ fn max_hold_caps_the_renewals_where_the_type_has_a_watchdog() {
         &client,
         "cap:m-sem",
         2,
-        SemaphoreOptions::from(LeaseOptions::default().ttl(ttl))
+        redmutex::SemaphoreOptions::default()
+            .ttl(ttl)
             .watchdog(true)
             .max_hold(cap),
     )

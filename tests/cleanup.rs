@@ -42,7 +42,7 @@ fn nothing_is_left_after_guards_and_clients_are_dropped() {
     let waiters: Vec<_> = ["a", "b", "c", "a", "b"]
         .iter()
         .map(|key| {
-            let lock = DistributedLock::with_options(&client, *key, options.clone());
+            let lock = DistributedLock::with_options(&client, *key, options);
             std::thread::spawn(move || lock.lock().map(|g| g.hold_count()))
         })
         .collect();
@@ -52,7 +52,7 @@ fn nothing_is_left_after_guards_and_clients_are_dropped() {
     let remote: Vec<_> = ["a", "c"]
         .iter()
         .map(|key| {
-            let lock = DistributedLock::with_options(&other, *key, options.clone());
+            let lock = DistributedLock::with_options(&other, *key, options);
             std::thread::spawn(move || lock.lock().map(|g| g.hold_count()))
         })
         .collect();

@@ -10,7 +10,7 @@ use redis::{Commands, ConnectionLike};
 use redmutex::Lease;
 use redmutex::{
     Deployment, DistributedLock, Error, LockClient, LockOptions, ReentrantLock, Release, RwLock,
-    Semaphore, SemaphoreOptions,
+    Semaphore,
 };
 use support::{RedisCluster, wait_until};
 
@@ -95,6 +95,7 @@ fn mutual_exclusion_on_keys_of_every_primary() {
 #[test]
 fn auxiliary_keys_land_in_the_key_slot() {
     let cluster = RedisCluster::start(3, 0);
+    let names = cluster.lock_client();
     for key in [
         "plain",
         "jobs:nightly",
@@ -105,15 +106,11 @@ fn auxiliary_keys_land_in_the_key_slot() {
     ] {
         let slot = cluster.slot(key);
         assert_eq!(
-            cluster.slot(&redmutex::release_channel(key)),
+            cluster.slot(&names.release_channel(key)),
             slot,
             "channel of {key}"
         );
-        assert_eq!(
-            cluster.slot(&redmutex::fence_key(key)),
-            slot,
-            "fence of {key}"
-        );
+        assert_eq!(cluster.slot(&names.fence_key(key)), slot, "fence of {key}");
     }
     // Fenced acquisitions run the two-key script: a CROSSSLOT error would
     // fail them.
@@ -129,7 +126,7 @@ fn auxiliary_keys_land_in_the_key_slot() {
         second.unlock().expect("unlock");
         let primary = cluster.primary_for(&key);
         let fence: u64 = redis::cmd("GET")
-            .arg(redmutex::fence_key(&key))
+            .arg(client.fence_key(&key))
             .query(&mut primary.conn())
             .expect("the counter is on the key's primary");
         assert_eq!(fence, later, "the counter holds the last token");
@@ -338,7 +335,9 @@ fn min_replicas_waits_on_the_node_that_wrote_the_key() {
         &client,
         format!("sem:{key}"),
         2,
-        SemaphoreOptions::from(&options()).min_replicas(1, Duration::from_millis(300)),
+        options()
+            .with_extra(redmutex::SemaphoreExtra::default())
+            .min_replicas(1, Duration::from_millis(300)),
     );
     let sem_key = semaphore.key().to_owned();
     let primary = cluster.primary_for_slot(cluster.slot(&sem_key));
@@ -465,7 +464,8 @@ fn rwlock_reentrant_lock_and_semaphore_work_on_a_cluster() {
             &client,
             key.clone(),
             2,
-            SemaphoreOptions::from(&options())
+            options()
+                .with_extra(redmutex::SemaphoreExtra::default())
                 .fencing(true)
                 .watchdog(true),
         );

@@ -119,7 +119,7 @@ fn a_handoff_takes_the_receivers_watchdog_and_never_reaches_a_fenced_waiter() {
         "h",
         LockOptions::default()
             .ttl(Duration::from_millis(800))
-            .handoff_budget(32, Duration::from_secs(10)),
+            .handoff_budget(redmutex::HandoffBudget::new(32, Duration::from_secs(10))),
     );
     let watched = DistributedLock::with_options(
         &client,
@@ -247,7 +247,7 @@ fn a_corrupt_fence_counter_is_named_and_takes_nothing() {
     let server = RedisServer::start();
     let client = server.lock_client();
     let mut con = server.conn();
-    let counter = redmutex::fence_key("f");
+    let counter = client.fence_key("f");
     let corrupt: [&dyn Fn(&mut redis::Connection); 5] = [
         &|con| con.hset::<_, _, _, ()>(&counter, "x", 1).expect("HSET"),
         &|con| con.set::<_, _, ()>(&counter, "abc").expect("SET"),
@@ -461,7 +461,7 @@ impl Held {
 }
 
 fn take(client: &LockClient, ty: Type, key: &str, ttl: Duration) -> Result<Option<Held>, Error> {
-    let lease = redmutex::LeaseOptions::default().ttl(ttl);
+    let lease = redmutex::Options::default().ttl(ttl);
     Ok(match ty {
         Type::Plain => DistributedLock::with_options(client, key, LockOptions::default().ttl(ttl))
             .try_lock()?
@@ -469,15 +469,21 @@ fn take(client: &LockClient, ty: Type, key: &str, ttl: Duration) -> Result<Optio
         Type::Reentrant => ReentrantLock::with_options(client, key, lease)
             .try_lock()?
             .map(Held::Reentrant),
-        Type::Read => redmutex::RwLock::with_options(client, key, lease)
-            .try_read()?
-            .map(Held::Rw),
-        Type::Write => redmutex::RwLock::with_options(client, key, lease)
-            .try_write()?
-            .map(Held::Rw),
-        Type::Semaphore => redmutex::Semaphore::with_options(client, key, 3, lease)
-            .try_acquire()?
-            .map(Held::Permit),
+        Type::Read => {
+            redmutex::RwLock::with_options(client, key, lease.with_extra(Default::default()))
+                .try_read()?
+                .map(Held::Rw)
+        }
+        Type::Write => {
+            redmutex::RwLock::with_options(client, key, lease.with_extra(Default::default()))
+                .try_write()?
+                .map(Held::Rw)
+        }
+        Type::Semaphore => {
+            redmutex::Semaphore::with_options(client, key, 3, lease.with_extra(Default::default()))
+                .try_acquire()?
+                .map(Held::Permit)
+        }
     })
 }
 
@@ -570,8 +576,8 @@ fn lock_types_never_touch_each_others_state() {
 fn a_nested_reentrant_hold_never_shortens_the_lock() {
     let server = RedisServer::start();
     let client = server.lock_client();
-    let long = redmutex::LeaseOptions::default().ttl(Duration::from_secs(30));
-    let short = redmutex::LeaseOptions::default().ttl(Duration::from_millis(300));
+    let long = redmutex::Options::default().ttl(Duration::from_secs(30));
+    let short = redmutex::Options::default().ttl(Duration::from_millis(300));
     let outer = ReentrantLock::with_options(&client, "nested", long)
         .lock()
         .expect("outer");

@@ -285,7 +285,7 @@ fn chain_options() -> LockOptions {
     LockOptions::default()
         .ttl(Duration::from_secs(30))
         .wait(Duration::from_secs(5))
-        .handoff_budget(256, Duration::from_secs(10))
+        .handoff_budget(redmutex::HandoffBudget::new(256, Duration::from_secs(10)))
 }
 
 /// Thread A of a client behind `proxy` holds a key with two threads of the
@@ -306,7 +306,7 @@ fn never_passed_on_after_its_loss(
     // `GET`; with nobody queued, it releases by script instead).
     for attempt in 0..20 {
         let key = format!("passed:{attempt}");
-        let lock = DistributedLock::with_options(&client, &key, options.clone());
+        let lock = DistributedLock::with_options(&client, &key, options);
         let held = lock.lock().expect("A");
         let waiters: Vec<_> = (0..2)
             .map(|_| {
@@ -402,10 +402,10 @@ fn a_receiver_confirms_a_lease_older_than_its_max_age() {
     let server = RedisServer::start();
     let proxy = support::FaultProxy::to(&server);
     let client = LockClient::open(&proxy.url()).expect("client");
-    let options = chain_options().handoff_max_age(Duration::ZERO);
+    let options = chain_options()
+        .handoff_budget(redmutex::HandoffBudget::default().with_max_age(Duration::ZERO));
     for attempt in 0..20 {
-        let lock =
-            DistributedLock::with_options(&client, format!("confirmed:{attempt}"), options.clone());
+        let lock = DistributedLock::with_options(&client, format!("confirmed:{attempt}"), options);
         let held = lock.lock().expect("A");
         let token = held.token().to_owned();
         let waiter = {

@@ -12,8 +12,8 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use redmutex::Lease;
 use redmutex::{
-    Backoff, DistributedLock, Error, LeaseOptions, LockClient, LockOptions, RedLock, ReentrantLock,
-    Release, RwLock, WaitMode,
+    Backoff, DistributedLock, Error, LockClient, LockOptions, RedLock, ReentrantLock, Release,
+    RwLock, WaitMode,
 };
 use support::RedisServer;
 
@@ -97,8 +97,8 @@ fn extremes() -> impl Strategy<Value = Extremes> {
 }
 
 impl Extremes {
-    fn lease(&self) -> LeaseOptions {
-        LeaseOptions::default()
+    fn lease<X: Default>(&self) -> redmutex::Options<X> {
+        redmutex::Options::default()
             .ttl(self.ttl)
             .wait(self.wait)
             .backoff(Backoff::new(self.initial, self.max, self.factor))
@@ -117,7 +117,10 @@ impl Extremes {
             .ttl(self.ttl)
             .wait(self.wait)
             .backoff(Backoff::new(self.initial, self.max, self.factor))
-            .handoff_budget(self.handoffs, self.handoff_time)
+            .handoff_budget(redmutex::HandoffBudget::new(
+                self.handoffs,
+                self.handoff_time,
+            ))
             .watchdog(self.watchdog)
             .max_hold(self.max_hold)
             .fencing(self.fencing)
@@ -209,8 +212,11 @@ fn exercise(server: &RedisServer, client: &LockClient, case: u64, x: &Extremes) 
         .query(&mut server.conn())
         .expect("DEL");
 
-    let rw =
-        RwLock::with_options(client, format!("rw{case}"), x.lease()).with_wait_mode(x.wait_mode());
+    let rw = RwLock::with_options(
+        client,
+        format!("rw{case}"),
+        x.lease().wait_mode(x.wait_mode()),
+    );
     if let Some(Some(reader)) = clear("try_read", rw.try_read()) {
         let writer = clear("try_write_for", rw.try_write_for(SHORT)).flatten();
         assert!(
@@ -223,9 +229,12 @@ fn exercise(server: &RedisServer, client: &LockClient, case: u64, x: &Extremes) 
     if let Some(Some(guard)) = clear("reentrant", reentrant.try_lock_for(SHORT)) {
         drop(guard);
     }
-    let redlock = RedLock::with_options(vec![client.clone()], format!("rl{case}"), x.lease())
-        .expect("one node")
-        .with_node_timeout(x.node_timeout);
+    let redlock = RedLock::with_options(
+        vec![client.clone()],
+        format!("rl{case}"),
+        x.lease().node_timeout(x.node_timeout),
+    )
+    .expect("one node");
     if let Some(Some(guard)) = clear("redlock", redlock.try_lock()) {
         drop(guard);
     }

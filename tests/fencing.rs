@@ -39,7 +39,7 @@ fn a_promoted_replica_behind_on_the_counter_still_issues_larger_tokens() {
     let replica = RedisServer::start_replica_of(&primary);
     let old = primary.lock_client();
     let mut issued = tokens(&old, "job", 3);
-    let counter = redmutex::fence_key("job");
+    let counter = old.fence_key("job");
     assert!(
         wait_until(Duration::from_secs(10), || {
             replica.try_query::<Option<u64>>(redis::cmd("GET").arg(&counter))
@@ -84,7 +84,7 @@ fn a_sentinel_failover_that_loses_increments_never_repeats_a_token() {
     let (mut set, link) = SentinelSet::start_with_replication_proxy();
     let client = set.lock_client();
     let mut issued = tokens(&client, "nightly", 3);
-    let counter = redmutex::fence_key("nightly");
+    let counter = client.fence_key("nightly");
     assert!(
         wait_until(Duration::from_secs(10), || {
             set.replica

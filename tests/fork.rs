@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use redmutex::Lease;
 use redmutex::{
-    Backoff, DistributedLock, Error, LeaseOptions, LockClient, LockOptions, RedLock, ReentrantLock,
-    RwLock, Semaphore, SemaphoreOptions, Unlocked,
+    Backoff, DistributedLock, Error, LockClient, LockOptions, RedLock, ReentrantLock, RwLock,
+    Semaphore, Unlocked,
 };
 use support::{RedisServer, get};
 
@@ -344,20 +344,20 @@ fn everything_inherited_through_fork_is_inert_in_the_child() {
         .ttl(Duration::from_secs(60))
         .wait(Duration::from_secs(20))
         .backoff(Backoff::constant(Duration::from_secs(30)))
-        .handoff_budget(256, Duration::from_secs(60));
-    let lease = LeaseOptions::default().ttl(Duration::from_secs(60));
+        .handoff_budget(redmutex::HandoffBudget::new(256, Duration::from_secs(60)));
+    let lease = redmutex::Options::default().ttl(Duration::from_secs(60));
 
     // A release written behind on `other`, its reply not read yet: the
     // first release of a client is synchronous, the next drop writes
     // behind.
-    let owed = DistributedLock::with_options(&other, "fork:owed", long.clone());
+    let owed = DistributedLock::with_options(&other, "fork:owed", long);
     owed.lock().expect("lock").unlock().expect("unlock");
     drop(owed.lock().expect("lock"));
     drop(owed);
 
     // `other`'s subscriber connected (a waiter woken by a release message
     // came and went), with no clone of `other` left on another thread.
-    let sub = DistributedLock::with_options(&other, "fork:sub", long.clone());
+    let sub = DistributedLock::with_options(&other, "fork:sub", long);
     let held_elsewhere = DistributedLock::new(&elsewhere, "fork:sub")
         .lock()
         .expect("held elsewhere");
@@ -373,7 +373,7 @@ fn everything_inherited_through_fork_is_inert_in_the_child() {
         .expect("and released it");
 
     // `plain` handed over from another thread, some milliseconds ago.
-    let lock = DistributedLock::with_options(&client, "fork:plain", long.clone());
+    let lock = DistributedLock::with_options(&client, "fork:plain", long);
     let (taken_tx, taken) = std::sync::mpsc::channel();
     let giver = {
         let lock = lock.clone();
@@ -399,28 +399,36 @@ fn everything_inherited_through_fork_is_inert_in_the_child() {
         .lock()
         .expect("theirs");
     let subscribed = {
-        let lock = DistributedLock::with_options(&client, "fork:theirs", long.clone());
+        let lock = DistributedLock::with_options(&client, "fork:theirs", long);
         std::thread::spawn(move || lock.lock().map(|guard| guard.unlock()))
     };
-    let watched =
-        DistributedLock::with_options(&other, "fork:watched", long.clone().watchdog(true))
-            .lock()
-            .expect("watched");
+    let watched = DistributedLock::with_options(&other, "fork:watched", long.watchdog(true))
+        .lock()
+        .expect("watched");
     let reentrant = ReentrantLock::with_options(&client, "fork:reentrant", lease)
         .lock()
         .expect("reentrant");
-    let read = RwLock::with_options(&client, "fork:read", lease)
+    let read = RwLock::with_options(&client, "fork:read", lease.with_extra(Default::default()))
         .read()
         .expect("read");
-    let write = RwLock::with_options(&client, "fork:write", lease)
+    let write = RwLock::with_options(&client, "fork:write", lease.with_extra(Default::default()))
         .write()
         .expect("write");
-    let semaphore = Semaphore::with_options(&client, "fork:sem", 2, SemaphoreOptions::from(lease));
+    let semaphore = Semaphore::with_options(
+        &client,
+        "fork:sem",
+        2,
+        lease.with_extra(redmutex::SemaphoreExtra::default()),
+    );
     let permit = semaphore.acquire().expect("permit");
-    let redlock = RedLock::with_options(vec![client.clone()], "fork:redlock", lease)
-        .expect("redlock")
-        .lock()
-        .expect("redlock guard");
+    let redlock = RedLock::with_options(
+        vec![client.clone()],
+        "fork:redlock",
+        lease.with_extra(Default::default()),
+    )
+    .expect("redlock")
+    .lock()
+    .expect("redlock guard");
     let connection = client.connection().expect("connection");
     // Both waiters asleep, and the subscriber's subscription confirmed.
     assert!(support::wait_until(Duration::from_secs(10), || {

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use redmutex::Lease;
-use redmutex::{DistributedLock, LeaseOptions, LockClient, LockOptions, RedLock};
+use redmutex::{DistributedLock, LockClient, LockOptions, RedLock};
 use support::{FaultProxy, RedisServer};
 
 /// The I/O timeout of every client here.
@@ -91,7 +91,7 @@ fn a_stalled_server_delays_nobody_else() {
     let redlock = RedLock::with_options(
         clients,
         "quorum",
-        LeaseOptions::default().ttl(Duration::from_secs(10)),
+        redmutex::Options::default().ttl(Duration::from_secs(10)),
     )
     .expect("redlock");
     let mut redlock_failures = Vec::new();

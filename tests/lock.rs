@@ -541,55 +541,56 @@ fn a_forgotten_guard_frees_the_lock_after_its_ttl() {
 /// the lock family's `new` takes the shared part of the client's defaults.
 #[test]
 fn locks_read_their_settings_back() {
-    use redmutex::{
-        HandoffBudget, LeaseOptions, RedLock, ReentrantLock, Release, RwLock, WaitMode,
-    };
+    use redmutex::{HandoffBudget, RedLock, ReentrantLock, Release, RwLock, WaitMode};
     let server = RedisServer::start();
     let defaults = LockOptions::default()
         .ttl(Duration::from_secs(7))
         .wait(Duration::from_secs(3))
         .wait_mode(WaitMode::Spin);
-    let client = server.lock_client().with_defaults(defaults.clone());
+    let client = server.lock_client().with_defaults(defaults);
     let lock = DistributedLock::with_options(
         &client,
         "settings",
         defaults
-            .clone()
             .release(Release::Watch)
             .fencing(true)
             .watchdog(true)
             .max_hold(Some(Duration::from_secs(60)))
-            .handoff_budget(4, Duration::from_millis(2))
+            .handoff_budget(redmutex::HandoffBudget::new(4, Duration::from_millis(2)))
             .min_replicas(1, Duration::from_millis(50)),
     );
-    assert_eq!(lock.ttl(), Duration::from_secs(7));
-    assert_eq!(lock.wait(), Duration::from_secs(3));
-    assert_eq!(lock.wait_mode(), WaitMode::Spin);
-    assert_eq!(lock.release_mode(), Release::Watch);
-    assert!(lock.fencing() && lock.watchdog());
-    assert_eq!(lock.max_hold(), Some(Duration::from_secs(60)));
+    assert_eq!(lock.options().ttl, Duration::from_secs(7));
+    assert_eq!(lock.options().wait, Duration::from_secs(3));
+    assert_eq!(lock.options().wait_mode, WaitMode::Spin);
+    assert_eq!(lock.options().extra.release, Release::Watch);
+    assert!(lock.options().extra.fencing && lock.options().watchdog);
+    assert_eq!(lock.options().max_hold, Some(Duration::from_secs(60)));
     assert_eq!(
-        lock.handoff_budget(),
+        lock.options().extra.handoff_budget,
         HandoffBudget::new(4, Duration::from_millis(2))
     );
-    assert_eq!(lock.min_replicas(), Some((1, Duration::from_millis(50))));
+    assert_eq!(
+        lock.options().extra.min_replicas,
+        Some((1, Duration::from_millis(50)))
+    );
 
     let rw = RwLock::new(&client, "rw-settings");
     assert_eq!(
-        (rw.ttl(), rw.wait()),
+        (rw.options().ttl, rw.options().wait),
         (Duration::from_secs(7), Duration::from_secs(3))
     );
-    assert!(!rw.prefers_readers());
+    assert!(!rw.options().extra.prefer_readers);
     let reentrant = ReentrantLock::new(&client, "re-settings");
-    assert_eq!(reentrant.ttl(), Duration::from_secs(7));
-    let lease = LeaseOptions::from(&defaults);
+    assert_eq!(reentrant.options().ttl, Duration::from_secs(7));
+    let lease = defaults.with_extra(Default::default());
     assert_eq!(
         lease,
-        LeaseOptions::default()
+        redmutex::Options::default()
             .ttl(Duration::from_secs(7))
             .wait(Duration::from_secs(3))
+            .wait_mode(WaitMode::Spin)
     );
     let redlock = RedLock::with_options(vec![client], "rl-settings", lease).expect("one node");
-    assert_eq!(redlock.backoff(), redmutex::Backoff::default());
-    assert_eq!(redlock.wait(), Duration::from_secs(3));
+    assert_eq!(redlock.options().backoff, redmutex::Backoff::default());
+    assert_eq!(redlock.options().wait, Duration::from_secs(3));
 }

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use redis::Commands;
 use redmutex::Lease;
 use redmutex::{
-    DistributedLock, LeaseOptions, LockClient, LockOptions, RedLock, ReentrantLock, Release,
-    RwLock, Unlocked, WaitMode,
+    DistributedLock, LockClient, LockOptions, RedLock, ReentrantLock, Release, RwLock, Unlocked,
+    WaitMode,
 };
 use support::{FaultProxy, RedisServer, exists, get, sha, wait_until};
 
@@ -51,7 +51,8 @@ fn reentrant_release_applies_once_after_a_lost_reply() {
     let server = server();
     let proxy = FaultProxy::to(&server);
     let client = client(&proxy);
-    let lock = ReentrantLock::with_options(&client, "acct", LeaseOptions::from(&options()));
+    let lock =
+        ReentrantLock::with_options(&client, "acct", options().with_extra(Default::default()));
     let outer = lock.lock().expect("outer");
     let inner = lock.lock().expect("inner");
     proxy.lose_reply(&sha(REENTRANT_RELEASE), 1);
@@ -83,7 +84,8 @@ fn reentrant_acquire_counts_once_after_a_lost_reply() {
     let server = server();
     let proxy = FaultProxy::to(&server);
     let client = client(&proxy);
-    let lock = ReentrantLock::with_options(&client, "acct", LeaseOptions::from(&options()));
+    let lock =
+        ReentrantLock::with_options(&client, "acct", options().with_extra(Default::default()));
     proxy.lose_reply(&sha(REENTRANT_ACQUIRE), 1);
     let guard = lock.lock().expect("lock");
     assert_eq!(proxy.lost_replies(), 1);
@@ -102,7 +104,7 @@ fn rwlock_write_grant_is_recognised_after_a_lost_reply() {
     let server = server();
     let proxy = FaultProxy::to(&server);
     let client = client(&proxy);
-    let lock = RwLock::with_options(&client, "catalog", LeaseOptions::from(&options()));
+    let lock = RwLock::with_options(&client, "catalog", options().with_extra(Default::default()));
     proxy.lose_reply(&sha(RW_ACQUIRE), 1);
     let started = Instant::now();
     let writer = lock.write().expect("write");
@@ -340,10 +342,12 @@ fn redlock_survives_lost_replies_on_a_node() {
     let lock = RedLock::with_options(
         nodes,
         "rl",
-        LeaseOptions::from(&options()).ttl(Duration::from_secs(10)),
+        options()
+            .with_extra(Default::default())
+            .ttl(Duration::from_secs(10))
+            .node_timeout(Duration::from_secs(2)),
     )
-    .expect("redlock")
-    .with_node_timeout(Duration::from_secs(2));
+    .expect("redlock");
     proxy.lose_reply(&support::quick_acquire_pattern(), 1);
     let guard = lock.lock().expect("lock");
     // The round is decided at the majority: the proxied node's resend

@@ -8,7 +8,7 @@ use redmutex_test_support as support;
 use std::time::Duration;
 
 use redmutex::Lease;
-use redmutex::{DistributedLock, Error, LockOptions, Semaphore, SemaphoreOptions};
+use redmutex::{DistributedLock, Error, LockOptions, Semaphore};
 use support::{RedisServer, exists, wait_until};
 
 #[test]
@@ -24,11 +24,11 @@ fn without_pub_sub_waiters_poll_and_releases_succeed() {
     let holder = server.lock_client();
     let waiter = server.lock_client();
     let options = LockOptions::default().wait(Duration::from_secs(10));
-    let guard = DistributedLock::with_options(&holder, "k", options.clone())
+    let guard = DistributedLock::with_options(&holder, "k", options)
         .lock()
         .expect("lock");
     let waiting = std::thread::spawn({
-        let lock = DistributedLock::with_options(&waiter, "k", options.clone());
+        let lock = DistributedLock::with_options(&waiter, "k", options);
         move || lock.lock().map(|guard| guard.unlock())
     });
     // Released only once the waiter has asked Redis again after its first
@@ -47,7 +47,12 @@ fn without_pub_sub_waiters_poll_and_releases_succeed() {
         .expect("unlock");
     assert_eq!(waiter.stats().notifications, 0, "no message could come");
 
-    let sem = Semaphore::with_options(&holder, "s", 1, SemaphoreOptions::from(&options));
+    let sem = Semaphore::with_options(
+        &holder,
+        "s",
+        1,
+        options.with_extra(redmutex::SemaphoreExtra::default()),
+    );
     let permit = sem.acquire().expect("permit");
     permit.release().expect("released without PUBLISH");
     assert!(!exists(&server, "s"));
@@ -58,7 +63,7 @@ fn a_refused_wait_names_wait_and_min_replicas_and_leaves_nothing() {
     let server = RedisServer::start_with(&["--rename-command", "WAIT", ""]);
     let client = server.lock_client();
     let options = LockOptions::default().min_replicas(1, Duration::from_millis(50));
-    let err = DistributedLock::with_options(&client, "k", options.clone())
+    let err = DistributedLock::with_options(&client, "k", options)
         .try_lock()
         .expect_err("WAIT refused");
     match &err {
@@ -77,7 +82,12 @@ fn a_refused_wait_names_wait_and_min_replicas_and_leaves_nothing() {
         "the lock was given back"
     );
 
-    let sem = Semaphore::with_options(&client, "s", 2, SemaphoreOptions::from(&options));
+    let sem = Semaphore::with_options(
+        &client,
+        "s",
+        2,
+        options.with_extra(redmutex::SemaphoreExtra::default()),
+    );
     let err = sem.try_acquire().expect_err("WAIT refused");
     assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
     assert!(

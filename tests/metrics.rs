@@ -7,10 +7,7 @@ use redmutex_test_support as support;
 use std::time::Duration;
 
 use redmutex::Lease;
-use redmutex::{
-    DistributedLock, LeaseOptions, LockKind, LockOptions, ReentrantLock, RwLock, Semaphore,
-    SemaphoreOptions,
-};
+use redmutex::{DistributedLock, LockKind, LockOptions, ReentrantLock, RwLock, Semaphore};
 use support::RedisServer;
 
 fn options() -> LockOptions {
@@ -66,13 +63,18 @@ fn stats_count_each_lock_type_apart_with_wait_and_hold_times() {
     assert!(mutex.hold.p50 <= mutex.hold.max);
 
     // Other lock types count apart.
-    let lease = LeaseOptions::from(&options());
+    let lease = options().with_extra(Default::default());
     let reentrant = ReentrantLock::with_options(&client, "r", lease);
     drop(reentrant.lock().expect("reentrant"));
-    let rw = RwLock::with_options(&client, "rw", lease);
+    let rw = RwLock::with_options(&client, "rw", lease.with_extra(Default::default()));
     drop(rw.read().expect("read"));
     drop(rw.write().expect("write"));
-    let sem = Semaphore::with_options(&client, "s", 2, SemaphoreOptions::from(lease));
+    let sem = Semaphore::with_options(
+        &client,
+        "s",
+        2,
+        lease.with_extra(redmutex::SemaphoreExtra::default()),
+    );
     let permits = (sem.acquire().expect("one"), sem.acquire().expect("two"));
     assert!(sem.try_acquire().expect("try").is_none());
     drop(permits);
@@ -104,8 +106,9 @@ fn a_handoff_and_a_blocking_timeout_are_counted() {
     let server = RedisServer::start();
     let client = server.lock_client();
     // A budget the 50 ms holds below cannot run out of.
-    let options = options().handoff_budget(32, Duration::from_secs(10));
-    let lock = DistributedLock::with_options(&client, "h", options.clone());
+    let options =
+        options().handoff_budget(redmutex::HandoffBudget::new(32, Duration::from_secs(10)));
+    let lock = DistributedLock::with_options(&client, "h", options);
     // A lock() that times out counts as a timeout, not an error.
     let guard = lock.lock().expect("lock");
     let timed_out = std::thread::scope(|s| {

@@ -145,7 +145,7 @@ fn hammer(
         .enumerate()
         .flat_map(|(c, client)| (0..threads).map(move |_| (c, client.clone())))
         .map(|(c, client)| {
-            let lock = DistributedLock::with_options(&client, "hammer", options.clone());
+            let lock = DistributedLock::with_options(&client, "hammer", options);
             let mut con = server.conn();
             let (intervals, start) = (intervals.clone(), start.clone());
             std::thread::spawn(move || {
@@ -224,11 +224,14 @@ fn a_handed_off_guard_starts_with_at_least_half_its_ttl() {
     let options = LockOptions::default()
         .ttl(ttl)
         .wait(Duration::from_secs(20))
-        .handoff_budget(10_000, Duration::from_secs(60)); // long batches
+        .handoff_budget(redmutex::HandoffBudget::new(
+            10_000,
+            Duration::from_secs(60),
+        )); // long batches
     let validities = Arc::new(Mutex::new(Vec::new()));
     let workers: Vec<_> = (0..3)
         .map(|_| {
-            let lock = DistributedLock::with_options(&client, "half", options.clone());
+            let lock = DistributedLock::with_options(&client, "half", options);
             let mut con = server.conn();
             let validities = validities.clone();
             std::thread::spawn(move || {
@@ -276,7 +279,7 @@ fn a_killed_subscriber_connection_does_not_strand_waiters() {
         .wait(Duration::from_secs(10));
     for round in 0..2 {
         let guard = DistributedLock::new(&holder, "kill").lock().expect("lock");
-        let (waiter, waiting) = (waiter.clone(), waiting.clone());
+        let (waiter, waiting) = (waiter.clone(), waiting);
         let thread = std::thread::spawn(move || {
             let guard = DistributedLock::with_options(&waiter, "kill", waiting).lock();
             (Instant::now(), guard.map(|g| g.hold_count()))
@@ -381,7 +384,7 @@ fn hot_threads_with_tiny_holds_stay_exclusive_and_starve_no_one() {
     };
     let hot: Vec<_> = (0..4)
         .map(|_| {
-            let lock = DistributedLock::with_options(&client, "hot", options.clone());
+            let lock = DistributedLock::with_options(&client, "hot", options);
             let (inside, stop, overlaps) = (inside.clone(), stop.clone(), overlaps.clone());
             std::thread::spawn(move || {
                 let mut taken = 0u64;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use redis::Commands;
 use redmutex::Lease;
-use redmutex::{Error, LeaseOptions, LockClient, LossReason, RedLock};
+use redmutex::{Error, LockClient, LossReason, RedLock};
 use support::{RedisServer, wait_until};
 
 fn clients(nodes: &[RedisServer]) -> Vec<LockClient> {
@@ -74,7 +74,7 @@ fn errors_say_how_many_granted_and_which_failed() {
     let lock = RedLock::with_options(
         clients(&nodes),
         "who",
-        LeaseOptions::default().wait(Duration::from_millis(100)),
+        redmutex::Options::default().wait(Duration::from_millis(100)),
     )
     .expect("redlock");
     match lock.lock() {
@@ -112,9 +112,14 @@ fn stopped_nodes_time_out_and_keep_nothing() {
     let _serial = support::serial();
     let nodes = RedisServer::start_many(3);
     let ttl = Duration::from_secs(2);
-    let lock = RedLock::with_options(clients(&nodes), "stop", LeaseOptions::default().ttl(ttl))
-        .expect("redlock")
-        .with_node_timeout(Duration::from_millis(100));
+    let lock = RedLock::with_options(
+        clients(&nodes),
+        "stop",
+        redmutex::Options::default()
+            .ttl(ttl)
+            .node_timeout(Duration::from_millis(100)),
+    )
+    .expect("redlock");
     // The node timeout and the slack of a deadline the crate computes
     // (tests/bounds.rs's SHORT_SLACK).
     let limit = Duration::from_millis(100) + Duration::from_millis(60);
@@ -167,9 +172,14 @@ fn validity_shrinks_with_node_latency_and_a_reply_slower_than_the_ttl_never_yiel
     let _serial = support::serial();
     let nodes = RedisServer::start_many(3);
     let ttl = Duration::from_secs(2);
-    let lock = RedLock::with_options(clients(&nodes), "slow", LeaseOptions::default().ttl(ttl))
-        .expect("redlock")
-        .with_node_timeout(Duration::from_secs(1));
+    let lock = RedLock::with_options(
+        clients(&nodes),
+        "slow",
+        redmutex::Options::default()
+            .ttl(ttl)
+            .node_timeout(Duration::from_secs(1)),
+    )
+    .expect("redlock");
     let fast = lock.try_lock().expect("try").expect("acquired");
     let fast_validity = fast.validity();
     fast.unlock().expect("unlock");
@@ -197,10 +207,11 @@ fn validity_shrinks_with_node_latency_and_a_reply_slower_than_the_ttl_never_yiel
     let short = RedLock::with_options(
         clients(&nodes),
         "slower",
-        LeaseOptions::default().ttl(Duration::from_millis(300)),
+        redmutex::Options::default()
+            .ttl(Duration::from_millis(300))
+            .node_timeout(Duration::from_secs(2)),
     )
-    .expect("redlock")
-    .with_node_timeout(Duration::from_secs(2));
+    .expect("redlock");
     let stalls = [stall(&nodes[0], 0.8), stall(&nodes[1], 0.8)];
     std::thread::sleep(Duration::from_millis(60)); // the stalls are under way
     assert!(
@@ -219,14 +230,17 @@ fn validity_shrinks_with_node_latency_and_a_reply_slower_than_the_ttl_never_yiel
 fn mutual_exclusion_across_two_redlock_clients_while_a_node_restarts() {
     let mut nodes = RedisServer::start_many(3);
     let resource = RedisServer::start();
-    let options = LeaseOptions::default()
+    let options = redmutex::Options::default()
         .ttl(Duration::from_secs(5))
         .wait(Duration::from_secs(30));
     let locks: Vec<RedLock> = (0..2)
         .map(|_| {
-            RedLock::with_options(clients(&nodes), "mx", options)
-                .expect("redlock")
-                .with_node_timeout(Duration::from_millis(250))
+            RedLock::with_options(
+                clients(&nodes),
+                "mx",
+                options.node_timeout(Duration::from_millis(250)),
+            )
+            .expect("redlock")
         })
         .collect();
     let intervals = Arc::new(Mutex::new(Vec::new()));
@@ -296,12 +310,12 @@ fn with_two_of_five_blackholed_unlock_returns_at_the_majority() {
         "minority",
         // Far longer than the wait below: a key left behind cannot pass by
         // merely expiring.
-        LeaseOptions::default()
+        redmutex::Options::default()
             .ttl(Duration::from_secs(120))
-            .wait(Duration::from_secs(5)),
+            .wait(Duration::from_secs(5))
+            .node_timeout(Duration::from_millis(200)),
     )
-    .expect("redlock")
-    .with_node_timeout(Duration::from_millis(200));
+    .expect("redlock");
     lock.lock()
         .expect("healthy")
         .unlock()
@@ -372,10 +386,11 @@ fn requests_for_unreachable_nodes_are_not_applied_after_they_heal() {
     let lock = RedLock::with_options(
         clients,
         "replayed",
-        LeaseOptions::default().ttl(Duration::from_secs(30)),
+        redmutex::Options::default()
+            .ttl(Duration::from_secs(30))
+            .node_timeout(Duration::from_millis(100)),
     )
-    .expect("redlock")
-    .with_node_timeout(Duration::from_millis(100));
+    .expect("redlock");
     for proxy in &proxies {
         proxy.blackhole(true);
     }
@@ -438,7 +453,7 @@ fn requests_for_unreachable_nodes_are_not_applied_after_they_heal() {
 #[test]
 fn unlock_and_extend_tell_the_truth_when_another_client_holds_the_majority() {
     let nodes = RedisServer::start_many(3);
-    let options = LeaseOptions::default().ttl(Duration::from_secs(30));
+    let options = redmutex::Options::default().ttl(Duration::from_secs(30));
     let a = RedLock::with_options(clients(&nodes), "truth", options).expect("A");
     let b = RedLock::with_options(clients(&nodes), "truth", options).expect("B");
     for round in 0..3 {
@@ -512,10 +527,8 @@ fn a_late_node_holding_our_token_makes_the_answer_unknown_not_not_held() {
         .conn()
         .set_ex("late", "someone else", 60)
         .expect("SET");
-    let options = LeaseOptions::default().ttl(Duration::from_secs(30));
-    let lock = RedLock::with_options(clients, "late", options)
-        .expect("lock")
-        .with_node_timeout(timeout);
+    let options = redmutex::Options::default().ttl(Duration::from_secs(30));
+    let lock = RedLock::with_options(clients, "late", options.node_timeout(timeout)).expect("lock");
     let mut held = lock.lock().expect("a majority: nodes 0 and 1");
     let token = held.token().to_owned();
     // Node 1 answers, but only after the node timeout.
@@ -557,9 +570,12 @@ fn is_held_answers_from_a_majority_and_a_loss_is_reported() {
         LockClient::open(&proxy.url()).expect("client"),
     ];
     let timeout = Duration::from_millis(300);
-    let lock = RedLock::new(clients, "asked")
-        .expect("lock")
-        .with_node_timeout(timeout);
+    let lock = RedLock::with_options(
+        clients,
+        "asked",
+        redmutex::RedLockOptions::default().node_timeout(timeout),
+    )
+    .expect("lock");
     let held = lock.lock().expect("lock");
     let signal = held.loss_signal();
     // Every node's grant landed (the round returned at a majority; a
@@ -626,9 +642,12 @@ fn an_extension_that_cannot_reach_a_majority_is_unknown_not_lost() {
         LockClient::open(&proxies[0].url()).expect("client"),
         LockClient::open(&proxies[1].url()).expect("client"),
     ];
-    let lock = RedLock::new(clients, "cut")
-        .expect("lock")
-        .with_node_timeout(Duration::from_millis(200));
+    let lock = RedLock::with_options(
+        clients,
+        "cut",
+        redmutex::RedLockOptions::default().node_timeout(Duration::from_millis(200)),
+    )
+    .expect("lock");
     let mut held = lock.lock().expect("lock");
     let signal = held.loss_signal();
     for proxy in &proxies {
@@ -662,7 +681,7 @@ fn an_extension_that_cannot_reach_a_majority_is_unknown_not_lost() {
 #[test]
 fn a_waiter_is_woken_by_the_release_message() {
     let nodes = RedisServer::start_many(3);
-    let slow = LeaseOptions::default()
+    let slow = redmutex::Options::default()
         .ttl(Duration::from_secs(30))
         .backoff(redmutex::Backoff::constant(Duration::from_secs(8)));
     let holder = RedLock::with_options(clients(&nodes), "woken", slow).expect("lock");
@@ -705,7 +724,7 @@ fn undoing_a_lost_rounds_grant_wakes_nobody() {
             .set_ex("storm", "held elsewhere", 60)
             .expect("SET");
     }
-    let options = LeaseOptions::default()
+    let options = redmutex::Options::default()
         .ttl(Duration::from_secs(30))
         .backoff(redmutex::Backoff::constant(Duration::from_secs(1)));
     let lock = RedLock::with_options(clients(&nodes), "storm", options).expect("lock");

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use redis::Commands;
 use redmutex::Lease;
-use redmutex::{DistributedLock, Error, LeaseOptions, LossReason, ReentrantLock, Unlocked};
+use redmutex::{DistributedLock, Error, LossReason, ReentrantLock, Unlocked};
 use support::{RedisServer, wait_until};
 
 /// The release script as the articles run it by hand, for a foreign owner.
@@ -36,7 +36,7 @@ fn the_articles_session_count_three_foreign_release_three_releases() {
     let lock = ReentrantLock::with_options(
         &client,
         "lock-key-1",
-        LeaseOptions::default().ttl(Duration::from_secs(300)),
+        redmutex::Options::default().ttl(Duration::from_secs(300)),
     );
     // Releasing a lock nobody holds: the key is gone.
     assert_eq!(release_as(&mut con, "lock-key-1", "thread-1"), Some(-1));
@@ -106,7 +106,7 @@ fn reentry_refreshes_the_lease_and_expiry_is_reported() {
     let lock = ReentrantLock::with_options(
         &client,
         "lease",
-        LeaseOptions::default().ttl(Duration::from_millis(400)),
+        redmutex::Options::default().ttl(Duration::from_millis(400)),
     );
     let outer = lock.lock().expect("lock");
     std::thread::sleep(Duration::from_millis(200));
@@ -133,7 +133,7 @@ fn extend_is_owner_checked_and_wrong_types_are_named() {
     let mut guard = ReentrantLock::with_options(
         &client,
         "ext",
-        LeaseOptions::default().ttl(Duration::from_secs(1)),
+        redmutex::Options::default().ttl(Duration::from_secs(1)),
     )
     .lock()
     .expect("lock");
@@ -211,7 +211,7 @@ fn a_waiter_is_woken_by_the_release_message() {
     let server = RedisServer::start();
     let holder_client = server.lock_client();
     let waiter_client = server.lock_client();
-    let slow = LeaseOptions::default()
+    let slow = redmutex::Options::default()
         .ttl(Duration::from_secs(30))
         .backoff(redmutex::Backoff::constant(Duration::from_secs(8)));
     let guard = ReentrantLock::with_options(&holder_client, "notified", slow)
@@ -290,7 +290,7 @@ fn a_loss_found_through_one_guard_is_every_guard_of_the_hold() {
     let lock = ReentrantLock::with_options(
         &client,
         "shared-loss",
-        LeaseOptions::default().ttl(Duration::from_secs(30)),
+        redmutex::Options::default().ttl(Duration::from_secs(30)),
     );
     let outer = lock.lock().expect("lock");
     let mut inner = lock.lock().expect("again");

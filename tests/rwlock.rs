@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use redis::Commands;
 use redmutex::Lease;
-use redmutex::{Error, LeaseOptions, LossReason, RwLock};
+use redmutex::{Error, LossReason, RwLock};
 use support::{RedisServer, wait_until};
 
 fn fields(server: &RedisServer, key: &str) -> Vec<String> {
@@ -55,12 +55,12 @@ fn a_crashed_reader_expires_alone() {
     let short = RwLock::with_options(
         &client,
         "crash",
-        LeaseOptions::default().ttl(Duration::from_millis(300)),
+        redmutex::Options::default().ttl(Duration::from_millis(300)),
     );
     let long = RwLock::with_options(
         &client,
         "crash",
-        LeaseOptions::default().ttl(Duration::from_secs(30)),
+        redmutex::Options::default().ttl(Duration::from_secs(30)),
     );
     let crashed = short.read().expect("read");
     let crashed_field = format!("r:{}", crashed.token());
@@ -121,7 +121,7 @@ fn a_writer_is_not_starved_by_overlapping_readers() {
             let lock = RwLock::with_options(
                 &client,
                 "busy",
-                LeaseOptions::default().wait(Duration::from_secs(20)),
+                redmutex::Options::default().wait(Duration::from_secs(20)),
             );
             let (stop, reading) = (stop.clone(), reading.clone());
             std::thread::spawn(move || {
@@ -143,7 +143,7 @@ fn a_writer_is_not_starved_by_overlapping_readers() {
     let writer = RwLock::with_options(
         &client,
         "busy",
-        LeaseOptions::default().wait(Duration::from_secs(10)),
+        redmutex::Options::default().wait(Duration::from_secs(10)),
     );
     let started = Instant::now();
     let guard = writer
@@ -170,7 +170,7 @@ fn an_expired_writer_reports_it_and_a_plain_key_is_refused() {
     let lock = RwLock::with_options(
         &client,
         "w",
-        LeaseOptions::default().ttl(Duration::from_millis(100)),
+        redmutex::Options::default().ttl(Duration::from_millis(100)),
     );
     let guard = lock.write().expect("write");
     assert!(wait_until(Duration::from_secs(3), || {
@@ -204,7 +204,7 @@ fn a_waiting_writer_holds_new_readers_back_unless_readers_are_preferred() {
         fields(&server, "pref").iter().any(|f| f.starts_with("q:"))
     }));
     assert!(lock.try_read().expect("try").is_none(), "writer preference");
-    let eager = lock.clone().with_prefer_readers(true);
+    let eager = RwLock::with_options(&client, "pref", lock.options().prefer_readers(true));
     let extra = eager.try_read().expect("try").expect("readers preferred");
     drop(extra);
     drop(reader);
@@ -220,7 +220,7 @@ fn a_waiting_writer_wakes_on_the_readers_release_message() {
     let slow = RwLock::with_options(
         &writers,
         "wake",
-        LeaseOptions::default()
+        redmutex::Options::default()
             .backoff(redmutex::Backoff::constant(Duration::from_secs(10)))
             .wait(Duration::from_secs(30)),
     );
@@ -228,7 +228,7 @@ fn a_waiting_writer_wakes_on_the_readers_release_message() {
         let guard = slow.write();
         (Instant::now(), guard.map(|g| g.is_write()))
     });
-    let channel = redmutex::release_channel("wake");
+    let channel = readers.release_channel("wake");
     assert!(wait_until(Duration::from_secs(10), || {
         let (_, n): (String, u64) = redis::cmd("PUBSUB")
             .arg("NUMSUB")
@@ -286,7 +286,7 @@ fn reader_field(guard: &redmutex::RwGuard) -> String {
 fn readers_and_the_writer_extend_their_own_hold_only() {
     let server = RedisServer::start();
     let client = redmutex::LockClient::open(&server.url()).expect("client");
-    let options = LeaseOptions::default().ttl(Duration::from_secs(2));
+    let options = redmutex::Options::default().ttl(Duration::from_secs(2));
     let lock = RwLock::with_options(&client, "rw:extend", options);
     let mut first = lock.read().expect("read");
     let second = lock.read().expect("read");
@@ -408,7 +408,7 @@ fn an_extension_whose_reply_is_lost_is_sent_again() {
     let server = RedisServer::start();
     let proxy = support::FaultProxy::to(&server);
     let client = redmutex::LockClient::open(&proxy.url()).expect("client");
-    let options = LeaseOptions::default().ttl(Duration::from_secs(2));
+    let options = redmutex::Options::default().ttl(Duration::from_secs(2));
     let mut writer = RwLock::with_options(&client, "rw:lossy", options)
         .write()
         .expect("write");
@@ -433,12 +433,12 @@ fn an_extension_never_cuts_another_readers_hold_through_the_hash_expiry() {
     let short = RwLock::with_options(
         &client,
         "rw:persisted",
-        LeaseOptions::default().ttl(Duration::from_millis(500)),
+        redmutex::Options::default().ttl(Duration::from_millis(500)),
     );
     let long = RwLock::with_options(
         &client,
         "rw:persisted",
-        LeaseOptions::default().ttl(Duration::from_secs(60)),
+        redmutex::Options::default().ttl(Duration::from_secs(60)),
     );
     let mut first = short.read().expect("read");
     let second = long.read().expect("read");

@@ -19,10 +19,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use redmutex::Lease;
-use redmutex::{
-    DistributedLock, Error, LeaseOptions, LockClient, LockOptions, ReentrantLock, RwLock,
-    Semaphore, SemaphoreOptions,
-};
+use redmutex::{DistributedLock, Error, LockClient, LockOptions, ReentrantLock, RwLock, Semaphore};
 use support::{FaultProxy, RedisServer, wait_until};
 
 /// Every log record of this binary, formatted.
@@ -80,8 +77,8 @@ enum Held {
 }
 
 /// Short waits, a short I/O timeout: the cases fail fast.
-fn lease() -> LeaseOptions {
-    LeaseOptions::default()
+fn lease<X: Default>() -> redmutex::Options<X> {
+    redmutex::Options::default()
         .ttl(Duration::from_secs(30))
         .wait(Duration::from_millis(50))
 }
@@ -123,12 +120,14 @@ fn take(kind: Kind, client: &LockClient, key: &str, watched: bool) -> Result<Opt
             .try_write()?
             .map(Held::Rw),
         Kind::Semaphore => {
-            let lease = if watched {
+            let lease: redmutex::SemaphoreOptions = if watched {
                 lease().ttl(WATCHED_TTL)
             } else {
                 lease()
             };
-            let options = SemaphoreOptions::from(lease).watchdog(watched);
+            let options = lease
+                .with_extra(redmutex::SemaphoreExtra::default())
+                .watchdog(watched);
             Semaphore::with_options(client, key, 2, options)
                 .try_acquire()?
                 .map(Held::Permit)

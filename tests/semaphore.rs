@@ -7,14 +7,14 @@ use std::time::{Duration, Instant};
 
 use redis::Commands;
 use redmutex::Lease;
-use redmutex::{Error, LeaseOptions, LockClient, Semaphore, SemaphoreOptions};
+use redmutex::{Error, LockClient, Semaphore, SemaphoreOptions};
 use support::{FaultProxy, RedisServer, exists, sha, wait_until};
 
 const SEM_ACQUIRE: &str = include_str!("../lua/sem_acquire.lua");
 const SEM_RELEASE: &str = include_str!("../lua/sem_release.lua");
 
-fn options() -> LeaseOptions {
-    LeaseOptions::default()
+fn options() -> SemaphoreOptions {
+    redmutex::Options::default()
         .ttl(Duration::from_secs(30))
         .wait(Duration::from_secs(5))
 }
@@ -321,9 +321,12 @@ fn the_watchdog_renews_permits_and_reports_a_lost_one() {
         &client,
         "dog",
         2,
-        SemaphoreOptions::from(options().ttl(Duration::from_millis(600))).watchdog(true),
+        options()
+            .ttl(Duration::from_millis(600))
+            .with_extra(redmutex::SemaphoreExtra::default())
+            .watchdog(true),
     );
-    assert!(sem.watchdog());
+    assert!(sem.options().watchdog);
     let kept = sem.try_acquire().expect("try").expect("kept");
     let lost = sem.try_acquire().expect("try").expect("lost");
     let signal = lost.loss_signal();
@@ -367,7 +370,9 @@ fn permits_carry_increasing_fencing_tokens_even_across_a_lost_reply() {
     let server = RedisServer::start();
     let proxy = FaultProxy::to(&server);
     let client = LockClient::open(&proxy.url()).expect("client");
-    let fenced = SemaphoreOptions::from(options()).fencing(true);
+    let fenced = options()
+        .with_extra(redmutex::SemaphoreExtra::default())
+        .fencing(true);
     let sem = Semaphore::with_options(&client, "fenced", 3, fenced);
     let other = Semaphore::with_options(&server.lock_client(), "fenced", 3, fenced);
     let a = sem.try_acquire().expect("try").expect("a");
@@ -417,7 +422,9 @@ fn permits_carry_increasing_fencing_tokens_even_across_a_lost_reply() {
 fn min_replicas_gives_an_unreplicated_permit_back() {
     let primary = RedisServer::start();
     let client = primary.lock_client();
-    let wanting = SemaphoreOptions::from(options()).min_replicas(1, Duration::from_millis(200));
+    let wanting = options()
+        .with_extra(redmutex::SemaphoreExtra::default())
+        .min_replicas(1, Duration::from_millis(200));
     let sem = Semaphore::with_options(&client, "replicated", 2, wanting);
     let err = sem.try_acquire().expect_err("no replica");
     assert!(
@@ -455,7 +462,9 @@ fn min_replicas_gives_an_unreplicated_permit_back() {
         &client,
         "replicated",
         2,
-        SemaphoreOptions::from(options()).min_replicas(1, Duration::from_secs(3600)),
+        options()
+            .with_extra(redmutex::SemaphoreExtra::default())
+            .min_replicas(1, Duration::from_secs(3600)),
     );
     assert!(matches!(
         absurd.try_acquire(),
@@ -477,7 +486,8 @@ fn a_released_permit_goes_straight_to_a_waiting_thread_of_the_same_client() {
         &client,
         "handoff",
         1,
-        SemaphoreOptions::from(options())
+        options()
+            .with_extra(redmutex::SemaphoreExtra::default())
             .handoff_budget(redmutex::HandoffBudget::new(4, Duration::from_secs(60))),
     );
     // While its own threads hold every permit, a queued waiter waits for
@@ -557,7 +567,10 @@ fn a_lost_reply_to_a_permit_renewal_or_status_read_is_resent() {
         &client,
         "renewed",
         2,
-        SemaphoreOptions::from(options().ttl(Duration::from_millis(900))).watchdog(true),
+        options()
+            .ttl(Duration::from_millis(900))
+            .with_extra(redmutex::SemaphoreExtra::default())
+            .watchdog(true),
     );
     let permit = sem.try_acquire().expect("try").expect("permit");
     let field = format!("p:{}", permit.id());
@@ -620,7 +633,9 @@ fn waiters_behind_their_own_clients_permits_see_releases_expiries_and_a_raised_l
         &client,
         "fenced",
         2,
-        SemaphoreOptions::from(options()).fencing(true),
+        options()
+            .with_extra(redmutex::SemaphoreExtra::default())
+            .fencing(true),
     );
     let (a, b) = (fenced.acquire().expect("a"), fenced.acquire().expect("b"));
     let before = client.stats().commands;
@@ -704,7 +719,8 @@ fn a_try_asks_redis_even_when_the_client_counts_every_permit_as_its_own() {
 
 /// Options whose handoff budget outlasts the holds in these tests.
 fn passing() -> SemaphoreOptions {
-    SemaphoreOptions::from(options())
+    options()
+        .with_extra(redmutex::SemaphoreExtra::default())
         .handoff_budget(redmutex::HandoffBudget::new(256, Duration::from_secs(10)))
 }
 

@@ -7,10 +7,7 @@ use redmutex_test_support as support;
 use std::time::{Duration, Instant};
 
 use redmutex::Lease;
-use redmutex::{
-    Backoff, Deployment, DistributedLock, Error, LockClient, LockOptions, Semaphore,
-    SemaphoreOptions,
-};
+use redmutex::{Backoff, Deployment, DistributedLock, Error, LockClient, LockOptions, Semaphore};
 use support::{RedisServer, SentinelSet, wait_until};
 
 fn options() -> LockOptions {
@@ -85,7 +82,12 @@ fn the_client_follows_a_failover_after_the_primary_is_killed() {
 
     // A semaphore on the promoted primary: a waiter in another client gets
     // the permit when it is given back (woken, not after the 30 s lease).
-    let one = Semaphore::with_options(&client, "sem", 1, SemaphoreOptions::from(&options()));
+    let one = Semaphore::with_options(
+        &client,
+        "sem",
+        1,
+        options().with_extra(redmutex::SemaphoreExtra::default()),
+    );
     let permit = one.acquire().expect("a permit on the promoted replica");
     let fields: usize = redis::cmd("HLEN")
         .arg("sem")
@@ -96,7 +98,9 @@ fn the_client_follows_a_failover_after_the_primary_is_killed() {
         &waiter,
         "sem",
         1,
-        SemaphoreOptions::from(&options()).backoff(Backoff::constant(Duration::from_secs(20))),
+        options()
+            .with_extra(redmutex::SemaphoreExtra::default())
+            .backoff(Backoff::constant(Duration::from_secs(20))),
     );
     let waiting = std::thread::spawn(move || {
         let asked = Instant::now();
@@ -141,7 +145,8 @@ fn min_replicas_is_met_through_sentinel() {
         &client,
         "replicated-sem",
         2,
-        SemaphoreOptions::from(&options())
+        options()
+            .with_extra(redmutex::SemaphoreExtra::default())
             .fencing(true)
             .min_replicas(1, Duration::from_secs(1)),
     );

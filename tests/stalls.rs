@@ -246,7 +246,7 @@ fn a_silent_subscriber_link_is_detected() {
     let waiter_client =
         LockClient::new(pool).with_notify_client(&redis::Client::open(proxy.url()).expect("url"));
     let holder = server.lock_client();
-    let channel = redmutex::release_channel("h");
+    let channel = holder.release_channel("h");
     let guard = DistributedLock::new(&holder, "h").lock().expect("lock");
     let waiting = std::thread::spawn({
         let waiter_client = waiter_client.clone();
@@ -415,10 +415,14 @@ fn a_redlock_release_that_misses_a_node_is_finished_later() {
         servers[1].lock_client(),
         servers[2].lock_client(),
     ];
-    let lock =
-        redmutex::RedLock::with_options(nodes, "rl", redmutex::LeaseOptions::from(&options()))
-            .expect("redlock")
-            .with_node_timeout(Duration::from_secs(1));
+    let lock = redmutex::RedLock::with_options(
+        nodes,
+        "rl",
+        options()
+            .with_extra(Default::default())
+            .node_timeout(Duration::from_secs(1)),
+    )
+    .expect("redlock");
     let guard = lock.lock().expect("lock");
     // Every node has the key before the blackhole (the round returned at
     // the majority).

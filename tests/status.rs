@@ -68,7 +68,10 @@ fn a_plain_lock_reports_its_holder_and_time_left() {
     assert_eq!(held.holders, 1);
     assert_eq!(held.limit, None);
     let left = held.remaining.expect("a ttl");
-    assert!(left <= lock.ttl() && left > lock.ttl() / 2, "{left:?}");
+    assert!(
+        left <= lock.options().ttl && left > lock.options().ttl / 2,
+        "{left:?}"
+    );
     let holder = held.held_by.first().expect("the holder");
     assert_eq!(holder.label.as_deref(), Some("status-7"));
     assert_eq!(holder.program, "statusprog");
@@ -90,7 +93,7 @@ fn a_reentrant_lock_reports_its_owners_holds() {
     let held = lock.status().expect("status").expect("held");
     assert_eq!(held.kind, LockKind::Reentrant);
     assert_eq!(held.holders, 2, "{held:?}");
-    assert!(held.remaining.expect("a ttl") <= lock.ttl());
+    assert!(held.remaining.expect("a ttl") <= lock.options().ttl);
     assert_eq!(
         held.held_by
             .first()
@@ -131,7 +134,7 @@ fn a_read_write_lock_reports_readers_or_its_writer() {
     let held = lock.status().expect("status").expect("held");
     assert_eq!(held.kind, LockKind::Write);
     assert_eq!(held.holders, 1);
-    assert!(held.remaining.expect("a deadline") <= lock.ttl());
+    assert!(held.remaining.expect("a deadline") <= lock.options().ttl);
     assert_no_secret(&server, &format!("{held:?}"));
     writer.unlock().expect("unlock");
     assert_eq!(lock.status().expect("status"), None);

@@ -181,7 +181,7 @@ fn fencing_tokens_strictly_increase_across_clients_and_processes() {
     let options = LockOptions::default().fencing(true);
     let mut tokens = Vec::new();
     for client in [&a, &b, &a, &a, &b] {
-        let guard = DistributedLock::with_options(client, "fenced", options.clone())
+        let guard = DistributedLock::with_options(client, "fenced", options)
             .lock()
             .expect("lock");
         tokens.push(guard.fencing_token().expect("a fencing token"));
@@ -246,7 +246,7 @@ fn a_paused_holders_late_write_is_rejected_by_its_stale_token() {
         .ttl(Duration::from_millis(150))
         .fencing(true);
     let mut store = server.conn();
-    let slow = DistributedLock::with_options(&a, "file", options.clone())
+    let slow = DistributedLock::with_options(&a, "file", options)
         .lock()
         .expect("a");
     let token_33 = slow.fencing_token().expect("token");

@@ -473,7 +473,8 @@ fn permit_calls(server: &RedisServer) -> u64 {
 /// A semaphore of one permit on `key` (so a permit still in Redis would
 /// refuse the next), primed: its first release is synchronous.
 fn semaphore(client: &LockClient, key: &str) -> redmutex::Semaphore {
-    let semaphore = redmutex::Semaphore::with_options(client, key, 1, &options());
+    let semaphore =
+        redmutex::Semaphore::with_options(client, key, 1, options().with_extra(Default::default()));
     semaphore
         .acquire()
         .expect("acquire")
@@ -645,7 +646,12 @@ fn an_owed_permit_release_that_finds_it_gone_frees_nothing() {
         .expect("HDEL");
     // Another holder takes the place the lost permit had.
     let other_client = server.lock_client();
-    let other = redmutex::Semaphore::with_options(&other_client, "wbp:gone", 1, &options());
+    let other = redmutex::Semaphore::with_options(
+        &other_client,
+        "wbp:gone",
+        1,
+        options().with_extra(Default::default()),
+    );
     let theirs = other.try_acquire().expect("try_acquire").expect("free");
     drop(permit);
     // The next request reads the owed reply ("not held").
@@ -717,7 +723,9 @@ fn permits_dropped_under_faults_leave_nothing_and_never_block() {
         &client,
         "wbp:faults",
         2,
-        &options().wait(Duration::from_secs(20)),
+        options()
+            .wait(Duration::from_secs(20))
+            .with_extra(Default::default()),
     );
     semaphore
         .acquire()

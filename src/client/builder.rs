@@ -199,7 +199,7 @@ impl LockClientBuilder {
     ///
     /// Everything the crate sends touches one hash slot: a lock key's
     /// fencing counter and release channel carry the key's hash tag (see
-    /// [`fence_key`](crate::fence_key)), scripts are routed by their first
+    /// [`LockClient::fence_key`](crate::LockClient::fence_key)), scripts are routed by their first
     /// key, `MOVED` and `ASK` redirections are followed, and a script the
     /// node lost (`NOSCRIPT` after a failover, a resharding or a
     /// `SCRIPT FLUSH`) is loaded on every primary and run again.

@@ -519,16 +519,26 @@ impl LockClient {
     }
 
     /// The fencing counter of `key`, a key in Redis as
-    /// [`LockClient::key`] gives it: [`fence_key`](crate::fence_key), with
-    /// the key prefix in front when there is one.
+    /// [`LockClient::key`] gives it, in the key's hash slot: `{KEY}:fence`,
+    /// or `{TAG}:fence:KEY` when the key has a `{TAG}` hash tag, with the
+    /// key prefix in front when there is one.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), redmutex::Error> {
+    /// let client = redmutex::LockClient::open("redis://127.0.0.1:6379/")?;
+    /// assert_eq!(client.fence_key("jobs:nightly"), "{jobs:nightly}:fence");
+    /// # Ok(())
+    /// # }
+    /// ```
     pub fn fence_key(&self, key: &str) -> String {
         self.inner.names.fence_key(key)
     }
 
     /// The pub/sub channel the releases of `key` (a key in Redis, as
     /// [`LockClient::key`] gives it) are published on:
-    /// [`release_channel`](crate::release_channel), with the key prefix in
-    /// front when there is one.
+    /// `redmutex:released:{KEY}`, or `redmutex:released:{TAG}:KEY` when the
+    /// key has a `{TAG}` hash tag (so the channel maps to the key's cluster
+    /// slot), with the key prefix in front when there is one.
     pub fn release_channel(&self, key: &str) -> String {
         self.inner.names.release_channel(key)
     }

@@ -14,7 +14,7 @@ pub(crate) const MAX_TTL: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// How a lock is released in Redis. Both are owner-checked: neither ever
 /// deletes a key that holds another owner's token.
 #[non_exhaustive]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Release {
     /// `EVALSHA` of `lua/release.lua`: compare and delete in one round trip.
     /// The script is loaded again transparently after `NOSCRIPT` (a
@@ -31,7 +31,7 @@ pub enum Release {
 
 /// How a waiter learns that a held lock may be free.
 #[non_exhaustive]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WaitMode {
     /// Poll Redis with [`Backoff`] between attempts. Every waiting thread
     /// polls on its own; the fallback when pub/sub is unavailable.
@@ -41,7 +41,7 @@ pub enum WaitMode {
     /// * threads of one [`LockClient`](crate::LockClient) waiting for the
     ///   same key queue in FIFO order (after a hold of under 20 µs, a
     ///   newcomer may take a lease handed to a waiter that has not woken up
-    ///   yet, within 100 µs: see [`LockOptions::local_handoff`]), and only
+    ///   yet, within 100 µs: see [`LockExtra::local_handoff`]), and only
     ///   the head of the queue talks to Redis;
     /// * releases publish on a channel derived from the key, and the client's
     ///   one subscriber connection wakes the head, in this process or another;
@@ -54,316 +54,409 @@ pub enum WaitMode {
     Notify,
 }
 
-/// The settings every lock type shares: the lease, the wait and the
-/// spacing of attempts. What [`ReentrantLock`](crate::ReentrantLock),
-/// [`RwLock`](crate::RwLock) and [`RedLock`](crate::RedLock) take; a
-/// [`DistributedLock`](crate::DistributedLock) takes [`LockOptions`], which
-/// adds what only it offers (release method, notify waiting, handoff,
-/// watchdog, fencing, replica acknowledgement).
+/// The settings of one lock type: the core every type shares (public
+/// fields, read as `lock.options().ttl`), and in [`Options::extra`] what
+/// only that type can do. A setting a type cannot honour has no field and
+/// no setter in its options, so it cannot be passed: a [`RwLock`](crate::RwLock)
+/// takes no release method, a [`RedLock`](crate::RedLock) no fencing.
+///
+/// Each lock type has its own alias: [`LockOptions`] ([`DistributedLock`](crate::DistributedLock)),
+/// [`SemaphoreOptions`], [`ReentrantOptions`], [`RwLockOptions`] and
+/// [`RedLockOptions`]. Built with consuming setters (named as the fields),
+/// or by assigning the fields; both are checked when a lock is taken, not
+/// when set.
 ///
 /// ```
 /// use std::time::Duration;
-/// use redmutex::LeaseOptions;
+/// use redmutex::{LockOptions, Release, RwLockOptions};
 ///
-/// let options = LeaseOptions::default()
+/// let options = LockOptions::default()
 ///     .ttl(Duration::from_secs(10))
-///     .wait(Duration::from_secs(2));
-/// # let _ = options;
+///     .wait(Duration::from_secs(2))
+///     .watchdog(true)
+///     .release(Release::Watch);
+/// assert_eq!(options.ttl, Duration::from_secs(10));
+/// assert_eq!(options.extra.release, Release::Watch);
+///
+/// let mut rw = RwLockOptions::default().prefer_readers(true);
+/// rw.wait = Duration::from_millis(500);
+/// # let _ = rw;
 /// ```
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LeaseOptions {
-    pub(crate) ttl: Duration,
-    pub(crate) wait: Duration,
-    pub(crate) backoff: Backoff,
-    pub(crate) key_class: &'static str,
+pub struct Options<X> {
+    /// The lease: how long Redis keeps the lock if its holder never
+    /// releases it (a crash, a partition, a pause). Whole milliseconds;
+    /// between 1 ms and ten years, checked when a lock is taken. Defaults
+    /// to 30 s.
+    pub ttl: Duration,
+    /// How long the blocking acquire (`lock`, `read`, `write`, `acquire`)
+    /// waits for a held lock before it gives up with [`Error::Timeout`].
+    /// Defaults to 10 s.
+    pub wait: Duration,
+    /// How waiting attempts are spaced. Defaults to [`Backoff::default`]:
+    /// 2 ms doubling up to 64 ms, with full jitter.
+    pub backoff: Backoff,
+    /// How waiters learn the lock may be free. Defaults to
+    /// [`WaitMode::Notify`].
+    pub wait_mode: WaitMode,
+    /// Keeps the lease alive while the guard lives: renewed (owner-checked,
+    /// never re-creating an expired lease) every ttl/3, and the guard
+    /// marked lost ([`Lease::is_lost`](crate::Lease::is_lost),
+    /// [`Lease::loss_signal`](crate::Lease::loss_signal)) when a renewal
+    /// finds it gone or taken, or its lease runs out by the local clock
+    /// (send time + ttl − drift) with no successful renewal, whatever the
+    /// renewal call is doing: the holder learns before Redis can give the
+    /// key away. The client's watchdog thread renews the single-server
+    /// types, many leases pipelined per round trip; a [`RedLock`](crate::RedLock)
+    /// guard is renewed on a majority by a thread of its own. Defaults to
+    /// `false`.
+    pub watchdog: bool,
+    /// With the watchdog, stops renewing once the lock has been held this
+    /// long; the lease then runs out and the guard is marked lost.
+    /// Defaults to `None` (renew for as long as the guard lives).
+    pub max_hold: Option<Duration>,
+    /// The `key_class` label of this lock's metrics (the `metrics`
+    /// feature): a name for a group of keys chosen by the caller, such as
+    /// `"reindex"` or `"exports"`. Never the key itself, so the number of
+    /// time series stays what the caller makes it. Defaults to
+    /// `"default"`.
+    pub key_class: &'static str,
+    /// What only this lock type offers ([`LockExtra`], [`SemaphoreExtra`],
+    /// [`ReentrantExtra`], [`RwLockExtra`], [`RedLockExtra`]).
+    pub extra: X,
 }
 
-impl Default for LeaseOptions {
+impl<X: Default> Default for Options<X> {
     fn default() -> Self {
-        LeaseOptions {
+        Options {
             ttl: Duration::from_secs(30),
             wait: Duration::from_secs(10),
             backoff: Backoff::default(),
+            wait_mode: WaitMode::Notify,
+            watchdog: false,
+            max_hold: None,
             key_class: DEFAULT_KEY_CLASS,
+            extra: X::default(),
         }
     }
 }
 
-impl LeaseOptions {
-    /// The lease: how long Redis keeps the lock if its holder never releases
-    /// it (a crash, a partition, a pause). Whole milliseconds; between 1 ms
-    /// and ten years, checked when a lock is taken. Defaults to 30 s.
+impl<X> Options<X> {
+    /// Sets [`Options::ttl`].
     #[must_use]
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
     }
 
-    /// How long the blocking acquire (`lock`, `read`, `write`) waits for a
-    /// held lock before it gives up with [`Error::Timeout`]. Defaults to
-    /// 10 s.
+    /// Sets [`Options::wait`].
     #[must_use]
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = wait;
         self
     }
 
-    /// How waiting attempts are spaced. Defaults to [`Backoff::default`]:
-    /// 2 ms doubling up to 64 ms, with full jitter.
+    /// Sets [`Options::backoff`].
     #[must_use]
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.backoff = backoff;
         self
     }
 
-    /// The `key_class` label of this lock's metrics (the `metrics`
-    /// feature): a name for a group of keys chosen by the caller, such as
-    /// `"reindex"` or `"exports"`. Never the key itself, so the number of
-    /// time series stays what the caller makes it. Defaults to `"default"`.
+    /// Sets [`Options::wait_mode`].
     #[must_use]
-    pub fn key_class(mut self, class: &'static str) -> Self {
-        self.key_class = class;
-        self
-    }
-}
-
-/// The shared part of a [`LockOptions`]: its ttl, wait and backoff. The
-/// options only a [`DistributedLock`](crate::DistributedLock) has are left
-/// behind, on purpose and in plain sight.
-impl From<&LockOptions> for LeaseOptions {
-    fn from(options: &LockOptions) -> LeaseOptions {
-        LeaseOptions {
-            ttl: options.ttl,
-            wait: options.wait,
-            backoff: options.backoff,
-            key_class: options.key_class,
-        }
-    }
-}
-
-/// Settings for a [`Semaphore`](crate::Semaphore): the shared lease
-/// settings, and what a permit offers as a plain lock does (notify
-/// waiting, the watchdog, fencing, replica acknowledgement). No release
-/// method (permits are released by script). A permit given back while a
-/// thread of the same client waits for one goes straight to it, with the
-/// [`SemaphoreOptions::handoff_budget`] (never for fenced or replicated
-/// permits, nor after `set_permits` or `release_permit` on that client).
-///
-/// ```
-/// use std::time::Duration;
-/// use redmutex::SemaphoreOptions;
-///
-/// let options = SemaphoreOptions::default()
-///     .ttl(Duration::from_secs(10))
-///     .watchdog(true)
-///     .fencing(true);
-/// # let _ = options;
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SemaphoreOptions {
-    pub(crate) ttl: Duration,
-    pub(crate) wait: Duration,
-    pub(crate) backoff: Backoff,
-    pub(crate) wait_mode: WaitMode,
-    pub(crate) watchdog: bool,
-    pub(crate) max_hold: Option<Duration>,
-    pub(crate) fencing: bool,
-    pub(crate) min_replicas: Option<(u32, Duration)>,
-    pub(crate) local_handoff: bool,
-    pub(crate) handoff_budget: HandoffBudget,
-    pub(crate) key_class: &'static str,
-}
-
-impl Default for SemaphoreOptions {
-    fn default() -> Self {
-        SemaphoreOptions::from(LeaseOptions::default())
-    }
-}
-
-impl SemaphoreOptions {
-    /// The `key_class` label of this lock's metrics (the `metrics`
-    /// feature): a name for a group of keys chosen by the caller, such as
-    /// `"reindex"` or `"exports"`. Never the key itself, so the number of
-    /// time series stays what the caller makes it. Defaults to `"default"`.
-    #[must_use]
-    pub fn key_class(mut self, class: &'static str) -> Self {
-        self.key_class = class;
+    pub fn wait_mode(mut self, wait_mode: WaitMode) -> Self {
+        self.wait_mode = wait_mode;
         self
     }
 
-    /// Each permit's lease: how long Redis keeps it if its holder never
-    /// gives it back. Whole milliseconds, between 1 ms and ten years,
-    /// checked when a permit is taken. Defaults to 30 s.
-    #[must_use]
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// How long [`Semaphore::acquire`](crate::Semaphore::acquire) waits
-    /// for a permit before it gives up with [`Error::Timeout`]. Defaults
-    /// to 10 s.
-    #[must_use]
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = wait;
-        self
-    }
-
-    /// How waiting attempts are spaced. Defaults to [`Backoff::default`].
-    #[must_use]
-    pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.backoff = backoff;
-        self
-    }
-
-    /// How waiters learn a permit may be free. Defaults to
-    /// [`WaitMode::Notify`].
-    #[must_use]
-    pub fn wait_mode(mut self, mode: WaitMode) -> Self {
-        self.wait_mode = mode;
-        self
-    }
-
-    /// Keeps each permit alive while it is held: the client's watchdog
-    /// renews it every ttl/3 (only while it is still present: an expired
-    /// permit is never re-created), pipelined with the client's other
-    /// renewals, and marks it lost ([`Permit::is_lost`](crate::Lease::is_lost),
-    /// [`Permit::loss_signal`](crate::Lease::loss_signal)) when a renewal
-    /// finds it gone or its lease runs out by the local clock first.
-    /// Defaults to `false`.
+    /// Sets [`Options::watchdog`].
     #[must_use]
     pub fn watchdog(mut self, enabled: bool) -> Self {
         self.watchdog = enabled;
         self
     }
 
-    /// With the watchdog, stops renewing a permit once it has been held
-    /// this long; it then runs out and is marked lost. Defaults to `None`.
+    /// Sets [`Options::max_hold`].
     #[must_use]
     pub fn max_hold(mut self, cap: Option<Duration>) -> Self {
         self.max_hold = cap;
         self
     }
 
-    /// Gives every permit a fencing token
-    /// ([`Permit::fencing_token`](crate::Permit::fencing_token)) from one
-    /// counter in the semaphore's hash slot (`{KEY}:fence`), incremented in
-    /// the acquire script and raised to the server's clock in microseconds
-    /// when below it: strictly increasing across all permits of the key,
-    /// every client and process, and across a failover or restart that
-    /// lost the counter (see [`LockOptions::fencing`](crate::LockOptions::fencing)).
-    /// Defaults to `false`.
+    /// Sets [`Options::key_class`].
     #[must_use]
-    pub fn fencing(mut self, enabled: bool) -> Self {
-        self.fencing = enabled;
+    pub fn key_class(mut self, class: &'static str) -> Self {
+        self.key_class = class;
         self
     }
 
-    /// After each permit is granted, waits (`WAIT n timeout`, on the
-    /// connection that wrote it) until `n` replicas have it; when fewer
-    /// acknowledge in time, gives it back and fails with
-    /// [`Error::NotReplicated`]. `n == 0` turns it off; `timeout` must be
-    /// at least 1 ms and shorter than the client's I/O timeout. As for
-    /// [`LockOptions::min_replicas`], it narrows the failover hazard and
-    /// does not close it. Defaults to `None`.
-    #[must_use]
-    pub fn min_replicas(mut self, n: u32, timeout: Duration) -> Self {
-        self.min_replicas = (n > 0).then_some((n, timeout));
-        self
-    }
-
-    /// Whether a permit given back while a thread of the same client waits
-    /// goes straight to it (same id, no command), in notify mode. Defaults
-    /// to `true`.
-    #[must_use]
-    pub fn local_handoff(mut self, enabled: bool) -> Self {
-        self.local_handoff = enabled;
-        self
-    }
-
-    /// How many times in a row, and for how long after it was granted in
-    /// Redis, one permit may be passed on before it is given back in Redis
-    /// (so waiters in other processes get their turn). Defaults to
-    /// [`HandoffBudget::default`].
-    #[must_use]
-    pub fn handoff_budget(mut self, budget: HandoffBudget) -> Self {
-        self.handoff_budget = budget;
-        self
+    /// These core settings with another lock type's extras: how options
+    /// made for one type serve another, every setting the new type has
+    /// named by the caller (`options.with_extra(SemaphoreExtra::default())`).
+    pub fn with_extra<Y>(&self, extra: Y) -> Options<Y> {
+        Options {
+            ttl: self.ttl,
+            wait: self.wait,
+            backoff: self.backoff,
+            wait_mode: self.wait_mode,
+            watchdog: self.watchdog,
+            max_hold: self.max_hold,
+            key_class: self.key_class,
+            extra,
+        }
     }
 }
 
-/// The shared settings, with everything a permit adds off.
-impl From<LeaseOptions> for SemaphoreOptions {
-    fn from(lease: LeaseOptions) -> SemaphoreOptions {
-        SemaphoreOptions {
-            ttl: lease.ttl,
-            wait: lease.wait,
-            backoff: lease.backoff,
-            wait_mode: WaitMode::Notify,
-            watchdog: false,
-            max_hold: None,
-            fencing: false,
-            min_replicas: None,
+/// A [`DistributedLock`](crate::DistributedLock)'s settings.
+pub type LockOptions = Options<LockExtra>;
+/// A [`Semaphore`](crate::Semaphore)'s settings.
+pub type SemaphoreOptions = Options<SemaphoreExtra>;
+/// A [`ReentrantLock`](crate::ReentrantLock)'s settings.
+pub type ReentrantOptions = Options<ReentrantExtra>;
+/// A [`RwLock`](crate::RwLock)'s settings.
+pub type RwLockOptions = Options<RwLockExtra>;
+/// A [`RedLock`](crate::RedLock)'s settings.
+pub type RedLockOptions = Options<RedLockExtra>;
+
+/// What only a [`DistributedLock`](crate::DistributedLock) has among its
+/// [`LockOptions`]. These are also the client's defaults for the extras
+/// of the other single-server types ([`LockClient::defaults`](crate::LockClient::defaults)).
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LockExtra {
+    /// How guards release the lock in Redis. Defaults to [`Release::Lua`].
+    pub release: Release,
+    /// Whether a releasing holder hands its lease straight to a thread of
+    /// the same [`LockClient`](crate::LockClient) queued for the key, with
+    /// no Redis command and the same token, instead of releasing it in
+    /// Redis. Only in [`WaitMode::Notify`], and only when the outermost
+    /// guard goes. Bounded by [`LockExtra::handoff_budget`], so other
+    /// processes still get their turn. After a hold shorter than a
+    /// thread's wake-up (20 µs), a thread of a handle with handoff on that
+    /// asks for the lock before the woken waiter has run takes the lease
+    /// instead, but only in the first 100 µs after that waiter was handed
+    /// a lease (eventual fairness, as in `parking_lot`): the waiter keeps
+    /// its place, and longer holds keep the queue's strict order. `false`
+    /// turns both off. Defaults to `true`.
+    pub local_handoff: bool,
+    /// How far a run of in-process handoffs may go before a real release
+    /// in Redis, and how fresh a lease must be to be passed on without
+    /// asking Redis. Defaults to [`HandoffBudget::default`].
+    pub handoff_budget: HandoffBudget,
+    /// Issues a fencing token with every acquisition: the acquire script
+    /// increments a counter key in the lock key's hash slot
+    /// (`{KEY}:fence`, or `{TAG}:fence:KEY` for a key with a `{TAG}`), in
+    /// the same script as the `SET NX`, and
+    /// [`Lease::fencing_token`](crate::Lease::fencing_token) returns it:
+    /// strictly increasing for the key across all clients and processes.
+    /// Every token is at least the server's clock in microseconds (`TIME`;
+    /// the counter is raised to it and stored back), so a promoted replica
+    /// or a restarted server whose counter lost its last increments still
+    /// issues larger tokens than before, unless its clock is behind the old
+    /// server's by more than the failover or restart took. Tokens are about
+    /// 1.8 × 10^15 (below 2^53): compare them, do not count on their gaps.
+    /// A fenced lease is never handed off between threads, since each
+    /// holder must carry its own number. Defaults to `false`.
+    pub fencing: bool,
+    /// After each acquisition in Redis, waits (`WAIT n timeout`, on the
+    /// connection that wrote the key) until `n` replicas have the key; when
+    /// fewer acknowledge in time, releases it again and fails with
+    /// [`Error::NotReplicated`], so a holder never believes in a lock that
+    /// a failover to a replica would lose. Costs one more round trip (plus
+    /// the replicas' delay) per acquisition. It narrows the failover
+    /// hazard, it does not close it: Redis replication stays asynchronous,
+    /// and a replica that acknowledged can still lose the key if it
+    /// restarts without persistence. The timeout must be at least 1 ms and
+    /// shorter than the client's I/O timeout
+    /// ([`LockClient::timeout`](crate::LockClient::timeout)); other values
+    /// make acquisitions fail with [`Error::InvalidArgument`] before
+    /// anything is sent. If `WAIT` fails, the key is released again.
+    /// Defaults to `None`.
+    pub min_replicas: Option<(u32, Duration)>,
+}
+
+impl Default for LockExtra {
+    fn default() -> Self {
+        LockExtra {
+            release: Release::Lua,
             local_handoff: true,
             handoff_budget: HandoffBudget::default(),
-            key_class: lease.key_class,
+            fencing: false,
+            min_replicas: None,
         }
     }
 }
 
-/// Everything of a [`LockOptions`] a permit offers too (all but the release
-/// method): a client's defaults apply to its
-/// semaphores as to its locks.
-impl From<&LockOptions> for SemaphoreOptions {
-    fn from(options: &LockOptions) -> SemaphoreOptions {
-        SemaphoreOptions {
-            ttl: options.ttl,
-            wait: options.wait,
-            backoff: options.backoff,
-            wait_mode: options.wait_mode,
-            watchdog: options.watchdog,
-            max_hold: options.max_hold,
-            fencing: options.fencing,
-            min_replicas: options.min_replicas,
-            local_handoff: options.local_handoff,
-            handoff_budget: options.handoff_budget,
-            key_class: options.key_class,
+/// What only a [`Semaphore`](crate::Semaphore) has among its
+/// [`SemaphoreOptions`]: as [`LockExtra`], without a release method
+/// (permits are released by script). A permit given back while a thread
+/// of the same client waits for one goes straight to it, within the
+/// handoff budget (never for fenced or replicated permits, nor after
+/// `set_permits` or `release_permit` on that client).
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SemaphoreExtra {
+    /// As [`LockExtra::local_handoff`], for permits. Defaults to `true`.
+    pub local_handoff: bool,
+    /// As [`LockExtra::handoff_budget`], for permits. Defaults to
+    /// [`HandoffBudget::default`].
+    pub handoff_budget: HandoffBudget,
+    /// A fencing token for every permit, from the counter
+    /// [`LockExtra::fencing`] describes (the semaphore key's):
+    /// strictly increasing across all permits of the key. Defaults to
+    /// `false`.
+    pub fencing: bool,
+    /// As [`LockExtra::min_replicas`], for each permit granted (a permit
+    /// fewer replicas acknowledge is given back). Defaults to `None`.
+    pub min_replicas: Option<(u32, Duration)>,
+}
+
+impl Default for SemaphoreExtra {
+    fn default() -> Self {
+        SemaphoreExtra {
+            local_handoff: true,
+            handoff_budget: HandoffBudget::default(),
+            fencing: false,
+            min_replicas: None,
         }
     }
 }
 
-/// Settings for a [`DistributedLock`](crate::DistributedLock).
-///
-/// Built with consuming setters:
-///
-/// ```
-/// use std::time::Duration;
-/// use redmutex::{LockOptions, Release};
-///
-/// let options = LockOptions::default()
-///     .ttl(Duration::from_secs(10))
-///     .wait(Duration::from_secs(2))
-///     .release(Release::Watch);
-/// # let _ = options;
-/// ```
-///
-/// The lock made with them reads them back
-/// ([`DistributedLock::ttl`](crate::DistributedLock::ttl) and the other
-/// getters).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LockOptions {
-    pub(crate) ttl: Duration,
-    pub(crate) wait: Duration,
-    pub(crate) backoff: Backoff,
-    pub(crate) release: Release,
-    pub(crate) wait_mode: WaitMode,
-    pub(crate) local_handoff: bool,
-    pub(crate) handoff_budget: HandoffBudget,
-    pub(crate) watchdog: bool,
-    pub(crate) max_hold: Option<Duration>,
-    pub(crate) fencing: bool,
-    pub(crate) min_replicas: Option<(u32, Duration)>,
-    pub(crate) key_class: &'static str,
+/// What only a [`ReentrantLock`](crate::ReentrantLock) has among its
+/// [`ReentrantOptions`].
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReentrantExtra {}
+
+/// What only a [`RwLock`](crate::RwLock) has among its [`RwLockOptions`].
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RwLockExtra {
+    /// Lets new readers in even while writers wait (writers may then wait
+    /// as long as readers keep overlapping). Defaults to `false`: writer
+    /// preference.
+    pub prefer_readers: bool,
+}
+
+/// What only a [`RedLock`](crate::RedLock) has among its
+/// [`RedLockOptions`].
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RedLockExtra {
+    /// How long each node may take to answer one request. Defaults to
+    /// `None`: 5 % of the ttl (never more than the ttl).
+    pub node_timeout: Option<Duration>,
+}
+
+impl LockOptions {
+    /// Sets [`LockExtra::release`].
+    #[must_use]
+    pub fn release(mut self, release: Release) -> Self {
+        self.extra.release = release;
+        self
+    }
+
+    /// Sets [`LockExtra::local_handoff`].
+    #[must_use]
+    pub fn local_handoff(mut self, enabled: bool) -> Self {
+        self.extra.local_handoff = enabled;
+        self
+    }
+
+    /// Sets [`LockExtra::handoff_budget`].
+    #[must_use]
+    pub fn handoff_budget(mut self, budget: HandoffBudget) -> Self {
+        self.extra.handoff_budget = budget;
+        self
+    }
+
+    /// Sets [`LockExtra::fencing`].
+    #[must_use]
+    pub fn fencing(mut self, enabled: bool) -> Self {
+        self.extra.fencing = enabled;
+        self
+    }
+
+    /// Sets [`LockExtra::min_replicas`]: `n` replicas within `timeout`;
+    /// `n == 0` turns it off.
+    #[must_use]
+    pub fn min_replicas(mut self, n: u32, timeout: Duration) -> Self {
+        self.extra.min_replicas = (n > 0).then_some((n, timeout));
+        self
+    }
+}
+
+/// What a client's defaults ([`LockClient::defaults`](crate::LockClient::defaults))
+/// give each single-server type's `new`: the core, and the extras that
+/// type has.
+impl LockOptions {
+    pub(crate) fn for_semaphore(&self) -> SemaphoreOptions {
+        self.with_extra(SemaphoreExtra {
+            local_handoff: self.extra.local_handoff,
+            handoff_budget: self.extra.handoff_budget,
+            fencing: self.extra.fencing,
+            min_replicas: self.extra.min_replicas,
+        })
+    }
+
+    pub(crate) fn for_reentrant(&self) -> ReentrantOptions {
+        self.with_extra(ReentrantExtra {})
+    }
+
+    pub(crate) fn for_rwlock(&self) -> RwLockOptions {
+        self.with_extra(RwLockExtra::default())
+    }
+}
+
+impl SemaphoreOptions {
+    /// Sets [`SemaphoreExtra::local_handoff`].
+    #[must_use]
+    pub fn local_handoff(mut self, enabled: bool) -> Self {
+        self.extra.local_handoff = enabled;
+        self
+    }
+
+    /// Sets [`SemaphoreExtra::handoff_budget`].
+    #[must_use]
+    pub fn handoff_budget(mut self, budget: HandoffBudget) -> Self {
+        self.extra.handoff_budget = budget;
+        self
+    }
+
+    /// Sets [`SemaphoreExtra::fencing`].
+    #[must_use]
+    pub fn fencing(mut self, enabled: bool) -> Self {
+        self.extra.fencing = enabled;
+        self
+    }
+
+    /// Sets [`SemaphoreExtra::min_replicas`]: `n` replicas within
+    /// `timeout`; `n == 0` turns it off.
+    #[must_use]
+    pub fn min_replicas(mut self, n: u32, timeout: Duration) -> Self {
+        self.extra.min_replicas = (n > 0).then_some((n, timeout));
+        self
+    }
+}
+
+impl RwLockOptions {
+    /// Sets [`RwLockExtra::prefer_readers`].
+    #[must_use]
+    pub fn prefer_readers(mut self, prefer: bool) -> Self {
+        self.extra.prefer_readers = prefer;
+        self
+    }
+}
+
+impl RedLockOptions {
+    /// Sets [`RedLockExtra::node_timeout`].
+    #[must_use]
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.extra.node_timeout = Some(timeout);
+        self
+    }
 }
 
 /// The metrics label of locks whose options name no key class.
@@ -436,188 +529,7 @@ impl Default for HandoffBudget {
     }
 }
 
-impl Default for LockOptions {
-    fn default() -> Self {
-        LockOptions {
-            ttl: Duration::from_secs(30),
-            wait: Duration::from_secs(10),
-            backoff: Backoff::default(),
-            release: Release::Lua,
-            wait_mode: WaitMode::Notify,
-            local_handoff: true,
-            handoff_budget: HandoffBudget::default(),
-            watchdog: false,
-            max_hold: None,
-            fencing: false,
-            min_replicas: None,
-            key_class: DEFAULT_KEY_CLASS,
-        }
-    }
-}
-
-impl LockOptions {
-    /// The `key_class` label of this lock's metrics (the `metrics`
-    /// feature): a name for a group of keys chosen by the caller, such as
-    /// `"reindex"` or `"exports"`. Never the key itself, so the number of
-    /// time series stays what the caller makes it. Defaults to `"default"`.
-    #[must_use]
-    pub fn key_class(mut self, class: &'static str) -> Self {
-        self.key_class = class;
-        self
-    }
-
-    /// The lease: how long Redis keeps the lock if its holder never releases
-    /// it (a crash, a partition, a pause). Whole milliseconds; between 1 ms
-    /// and ten years, checked when a lock is taken. Defaults to 30 s.
-    #[must_use]
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// How long [`DistributedLock::lock`](crate::DistributedLock::lock) waits
-    /// for a held lock before it gives up with [`Error::Timeout`]. Defaults
-    /// to 10 s.
-    #[must_use]
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = wait;
-        self
-    }
-
-    /// How waiting attempts are spaced. Defaults to [`Backoff::default`]:
-    /// 2 ms doubling up to 64 ms, with full jitter.
-    #[must_use]
-    pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.backoff = backoff;
-        self
-    }
-
-    /// How guards of this lock release it in Redis. Defaults to
-    /// [`Release::Lua`].
-    #[must_use]
-    pub fn release(mut self, release: Release) -> Self {
-        self.release = release;
-        self
-    }
-
-    /// How waiters learn the lock may be free. Defaults to
-    /// [`WaitMode::Notify`].
-    #[must_use]
-    pub fn wait_mode(mut self, wait_mode: WaitMode) -> Self {
-        self.wait_mode = wait_mode;
-        self
-    }
-
-    /// Whether a releasing holder hands its lease straight to a thread of the
-    /// same [`LockClient`](crate::LockClient) queued for the key, with no
-    /// Redis command and the same token, instead of releasing it in Redis.
-    /// Only in [`WaitMode::Notify`], and only when the outermost guard goes.
-    /// Bounded by [`LockOptions::handoff_budget`], so other processes still
-    /// get their turn. After a hold shorter than a thread's wake-up (20 µs),
-    /// a thread of a handle with handoff on that asks for the lock before
-    /// the woken waiter has run takes the lease instead, but only in the
-    /// first 100 µs after that waiter was handed a lease (eventual
-    /// fairness, as in `parking_lot`): the waiter keeps its place, and
-    /// longer holds keep the queue's strict order. `false` turns both off.
-    /// Defaults to `true`.
-    #[must_use]
-    pub fn local_handoff(mut self, enabled: bool) -> Self {
-        self.local_handoff = enabled;
-        self
-    }
-
-    /// Ends a run of in-process handoffs with a real release in Redis after
-    /// `max_handoffs` consecutive handoffs or `max_time` since the lease was
-    /// acquired in Redis, whichever comes first. Defaults to 256 handoffs or
-    /// 10 ms. A budget of 0 handoffs disables handoff like
-    /// `local_handoff(false)`.
-    #[must_use]
-    pub fn handoff_budget(mut self, max_handoffs: u32, max_time: Duration) -> Self {
-        self.handoff_budget.max_handoffs = max_handoffs;
-        self.handoff_budget.max_time = max_time;
-        self
-    }
-
-    /// How long ago Redis may last have confirmed a lease for a queued
-    /// thread to take it over without asking Redis again
-    /// ([`HandoffBudget::max_age`]): a thread handed an older one
-    /// confirms it first. `Duration::ZERO` confirms every handoff.
-    /// Defaults to 1 ms.
-    #[must_use]
-    pub fn handoff_max_age(mut self, max_age: Duration) -> Self {
-        self.handoff_budget.max_age = max_age;
-        self
-    }
-
-    /// Keeps the lease alive while the guard lives: the client's watchdog
-    /// thread renews it (owner-checked) every ttl/3, many held locks
-    /// pipelined per round trip, and stops the moment the guard is released.
-    /// When a renewal finds the key gone or taken, or the lease's local
-    /// expiry (send time + ttl − drift) passes with no successful renewal
-    /// (whatever the renewal call is doing: the holder learns before Redis
-    /// can give the key away), the guard is marked lost
-    /// ([`LockGuard::is_lost`](crate::Lease::is_lost),
-    /// [`LockGuard::loss_signal`](crate::Lease::loss_signal)). Defaults
-    /// to `false`.
-    #[must_use]
-    pub fn watchdog(mut self, enabled: bool) -> Self {
-        self.watchdog = enabled;
-        self
-    }
-
-    /// With the watchdog, stops renewing once the lock has been held this
-    /// long; the lease then runs out and the guard is marked lost. Defaults
-    /// to `None` (renew for as long as the guard lives).
-    #[must_use]
-    pub fn max_hold(mut self, cap: Option<Duration>) -> Self {
-        self.max_hold = cap;
-        self
-    }
-
-    /// Issues a fencing token with every acquisition: the acquire script
-    /// increments a counter key in the lock key's hash slot
-    /// (`{KEY}:fence`, or `{TAG}:fence:KEY` for a key with a `{TAG}`), in
-    /// the same script as the `SET NX`, and
-    /// [`LockGuard::fencing_token`](crate::LockGuard::fencing_token) returns
-    /// it: strictly increasing for the key across all clients and processes.
-    /// Every token is at least the server's clock in microseconds (`TIME`;
-    /// the counter is raised to it and stored back), so a promoted replica
-    /// or a restarted server whose counter lost its last increments still
-    /// issues larger tokens than before, unless its clock is behind the old
-    /// server's by more than the failover or restart took. Tokens are about
-    /// 1.8 × 10^15 (below 2^53): compare them, do not count on their gaps.
-    /// A fenced lease is never handed off between threads, since each
-    /// holder must carry its own number. Defaults to `false`.
-    #[must_use]
-    pub fn fencing(mut self, enabled: bool) -> Self {
-        self.fencing = enabled;
-        self
-    }
-
-    /// After each acquisition in Redis, waits (`WAIT n timeout`, on the
-    /// connection that wrote the key) until `n` replicas have the key; when
-    /// fewer acknowledge in time, releases it again and fails with
-    /// [`Error::NotReplicated`], so a holder never believes in a lock that a
-    /// failover to a replica would lose. Costs one more round trip (plus the
-    /// replicas' delay) per acquisition. `n == 0` turns it off. Defaults to
-    /// `None`.
-    ///
-    /// It narrows the failover hazard, it does not close it: Redis
-    /// replication stays asynchronous, and a replica that acknowledged can
-    /// still lose the key if it restarts without persistence.
-    ///
-    /// `timeout` must be at least 1 ms and shorter than the client's I/O
-    /// timeout ([`LockClient::timeout`](crate::LockClient::timeout)); other
-    /// values make acquisitions fail with [`Error::InvalidArgument`] before
-    /// anything is sent. If `WAIT` fails, the key is released again.
-    #[must_use]
-    pub fn min_replicas(mut self, n: u32, timeout: Duration) -> Self {
-        self.min_replicas = (n > 0).then_some((n, timeout));
-        self
-    }
-}
-
-/// Checks [`LockOptions::min_replicas`]: a timeout of at least 1 ms (`WAIT
+/// Checks [`LockExtra::min_replicas`]: a timeout of at least 1 ms (`WAIT
 /// n 0` would block for ever) and shorter than the connection's I/O
 /// timeout (a longer `WAIT` would time out the read and leave the key set
 /// with nobody told).
@@ -660,7 +572,7 @@ mod tests {
     #[test]
     fn min_replicas_timeouts_are_checked() {
         let io = Duration::from_secs(2);
-        let with = |t| LockOptions::default().min_replicas(1, t).min_replicas;
+        let with = |t| LockOptions::default().min_replicas(1, t).extra.min_replicas;
         assert!(check_min_replicas(None, io).is_ok());
         assert!(check_min_replicas(with(Duration::from_millis(500)), io).is_ok());
         for bad in [
@@ -675,6 +587,7 @@ mod tests {
             check_min_replicas(
                 LockOptions::default()
                     .min_replicas(0, Duration::ZERO)
+                    .extra
                     .min_replicas,
                 io
             )

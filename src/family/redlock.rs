@@ -14,7 +14,7 @@ use std::convert::Infallible;
 
 use crate::client::LockClient;
 use crate::client::holder::Redacted;
-use crate::client::options::{Backoff, LeaseOptions, Release, ttl_millis};
+use crate::client::options::{RedLockOptions, Release, WaitMode, ttl_millis};
 use crate::client::release;
 use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
@@ -71,8 +71,7 @@ use crate::wait::queue::{Feed, Queues, Waker};
 pub struct RedLock {
     nodes: Arc<Nodes>,
     key: String,
-    options: LeaseOptions,
-    node_timeout: Option<Duration>,
+    options: RedLockOptions,
     /// The first node's client: a RedLock's stats are kept there.
     meter: LockClient,
 }
@@ -501,7 +500,7 @@ impl RedLock {
     ///
     /// [`Error::InvalidArgument`] without any node.
     pub fn new(nodes: Vec<LockClient>, key: impl Into<String>) -> Result<RedLock, Error> {
-        RedLock::with_options(nodes, key, LeaseOptions::default())
+        RedLock::with_options(nodes, key, RedLockOptions::default())
     }
 
     /// A RedLock with the given options.
@@ -513,7 +512,7 @@ impl RedLock {
     pub fn with_options(
         nodes: Vec<LockClient>,
         key: impl Into<String>,
-        options: LeaseOptions,
+        options: RedLockOptions,
     ) -> Result<RedLock, Error> {
         if nodes.is_empty() {
             return Err(Error::InvalidArgument(
@@ -534,48 +533,31 @@ impl RedLock {
             nodes: Arc::new(Nodes::start(nodes)),
             key,
             options,
-            node_timeout: None,
             meter,
         })
     }
 
-    /// How long each node may take to answer. Defaults to 5 % of the ttl;
-    /// never more than the ttl.
-    #[must_use]
-    pub fn with_node_timeout(mut self, timeout: Duration) -> RedLock {
-        self.node_timeout = Some(timeout);
-        self
+    /// The options it is taken with (read as `lock.options().ttl`,
+    /// `lock.options().extra.node_timeout`).
+    pub fn options(&self) -> &RedLockOptions {
+        &self.options
     }
 
-    /// How long each node may take to answer
-    /// ([`RedLock::with_node_timeout`]; 5 % of the ttl by default).
+    /// How long each node may take to answer: the options'
+    /// [`RedLockExtra::node_timeout`](crate::RedLockExtra::node_timeout),
+    /// or 5 % of the ttl; never more than the ttl.
     pub fn node_timeout(&self) -> Duration {
         self.node_timeout_within(self.options.ttl)
     }
 
     fn node_timeout_within(&self, ttl: Duration) -> Duration {
-        self.node_timeout.unwrap_or(ttl / 20).min(ttl)
+        self.options.extra.node_timeout.unwrap_or(ttl / 20).min(ttl)
     }
 
     /// The lock key as it is in Redis (the same on every node), the nodes'
     /// key prefix included.
     pub fn key(&self) -> &str {
         &self.key
-    }
-
-    /// The lease length ([`LeaseOptions::ttl`]).
-    pub fn ttl(&self) -> Duration {
-        self.options.ttl
-    }
-
-    /// How long the blocking acquire waits ([`LeaseOptions::wait`]).
-    pub fn wait(&self) -> Duration {
-        self.options.wait
-    }
-
-    /// How waiting attempts are spaced ([`LeaseOptions::backoff`]).
-    pub fn backoff(&self) -> Backoff {
-        self.options.backoff
     }
 
     /// How many nodes must grant: N/2 + 1.
@@ -686,6 +668,9 @@ impl RedLock {
         &'a self,
         subscribe: &'a dyn Fn(Waker) -> Option<Box<dyn Feed>>,
     ) -> Waiting<'a, Infallible> {
+        if self.options.wait_mode == WaitMode::Spin {
+            return Waiting::Spin;
+        }
         Waiting::Queued(Queued {
             queues: &self.nodes.queues,
             key: &self.key,
@@ -1076,6 +1061,10 @@ impl crate::lease::Lease for RedLockGuard {
         }
     }
 
+    fn fencing_token(&self) -> Option<u64> {
+        None
+    }
+
     /// Asks every node (in parallel, each at most the node timeout, never a
     /// node known down) whether it holds our token, and answers from the
     /// definition of holding a RedLock: `true` when a majority holds it,
@@ -1455,11 +1444,16 @@ mod tests {
     #[test]
     fn the_node_timeout_is_5_percent_of_the_ttl_by_default() {
         let node = || LockClient::open("redis://127.0.0.1:1/").expect("client");
-        let options = LeaseOptions::default().ttl(Duration::from_secs(10));
+        let options = RedLockOptions::default().ttl(Duration::from_secs(10));
         let lock =
             RedLock::with_options(vec![node(), node(), node()], "k", options).expect("redlock");
         assert_eq!(lock.node_timeout(), Duration::from_millis(500));
-        let lock = lock.with_node_timeout(Duration::from_secs(60));
+        let lock = RedLock::with_options(
+            vec![node(), node(), node()],
+            "k",
+            options.node_timeout(Duration::from_secs(60)),
+        )
+        .expect("redlock");
         assert_eq!(
             lock.node_timeout(),
             Duration::from_secs(10),
@@ -1468,7 +1462,7 @@ mod tests {
         let lock = RedLock::with_options(
             vec![node(), node(), node()],
             "k",
-            LeaseOptions::default().ttl(Duration::from_millis(200)),
+            RedLockOptions::default().ttl(Duration::from_millis(200)),
         )
         .expect("redlock");
         assert_eq!(lock.node_timeout(), Duration::from_millis(10));

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
-use crate::client::options::{Backoff, LeaseOptions, WaitMode, ttl_millis};
+use crate::client::options::{ReentrantOptions, WaitMode, ttl_millis};
 use crate::client::release;
 use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
@@ -221,33 +221,27 @@ pub struct ReentrantLock {
     client: LockClient,
     local: Arc<Local>,
     key: String,
-    options: LeaseOptions,
-    wait_mode: WaitMode,
+    options: ReentrantOptions,
 }
 
 impl ReentrantLock {
-    /// A reentrant lock on `key` with the ttl, wait and backoff of the
-    /// client's default options.
+    /// A reentrant lock on `key` with the client's default options (their
+    /// core: [`Options`](crate::Options)).
     pub fn new(client: &LockClient, key: impl Into<String>) -> ReentrantLock {
-        let defaults = client.defaults();
-        ReentrantLock {
-            wait_mode: defaults.wait_mode,
-            ..ReentrantLock::with_options(client, key, LeaseOptions::from(defaults))
-        }
+        ReentrantLock::with_options(client, key, client.defaults().for_reentrant())
     }
 
     /// A reentrant lock on `key` with the given options.
     pub fn with_options(
         client: &LockClient,
         key: impl Into<String>,
-        options: LeaseOptions,
+        options: ReentrantOptions,
     ) -> ReentrantLock {
         ReentrantLock {
             client: client.clone(),
             local: client.local::<Local>(),
             key: client.names().own_key(key.into()),
             options,
-            wait_mode: WaitMode::Notify,
         }
     }
 
@@ -255,6 +249,11 @@ impl ReentrantLock {
     /// included.
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// The options it is taken with (read as `lock.options().ttl`).
+    pub fn options(&self) -> &ReentrantOptions {
+        &self.options
     }
 
     /// Who holds the key now, by the server's clock, read in one step
@@ -277,21 +276,6 @@ impl ReentrantLock {
             ));
         }
         self.client.status_of(&self.key)
-    }
-
-    /// The lease length ([`LeaseOptions::ttl`]).
-    pub fn ttl(&self) -> Duration {
-        self.options.ttl
-    }
-
-    /// How long the blocking acquire waits ([`LeaseOptions::wait`]).
-    pub fn wait(&self) -> Duration {
-        self.options.wait
-    }
-
-    /// How waiting attempts are spaced ([`LeaseOptions::backoff`]).
-    pub fn backoff(&self) -> Backoff {
-        self.options.backoff
     }
 
     /// Acquires, waiting up to the options' `wait`.
@@ -374,7 +358,7 @@ impl ReentrantLock {
                 .subscribe(&self.client.release_channel(&self.key), waker)
         };
         let nothing = |never: Infallible| match never {};
-        let waiting = match self.wait_mode {
+        let waiting = match self.options.wait_mode {
             WaitMode::Spin => Waiting::Spin,
             WaitMode::Notify => Waiting::Queued(Queued {
                 queues: &self.local.queues,
@@ -629,6 +613,10 @@ impl crate::lease::Lease for ReentrantGuard {
         LossSignal {
             state: self.loss.clone(),
         }
+    }
+
+    fn fencing_token(&self) -> Option<u64> {
+        None
     }
 
     /// Asks Redis whether this owner still holds the lock.

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
 use crate::client::holder::Redacted;
-use crate::client::options::{Backoff, LeaseOptions, MAX_TTL, WaitMode, ttl_millis};
+use crate::client::options::{MAX_TTL, RwLockOptions, WaitMode, ttl_millis};
 use crate::client::release;
 use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
@@ -44,7 +44,7 @@ impl std::fmt::Debug for Local {
 ///
 /// **Writer preference** by default: once a writer waits, new readers wait
 /// too, so a stream of overlapping readers cannot starve writers;
-/// [`RwLock::with_prefer_readers`] lets readers in regardless. Releases publish
+/// [`RwLockExtra::prefer_readers`](crate::RwLockExtra::prefer_readers) lets readers in regardless. Releases publish
 /// on the key's release channel; in [`WaitMode::Notify`] (the default)
 /// waiting threads of a client queue up and the head sleeps until a release
 /// message, never longer than the earliest holder deadline or a backoff
@@ -71,9 +71,7 @@ pub struct RwLock {
     client: LockClient,
     local: Arc<Local>,
     key: String,
-    options: LeaseOptions,
-    wait_mode: WaitMode,
-    prefer_readers: bool,
+    options: RwLockOptions,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,75 +90,32 @@ impl Mode {
 }
 
 impl RwLock {
-    /// A read-write lock on `key` with the ttl, wait, backoff and wait mode
-    /// of the client's default options.
+    /// A read-write lock on `key` with the client's default options (their
+    /// core: [`Options`](crate::Options)), writers preferred.
     pub fn new(client: &LockClient, key: impl Into<String>) -> RwLock {
-        let defaults = client.defaults();
-        RwLock::with_options(client, key, LeaseOptions::from(defaults))
-            .with_wait_mode(defaults.wait_mode)
+        RwLock::with_options(client, key, client.defaults().for_rwlock())
     }
 
-    /// A read-write lock on `key` with the given options, waiting in
-    /// [`WaitMode::Notify`] (see [`RwLock::with_wait_mode`]).
+    /// A read-write lock on `key` with the given options. With
+    /// [`WaitMode::Notify`], readers and writers of one client wait in one
+    /// queue per key, and the head is woken by release messages.
     pub fn with_options(
         client: &LockClient,
         key: impl Into<String>,
-        options: LeaseOptions,
+        options: RwLockOptions,
     ) -> RwLock {
         RwLock {
             client: client.clone(),
             local: client.local::<Local>(),
             key: client.names().own_key(key.into()),
             options,
-            wait_mode: WaitMode::Notify,
-            prefer_readers: false,
         }
     }
 
-    /// How waiters learn the lock may be free: [`WaitMode::Notify`] queues
-    /// them locally and wakes the head on release messages (readers and
-    /// writers of one client wait in one queue per key);
-    /// [`WaitMode::Spin`] has each poll with backoff. Defaults to
-    /// [`WaitMode::Notify`] (with [`RwLock::new`], the client's default).
-    #[must_use]
-    pub fn with_wait_mode(mut self, mode: WaitMode) -> RwLock {
-        self.wait_mode = mode;
-        self
-    }
-
-    /// How waiters learn the lock may be free ([`RwLock::with_wait_mode`]).
-    pub fn wait_mode(&self) -> WaitMode {
-        self.wait_mode
-    }
-
-    /// The lease length ([`LeaseOptions::ttl`]).
-    pub fn ttl(&self) -> Duration {
-        self.options.ttl
-    }
-
-    /// How long the blocking acquire waits ([`LeaseOptions::wait`]).
-    pub fn wait(&self) -> Duration {
-        self.options.wait
-    }
-
-    /// How waiting attempts are spaced ([`LeaseOptions::backoff`]).
-    pub fn backoff(&self) -> Backoff {
-        self.options.backoff
-    }
-
-    /// Whether new readers get in while writers wait
-    /// ([`RwLock::with_prefer_readers`]).
-    pub fn prefers_readers(&self) -> bool {
-        self.prefer_readers
-    }
-
-    /// Lets new readers in even while writers wait (writers may then wait
-    /// as long as readers keep overlapping). Defaults to `false`: writer
-    /// preference.
-    #[must_use]
-    pub fn with_prefer_readers(mut self, prefer: bool) -> RwLock {
-        self.prefer_readers = prefer;
-        self
+    /// The options it is taken with (read as `lock.options().ttl`,
+    /// `lock.options().extra.prefer_readers`).
+    pub fn options(&self) -> &RwLockOptions {
+        &self.options
     }
 
     /// The lock key (a hash) as it is in Redis, the client's key prefix
@@ -254,7 +209,7 @@ impl RwLock {
     }
 
     /// Attempts the write lock until `wait` has passed; while it waits, new
-    /// readers wait too (unless [`RwLock::with_prefer_readers`]).
+    /// readers wait too (unless [`RwLockExtra::prefer_readers`](crate::RwLockExtra::prefer_readers)).
     ///
     /// # Errors
     ///
@@ -266,7 +221,7 @@ impl RwLock {
 
     /// Attempts the write lock until `deadline` (at least one attempt, even
     /// with a deadline already past); while it waits, new readers wait too
-    /// (unless [`RwLock::with_prefer_readers`]).
+    /// (unless [`RwLockExtra::prefer_readers`](crate::RwLockExtra::prefer_readers)).
     ///
     /// # Errors
     ///
@@ -316,7 +271,7 @@ impl RwLock {
         // between attempts, so a writer that gives up or dies stops holding
         // readers back soon.
         let fourth = match mode {
-            Mode::Read => u64::from(self.prefer_readers),
+            Mode::Read => u64::from(self.options.extra.prefer_readers),
             Mode::Write => u64::try_from(
                 self.options
                     .backoff
@@ -348,7 +303,7 @@ impl RwLock {
                 .subscribe(&self.client.release_channel(&self.key), waker)
         };
         let nothing = |never: Infallible| match never {};
-        let waiting = match self.wait_mode {
+        let waiting = match self.options.wait_mode {
             WaitMode::Spin => Waiting::Spin,
             WaitMode::Notify => Waiting::Queued(Queued {
                 queues: &self.local.queues,
@@ -601,6 +556,10 @@ impl crate::lease::Lease for RwGuard {
         LossSignal {
             state: self.loss.clone(),
         }
+    }
+
+    fn fencing_token(&self) -> Option<u64> {
+        None
     }
 
     /// Whether Redis still has this hold (this reader's field, or this

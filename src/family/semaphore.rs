@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use crate::client::LockClient;
 use crate::client::holder::{Holder, Redacted};
 use crate::client::options::{
-    Backoff, HandoffBudget, SemaphoreOptions, WaitMode, check_min_replicas, ttl_millis,
+    HandoffBudget, SemaphoreOptions, WaitMode, check_min_replicas, ttl_millis,
 };
 use crate::client::release::{Pass, Waited};
 use crate::client::{release, replicas};
@@ -113,24 +113,17 @@ impl std::fmt::Debug for Semaphore {
 
 impl Semaphore {
     /// A semaphore of `permits` on `key`, with what applies to permits of
-    /// the client's default options (all but the release method and the
-    /// handoff settings).
+    /// the client's default options (all but the release method).
     pub fn new(client: &LockClient, key: impl Into<String>, permits: u32) -> Semaphore {
-        Semaphore::with_options(
-            client,
-            key,
-            permits,
-            SemaphoreOptions::from(client.defaults()),
-        )
+        Semaphore::with_options(client, key, permits, client.defaults().for_semaphore())
     }
 
-    /// A semaphore of `permits` on `key` with the given options
-    /// ([`SemaphoreOptions`], or the shared [`LeaseOptions`](crate::LeaseOptions)).
+    /// A semaphore of `permits` on `key` with the given options.
     pub fn with_options(
         client: &LockClient,
         key: impl Into<String>,
         permits: u32,
-        options: impl Into<SemaphoreOptions>,
+        options: SemaphoreOptions,
     ) -> Semaphore {
         let key: Arc<str> = client.names().own_key(key.into()).into();
         Semaphore {
@@ -140,35 +133,8 @@ impl Semaphore {
             queue_key: queue_key(&key).into(),
             key,
             permits,
-            options: options.into(),
+            options,
         }
-    }
-
-    /// How waiters learn a permit may be free.
-    pub fn wait_mode(&self) -> WaitMode {
-        self.options.wait_mode
-    }
-
-    /// Whether the watchdog renews permits ([`SemaphoreOptions::watchdog`]).
-    pub fn watchdog(&self) -> bool {
-        self.options.watchdog
-    }
-
-    /// The cap on how long a watched permit is renewed
-    /// ([`SemaphoreOptions::max_hold`]).
-    pub fn max_hold(&self) -> Option<Duration> {
-        self.options.max_hold
-    }
-
-    /// Whether permits carry fencing tokens ([`SemaphoreOptions::fencing`]).
-    pub fn fencing(&self) -> bool {
-        self.options.fencing
-    }
-
-    /// The replica acknowledgement asked of each permit
-    /// ([`SemaphoreOptions::min_replicas`]).
-    pub fn min_replicas(&self) -> Option<(u32, Duration)> {
-        self.options.min_replicas
     }
 
     /// The key as it is in Redis, the client's key prefix included.
@@ -176,24 +142,15 @@ impl Semaphore {
         &self.key
     }
 
+    /// The options its permits are taken with (read as
+    /// `semaphore.options().ttl`, `semaphore.options().extra.fencing`).
+    pub fn options(&self) -> &SemaphoreOptions {
+        &self.options
+    }
+
     /// The number of permits this semaphore was opened with.
     pub fn permits(&self) -> u32 {
         self.permits
-    }
-
-    /// The lease length of each permit.
-    pub fn ttl(&self) -> Duration {
-        self.options.ttl
-    }
-
-    /// How long [`Semaphore::acquire`] waits.
-    pub fn wait(&self) -> Duration {
-        self.options.wait
-    }
-
-    /// How waiting attempts are spaced.
-    pub fn backoff(&self) -> Backoff {
-        self.options.backoff
     }
 
     /// Makes `permits` the semaphore's limit in Redis (and this handle's),
@@ -339,10 +296,10 @@ impl Semaphore {
     /// or its own replica acknowledgement.
     fn hands_off(&self) -> bool {
         self.options.wait_mode == WaitMode::Notify
-            && self.options.local_handoff
-            && self.options.handoff_budget.max_handoffs > 0
-            && !self.options.fencing
-            && self.options.min_replicas.is_none()
+            && self.options.extra.local_handoff
+            && self.options.extra.handoff_budget.max_handoffs > 0
+            && !self.options.extra.fencing
+            && self.options.extra.min_replicas.is_none()
     }
 
     /// This semaphore's stats tag.
@@ -373,7 +330,7 @@ impl Semaphore {
             ));
         }
         let millis = ttl_millis(self.options.ttl)?;
-        check_min_replicas(self.options.min_replicas, self.client.timeout())?;
+        check_min_replicas(self.options.extra.min_replicas, self.client.timeout())?;
         self.client.check_key(&self.key)?;
         let deadline = within.deadline();
         let mut contender = Take {
@@ -432,7 +389,7 @@ impl Take<'_> {
         connection: Option<i64>,
     ) -> redis::RedisResult<Option<u32>> {
         let semaphore = self.semaphore;
-        let Some(wanted) = semaphore.options.min_replicas else {
+        let Some(wanted) = semaphore.options.extra.min_replicas else {
             return Ok(None);
         };
         let (client, key) = (&semaphore.client, &*semaphore.key);
@@ -469,7 +426,7 @@ impl Contender for Take<'_> {
         let id = &semaphore.client.token_once(&mut self.id, &semaphore.key)?;
         let options = &semaphore.options;
         let (client, key) = (&semaphore.client, &*semaphore.key);
-        let fence_key = options.fencing.then(|| client.fence_key(key));
+        let fence_key = options.extra.fencing.then(|| client.fence_key(key));
         // Set once Redis granted the permit in this attempt: whatever fails
         // after that (the WAIT, say) leaves a permit to take out again.
         let granted = Cell::new(false);
@@ -477,7 +434,7 @@ impl Contender for Take<'_> {
         client.counters().commands(1);
         let reply = client.run(Op::SemAcquire, key, |con, send| {
             let connection =
-                replicas::node_connection_id(con, key, options.min_replicas.is_some())?;
+                replicas::node_connection_id(con, key, options.extra.min_replicas.is_some())?;
             use script::wire::{Arg, present};
             let reply: (i64, i64, u64) = script::wire::evalsha(
                 con,
@@ -531,7 +488,7 @@ impl Contender for Take<'_> {
                 return Err(err);
             }
         };
-        if let (Some(acked), Some((wanted, _))) = (short, options.min_replicas) {
+        if let (Some(acked), Some((wanted, _))) = (short, options.extra.min_replicas) {
             return Err(Error::NotReplicated {
                 key: key.to_owned(),
                 acked,
@@ -548,7 +505,7 @@ impl Contender for Take<'_> {
             id,
             sent,
             Duration::from_millis(self.millis),
-            options.fencing.then_some(fence),
+            options.extra.fencing.then_some(fence),
         )))
     }
 
@@ -580,7 +537,7 @@ impl Contender for Take<'_> {
             drop(permit);
             return Ok(None);
         }
-        let max_age = self.semaphore.options.handoff_budget.max_age;
+        let max_age = self.semaphore.options.extra.handoff_budget.max_age;
         if permit.confirmed().elapsed() > max_age {
             // A read: a lost reply is sent again.
             match permit.confirm() {
@@ -790,7 +747,7 @@ impl Permit {
             queue_key: semaphore.queue_key.clone(),
             handoff: semaphore
                 .hands_off()
-                .then_some(semaphore.options.handoff_budget),
+                .then_some(semaphore.options.extra.handoff_budget),
             handoffs: gift.handoffs,
             acquired_at: gift.acquired_at,
             generation: gift.generation,
@@ -948,13 +905,6 @@ impl Permit {
         &self.id
     }
 
-    /// The fencing token of this permit, when the semaphore was opened with
-    /// [`SemaphoreOptions::fencing`]: strictly increasing across all
-    /// permits of the key. `None` otherwise.
-    pub fn fencing_token(&self) -> Option<u64> {
-        self.fence
-    }
-
     /// Gives the permit back: removes only this permit.
     ///
     /// # Errors
@@ -1102,6 +1052,10 @@ impl crate::lease::Lease for Permit {
         LossSignal {
             state: self.loss.clone(),
         }
+    }
+
+    fn fencing_token(&self) -> Option<u64> {
+        self.fence
     }
 
     /// Whether Redis still has this permit within its deadline.

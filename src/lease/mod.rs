@@ -79,6 +79,16 @@ pub trait Lease: sealed::Sealed {
     /// fires when the lease is found lost.
     fn loss_signal(&self) -> LossSignal;
 
+    /// The fencing token of this acquisition when the lock was taken with
+    /// fencing on (strictly increasing for the key: see
+    /// [`LockExtra::fencing`](crate::LockExtra::fencing)); `None`
+    /// otherwise, and always for a [`RedLock`](crate::RedLock) (no counter
+    /// of its nodes is monotonic across their failures: see the
+    /// deployments chapter). Pass it to the protected resource with every
+    /// write, and have the resource reject a write whose token is lower
+    /// than the highest it has seen.
+    fn fencing_token(&self) -> Option<u64>;
+
     /// Asks Redis whether it still holds this lease, owner-checked.
     /// Changes nothing.
     ///

@@ -58,16 +58,6 @@ impl LockGuard {
         self.hold_count
     }
 
-    /// The fencing token of this acquisition (strictly increasing for the
-    /// key), when the lock was taken with
-    /// [`LockOptions::fencing`](crate::LockOptions::fencing); `None`
-    /// otherwise. Pass it to the protected resource with every write, and
-    /// have the resource reject a write whose token is lower than the
-    /// highest it has seen.
-    pub fn fencing_token(&self) -> Option<u64> {
-        self.lease.fence
-    }
-
     /// Like [`LockGuard::unlock`], with the given release method.
     ///
     /// # Errors
@@ -125,6 +115,10 @@ impl crate::lease::Lease for LockGuard {
         LossSignal {
             state: self.lease.loss_state().clone(),
         }
+    }
+
+    fn fencing_token(&self) -> Option<u64> {
+        self.lease.fence
     }
 
     /// Asks Redis whether the key still holds this guard's token.

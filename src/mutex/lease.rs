@@ -98,10 +98,10 @@ impl HandoffPolicy {
         HandoffPolicy {
             queued: options.wait_mode == WaitMode::Notify,
             enabled: options.wait_mode == WaitMode::Notify
-                && options.local_handoff
-                && !options.fencing
-                && options.handoff_budget.max_handoffs > 0,
-            budget: options.handoff_budget,
+                && options.extra.local_handoff
+                && !options.extra.fencing
+                && options.extra.handoff_budget.max_handoffs > 0,
+            budget: options.extra.handoff_budget,
         }
     }
 }
@@ -185,7 +185,7 @@ impl Lease {
             key,
             channel,
             token,
-            release: options.release,
+            release: options.extra.release,
             handoff,
             handoffs: 0,
             acquired_at: sent,
@@ -216,7 +216,7 @@ impl Lease {
             key,
             channel,
             token: handoff.token,
-            release: options.release,
+            release: options.extra.release,
             handoff: HandoffPolicy::of(options),
             handoffs: handoff.handoffs,
             acquired_at: handoff.acquired_at,
@@ -312,7 +312,7 @@ impl Lease {
             (Some(entry), true) => entry.set_cap(cap),
             (None, false) => {}
         }
-        self.release = options.release;
+        self.release = options.extra.release;
     }
 
     /// The request time and ttl that set the current expiry.

@@ -23,9 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
-use crate::client::options::{
-    Backoff, HandoffBudget, LockOptions, Release, WaitMode, check_min_replicas, ttl_millis,
-};
+use crate::client::options::{LockOptions, WaitMode, check_min_replicas, ttl_millis};
 use crate::client::{release, replicas};
 use crate::conn::policy::Op;
 use crate::error::Error;
@@ -72,7 +70,7 @@ pub struct DistributedLock {
 impl DistributedLock {
     /// A lock on `key` with the client's default options.
     pub fn new(client: &LockClient, key: impl Into<String>) -> DistributedLock {
-        DistributedLock::with_options(client, key, client.defaults().clone())
+        DistributedLock::with_options(client, key, *client.defaults())
     }
 
     /// A lock on `key` with the given options.
@@ -99,66 +97,10 @@ impl DistributedLock {
         &self.key
     }
 
-    /// The options this lock acquires with.
+    /// The options this lock acquires with (read as
+    /// `lock.options().ttl`, `lock.options().extra.fencing`).
     pub fn options(&self) -> &LockOptions {
         &self.options
-    }
-
-    /// The lease length ([`LockOptions::ttl`]).
-    pub fn ttl(&self) -> Duration {
-        self.options.ttl
-    }
-
-    /// How long [`DistributedLock::lock`] waits ([`LockOptions::wait`]).
-    pub fn wait(&self) -> Duration {
-        self.options.wait
-    }
-
-    /// How waiting attempts are spaced ([`LockOptions::backoff`]).
-    pub fn backoff(&self) -> Backoff {
-        self.options.backoff
-    }
-
-    /// How guards release the lock in Redis ([`LockOptions::release`]).
-    pub fn release_mode(&self) -> Release {
-        self.options.release
-    }
-
-    /// How waiters learn the lock may be free ([`LockOptions::wait_mode`]).
-    pub fn wait_mode(&self) -> WaitMode {
-        self.options.wait_mode
-    }
-
-    /// Whether leases pass between threads of the client
-    /// ([`LockOptions::local_handoff`]).
-    pub fn local_handoff(&self) -> bool {
-        self.options.local_handoff
-    }
-
-    /// The bound on in-process handoffs ([`LockOptions::handoff_budget`]).
-    pub fn handoff_budget(&self) -> HandoffBudget {
-        self.options.handoff_budget
-    }
-
-    /// Whether the watchdog renews the lease ([`LockOptions::watchdog`]).
-    pub fn watchdog(&self) -> bool {
-        self.options.watchdog
-    }
-
-    /// The cap on renewed hold time ([`LockOptions::max_hold`]).
-    pub fn max_hold(&self) -> Option<Duration> {
-        self.options.max_hold
-    }
-
-    /// Whether acquisitions issue fencing tokens ([`LockOptions::fencing`]).
-    pub fn fencing(&self) -> bool {
-        self.options.fencing
-    }
-
-    /// The replica acknowledgement, `(n, timeout)`
-    /// ([`LockOptions::min_replicas`]).
-    pub fn min_replicas(&self) -> Option<(u32, Duration)> {
-        self.options.min_replicas
     }
 
     /// Acquires the lock, waiting up to the options' `wait` while another
@@ -228,7 +170,7 @@ impl DistributedLock {
                 "the lock key and the token must not be empty".into(),
             ));
         }
-        self.client.check_release(self.options.release)?;
+        self.client.check_release(self.options.extra.release)?;
         self.client.check_key(&self.key)?;
         // A token of a thread of this client: its queued threads must not
         // wait for a handoff of a lock released under it (before the
@@ -240,7 +182,7 @@ impl DistributedLock {
             &self.key,
             &self.channel,
             token,
-            self.options.release,
+            self.options.extra.release,
         )
     }
 
@@ -373,8 +315,8 @@ impl DistributedLock {
             ));
         }
         let millis = ttl_millis(self.options.ttl)?;
-        check_min_replicas(self.options.min_replicas, self.client.timeout())?;
-        self.client.check_release(self.options.release)?;
+        check_min_replicas(self.options.extra.min_replicas, self.client.timeout())?;
+        self.client.check_release(self.options.extra.release)?;
         self.client.check_key(&self.key)?;
         // A lease whose time is up is not re-entered: a new one is acquired
         // (and replaces it in the table).
@@ -412,13 +354,14 @@ impl DistributedLock {
                 key: &self.key,
                 // A handed-over lease has the giver's token: no fencing
                 // token of its own, and no WAIT for replicas of it.
-                takes_handoffs: !self.options.fencing && self.options.min_replicas.is_none(),
+                takes_handoffs: !self.options.extra.fencing
+                    && self.options.extra.min_replicas.is_none(),
                 barge: false,
                 // The same leases a handoff would give this thread, and only
                 // with handoffs on for this handle (`local_handoff(false)`
                 // turns both off).
                 intercepts: HandoffPolicy::of(&self.options).enabled
-                    && self.options.min_replicas.is_none(),
+                    && self.options.extra.min_replicas.is_none(),
                 on_orphan: &release_orphan,
                 subscribe: &subscribe,
             }),
@@ -525,7 +468,7 @@ impl DistributedLock {
         resend: bool,
         connection: Option<i64>,
     ) -> redis::RedisResult<Option<u32>> {
-        let Some((wanted, timeout)) = self.options.min_replicas else {
+        let Some((wanted, timeout)) = self.options.extra.min_replicas else {
             return Ok(None);
         };
         if resend {
@@ -574,11 +517,11 @@ impl DistributedLock {
         &self,
         con: &mut crate::conn::backend::Connection,
     ) -> redis::RedisResult<Option<i64>> {
-        replicas::node_connection_id(con, &self.key, self.options.min_replicas.is_some())
+        replicas::node_connection_id(con, &self.key, self.options.extra.min_replicas.is_some())
     }
 
     fn check_replicated(&self, short: Option<u32>) -> Result<(), Error> {
-        match (short, self.options.min_replicas) {
+        match (short, self.options.extra.min_replicas) {
             (Some(acked), Some((wanted, _))) => Err(Error::NotReplicated {
                 key: self.key.to_string(),
                 acked,
@@ -613,7 +556,11 @@ impl DistributedLock {
         let (key, token): (&str, &str) = (&self.key, shared);
         let sent = Instant::now();
         self.client.counters().commands(1);
-        let fence_key = self.options.fencing.then(|| self.client.fence_key(key));
+        let fence_key = self
+            .options
+            .extra
+            .fencing
+            .then(|| self.client.fence_key(key));
         let set = Cell::new(false);
         let result = self.client.run(Op::AcquireScript, key, |con, send| {
             let connection = self.node_connection_id(con)?;
@@ -649,7 +596,7 @@ impl DistributedLock {
         let ((acquired, pttl, fence), short) = self.settle(result, token, &set)?;
         self.check_replicated(short)?;
         Ok(if acquired == 1 {
-            let fence = self.options.fencing.then_some(fence);
+            let fence = self.options.extra.fencing.then_some(fence);
             Attempt::Won(self.new_lease(shared, sent, millis, fence))
         } else {
             // -1: a key without expiry (not ours); wait for a message.
@@ -693,7 +640,7 @@ impl DistributedLock {
         // less than half the ttl is left, else a check when it is older
         // than `max_age`, followed by an extension only when the check
         // itself left less than half.
-        let stale = lease.confirmed().elapsed() > self.options.handoff_budget.max_age;
+        let stale = lease.confirmed().elapsed() > self.options.extra.handoff_budget.max_age;
         let mut confirmed = true;
         if stale && lease.validity() >= ttl / 2 {
             // A read: a lost reply is sent again.
@@ -765,7 +712,7 @@ impl Contender for Plain<'_> {
             .lock
             .client
             .token_once(&mut self.token, &self.lock.key)?;
-        if !self.lock.options.fencing && self.lock.client.set_get_allowed() {
+        if !self.lock.options.extra.fencing && self.lock.client.set_get_allowed() {
             match self.lock.set_nx(&token, self.millis, !quick) {
                 // Refused whole before it ran (Redis 6.x): nothing was set,
                 // so the script may be sent instead, now and from now on.

@@ -18,14 +18,7 @@ pub(crate) fn hash_tag(key: &str) -> Option<&str> {
 /// The pub/sub channel releases of `key` are published on:
 /// `redmutex:released:{KEY}`, or `redmutex:released:{TAG}:KEY` when the key
 /// has a `{TAG}` hash tag (so the channel maps to the key's cluster slot).
-///
-/// For a client with a key prefix, use
-/// [`LockClient::release_channel`](crate::LockClient::release_channel).
-///
-/// ```
-/// assert_eq!(redmutex::release_channel("jobs:nightly"), "redmutex:released:{jobs:nightly}");
-/// ```
-pub fn release_channel(key: &str) -> String {
+pub(crate) fn release_channel(key: &str) -> String {
     match hash_tag(key) {
         Some(tag) => format!("redmutex:released:{{{tag}}}:{key}"),
         // A key with a stray `}` cannot be wrapped as a tag; such a channel is
@@ -37,14 +30,7 @@ pub fn release_channel(key: &str) -> String {
 
 /// The key of `key`'s fencing counter, in the same hash slot: `{KEY}:fence`,
 /// or `{TAG}:fence:KEY` when the key has a `{TAG}` hash tag.
-///
-/// For a client with a key prefix, use
-/// [`LockClient::fence_key`](crate::LockClient::fence_key).
-///
-/// ```
-/// assert_eq!(redmutex::fence_key("jobs:nightly"), "{jobs:nightly}:fence");
-/// ```
-pub fn fence_key(key: &str) -> String {
+pub(crate) fn fence_key(key: &str) -> String {
     match hash_tag(key) {
         Some(tag) => format!("{{{tag}}}:fence:{key}"),
         None if key.contains('}') => format!("redmutex:fence:{key}"),

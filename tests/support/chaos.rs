@@ -48,10 +48,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use redmutex::{
-    DistributedLock, Error, LeaseOptions, LockClient, LockOptions, RedLock, RedLockGuard,
-    Semaphore, SemaphoreOptions,
-};
+use redmutex::{DistributedLock, Error, LockClient, LockOptions, RedLock, RedLockGuard, Semaphore};
 
 use super::{
     ClusterNode, Dice, FaultProxy, ProxiedSentinelSet, RedisCluster, RedisServer, SentinelSet,
@@ -293,12 +290,11 @@ pub fn worker(target: &str, resource_url: &str, threads: usize, secs: f64, limit
     let clients = target.clients();
     let client = clients[0].clone();
     let redlock = (target.deployment == Deployment::RedLock).then(|| {
-        let options = LeaseOptions::default()
+        let options = redmutex::Options::default()
             .ttl(TTL)
             .wait(Duration::from_secs(5));
-        RedLock::with_options(clients.clone(), KEY, options)
+        RedLock::with_options(clients.clone(), KEY, options.node_timeout(NODE_TIMEOUT))
             .expect("RedLock")
-            .with_node_timeout(NODE_TIMEOUT)
     });
     let fenced = limit == 0 && target.deployment.fenced();
     let resource = redis::Client::open(resource_url).expect("resource");
@@ -333,7 +329,9 @@ pub fn worker(target: &str, resource_url: &str, threads: usize, secs: f64, limit
                     &client,
                     KEY,
                     limit,
-                    SemaphoreOptions::from(&options).fencing(t % 2 == 0),
+                    options
+                        .with_extra(redmutex::SemaphoreExtra::default())
+                        .fencing(t % 2 == 0),
                 )
             });
             let lock = DistributedLock::with_options(&client, KEY, options);
@@ -917,7 +915,7 @@ impl Deploy {
                     0..=29 if spaced && left > 5.0 => {
                         *last_failover = Some(Instant::now());
                         let cut = Duration::from_millis(100 + dice.below(500));
-                        let counter = redmutex::fence_key(KEY);
+                        let counter = fence_key();
                         let began = wall();
                         let outcome = set.fail_over_losing_writes(cut, &counter);
                         report.failovers.push((began, after_a_lease(wall())));
@@ -986,13 +984,19 @@ impl Deploy {
     }
 }
 
+/// The fencing counter of [`KEY`] (a key without a hash tag), as
+/// ARCHITECTURE.md names it: `{KEY}:fence`.
+fn fence_key() -> String {
+    format!("{{{KEY}}}:fence")
+}
+
 /// What of the crate is left on `server`, if anything: keys other than the
 /// fencing counter (the lock key and release markers expire or are
 /// released), subscriptions, connections (other than sentinels' and
 /// replication links).
 fn left_on(server: &RedisServer) -> Option<String> {
-    let channel = redmutex::release_channel(KEY);
-    let fence = redmutex::fence_key(KEY);
+    let channel = format!("redmutex:released:{{{KEY}}}");
+    let fence = fence_key();
     let silent = || Some(format!("{} did not answer", server.port()));
     let Some(keys) = server.try_query::<Vec<String>>(redis::cmd("KEYS").arg("*")) else {
         return silent();

@@ -566,7 +566,7 @@ fn run_watched(
             &client,
             key.clone(),
             limit,
-            SemaphoreOptions::from(&options),
+            options.with_extra(redmutex::SemaphoreExtra::default()),
         )),
         None => Target::Lock(DistributedLock::with_options(&client, key.clone(), options)),
     };
