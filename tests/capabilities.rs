@@ -175,41 +175,215 @@ fn status_reports_the_holder_for_every_type_that_has_it() {
     permit.unlock().expect("unlock");
 }
 
-/// The watchdog keeps a short lease held past its ttl, where the type has
-/// one.
+/// Every lock type's guard, taken with `options` (the core every type
+/// shares) on fresh clients of `servers` (the first, or all three for the
+/// RedLock), each on its own key: what the watchdog cells run against.
+fn watched_guards(
+    servers: &[RedisServer],
+    options: redmutex::Options<()>,
+    prefix: &str,
+) -> Vec<(&'static str, String, Box<dyn Lease>)> {
+    let client = servers[0].lock_client();
+    let key = |kind: &str| format!("{prefix}-{kind}");
+    let mut guards: Vec<(&'static str, String, Box<dyn Lease>)> = vec![
+        (
+            "lock",
+            key("lock"),
+            Box::new(
+                DistributedLock::with_options(
+                    &client,
+                    key("lock"),
+                    options.with_extra(Default::default()),
+                )
+                .lock()
+                .expect("lock"),
+            ),
+        ),
+        (
+            "reentrant",
+            key("reentrant"),
+            Box::new(
+                ReentrantLock::with_options(
+                    &client,
+                    key("reentrant"),
+                    options.with_extra(Default::default()),
+                )
+                .lock()
+                .expect("lock"),
+            ),
+        ),
+        (
+            "read",
+            key("read"),
+            Box::new(
+                RwLock::with_options(&client, key("read"), options.with_extra(Default::default()))
+                    .read()
+                    .expect("read"),
+            ),
+        ),
+        (
+            "write",
+            key("write"),
+            Box::new(
+                RwLock::with_options(
+                    &client,
+                    key("write"),
+                    options.with_extra(Default::default()),
+                )
+                .write()
+                .expect("write"),
+            ),
+        ),
+        (
+            "semaphore",
+            key("semaphore"),
+            Box::new(
+                Semaphore::with_options(
+                    &client,
+                    key("semaphore"),
+                    2,
+                    options.with_extra(Default::default()),
+                )
+                .acquire()
+                .expect("permit"),
+            ),
+        ),
+    ];
+    if servers.len() >= 3 {
+        let nodes = servers.iter().map(RedisServer::lock_client).collect();
+        let lock = RedLock::with_options(
+            nodes,
+            key("redlock"),
+            options.with_extra(Default::default()),
+        )
+        .expect("redlock");
+        guards.push((
+            "redlock",
+            key("redlock"),
+            Box::new(lock.lock().expect("lock")),
+        ));
+    }
+    guards
+}
+
+/// The watchdog keeps a short lease held past its ttl on every lock type,
+/// and reports its loss when the lock is taken away in Redis.
 #[test]
-fn the_watchdog_renews_where_the_type_has_one() {
-    let server = RedisServer::start();
-    let client = server.lock_client();
+fn the_watchdog_renews_and_reports_a_loss_on_every_type() {
+    let servers = RedisServer::start_many(3);
     let ttl = Duration::from_millis(400);
-    let guard = DistributedLock::with_options(
-        &client,
-        "cap:wd-lock",
-        LockOptions::default().ttl(ttl).watchdog(true),
-    )
-    .lock()
-    .expect("lock");
-    let permit = Semaphore::with_options(
-        &client,
-        "cap:wd-sem",
-        2,
-        redmutex::SemaphoreOptions::default()
-            .ttl(ttl)
-            .watchdog(true),
-    )
-    .acquire()
-    .expect("permit");
+    let options = redmutex::Options::<()>::default().ttl(ttl).watchdog(true);
+    let guards = watched_guards(&servers, options, "cap:wd");
     let until = Instant::now() + ttl * 3;
     let mut checks = 0;
     while Instant::now() < until && checks < 1_000 {
         checks += 1;
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(guard.is_held().expect("is_held"), "renewed past its ttl");
-    assert!(permit.is_held().expect("is_held"), "renewed past its ttl");
-    assert!(!guard.is_lost() && !permit.is_lost());
-    guard.unlock().expect("unlock");
-    permit.unlock().expect("unlock");
+    for (kind, _, guard) in &guards {
+        assert!(
+            guard.is_held().expect("is_held"),
+            "{kind}: renewed past its ttl"
+        );
+        assert!(!guard.is_lost(), "{kind}");
+        assert!(guard.validity() > Duration::ZERO, "{kind}: valid");
+    }
+    // Taken away in Redis (on every node): the next renewal finds it gone.
+    for (kind, key, guard) in &guards {
+        let signal = guard.loss_signal();
+        for server in &servers {
+            delete(server, key)();
+        }
+        assert_eq!(
+            signal.wait_timeout(Duration::from_secs(5)),
+            Some(LossReason::Expired),
+            "{kind}: a renewal found it gone"
+        );
+        assert!(guard.is_lost() && guard.validity().is_zero(), "{kind}");
+    }
+}
+
+/// A renewal whose reply never comes back: the link to Redis goes silent
+/// (the fault proxy swallows everything), and the holder learns of the
+/// loss by its local clock, before Redis can give the key away.
+#[test]
+fn a_silent_link_is_a_loss_before_the_lease_ends_on_every_type() {
+    let servers = RedisServer::start_many(3);
+    let proxies: Vec<support::FaultProxy> = servers.iter().map(support::FaultProxy::to).collect();
+    let ttl = Duration::from_millis(600);
+    let options = redmutex::Options::<()>::default().ttl(ttl).watchdog(true);
+    let client = LockClient::open(&proxies[0].url()).expect("client");
+    let key = "cap:silent";
+    let guards: Vec<(&str, Box<dyn Lease>)> = vec![
+        (
+            "reentrant",
+            Box::new(
+                ReentrantLock::with_options(
+                    &client,
+                    format!("{key}-re"),
+                    options.with_extra(Default::default()),
+                )
+                .lock()
+                .expect("lock"),
+            ),
+        ),
+        (
+            "write",
+            Box::new(
+                RwLock::with_options(
+                    &client,
+                    format!("{key}-w"),
+                    options.with_extra(Default::default()),
+                )
+                .write()
+                .expect("write"),
+            ),
+        ),
+        (
+            "read",
+            Box::new(
+                RwLock::with_options(
+                    &client,
+                    format!("{key}-r"),
+                    options.with_extra(Default::default()),
+                )
+                .read()
+                .expect("read"),
+            ),
+        ),
+        (
+            "redlock",
+            Box::new(
+                RedLock::with_options(
+                    proxies
+                        .iter()
+                        .map(|p| LockClient::open(&p.url()).expect("client"))
+                        .collect(),
+                    format!("{key}-rl"),
+                    options.with_extra(Default::default()),
+                )
+                .expect("redlock")
+                .lock()
+                .expect("lock"),
+            ),
+        ),
+    ];
+    let taken = Instant::now();
+    for proxy in &proxies {
+        proxy.blackhole(true);
+    }
+    for (kind, guard) in &guards {
+        let reason = guard.loss_signal().wait_timeout(Duration::from_secs(5));
+        assert_eq!(reason, Some(LossReason::Unreachable), "{kind}");
+        assert!(
+            taken.elapsed() < ttl + Duration::from_millis(300),
+            "{kind}: reported by the local clock, by the lease's end ({:?})",
+            taken.elapsed()
+        );
+    }
+    for proxy in &proxies {
+        proxy.blackhole(false);
+    }
 }
 
 /// Fencing tokens increase across acquisitions, where the type has them.
@@ -458,43 +632,24 @@ fn a_release_hands_the_lease_to_a_waiting_thread_where_the_type_hands_off() {
 }
 
 /// The watchdog's `max_hold` stops renewals and the lease runs out, found
-/// lost as `MaxHold`, where the type has a watchdog.
+/// lost as `MaxHold`, on every lock type.
 #[test]
-fn max_hold_caps_the_renewals_where_the_type_has_a_watchdog() {
-    let server = RedisServer::start();
-    let client = server.lock_client();
+fn max_hold_caps_the_renewals_on_every_type() {
+    let servers = RedisServer::start_many(3);
     let ttl = Duration::from_millis(300);
-    let cap = Some(Duration::from_millis(500));
-    let guard = DistributedLock::with_options(
-        &client,
-        "cap:m-lock",
-        LockOptions::default().ttl(ttl).watchdog(true).max_hold(cap),
-    )
-    .lock()
-    .expect("lock");
-    let permit = Semaphore::with_options(
-        &client,
-        "cap:m-sem",
-        2,
-        redmutex::SemaphoreOptions::default()
-            .ttl(ttl)
-            .watchdog(true)
-            .max_hold(cap),
-    )
-    .acquire()
-    .expect("permit");
-    let (lock_signal, permit_signal) = (guard.loss_signal(), permit.loss_signal());
-    assert_eq!(
-        lock_signal.wait_timeout(Duration::from_secs(5)),
-        Some(LossReason::MaxHold)
-    );
-    assert_eq!(
-        permit_signal.wait_timeout(Duration::from_secs(5)),
-        Some(LossReason::MaxHold)
-    );
-    assert!(guard.is_lost() && permit.is_lost());
-    drop(guard);
-    drop(permit);
+    let options = redmutex::Options::<()>::default()
+        .ttl(ttl)
+        .watchdog(true)
+        .max_hold(Some(Duration::from_millis(500)));
+    let guards = watched_guards(&servers, options, "cap:m");
+    for (kind, _, guard) in &guards {
+        assert_eq!(
+            guard.loss_signal().wait_timeout(Duration::from_secs(5)),
+            Some(LossReason::MaxHold),
+            "{kind}"
+        );
+        assert!(guard.is_lost(), "{kind}");
+    }
 }
 
 /// `min_replicas`: the acquisition waits for a replica's acknowledgement,

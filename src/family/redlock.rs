@@ -5,10 +5,11 @@
 //! requests, validity = ttl − elapsed − drift, and a failed attempt released
 //! on every node, including those whose reply was late or lost.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use std::convert::Infallible;
 
@@ -817,19 +818,42 @@ impl RedLock {
         }
         let granted = granted_count(&answers);
         if won {
+            // ttl − drift from the round's start, whatever came after.
+            let valid_until = started + elapsed + validity.unwrap_or_default();
+            let timing = Arc::new(Mutex::new(Timing {
+                valid_until,
+                ttl,
+                generation: 0,
+            }));
+            let loss: Arc<LossState> = Arc::default();
+            let renewer = self.options.watchdog.then(|| {
+                Renewal {
+                    nodes: self.nodes.clone(),
+                    key: self.key.clone(),
+                    token: token.clone(),
+                    timeout,
+                    timing: timing.clone(),
+                    loss: loss.clone(),
+                    cap: self
+                        .options
+                        .max_hold
+                        .and_then(|cap| started.checked_add(cap)),
+                    stop: Arc::default(),
+                }
+                .start(started)
+            });
             return Ok(Ok(RedLockGuard {
                 nodes: self.nodes.clone(),
                 key: self.key.clone(),
                 token,
-                // ttl − drift from the round's start, whatever came after.
-                valid_until: started + elapsed + validity.unwrap_or_default(),
-                ttl,
+                timing,
                 timeout,
                 released: false,
                 meter: self.meter.clone(),
                 tag: self.tag(),
                 held_since: Instant::now(),
-                loss: Arc::default(),
+                loss,
+                renewer,
             }));
         }
         // A lost round: the nodes that granted are released now, in the
@@ -900,8 +924,9 @@ pub struct RedLockGuard {
     nodes: Arc<Nodes>,
     key: String,
     token: String,
-    valid_until: Instant,
-    ttl: Duration,
+    /// Until when the lock is valid by the local clock, and the ttl last
+    /// set (shared with the renewal thread, when there is one).
+    timing: Arc<Mutex<Timing>>,
     /// The node timeout: how long extend, unlock and drop wait at most.
     timeout: Duration,
     released: bool,
@@ -910,9 +935,182 @@ pub struct RedLockGuard {
     tag: Tag,
     /// When this hold began.
     held_since: Instant,
-    /// Set when the nodes' answers to an extension or `is_held` rule a
-    /// majority out.
+    /// Set when the nodes' answers to an extension, a renewal or
+    /// `is_held` rule a majority out, or (renewed) from the validity's end
+    /// when no renewal confirmed it.
     loss: Arc<LossState>,
+    /// Stops the renewal thread, when the lock is renewed.
+    renewer: Option<Arc<Stop>>,
+}
+
+/// A RedLock's validity by the local clock.
+#[derive(Debug)]
+struct Timing {
+    valid_until: Instant,
+    ttl: Duration,
+    /// Bumped by every extension: one that began before another ended
+    /// cannot tell which of the two the nodes ran last.
+    generation: u64,
+}
+
+impl Timing {
+    /// An extension begun at `generation` made the lock valid until
+    /// `valid_until` for `ttl`; when another ended meanwhile, the earlier
+    /// of the two is kept.
+    fn extended(&mut self, valid_until: Instant, ttl: Duration, generation: u64) {
+        if self.generation == generation || valid_until < self.valid_until {
+            self.valid_until = valid_until;
+            self.ttl = ttl;
+        }
+        self.generation = self.generation.wrapping_add(1);
+    }
+}
+
+/// How a renewal thread is told its lock was released.
+#[derive(Debug, Default)]
+struct Stop {
+    stopped: AtomicBool,
+    lock: Mutex<()>,
+    wake: Condvar,
+}
+
+impl Stop {
+    fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        let _held = self.lock.lock();
+        self.wake.notify_all();
+    }
+
+    fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+
+    /// Sleeps until `until` or a stop; whether stopped.
+    fn sleep_until(&self, until: Instant) -> bool {
+        let mut held = self.lock.lock();
+        while !self.is_stopped() && Instant::now() < until {
+            let _ = self.wake.wait_until(&mut held, until);
+        }
+        self.is_stopped()
+    }
+}
+
+/// How soon a renewal that did not reach a majority is tried again.
+const RENEW_RETRY: Duration = Duration::from_millis(100);
+
+/// The renewal of one RedLock held with the watchdog: a thread of its own
+/// that extends it on every node every ttl/3 and reports a loss by the
+/// same rules as [`RedLockGuard::extend`](crate::Lease::extend). (The
+/// client's watchdog renews leases of one deployment; a RedLock spans
+/// several, and must hear a majority of them each time.)
+struct Renewal {
+    nodes: Arc<Nodes>,
+    key: String,
+    token: String,
+    timeout: Duration,
+    timing: Arc<Mutex<Timing>>,
+    loss: Arc<LossState>,
+    cap: Option<Instant>,
+    stop: Arc<Stop>,
+}
+
+impl Renewal {
+    /// Starts the thread; the lock was acquired by a round begun at
+    /// `started`. Without a thread (the system refused one) the lock is
+    /// not renewed: it reads as lost from its validity's end.
+    fn start(self, started: Instant) -> Arc<Stop> {
+        let stop = self.stop.clone();
+        let valid_until = self.timing.lock().valid_until;
+        self.loss.expire_at(valid_until, LossReason::Unreachable);
+        let spawned = std::thread::Builder::new()
+            .name("redmutex-redlock".into())
+            .spawn(move || self.run(started));
+        if let Err(err) = spawned {
+            log::warn!("redmutex: cannot start a RedLock renewal thread: {err}");
+        }
+        stop
+    }
+
+    fn run(self, acquired: Instant) {
+        let mut next = acquired + self.timing.lock().ttl / 3;
+        loop {
+            if self.stop.sleep_until(next) || self.loss.reason().is_some() {
+                return;
+            }
+            let now = Instant::now();
+            let (valid_until, ttl, generation) = {
+                let timing = self.timing.lock();
+                (timing.valid_until, timing.ttl, timing.generation)
+            };
+            if self.cap.is_some_and(|cap| now >= cap) {
+                // No more renewals: the lock runs out, and says why.
+                self.loss.expire_at(valid_until, LossReason::MaxHold);
+                return;
+            }
+            let started = Instant::now();
+            let (verdict, _, _, validity) = extend_round(
+                &self.nodes,
+                &self.key,
+                &self.token,
+                self.timeout,
+                ttl,
+                started,
+            );
+            if self.stop.is_stopped() {
+                // Released meanwhile: what this round found is no news.
+                return;
+            }
+            match (verdict, validity) {
+                (Verdict::Confirmed, Some(validity)) if !validity.is_zero() => {
+                    let until = started + validity;
+                    let mut timing = self.timing.lock();
+                    timing.extended(until, ttl, generation);
+                    self.loss
+                        .expire_at(timing.valid_until, LossReason::Unreachable);
+                    drop(timing);
+                    next = started + ttl / 3;
+                }
+                (Verdict::NotHeld(reason), _) => {
+                    self.loss.lose(reason);
+                    return;
+                }
+                // Not known: a majority may still hold it. Tried again
+                // until the validity ends (the loss state then fires).
+                _ => next = Instant::now() + RENEW_RETRY,
+            }
+        }
+    }
+}
+
+/// One extension of `token` to `ttl` on every node not known down, in
+/// parallel, begun at `started`: the verdict, the tally, each node's
+/// answer, and the validity left (ttl − the round's duration − drift).
+fn extend_round(
+    nodes: &Arc<Nodes>,
+    key: &str,
+    token: &str,
+    timeout: Duration,
+    ttl: Duration,
+    started: Instant,
+) -> (Verdict, Tally, Vec<Result<(), Error>>, Option<Duration>) {
+    // A ttl that came through ttl_millis: whole milliseconds, bounded.
+    let millis = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+    let (tally, results) = ask_nodes(
+        nodes,
+        key,
+        token,
+        timeout,
+        started,
+        move |client, key, token| {
+            client.counters().commands(1);
+            let reply: i64 = client.run(Op::Extend, key, |con, _| {
+                script::EXTEND.key(key).arg(token).arg(millis).invoke(con)
+            })?;
+            script::owner_checked(reply).map_err(|reason| Error::not_held(key, reason))
+        },
+    );
+    let validity = ttl.checked_sub(started.elapsed() + drift(ttl));
+    (tally.verdict(), tally, results, validity)
 }
 
 impl std::fmt::Debug for RedLockGuard {
@@ -936,8 +1134,10 @@ impl RedLockGuard {
 
     fn release(&mut self) -> Result<(), Error> {
         self.released = true;
-        // A forked child's copy: refused, nothing asked of any node.
+        // A forked child's copy: refused, nothing asked of any node (and
+        // the renewal thread, the parent's, left alone).
         self.nodes.check_process()?;
+        self.stop_renewing();
         let result = self.let_go();
         self.meter
             .counters()
@@ -993,35 +1193,60 @@ impl RedLockGuard {
 }
 
 impl RedLockGuard {
-    /// Sends `ask` (about this guard's key and token) to every node not
-    /// known down, in parallel, and collects the answers until the
-    /// verdict is final or the node timeout from `started` passed: the
-    /// tally, and every node's answer (none in time counts as a failure).
+    /// [`ask_nodes`] about this guard's key and token.
     fn ask_every_node(
         &self,
         started: Instant,
         ask: impl Fn(&LockClient, &str, &str) -> Result<(), Error> + Clone + Send + 'static,
     ) -> (Tally, Vec<Result<(), Error>>) {
-        let give_up = later(started, self.timeout);
-        let (tx, rx) = mpsc::channel();
-        let mut results: Vec<Option<Result<(), Error>>> =
-            (0..self.nodes.len()).map(|_| None).collect();
-        let mut pending = 0usize;
-        for (node, target) in self.nodes.nodes.iter().enumerate() {
-            if !target.health.admit(started, self.timeout) {
-                results[node] = Some(Err(known_down()));
-                continue;
-            }
-            pending += 1;
-            let (key, token, ask) = (self.key.clone(), self.token.clone(), ask.clone());
-            self.nodes.send(node, Some(give_up), &tx, move |client| {
-                ask(client, &key, &token)
-            });
-        }
-        drop(tx);
-        let tally = collect(&rx, &mut results, pending, give_up, self.timeout);
-        (tally, settle(results, self.timeout))
+        ask_nodes(
+            &self.nodes,
+            &self.key,
+            &self.token,
+            self.timeout,
+            started,
+            ask,
+        )
     }
+
+    /// Stops the renewals, if any, before the lock is let go.
+    fn stop_renewing(&self) {
+        if let Some(stop) = &self.renewer {
+            stop.stop();
+        }
+    }
+}
+
+/// Sends `ask` (about `key` and `token`) to every node not known down, in
+/// parallel, and collects the answers until the verdict is final or
+/// `timeout` from `started` passed: the tally, and every node's answer
+/// (none in time counts as a failure).
+fn ask_nodes(
+    nodes: &Arc<Nodes>,
+    key: &str,
+    token: &str,
+    timeout: Duration,
+    started: Instant,
+    ask: impl Fn(&LockClient, &str, &str) -> Result<(), Error> + Clone + Send + 'static,
+) -> (Tally, Vec<Result<(), Error>>) {
+    let give_up = later(started, timeout);
+    let (tx, rx) = mpsc::channel();
+    let mut results: Vec<Option<Result<(), Error>>> = (0..nodes.len()).map(|_| None).collect();
+    let mut pending = 0usize;
+    for (node, target) in nodes.nodes.iter().enumerate() {
+        if !target.health.admit(started, timeout) {
+            results[node] = Some(Err(known_down()));
+            continue;
+        }
+        pending += 1;
+        let (key, token, ask) = (key.to_owned(), token.to_owned(), ask.clone());
+        nodes.send(node, Some(give_up), &tx, move |client| {
+            ask(client, &key, &token)
+        });
+    }
+    drop(tx);
+    let tally = collect(&rx, &mut results, pending, give_up, timeout);
+    (tally, settle(results, timeout))
 }
 
 impl crate::lease::sealed::Sealed for RedLockGuard {}
@@ -1039,7 +1264,10 @@ impl crate::lease::Lease for RedLockGuard {
         if self.released || self.is_lost() {
             return Duration::ZERO;
         }
-        self.valid_until.saturating_duration_since(Instant::now())
+        self.timing
+            .lock()
+            .valid_until
+            .saturating_duration_since(Instant::now())
     }
 
     /// Whether the lock was found lost: an extension or `is_held` heard so
@@ -1135,26 +1363,34 @@ impl crate::lease::Lease for RedLockGuard {
         self.nodes.check_process()?;
         let millis = ttl_millis(ttl)?;
         let ttl = Duration::from_millis(millis);
+        let generation = self.timing.lock().generation;
         let started = Instant::now();
-        let (tally, results) = self.ask_every_node(started, move |client, key, token| {
-            client.counters().commands(1);
-            let reply: i64 = client.run(Op::Extend, key, |con, _| {
-                script::EXTEND.key(key).arg(token).arg(millis).invoke(con)
-            })?;
-            script::owner_checked(reply).map_err(|reason| Error::not_held(key, reason))
-        });
-        let verdict = tally.verdict();
-        let validity = ttl.checked_sub(started.elapsed() + drift(ttl));
+        let (verdict, tally, results, validity) = extend_round(
+            &self.nodes,
+            &self.key,
+            &self.token,
+            self.timeout,
+            ttl,
+            started,
+        );
         if let (Verdict::Confirmed, Some(validity)) = (verdict, validity)
             && !validity.is_zero()
         {
-            self.valid_until = started + validity;
-            self.ttl = ttl;
+            let mut timing = self.timing.lock();
+            timing.extended(started + validity, ttl, generation);
+            if self.renewer.is_some() {
+                self.loss
+                    .expire_at(timing.valid_until, LossReason::Unreachable);
+            }
             return Ok(());
         }
         // Some nodes may have taken the new, shorter ttl: nothing is
         // promised any more.
-        self.valid_until = Instant::now();
+        {
+            let mut timing = self.timing.lock();
+            timing.valid_until = Instant::now();
+            timing.generation = timing.generation.wrapping_add(1);
+        }
         match verdict {
             Verdict::NotHeld(reason) => {
                 self.loss.lose(reason);

@@ -20,7 +20,7 @@ use crate::error::{Error, LossReason};
 use crate::fork::Birth;
 use crate::lease::loss::{LossSignal, LossState};
 use crate::lease::{Unlocked, remaining};
-use crate::renew::watchdog::OrphanKind;
+use crate::renew::watchdog::{OrphanKind, Renewal, WatchEntry};
 use crate::script;
 use crate::wait::acquire::{Attempt, Contender, Queued, Waiting, Within, acquire, blocking};
 use crate::wait::queue::Queues;
@@ -90,6 +90,9 @@ struct Holding {
     /// met another owner, or the key gone) is the hold's, so every guard
     /// of it reads it.
     loss: Arc<LossState>,
+    /// The watchdog's entry renewing the hold, from the first of its
+    /// guards taken with the watchdog on until its last guard goes.
+    watch: Option<Arc<WatchEntry>>,
 }
 
 thread_local! {
@@ -113,48 +116,83 @@ fn holding(key: &str) -> bool {
 }
 
 /// One more guard of `key` on this thread through `client`: the loss
-/// state its hold shares.
-fn hold_on(client: u64, key: &str) -> Arc<LossState> {
+/// state its hold shares, and the watchdog's entry renewing the hold.
+/// `watch` starts renewals (with the hold's loss state) when the hold has
+/// none yet and this acquisition asked for them.
+fn hold_on(
+    client: u64,
+    key: &str,
+    watch: impl FnOnce(&Arc<LossState>) -> Option<Arc<WatchEntry>>,
+) -> (
+    Arc<LossState>,
+    Option<Arc<WatchEntry>>,
+    Option<Arc<WatchEntry>>,
+) {
+    let mut ended = None;
+    let mut start = Some(watch);
+    let mut watch = |loss: &Arc<LossState>| start.take().and_then(|watch| watch(loss));
+    let held = HOLDING.try_with(|held| {
+        let Ok(mut held) = held.try_borrow_mut() else {
+            return None;
+        };
+        if let Some(h) = held.iter_mut().find(|h| h.client == client && h.key == key) {
+            // A hold already found lost starts afresh: this acquisition
+            // was granted by Redis just now (and the lost hold's renewals
+            // are over).
+            if h.loss.reason().is_some() {
+                h.loss = Arc::default();
+                ended = h.watch.take();
+            }
+            if h.watch.is_none() {
+                h.watch = watch(&h.loss);
+            }
+            h.guards = h.guards.saturating_add(1);
+            return Some((h.loss.clone(), h.watch.clone()));
+        }
+        let loss: Arc<LossState> = Arc::default();
+        let entry = watch(&loss);
+        held.push(Holding {
+            client,
+            key: key.to_owned(),
+            guards: 1,
+            loss: loss.clone(),
+            watch: entry.clone(),
+        });
+        Some((loss, entry))
+    });
+    match held {
+        Ok(Some((loss, entry))) => (loss, entry, ended),
+        // No thread-local table (a thread being torn down): a hold of its
+        // own.
+        _ => {
+            let loss: Arc<LossState> = Arc::default();
+            let entry = watch(&loss);
+            (loss, entry, ended)
+        }
+    }
+}
+
+/// One guard of `key` through `client` fewer on this thread: the hold's
+/// watchdog entry when that was its last guard (to be ended).
+fn hold_off(client: u64, key: &str) -> Option<Arc<WatchEntry>> {
     HOLDING
         .try_with(|held| {
             let Ok(mut held) = held.try_borrow_mut() else {
-                return Arc::default();
+                return None;
             };
-            if let Some(h) = held.iter_mut().find(|h| h.client == client && h.key == key) {
-                // A hold already found lost starts afresh: this
-                // acquisition was granted by Redis just now.
-                if h.loss.reason().is_some() {
-                    h.loss = Arc::default();
-                }
-                h.guards = h.guards.saturating_add(1);
-                return h.loss.clone();
-            }
-            let loss: Arc<LossState> = Arc::default();
-            held.push(Holding {
-                client,
-                key: key.to_owned(),
-                guards: 1,
-                loss: loss.clone(),
-            });
-            loss
-        })
-        .unwrap_or_default()
-}
-
-/// One guard of `key` through `client` fewer on this thread.
-fn hold_off(client: u64, key: &str) {
-    let _ = HOLDING.try_with(|held| {
-        let Ok(mut held) = held.try_borrow_mut() else {
-            return;
-        };
-        if let Some(at) = held.iter().position(|h| h.client == client && h.key == key) {
+            let at = held
+                .iter()
+                .position(|h| h.client == client && h.key == key)?;
             if held.get(at).is_some_and(|h| h.guards <= 1) {
-                held.swap_remove(at);
-            } else if let Some(h) = held.get_mut(at) {
+                return held.swap_remove(at).watch;
+            }
+            if let Some(h) = held.get_mut(at) {
                 h.guards -= 1;
             }
-        }
-    });
+            None
+        })
+        .ok()
+        .flatten()
 }
 
 /// The reentrant lock's state in one client: its wait queues, apart from
@@ -429,7 +467,30 @@ impl Contender for Hold<'_> {
                 u64::try_from(pttl).ok().map(Duration::from_millis),
             ));
         }
-        let loss = hold_on(client.id(), key);
+        let ttl = Duration::from_millis(millis);
+        let tag = self.lock.tag();
+        let options = &self.lock.options;
+        // One watch entry per hold (this thread's guards of the key through
+        // this client): it renews the owner's hash, which every hold of the
+        // owner shares.
+        let (loss, watch, ended) = hold_on(client.id(), key, |loss| {
+            options.watchdog.then(|| {
+                let cap = options.max_hold.and_then(|cap| sent.checked_add(cap));
+                client.watchdog().watch(
+                    Renewal::Reentrant,
+                    tag,
+                    &Arc::from(key),
+                    &Arc::from(owner),
+                    sent,
+                    ttl,
+                    cap,
+                    loss.clone(),
+                )
+            })
+        });
+        if let Some(entry) = ended {
+            client.watchdog().unwatch(&entry);
+        }
         Ok(Attempt::Won(ReentrantGuard {
             client: client.clone(),
             key: key.to_owned(),
@@ -437,11 +498,12 @@ impl Contender for Hold<'_> {
             hold,
             hold_count: count,
             sent,
-            ttl: Duration::from_millis(millis),
+            ttl,
             released: false,
-            tag: self.lock.tag(),
+            tag,
             held_since: Instant::now(),
             loss,
+            watch,
             _thread_bound: PhantomData,
         }))
     }
@@ -478,6 +540,9 @@ pub struct ReentrantGuard {
     /// extension through any guard of this thread's hold): shared by the
     /// thread's guards of the key on this client.
     loss: Arc<LossState>,
+    /// The watchdog's entry renewing the hold, when it is watched (shared
+    /// by the hold's guards; it then owns the lease's timing).
+    watch: Option<Arc<WatchEntry>>,
     _thread_bound: PhantomData<Rc<()>>,
 }
 
@@ -508,11 +573,27 @@ impl ReentrantGuard {
         self.hold_count
     }
 
+    /// When the request that set the lease's current expiry was sent (as
+    /// far as this guard knows), and its ttl.
+    fn timing(&self) -> (Instant, Duration) {
+        match &self.watch {
+            Some(entry) => entry.lease(),
+            None => (self.sent, self.ttl),
+        }
+    }
+
     fn release(&mut self) -> Result<Unlocked, Error> {
         self.released = true;
-        hold_off(self.client.id(), &self.key);
-        // A forked child's copy of its parent's hold: refused, nothing sent.
+        let last = hold_off(self.client.id(), &self.key);
+        // A forked child's copy of its parent's hold: refused, nothing sent
+        // (and the watch entry, whose lock a parent thread may have held
+        // at the fork, left alone).
         self.client.check_process()?;
+        if let Some(entry) = last {
+            // Before the release: a renewal in flight that finds the key
+            // deleted is then no loss.
+            self.client.watchdog().end(&entry);
+        }
         let result = self.let_go();
         self.client
             .counters()
@@ -525,7 +606,11 @@ impl ReentrantGuard {
         // guard or another of the thread's hold): nothing to release, and
         // never "still held" (a fresh hold of the same owner may be in
         // the hash, which would answer so).
-        if let Some(reason) = self.loss.reason() {
+        // A loss by the local clock (Redis unreachable until the lease ran
+        // out, the hold cap) is not Redis's word: the owner-checked release
+        // is still sent, as Redis may still hold the hash.
+        if let Some(reason @ (LossReason::Expired | LossReason::OwnedByOther)) = self.loss.reason()
+        {
             return Err(Error::not_held(key, reason));
         }
         let (marker, millis) = release::marker_of(&self.client, key, &self.hold);
@@ -596,7 +681,8 @@ impl crate::lease::Lease for ReentrantGuard {
         if self.released || self.is_lost() {
             return Duration::ZERO;
         }
-        remaining(self.sent, self.ttl, Instant::now())
+        let (sent, ttl) = self.timing();
+        remaining(sent, ttl, Instant::now())
     }
 
     /// Whether the lock was found lost: an extension through this guard or
@@ -642,8 +728,10 @@ impl crate::lease::Lease for ReentrantGuard {
     /// is true and its loss signal fires); [`Error::Redis`],
     /// [`Error::Pool`] or [`Error::WrongType`].
     fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        self.client.check_process()?;
         let millis = ttl_millis(ttl)?;
         let key = self.key.as_str();
+        let generation = self.watch.as_ref().map(|entry| entry.generation());
         let sent = Instant::now();
         self.client.counters().commands(1);
         let reply: i64 = self.client.run(Op::ReentrantExtend, key, |con, _| {
@@ -657,8 +745,15 @@ impl crate::lease::Lease for ReentrantGuard {
             self.loss.lose(reason);
             Error::not_held(key, reason)
         })?;
-        self.sent = sent;
-        self.ttl = Duration::from_millis(millis);
+        let ttl = Duration::from_millis(millis);
+        match &self.watch {
+            // The watchdog's entry owns the timing of a watched hold.
+            Some(entry) => entry.renewed(sent, ttl, generation.unwrap_or_default()),
+            None => {
+                self.sent = sent;
+                self.ttl = ttl;
+            }
+        }
         Ok(())
     }
 

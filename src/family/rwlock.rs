@@ -15,7 +15,7 @@ use crate::conn::stats::{LockKind, Tag};
 use crate::error::{Error, LossReason};
 use crate::lease::loss::{LossSignal, LossState};
 use crate::lease::remaining;
-use crate::renew::watchdog::OrphanKind;
+use crate::renew::watchdog::{OrphanKind, Renewal, WatchEntry};
 use crate::script;
 use crate::wait::acquire::{Attempt, Contender, Queued, Waiting, Within, acquire, blocking};
 use crate::wait::queue::Queues;
@@ -384,17 +384,39 @@ impl Contender for Grant<'_> {
                 u64::try_from(wait_ms).ok().map(Duration::from_millis),
             ));
         }
+        let ttl = Duration::from_millis(self.millis);
+        let tag = self.lock.tag(self.mode);
+        let loss: Arc<LossState> = Arc::default();
+        let options = &self.lock.options;
+        // Each holder is renewed on its own: its field's deadline, never
+        // another reader's.
+        let watch = options.watchdog.then(|| {
+            let cap = options.max_hold.and_then(|cap| sent.checked_add(cap));
+            client.watchdog().watch(
+                Renewal::Rw {
+                    write: self.mode == Mode::Write,
+                },
+                tag,
+                &Arc::from(key),
+                &Arc::from(token),
+                sent,
+                ttl,
+                cap,
+                loss.clone(),
+            )
+        });
         Ok(Attempt::Won(RwGuard {
             client: client.clone(),
             key: key.to_owned(),
             token: token.to_owned(),
             mode: self.mode,
             sent,
-            ttl: Duration::from_millis(self.millis),
+            ttl,
             released: false,
-            tag: self.lock.tag(self.mode),
+            tag,
             held_since: Instant::now(),
-            loss: Arc::default(),
+            loss,
+            watch,
         }))
     }
 
@@ -460,8 +482,12 @@ pub struct RwGuard {
     tag: Tag,
     /// When this hold began.
     held_since: Instant,
-    /// Set when Redis said the hold is gone ([`RwGuard::extend`]).
+    /// Set when Redis said the hold is gone (an extension or the
+    /// watchdog's renewal), or, watched, from its local expiry on.
     loss: Arc<LossState>,
+    /// The watchdog's entry, when it renews this hold (it then owns the
+    /// hold's timing).
+    watch: Option<Arc<WatchEntry>>,
 }
 
 impl std::fmt::Debug for RwGuard {
@@ -488,10 +514,24 @@ impl RwGuard {
         self.mode == Mode::Write
     }
 
+    /// When the request that set the hold's current deadline was sent, and
+    /// its ttl.
+    fn timing(&self) -> (Instant, Duration) {
+        match &self.watch {
+            Some(entry) => entry.lease(),
+            None => (self.sent, self.ttl),
+        }
+    }
+
     fn release(&mut self) -> Result<(), Error> {
         self.released = true;
-        // A forked child's copy of its parent's hold: refused, nothing sent.
+        // A forked child's copy of its parent's hold: refused, nothing sent
+        // (and the watch entry, whose lock a parent thread may have held
+        // at the fork, left alone).
         self.client.check_process()?;
+        if let Some(entry) = &self.watch {
+            self.client.watchdog().end(entry);
+        }
         let result = self.let_go();
         self.client
             .counters()
@@ -540,12 +580,15 @@ impl crate::lease::Lease for RwGuard {
         if self.released || self.is_lost() {
             return Duration::ZERO;
         }
-        remaining(self.sent, self.ttl, Instant::now())
+        let (sent, ttl) = self.timing();
+        remaining(sent, ttl, Instant::now())
     }
 
-    /// Whether the hold was found lost: an [`RwGuard::extend`](crate::Lease::extend) found its
-    /// field gone (the lease ran out) or, for the writer, another writer in
-    /// its place. Always true in a process forked since it was taken.
+    /// Whether the hold was found lost: an [`RwGuard::extend`](crate::Lease::extend) or the
+    /// watchdog found its field gone (the lease ran out) or, for the
+    /// writer, another writer in its place; or, watched, its lease ran out
+    /// by the local clock with no successful renewal. Always true in a
+    /// process forked since it was taken.
     fn is_lost(&self) -> bool {
         self.client.inherited() || self.loss.reason().is_some()
     }
@@ -640,6 +683,7 @@ impl crate::lease::Lease for RwGuard {
             return Err(Error::not_held(&self.key, LossReason::Expired));
         }
         let key = self.key.as_str();
+        let generation = self.watch.as_ref().map(|entry| entry.generation());
         let sent = Instant::now();
         self.client.counters().commands(1);
         let renewed: i64 = self.client.run(Op::RwExtend, key, |con, _| {
@@ -652,9 +696,16 @@ impl crate::lease::Lease for RwGuard {
         })?;
         match renewed {
             1 => {
+                let asked = Duration::from_millis(millis);
+                if let Some(entry) = &self.watch {
+                    // The watchdog's entry owns the timing of a watched
+                    // hold (it keeps the earlier expiry when a renewal
+                    // raced this one: an underestimate).
+                    entry.renewed(sent, asked, generation.unwrap_or_default());
+                    return Ok(());
+                }
                 // The deadline in Redis is the later of the two: so is
                 // the local estimate.
-                let asked = Duration::from_millis(millis);
                 if remaining(sent, asked, sent) >= remaining(self.sent, self.ttl, sent) {
                     self.sent = sent;
                     self.ttl = asked;

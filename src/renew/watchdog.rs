@@ -51,6 +51,17 @@ pub(crate) enum Renewal {
     /// A semaphore permit: a field of the semaphore's hash named by the
     /// permit's id (`lua/sem_extend.lua`).
     Permit,
+    /// A reentrant lock's hash, owned by the token (the owner id):
+    /// `lua/reentrant_extend.lua`, which never shortens the key's expiry
+    /// (another hold of the owner may need longer).
+    Reentrant,
+    /// One holder of a read-write lock: its own field, a reader's
+    /// (`false`) or the writer's (`true`), by `lua/rw_extend.lua` (never
+    /// an earlier deadline).
+    Rw {
+        /// The writer's hold.
+        write: bool,
+    },
 }
 
 /// One watched lease.
@@ -949,8 +960,8 @@ fn renew_group(
     next
 }
 
-/// One pipeline of owner-checked renewals (`lua/extend.lua`, or
-/// `lua/sem_extend.lua` for a permit, by EVALSHA), within `budget`, resent
+/// One pipeline of owner-checked renewals (`lua/extend.lua`, or the
+/// permit's, reentrant lock's or read-write holder's script, by EVALSHA), within `budget`, resent
 /// on a fresh connection after a lost reply. On a cluster, split by slot
 /// ([`script::pipelined`]): one round trip per slot, all to one node when
 /// the grouping was right.
@@ -962,18 +973,23 @@ fn renew(
     let calls: Vec<redis::Cmd> = due
         .iter()
         .map(|d| {
-            let script = match d.entry.renewal {
-                Renewal::Plain => &script::EXTEND,
-                // Answers 1 or 0 like extend.lua: a permit cannot be
-                // another owner's.
-                Renewal::Permit => &script::SEM_EXTEND,
+            // Every script answers as extend.lua does: 1 renewed, 0 gone,
+            // -1 another owner's (a permit cannot be another's).
+            let (script, code) = match d.entry.renewal {
+                Renewal::Plain => (&script::EXTEND, None),
+                Renewal::Permit => (&script::SEM_EXTEND, None),
+                Renewal::Reentrant => (&script::REENTRANT_EXTEND, None),
+                Renewal::Rw { write } => (&script::RW_EXTEND, Some(if write { "w" } else { "r" })),
             };
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(script.get_hash())
                 .arg(1)
                 .arg(&*d.entry.key)
-                .arg(&*d.entry.token)
-                .arg(u64::try_from(d.ttl.as_millis()).unwrap_or(u64::MAX));
+                .arg(&*d.entry.token);
+            if let Some(code) = code {
+                cmd.arg(code);
+            }
+            cmd.arg(u64::try_from(d.ttl.as_millis()).unwrap_or(u64::MAX));
             cmd
         })
         .collect();
@@ -998,7 +1014,12 @@ fn renew(
             script::pipelined(
                 con,
                 &calls,
-                &[&script::EXTEND, &script::SEM_EXTEND],
+                &[
+                    &script::EXTEND,
+                    &script::SEM_EXTEND,
+                    &script::REENTRANT_EXTEND,
+                    &script::RW_EXTEND,
+                ],
                 &shared.stats,
             )
         },
