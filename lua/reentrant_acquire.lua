@@ -5,16 +5,25 @@
 -- owner, adds this hold's field and makes the lease last at least ARGV[2].
 --
 -- KEYS[1]  the lock key (a hash)
+-- KEYS[2]  (optional) the key's fencing counter, in the same hash slot:
+--          the owner's first hold takes a fencing token from it (as
+--          lua/acquire.lua issues them), nested holds share it
 -- ARGV[1]  the owner id ("<process uuid>:<thread id>")
 -- ARGV[2]  the lease in milliseconds (a positive integer)
 -- ARGV[3]  this hold's id (a fresh UUID v4, then the holder metadata)
 --
--- Returns {count, pttl}:
---   {n, 0}     acquired; n is the owner's number of holds now (1 = first)
---   {0, pttl}  held by another owner, who has pttl ms left (-1: no expiry)
+-- Returns {count, pttl, fence}:
+--   {n, 0, fence}  acquired; n is the owner's number of holds now (1 =
+--                  first); fence is the hold's fencing token with KEYS[2]
+--                  (taken by the first hold: the counter after INCR, raised
+--                  to the server's clock in microseconds; a nested hold
+--                  reads the counter, which nobody else can move while the
+--                  owner holds the key), else 0
+--   {0, pttl, 0}   held by another owner, who has pttl ms left (-1: no expiry)
 -- Errors with WRONGTYPE, changing nothing, when the key holds something
 -- other than a hash, or a hash without an owner (another lock type's: a
--- read-write lock or a semaphore).
+-- read-write lock or a semaphore); with FENCE, changing nothing, when the
+-- counter cannot be incremented (as lua/acquire.lua).
 --
 -- The key's expiry only ever moves later: a nested hold with a shorter
 -- lease never shortens the holds already there.
@@ -26,10 +35,29 @@ if owner == false and redis.call('EXISTS', KEYS[1]) == 1 then
   return redis.error_reply('WRONGTYPE the key is a hash without an owner: another lock type, not a reentrant lock')
 end
 if owner ~= false and owner ~= ARGV[1] then
-  return {0, redis.call('PTTL', KEYS[1])}
+  return {0, redis.call('PTTL', KEYS[1]), 0}
+end
+local fence = 0
+if KEYS[2] and owner == false then
+  fence = redis.pcall('INCR', KEYS[2])
+  if type(fence) ~= 'number' then
+    return redis.error_reply('FENCE ' .. (fence.err or 'the counter cannot be incremented'))
+  end
+  if fence < 1 or fence >= 9007199254740992 then
+    redis.call('DECR', KEYS[2])
+    return redis.error_reply('FENCE the counter is negative, or at 2^53 or above')
+  end
+  local t = redis.call('TIME')
+  local floor = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if fence < floor then
+    fence = floor
+    redis.call('SET', KEYS[2], string.format('%.0f', fence))
+  end
+elseif KEYS[2] then
+  fence = tonumber(redis.pcall('GET', KEYS[2])) or 0
 end
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'h:' .. ARGV[3], '1')
 if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
-return {redis.call('HLEN', KEYS[1]) - 1, 0}
+return {redis.call('HLEN', KEYS[1]) - 1, 0, fence}

@@ -411,6 +411,44 @@ fn fencing_tokens_increase_where_the_type_has_them() {
     assert!(second.fencing_token().expect("a token") > first.fencing_token().expect("a token"));
     first.unlock().expect("unlock");
     second.unlock().expect("unlock");
+
+    // The reentrant lock's first hold draws from the same kind of counter;
+    // nested holds carry its token.
+    let reentrant = ReentrantLock::with_options(
+        &client,
+        "cap:f-re",
+        redmutex::ReentrantOptions::default().fencing(true),
+    );
+    let outer = reentrant.lock().expect("lock");
+    let inner = reentrant.lock().expect("nested");
+    let a = outer.fencing_token().expect("a token");
+    assert_eq!(inner.fencing_token(), Some(a), "a nested hold carries it");
+    inner.unlock().expect("unlock");
+    outer.unlock().expect("unlock");
+    let again = reentrant.lock().expect("lock");
+    assert!(again.fencing_token().expect("a token") > a);
+    again.unlock().expect("unlock");
+
+    // A read-write lock's writers get tokens; readers none.
+    let rw = RwLock::with_options(
+        &client,
+        "cap:f-rw",
+        redmutex::RwLockOptions::default().fencing(true),
+    );
+    let reader = rw.read().expect("read");
+    assert_eq!(reader.fencing_token(), None, "readers order nothing");
+    reader.unlock().expect("unlock");
+    let first = rw.write().expect("write");
+    let a = first.fencing_token().expect("a token");
+    first.unlock().expect("unlock");
+    let second = rw.write().expect("write");
+    assert!(second.fencing_token().expect("a token") > a);
+    second.unlock().expect("unlock");
+    let counter: u64 = redis::cmd("GET")
+        .arg(client.fence_key("cap:f-rw"))
+        .query(&mut server.conn())
+        .expect("the counter");
+    assert!(counter >= a);
 }
 
 /// Waiting by notify: a waiter of another client subscribes to the key's
@@ -687,4 +725,82 @@ fn min_replicas_is_acknowledged_where_the_type_offers_it() {
     assert!(fields.iter().any(|f| f.starts_with("p:")), "{fields:?}");
     guard.unlock().expect("unlock");
     permit.unlock().expect("unlock");
+
+    let on_replica = |key: &str| -> Vec<String> {
+        redis::cmd("HKEYS")
+            .arg(key)
+            .query(&mut replica.conn())
+            .expect("HKEYS")
+    };
+    let reentrant = ReentrantLock::with_options(
+        &client,
+        "cap:r-re",
+        redmutex::ReentrantOptions::default().min_replicas(1, wait),
+    );
+    let outer = reentrant.lock().expect("acknowledged");
+    let inner = reentrant.lock().expect("a nested hold, acknowledged");
+    assert_eq!(on_replica("cap:r-re").len(), 3, "owner and two holds");
+    assert_eq!(inner.unlock().expect("unlock"), Unlocked::StillHeld);
+    outer.unlock().expect("unlock");
+    let rw = RwLock::with_options(
+        &client,
+        "cap:r-rw",
+        redmutex::RwLockOptions::default().min_replicas(1, wait),
+    );
+    let reader = rw.read().expect("acknowledged");
+    assert!(on_replica("cap:r-rw").iter().any(|f| f.starts_with("r:")));
+    reader.unlock().expect("unlock");
+    let writer = rw.write().expect("acknowledged");
+    assert!(on_replica("cap:r-rw").iter().any(|f| f == "w"));
+    writer.unlock().expect("unlock");
+
+    // More replicas than there are: refused, and the hold taken out again.
+    let short = Duration::from_millis(100);
+    let err = ReentrantLock::with_options(
+        &client,
+        "cap:r-re2",
+        redmutex::ReentrantOptions::default().min_replicas(2, short),
+    )
+    .lock()
+    .expect_err("one replica of two");
+    assert!(
+        matches!(
+            err,
+            Error::NotReplicated {
+                acked: 1,
+                wanted: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    for mode in ["read", "write"] {
+        let rw = RwLock::with_options(
+            &client,
+            "cap:r-rw2",
+            redmutex::RwLockOptions::default().min_replicas(2, short),
+        );
+        let err = if mode == "read" {
+            rw.read()
+        } else {
+            rw.write()
+        }
+        .expect_err("one replica of two");
+        assert!(
+            matches!(
+                err,
+                Error::NotReplicated {
+                    acked: 1,
+                    wanted: 2,
+                    ..
+                }
+            ),
+            "{mode}: {err}"
+        );
+    }
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg("cap:r-*2")
+        .query(&mut primary.conn())
+        .expect("KEYS");
+    assert!(left.is_empty(), "nothing left behind: {left:?}");
 }

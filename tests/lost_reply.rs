@@ -23,6 +23,8 @@ const REENTRANT_ACQUIRE: &str = include_str!("../lua/reentrant_acquire.lua");
 const REENTRANT_RELEASE: &str = include_str!("../lua/reentrant_release.lua");
 const RW_ACQUIRE: &str = include_str!("../lua/rw_acquire.lua");
 const RW_RELEASE: &str = include_str!("../lua/rw_release.lua");
+const RW_EXTEND: &str = include_str!("../lua/rw_extend.lua");
+const REENTRANT_EXTEND: &str = include_str!("../lua/reentrant_extend.lua");
 
 /// A server with the scripts loaded, so a lost reply follows a command
 /// that ran.
@@ -608,4 +610,129 @@ fn a_waiters_lost_pttl_reply_is_sent_again() {
     });
     assert_eq!(stored.as_deref(), Some(token.as_str()));
     assert!(client.stats().resends >= 1, "{:?}", client.stats());
+}
+
+/// A fenced writer's or first reentrant hold's grant whose reply is lost:
+/// the resend recognises the grant and returns the token it drew, without
+/// drawing another (the counter moved once).
+#[test]
+fn a_fenced_grant_is_recognised_with_its_token_after_a_lost_reply() {
+    let server = server();
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy);
+    let rw = RwLock::with_options(
+        &client,
+        "fenced-rw",
+        options()
+            .with_extra(redmutex::RwLockExtra::default())
+            .fencing(true),
+    );
+    proxy.lose_reply(&sha(RW_ACQUIRE), 1);
+    let writer = rw.write().expect("write");
+    assert_eq!(proxy.lost_replies(), 1);
+    let counter: u64 = server
+        .conn()
+        .get(client.fence_key("fenced-rw"))
+        .expect("the counter");
+    assert_eq!(writer.fencing_token(), Some(counter), "the token it drew");
+    writer.unlock().expect("unlock");
+
+    let reentrant = ReentrantLock::with_options(
+        &client,
+        "fenced-re",
+        options()
+            .with_extra(redmutex::ReentrantExtra::default())
+            .fencing(true),
+    );
+    proxy.lose_reply(&sha(REENTRANT_ACQUIRE), 1);
+    let hold = reentrant.lock().expect("lock");
+    assert_eq!(proxy.lost_replies(), 2);
+    let counter: u64 = server
+        .conn()
+        .get(client.fence_key("fenced-re"))
+        .expect("the counter");
+    assert_eq!(hold.fencing_token(), Some(counter));
+    assert_eq!(hold.hold_count(), 1, "one hold, counted once");
+    hold.unlock().expect("unlock");
+}
+
+/// `min_replicas` on a read-write and a reentrant lock: the `WAIT` reply
+/// lost. The resend renews the hold on its new connection, so `WAIT` has a
+/// write to wait for, and the hold is granted once the replica has it;
+/// every reply lost is an unknown outcome that leaves nothing behind.
+#[test]
+fn a_lost_wait_reply_is_resent_for_the_lock_family() {
+    let primary = server();
+    let replica = RedisServer::start_replica_of(&primary);
+    let proxy = FaultProxy::to(&primary);
+    let client = client(&proxy);
+    let wait = Duration::from_millis(1000);
+    let rw = RwLock::with_options(
+        &client,
+        "rep-rw",
+        options()
+            .with_extra(redmutex::RwLockExtra::default())
+            .min_replicas(1, wait),
+    );
+    let reentrant = ReentrantLock::with_options(
+        &client,
+        "rep-re",
+        options()
+            .with_extra(redmutex::ReentrantExtra::default())
+            .min_replicas(1, wait),
+    );
+    let on_replica = |key: &str| -> bool {
+        let fields: Vec<String> = replica.conn().hkeys(key).unwrap_or_default();
+        !fields.is_empty()
+    };
+    proxy.lose_reply("WAIT", 1);
+    let writer = rw.write().expect("write");
+    assert_eq!(proxy.lost_replies(), 1);
+    assert!(wait_until(Duration::from_secs(5), || on_replica("rep-rw")));
+    writer.unlock().expect("unlock");
+    proxy.lose_reply("WAIT", 1);
+    let hold = reentrant.lock().expect("lock");
+    assert_eq!(proxy.lost_replies(), 2);
+    assert!(wait_until(Duration::from_secs(5), || on_replica("rep-re")));
+    hold.unlock().expect("unlock");
+
+    proxy.lose_reply("WAIT", 3);
+    let err = rw.try_write().expect_err("lost");
+    assert!(err.is_outcome_unknown(), "{err}");
+    proxy.lose_reply("WAIT", 3);
+    let err = reentrant.try_lock().expect_err("lost");
+    assert!(err.is_outcome_unknown(), "{err}");
+    assert!(wait_until(Duration::from_secs(5), || {
+        !exists(&primary, "rep-rw") && !exists(&primary, "rep-re")
+    }));
+}
+
+/// The watchdog's renewals of a read-write and a reentrant hold are safe
+/// to resend: replies lost, the holds stay renewed and never read as lost.
+#[test]
+fn family_renewals_survive_lost_replies() {
+    let server = server();
+    let proxy = FaultProxy::to(&server);
+    let client = client(&proxy);
+    let watched = options().ttl(Duration::from_millis(600)).watchdog(true);
+    let writer = RwLock::with_options(&client, "wr", watched.with_extra(Default::default()))
+        .write()
+        .expect("write");
+    let hold = ReentrantLock::with_options(&client, "wre", watched.with_extra(Default::default()))
+        .lock()
+        .expect("lock");
+    proxy.lose_reply(&sha(RW_EXTEND), 2);
+    proxy.lose_reply(&sha(REENTRANT_EXTEND), 2);
+    let renewed = wait_until(Duration::from_secs(10), || {
+        proxy.lost_replies() >= 4 && client.stats().renewals >= 8
+    });
+    assert!(renewed, "{:?}", client.stats());
+    let until = Instant::now() + Duration::from_millis(700);
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!writer.is_lost() && !hold.is_lost(), "renewed on");
+    assert!(writer.is_held().expect("is_held") && hold.is_held().expect("is_held"));
+    writer.unlock().expect("unlock");
+    hold.unlock().expect("unlock");
 }

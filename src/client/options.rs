@@ -328,7 +328,16 @@ impl Default for SemaphoreExtra {
 /// [`ReentrantOptions`].
 #[non_exhaustive]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ReentrantExtra {}
+pub struct ReentrantExtra {
+    /// A fencing token for the owner's first hold, from the counter
+    /// [`LockExtra::fencing`] describes (the same one: `{KEY}:fence`),
+    /// taken in the acquire script; nested holds carry the same token.
+    /// Defaults to `false`.
+    pub fencing: bool,
+    /// As [`LockExtra::min_replicas`], for every hold taken in Redis
+    /// (nested ones included: each writes the hash). Defaults to `None`.
+    pub min_replicas: Option<(u32, Duration)>,
+}
 
 /// What only a [`RwLock`](crate::RwLock) has among its [`RwLockOptions`].
 #[non_exhaustive]
@@ -338,6 +347,14 @@ pub struct RwLockExtra {
     /// as long as readers keep overlapping). Defaults to `false`: writer
     /// preference.
     pub prefer_readers: bool,
+    /// A fencing token for every writer, from the counter
+    /// [`LockExtra::fencing`] describes (the same one: `{KEY}:fence`),
+    /// taken in the acquire script. Readers get none: they do not exclude
+    /// each other, so a token would order nothing. Defaults to `false`.
+    pub fencing: bool,
+    /// As [`LockExtra::min_replicas`], for every read or write hold.
+    /// Defaults to `None`.
+    pub min_replicas: Option<(u32, Duration)>,
 }
 
 /// What only a [`RedLock`](crate::RedLock) has among its
@@ -402,11 +419,18 @@ impl LockOptions {
     }
 
     pub(crate) fn for_reentrant(&self) -> ReentrantOptions {
-        self.with_extra(ReentrantExtra {})
+        self.with_extra(ReentrantExtra {
+            fencing: self.extra.fencing,
+            min_replicas: self.extra.min_replicas,
+        })
     }
 
     pub(crate) fn for_rwlock(&self) -> RwLockOptions {
-        self.with_extra(RwLockExtra::default())
+        self.with_extra(RwLockExtra {
+            prefer_readers: false,
+            fencing: self.extra.fencing,
+            min_replicas: self.extra.min_replicas,
+        })
     }
 }
 
@@ -441,11 +465,43 @@ impl SemaphoreOptions {
     }
 }
 
+impl ReentrantOptions {
+    /// Sets [`ReentrantExtra::fencing`].
+    #[must_use]
+    pub fn fencing(mut self, enabled: bool) -> Self {
+        self.extra.fencing = enabled;
+        self
+    }
+
+    /// Sets [`ReentrantExtra::min_replicas`]: `n` replicas within
+    /// `timeout`; `n == 0` turns it off.
+    #[must_use]
+    pub fn min_replicas(mut self, n: u32, timeout: Duration) -> Self {
+        self.extra.min_replicas = (n > 0).then_some((n, timeout));
+        self
+    }
+}
+
 impl RwLockOptions {
     /// Sets [`RwLockExtra::prefer_readers`].
     #[must_use]
     pub fn prefer_readers(mut self, prefer: bool) -> Self {
         self.extra.prefer_readers = prefer;
+        self
+    }
+
+    /// Sets [`RwLockExtra::fencing`].
+    #[must_use]
+    pub fn fencing(mut self, enabled: bool) -> Self {
+        self.extra.fencing = enabled;
+        self
+    }
+
+    /// Sets [`RwLockExtra::min_replicas`]: `n` replicas within `timeout`;
+    /// `n == 0` turns it off.
+    #[must_use]
+    pub fn min_replicas(mut self, n: u32, timeout: Duration) -> Self {
+        self.extra.min_replicas = (n > 0).then_some((n, timeout));
         self
     }
 }

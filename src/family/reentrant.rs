@@ -12,8 +12,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
-use crate::client::options::{ReentrantOptions, WaitMode, ttl_millis};
+use crate::client::options::{ReentrantOptions, WaitMode, check_min_replicas, ttl_millis};
 use crate::client::release;
+use crate::client::replicas;
+use crate::conn::backend::Connection;
 use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
 use crate::error::{Error, LossReason};
@@ -381,6 +383,7 @@ impl ReentrantLock {
             ));
         }
         let millis = ttl_millis(self.options.ttl)?;
+        check_min_replicas(self.options.extra.min_replicas, self.client.timeout())?;
         self.client.check_key(&self.key)?;
         let owner = current_owner();
         let mut contender = Hold {
@@ -440,28 +443,50 @@ impl Contender for Hold<'_> {
         // A fresh hold id per attempt: a resend of this request recognises
         // its own field, never another hold's.
         let hold = client.new_token(key)?;
+        let extra = &self.lock.options.extra;
+        let fence_key = extra.fencing.then(|| client.fence_key(key));
+        // Set once Redis granted the hold in this attempt: whatever fails
+        // after that (the WAIT, say) leaves a hold to take out again.
+        let granted = Cell::new(false);
         let sent = Instant::now();
         client.counters().commands(1);
-        let acquired = client.run(Op::ReentrantAcquire, key, |con, _| {
-            script::REENTRANT_ACQUIRE
-                .key(key)
-                .arg(owner)
-                .arg(millis)
-                .arg(&hold)
-                .invoke::<(u32, i64)>(con)
-        });
-        let (count, pttl) = acquired.inspect_err(|err| {
-            if err.is_outcome_unknown() {
-                // The hold may have been added: take it out again.
-                client.orphan(
-                    key,
-                    OrphanKind::Reentrant {
-                        owner: owner.to_owned(),
-                        hold: hold.clone(),
-                    },
-                );
+        let acquired = client.run(Op::ReentrantAcquire, key, |con, send| {
+            let connection = replicas::node_connection_id(con, key, extra.min_replicas.is_some())?;
+            let mut script = script::REENTRANT_ACQUIRE.key(key);
+            if let Some(fence_key) = &fence_key {
+                script.key(fence_key);
             }
-        })?;
+            let reply: (u32, i64, u64) = script.arg(owner).arg(millis).arg(&hold).invoke(con)?;
+            if reply.0 == 0 {
+                return Ok((reply, None));
+            }
+            granted.set(true);
+            Ok((
+                reply,
+                self.await_replicas(con, &hold, send.resend, connection)?,
+            ))
+        });
+        let ((count, pttl, fence), short) = acquired
+            .map_err(|err| crate::mutex::fence_failure(key, fence_key.as_deref(), err))
+            .inspect_err(|err| {
+                if granted.get() || err.is_outcome_unknown() {
+                    // The hold may have been added: take it out again.
+                    client.orphan(
+                        key,
+                        OrphanKind::Reentrant {
+                            owner: owner.to_owned(),
+                            hold: hold.clone(),
+                        },
+                    );
+                }
+            })?;
+        if let (Some(acked), Some((wanted, _))) = (short, extra.min_replicas) {
+            return Err(Error::NotReplicated {
+                key: key.to_owned(),
+                acked,
+                wanted,
+            });
+        }
         if count == 0 {
             return Ok(Attempt::Held(
                 u64::try_from(pttl).ok().map(Duration::from_millis),
@@ -504,12 +529,56 @@ impl Contender for Hold<'_> {
             held_since: Instant::now(),
             loss,
             watch,
+            fence: fence_key.is_some().then_some(fence),
             _thread_bound: PhantomData,
         }))
     }
 
     fn accept(&mut self, gift: Infallible) -> Result<Option<ReentrantGuard>, Error> {
         match gift {}
+    }
+}
+
+impl Hold<'_> {
+    /// With [`ReentrantExtra::min_replicas`](crate::ReentrantExtra::min_replicas):
+    /// `WAIT` on the connection that added the hold; when fewer replicas
+    /// acknowledged, this hold is released again on that connection and
+    /// how many did is returned. After a lost reply (`resend`), the hold
+    /// was written on another connection: this one renews the lease first
+    /// (owner-checked, `lua/reentrant_extend.lua`), so the `WAIT` counts a
+    /// write of it.
+    fn await_replicas(
+        &self,
+        con: &mut Connection,
+        hold: &str,
+        resend: bool,
+        connection: Option<i64>,
+    ) -> redis::RedisResult<Option<u32>> {
+        let Some(wanted) = self.lock.options.extra.min_replicas else {
+            return Ok(None);
+        };
+        let (client, key) = (&self.lock.client, self.lock.key.as_str());
+        if resend {
+            client.counters().commands(1);
+            let _renewed: i64 = script::REENTRANT_EXTEND
+                .key(key)
+                .arg(self.owner)
+                .arg(self.millis)
+                .invoke(con)?;
+        }
+        let acked = replicas::acknowledged(con, client.counters(), key, wanted, connection)?;
+        if acked >= wanted.0 {
+            return Ok(None);
+        }
+        client.counters().commands(1);
+        let channel = client.release_channel(key);
+        let mut release = script::REENTRANT_RELEASE.key(key);
+        release.arg(self.owner).arg(hold).arg(1).arg(&channel);
+        if client.sharded(&channel) {
+            release.arg(script::SHARDED);
+        }
+        let _released: Option<i64> = release.invoke(con)?;
+        Ok(Some(acked))
     }
 }
 
@@ -543,6 +612,8 @@ pub struct ReentrantGuard {
     /// The watchdog's entry renewing the hold, when it is watched (shared
     /// by the hold's guards; it then owns the lease's timing).
     watch: Option<Arc<WatchEntry>>,
+    /// The owner's fencing token (its first hold's), when the lock fences.
+    fence: Option<u64>,
     _thread_bound: PhantomData<Rc<()>>,
 }
 
@@ -702,7 +773,7 @@ impl crate::lease::Lease for ReentrantGuard {
     }
 
     fn fencing_token(&self) -> Option<u64> {
-        None
+        self.fence
     }
 
     /// Asks Redis whether this owner still holds the lock.

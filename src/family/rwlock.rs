@@ -8,8 +8,10 @@ use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
 use crate::client::holder::Redacted;
-use crate::client::options::{MAX_TTL, RwLockOptions, WaitMode, ttl_millis};
+use crate::client::options::{MAX_TTL, RwLockOptions, WaitMode, check_min_replicas, ttl_millis};
 use crate::client::release;
+use crate::client::replicas;
+use crate::conn::backend::Connection;
 use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
 use crate::error::{Error, LossReason};
@@ -263,6 +265,7 @@ impl RwLock {
             ));
         }
         let millis = ttl_millis(self.options.ttl)?;
+        check_min_replicas(self.options.extra.min_replicas, self.client.timeout())?;
         self.client.check_key(&self.key)?;
         let deadline = within.deadline();
         let token = self.client.new_token(&self.key)?;
@@ -355,20 +358,36 @@ impl Contender for Grant<'_> {
 
     fn attempt(&mut self, _quick: bool) -> Result<Attempt<RwGuard>, Error> {
         let (client, key, token) = (&self.lock.client, self.lock.key.as_str(), self.token);
+        let extra = &self.lock.options.extra;
+        // Writers only: readers do not exclude each other.
+        let fence_key = (extra.fencing && self.mode == Mode::Write).then(|| client.fence_key(key));
+        // Set once Redis granted the hold in this attempt: whatever fails
+        // after that (the WAIT, say) leaves a hold to take out again.
+        let granted = std::cell::Cell::new(false);
         let sent = Instant::now();
         client.counters().commands(1);
-        let (acquired, wait_ms): (i64, i64) = client
-            .run(Op::RwAcquire, key, |con, _| {
-                script::RW_ACQUIRE
-                    .key(key)
-                    .arg(token)
-                    .arg(self.mode.code())
-                    .arg(self.millis)
-                    .arg(self.fourth)
-                    .invoke(con)
-            })
+        let reply = client.run(Op::RwAcquire, key, |con, send| {
+            let connection = replicas::node_connection_id(con, key, extra.min_replicas.is_some())?;
+            let mut script = script::RW_ACQUIRE.key(key);
+            if let Some(fence_key) = &fence_key {
+                script.key(fence_key);
+            }
+            let reply: (i64, i64, u64) = script
+                .arg(token)
+                .arg(self.mode.code())
+                .arg(self.millis)
+                .arg(self.fourth)
+                .invoke(con)?;
+            if reply.0 != 1 {
+                return Ok((reply, None));
+            }
+            granted.set(true);
+            Ok((reply, self.await_replicas(con, send.resend, connection)?))
+        });
+        let ((acquired, wait_ms, fence), short) = reply
+            .map_err(|err| crate::mutex::fence_failure(key, fence_key.as_deref(), err))
             .inspect_err(|err| {
-                if err.is_outcome_unknown() {
+                if granted.get() || err.is_outcome_unknown() {
                     // A grant (or a writer's place in line) may have been
                     // written: take every field of it out again.
                     client.orphan(
@@ -379,6 +398,13 @@ impl Contender for Grant<'_> {
                     );
                 }
             })?;
+        if let (Some(acked), Some((wanted, _))) = (short, extra.min_replicas) {
+            return Err(Error::NotReplicated {
+                key: key.to_owned(),
+                acked,
+                wanted,
+            });
+        }
         if acquired != 1 {
             return Ok(Attempt::Held(
                 u64::try_from(wait_ms).ok().map(Duration::from_millis),
@@ -417,11 +443,59 @@ impl Contender for Grant<'_> {
             held_since: Instant::now(),
             loss,
             watch,
+            fence: fence_key.is_some().then_some(fence),
         }))
     }
 
     fn accept(&mut self, gift: Infallible) -> Result<Option<RwGuard>, Error> {
         match gift {}
+    }
+}
+
+impl Grant<'_> {
+    /// With [`RwLockExtra::min_replicas`](crate::RwLockExtra::min_replicas):
+    /// `WAIT` on the connection that granted the hold; when fewer replicas
+    /// acknowledged, the hold is released again on that connection and
+    /// how many did is returned. After a lost reply (`resend`), the grant
+    /// was written on another connection: this one renews the hold first
+    /// (owner-checked, `lua/rw_extend.lua`), so the `WAIT` counts a write
+    /// of the hold.
+    fn await_replicas(
+        &self,
+        con: &mut Connection,
+        resend: bool,
+        connection: Option<i64>,
+    ) -> redis::RedisResult<Option<u32>> {
+        let Some(wanted) = self.lock.options.extra.min_replicas else {
+            return Ok(None);
+        };
+        let (client, key) = (&self.lock.client, self.lock.key.as_str());
+        if resend {
+            client.counters().commands(1);
+            let _renewed: i64 = script::RW_EXTEND
+                .key(key)
+                .arg(self.token)
+                .arg(self.mode.code())
+                .arg(self.millis)
+                .invoke(con)?;
+        }
+        let acked = replicas::acknowledged(con, client.counters(), key, wanted, connection)?;
+        if acked >= wanted.0 {
+            return Ok(None);
+        }
+        client.counters().commands(1);
+        let channel = client.release_channel(key);
+        let mut release = script::RW_RELEASE.key(key);
+        release
+            .arg(self.token)
+            .arg(self.mode.code())
+            .arg(&channel)
+            .arg(1);
+        if client.sharded(&channel) {
+            release.arg(script::SHARDED);
+        }
+        let _released: i64 = release.invoke(con)?;
+        Ok(Some(acked))
     }
 }
 
@@ -488,6 +562,8 @@ pub struct RwGuard {
     /// The watchdog's entry, when it renews this hold (it then owns the
     /// hold's timing).
     watch: Option<Arc<WatchEntry>>,
+    /// The writer's fencing token, when the lock fences.
+    fence: Option<u64>,
 }
 
 impl std::fmt::Debug for RwGuard {
@@ -602,7 +678,7 @@ impl crate::lease::Lease for RwGuard {
     }
 
     fn fencing_token(&self) -> Option<u64> {
-        None
+        self.fence
     }
 
     /// Whether Redis still has this hold (this reader's field, or this

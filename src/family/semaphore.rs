@@ -455,6 +455,8 @@ impl Contender for Take<'_> {
                 self.await_replicas(con, id, send.resend, connection)?,
             ))
         });
+        let reply =
+            reply.map_err(|err| crate::mutex::fence_failure(key, fence_key.as_deref(), err));
         let ((acquired, wait_ms, fence), short) = match reply {
             Ok(reply) => reply,
             Err(Error::Redis(err)) if err.code() == Some("LIMIT") => {
@@ -464,21 +466,6 @@ impl Contender for Take<'_> {
                     err.detail().unwrap_or("another number"),
                     semaphore.permits
                 )));
-            }
-            Err(Error::Redis(err)) if err.code() == Some("FENCE") => {
-                return Err(Error::FenceCounter {
-                    key: key.to_owned(),
-                    counter: fence_key.unwrap_or_default(),
-                    detail: err.detail().unwrap_or("unusable").to_owned(),
-                });
-            }
-            Err(Error::Redis(err))
-                if crate::error::server_code(&err) == Some("NOPERM") && fence_key.is_some() =>
-            {
-                return Err(crate::mutex::fence_refused(
-                    key,
-                    &fence_key.unwrap_or_default(),
-                ));
             }
             Err(err) => {
                 if granted.get() || err.is_outcome_unknown() {

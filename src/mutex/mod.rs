@@ -578,21 +578,7 @@ impl DistributedLock {
                 self.await_replicas(con, token, millis, send.resend, connection)?,
             ))
         });
-        let result = result.map_err(|err| match (err, &fence_key) {
-            (Error::Redis(err), Some(counter)) if err.code() == Some("FENCE") => {
-                Error::FenceCounter {
-                    key: key.to_owned(),
-                    counter: counter.clone(),
-                    detail: err.detail().unwrap_or("unusable").to_owned(),
-                }
-            }
-            (Error::Redis(err), Some(counter))
-                if crate::error::server_code(&err) == Some("NOPERM") =>
-            {
-                fence_refused(key, counter)
-            }
-            (err, _) => err,
-        });
+        let result = result.map_err(|err| fence_failure(key, fence_key.as_deref(), err));
         let ((acquired, pttl, fence), short) = self.settle(result, token, &set)?;
         self.check_replicated(short)?;
         Ok(if acquired == 1 {
@@ -673,6 +659,23 @@ impl DistributedLock {
             .handed_over(tag_of(&self.options), lease.confirmed());
         lease.accepted();
         Ok(Some(lease))
+    }
+}
+
+/// What a fenced acquisition's error means: `FENCE` from the script (the
+/// counter cannot be incremented) or an ACL refusal of the counter is
+/// [`Error::FenceCounter`]; anything else is passed on.
+pub(crate) fn fence_failure(key: &str, counter: Option<&str>, err: Error) -> Error {
+    match (err, counter) {
+        (Error::Redis(err), Some(counter)) if err.code() == Some("FENCE") => Error::FenceCounter {
+            key: key.to_owned(),
+            counter: counter.to_owned(),
+            detail: err.detail().unwrap_or("unusable").to_owned(),
+        },
+        (Error::Redis(err), Some(counter)) if crate::error::server_code(&err) == Some("NOPERM") => {
+            fence_refused(key, counter)
+        }
+        (err, _) => err,
     }
 }
 
