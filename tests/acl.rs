@@ -504,6 +504,62 @@ fn round(client: &LockClient, kind: &str, key: &str) -> Result<(), redmutex::Err
             assert!(!guard.is_lost(), "renewals refused");
             guard.unlock()?;
         }
+        "fenced reentrant" | "watched reentrant" => {
+            let fenced = kind.starts_with("fenced");
+            let lock = ReentrantLock::with_options(
+                client,
+                key,
+                lease
+                    .ttl(Duration::from_millis(if fenced { 30_000 } else { 300 }))
+                    .watchdog(!fenced)
+                    .with_extra(redmutex::ReentrantExtra::default())
+                    .fencing(fenced),
+            );
+            let guard = lock.lock()?;
+            assert_eq!(guard.fencing_token().is_some(), fenced);
+            watched_for_a_while(client, &guard, !fenced);
+            guard.unlock()?;
+        }
+        "fenced write" | "watched read" | "watched write" => {
+            let fenced = kind.starts_with("fenced");
+            let lock = RwLock::with_options(
+                client,
+                key,
+                lease
+                    .ttl(Duration::from_millis(if fenced { 30_000 } else { 300 }))
+                    .watchdog(!fenced)
+                    .with_extra(redmutex::RwLockExtra::default())
+                    .fencing(fenced),
+            );
+            let guard = if kind.ends_with("read") {
+                lock.read()?
+            } else {
+                lock.write()?
+            };
+            assert_eq!(guard.fencing_token().is_some(), fenced);
+            watched_for_a_while(client, &guard, !fenced);
+            guard.unlock()?;
+        }
+        "watched RedLock" => {
+            let lock = RedLock::with_options(
+                vec![client.clone()],
+                key,
+                lease
+                    .ttl(Duration::from_millis(300))
+                    .watchdog(true)
+                    .with_extra(Default::default()),
+            )?;
+            let guard = lock.lock()?;
+            // Its renewals are its own thread's: past three ttls, still
+            // held and not lost.
+            let until = Instant::now() + Duration::from_millis(900);
+            while Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            assert!(!guard.is_lost(), "renewals refused");
+            assert!(guard.is_held()?);
+            guard.unlock()?;
+        }
         "reentrant" => {
             let lock = ReentrantLock::with_options(client, key, lease);
             let outer = lock.lock()?;
@@ -555,6 +611,19 @@ fn round(client: &LockClient, kind: &str, key: &str) -> Result<(), redmutex::Err
     Ok(())
 }
 
+/// With `watched`, waits for two renewals of the client's watchdog and
+/// checks they were not refused.
+fn watched_for_a_while(client: &LockClient, guard: &dyn redmutex::Lease, watched: bool) {
+    if !watched {
+        return;
+    }
+    let renewals = client.stats().renewals;
+    assert!(wait_until(Duration::from_secs(5), || {
+        client.stats().renewals > renewals + 1
+    }));
+    assert!(!guard.is_lost(), "renewals refused");
+}
+
 /// Every configuration the failure model documents, every lock type and both
 /// release mechanisms. What works must work; what a configuration cannot
 /// serve (fencing without the `{locks:*` keys) must be refused at the
@@ -563,17 +632,23 @@ fn round(client: &LockClient, kind: &str, key: &str) -> Result<(), redmutex::Err
 #[test]
 fn every_documented_acl_configuration_with_every_lock_type() {
     let server = RedisServer::start();
-    const KINDS: [&str; 11] = [
+    const KINDS: [&str; 17] = [
         "lock (Lua)",
         "lock (WATCH)",
         "fenced lock",
         "watched lock",
         "reentrant",
+        "fenced reentrant",
+        "watched reentrant",
         "read",
         "write",
+        "fenced write",
+        "watched read",
+        "watched write",
         "semaphore",
         "fenced semaphore",
         "RedLock",
+        "watched RedLock",
         "force release",
     ];
     let configurations: [(&str, String, Option<&str>); 4] = [
