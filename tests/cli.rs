@@ -498,7 +498,7 @@ fn a_signal_while_waiting_ends_the_wait_and_holds_nothing() {
         .arg(&marker)
         .spawn()
         .expect("run");
-    let channel = redmutex::release_channel("wait");
+    let channel = holder.release_channel("wait");
     assert!(wait_until(Duration::from_secs(10), || support::numsub(
         &server, &channel
     ) == 1));

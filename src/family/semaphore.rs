@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
-use crate::client::holder::{Holder, Redacted};
+use crate::client::holder::{Holder, Redacted, redact};
 use crate::client::options::{
     HandoffBudget, SemaphoreOptions, WaitMode, check_min_replicas, ttl_millis,
 };
@@ -191,8 +191,9 @@ impl Semaphore {
     }
 
     /// What Redis holds for this semaphore now, by the server's clock: the
-    /// stored limit and every permit within its deadline (its id, time
-    /// left and fencing token). One read, in one step; changes nothing.
+    /// stored limit and every permit within its deadline (its holder, its
+    /// id redacted, time left and fencing token). One read, in one step;
+    /// changes nothing.
     ///
     /// # Errors
     ///
@@ -1239,7 +1240,9 @@ pub struct SemaphoreStatus {
 /// One live permit, as [`Semaphore::status`] saw it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct PermitHolder {
+    /// Redacted: the secret part of an id releases the permit.
     id: String,
+    holder: Option<Holder>,
     remaining: Duration,
     fencing_token: Option<u64>,
 }
@@ -1286,7 +1289,8 @@ impl SemaphoreStatus {
         let mut holders: Vec<PermitHolder> = live
             .into_iter()
             .map(|(id, ms, fence)| PermitHolder {
-                id,
+                id: redact(&id),
+                holder: Holder::from_token(&id),
                 remaining: Duration::from_millis(ms),
                 fencing_token: (fence > 0).then_some(fence),
             })
@@ -1297,10 +1301,10 @@ impl SemaphoreStatus {
 }
 
 impl std::fmt::Debug for PermitHolder {
-    // The id is a capability: only its public part is shown.
+    // The id is kept redacted already.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PermitHolder")
-            .field("id", &Redacted(&self.id))
+            .field("id", &self.id)
             .field("remaining", &self.remaining)
             .field("fencing_token", &self.fencing_token)
             .finish()
@@ -1308,7 +1312,9 @@ impl std::fmt::Debug for PermitHolder {
 }
 
 impl PermitHolder {
-    /// The permit's id ([`Permit::id`]).
+    /// The permit's id ([`Permit::id`]) redacted: its secret part, which
+    /// would release the permit, replaced by `…`
+    /// ([`redact`](crate::redact)); the holder metadata after it.
     pub fn id(&self) -> &str {
         &self.id
     }
@@ -1326,6 +1332,6 @@ impl PermitHolder {
     /// Who holds it: the holder metadata its id carries (`None` for an id
     /// without, see [`Holder::from_token`]).
     pub fn holder(&self) -> Option<Holder> {
-        Holder::from_token(&self.id)
+        self.holder.clone()
     }
 }

@@ -36,7 +36,7 @@ mod supervise;
 use clap::{Args, Parser, Subcommand};
 use redmutex::{
     DistributedLock, Error, HeldLock, Holder, LockClient, LockClientBuilder, LockOptions,
-    Semaphore, SemaphoreOptions, WaitMode,
+    Semaphore, WaitMode,
 };
 
 const EXIT_CONFLICT: u8 = 1;

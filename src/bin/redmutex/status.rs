@@ -32,8 +32,30 @@ pub(super) fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
         let status = Semaphore::new(&client, args.key.clone(), 1)
             .status()
             .map_err(redis_failure)?;
+        // The ids themselves only when asked for (each is the secret
+        // `release --token` takes; the status read redacts them): a read of
+        // their own, matched to the permits the status read found.
+        let ids: Vec<String> = if cli.tokens {
+            let mut con = connection(&client)?;
+            let fields: Vec<String> = redis::cmd("HKEYS")
+                .arg(client.key(&args.key))
+                .query(&mut con)
+                .unwrap_or_default();
+            fields
+                .into_iter()
+                .filter_map(|f| f.strip_prefix("p:").map(str::to_owned))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let counter = counter()?;
-        semaphore(cli, args, &status, counter, counter_json);
+        semaphore(
+            args,
+            &status,
+            cli.tokens.then_some(ids),
+            counter,
+            counter_json,
+        );
         return Ok(0);
     }
     // The token itself only when asked for (it is the secret
@@ -123,12 +145,22 @@ pub(super) fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
 }
 
 fn semaphore(
-    cli: &Cli,
     args: &StatusArgs,
     status: &redmutex::SemaphoreStatus,
+    ids: Option<Vec<String>>,
     counter: Option<u64>,
     counter_json: impl Fn(Option<u64>) -> String,
 ) {
+    let tokens = ids.is_some();
+    let mut ids = ids.unwrap_or_default();
+    // Each permit's id: the one whose redacted form the status read gave
+    // (a permit given back in between has none).
+    let mut id_of = |holder: &redmutex::PermitHolder| -> Option<String> {
+        let at = ids
+            .iter()
+            .position(|id| redmutex::redact(id) == holder.id())?;
+        Some(ids.swap_remove(at))
+    };
     let limit = status.limit().unwrap_or_default();
     let available = status.available().unwrap_or_default();
     if args.json {
@@ -136,10 +168,10 @@ fn semaphore(
             .holders()
             .iter()
             .map(|h| {
-                let id = if cli.tokens {
-                    format!("\"id\":{},", json_string(h.id()))
-                } else {
-                    String::new()
+                let id = match (tokens, id_of(h)) {
+                    (true, Some(id)) => format!("\"id\":{},", json_string(&id)),
+                    (true, None) => "\"id\":null,".to_owned(),
+                    (false, _) => String::new(),
                 };
                 format!(
                     "{{{id}\"holder\":{},\"ttl_ms\":{},\"fencing_token\":{}}}",
@@ -167,14 +199,15 @@ fn semaphore(
         let fence = holder
             .fencing_token()
             .map_or(String::new(), |t| format!(", fencing token {t}"));
-        let id = if cli.tokens {
-            format!(", id {}", printable(holder.id()))
-        } else {
-            String::new()
+        let id = match id_of(holder) {
+            Some(id) => format!(", id {}", printable(&id)),
+            None => String::new(),
         };
         println!(
             "  {} ({:.1}s left{fence}{id})",
-            who(holder.id()),
+            holder
+                .holder()
+                .map_or_else(|| who(holder.id()), |h| holder_text(&h)),
             holder.remaining().as_secs_f64()
         );
     }
