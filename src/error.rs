@@ -109,6 +109,9 @@ pub enum Error {
     },
     /// A [`RedLock`](crate::RedLock) round did not gather a majority of the
     /// nodes in time (or took longer than the ttl). Every node was released.
+    /// From [`RedLock::status`](crate::RedLock::status): too few nodes
+    /// answered to tell who holds it (`granted`: the most nodes any one
+    /// holder was found on).
     #[error("RedLock on {key:?}: {granted} of the {needed} nodes needed granted it; {}", failed.join("; "))]
     Quorum {
         /// The lock key.

@@ -173,6 +173,55 @@ fn status_reports_the_holder_for_every_type_that_has_it() {
     let status = semaphore.status().expect("status");
     assert_eq!(status.in_use(), 1);
     permit.unlock().expect("unlock");
+
+    // A RedLock: the holder a majority of its nodes share.
+    let nodes = RedisServer::start_many(3);
+    let proxy = support::FaultProxy::to(&nodes[2]);
+    let clients = vec![
+        nodes[0].lock_client(),
+        nodes[1].lock_client(),
+        LockClient::open(&proxy.url()).expect("client"),
+    ];
+    let redlock = RedLock::with_options(
+        clients,
+        "cap:st-red",
+        redmutex::RedLockOptions::default().node_timeout(Duration::from_millis(300)),
+    )
+    .expect("redlock");
+    assert_eq!(redlock.status().expect("status"), None, "free");
+    let guard = redlock.lock().expect("lock");
+    let held = redlock.status().expect("status").expect("held");
+    assert_eq!((held.kind, held.holders), (LockKind::Mutex, 3));
+    assert_eq!(held.key, "cap:st-red");
+    assert!(held.remaining.is_some_and(|r| r <= Duration::from_secs(30)));
+    // One node silent: the two others still make the majority.
+    proxy.blackhole(true);
+    let held = redlock.status().expect("status").expect("held");
+    assert_eq!(held.holders, 2);
+    // And a node that lost it: no majority for anyone, unknown.
+    let _: () = redis::cmd("DEL")
+        .arg("cap:st-red")
+        .query(&mut nodes[1].conn())
+        .expect("DEL");
+    let err = redlock
+        .status()
+        .expect_err("one holder, one free, one silent");
+    assert!(
+        matches!(
+            err,
+            Error::Quorum {
+                granted: 1,
+                needed: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    proxy.blackhole(false);
+    drop(guard);
+    assert!(wait_until(Duration::from_secs(5), || {
+        redlock.status().is_ok_and(|held| held.is_none())
+    }));
 }
 
 /// Every lock type's guard, taken with `options` (the core every type

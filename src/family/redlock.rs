@@ -15,6 +15,7 @@ use std::convert::Infallible;
 
 use crate::client::LockClient;
 use crate::client::holder::Redacted;
+use crate::client::list::HeldLock;
 use crate::client::options::{RedLockOptions, Release, WaitMode, ttl_millis};
 use crate::client::release;
 use crate::conn::policy::Op;
@@ -561,6 +562,70 @@ impl RedLock {
         &self.key
     }
 
+    /// Who holds the RedLock now: every node's `status()` read (one
+    /// atomic read per node, in parallel, each at most the node timeout;
+    /// never a token's secret), judged by the definition of holding a
+    /// RedLock: `Some` when a majority of the nodes hold it for the same
+    /// holder, with [`HeldLock::remaining`](crate::HeldLock::remaining)
+    /// the time until fewer than a majority will (by each node's clock),
+    /// and [`HeldLock::holders`](crate::HeldLock::holders) the nodes that
+    /// hold it; `None` when no holder can have a majority (what a minority
+    /// holds is a lost round's leftover, released or expiring). Changes
+    /// nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Quorum`] when too few nodes answered to tell (the nodes
+    /// not heard from could make a majority); [`Error::InvalidArgument`]
+    /// for an empty key, or a process forked since the lock was made.
+    pub fn status(&self) -> Result<Option<HeldLock>, Error> {
+        self.nodes.check_process()?;
+        if self.key.is_empty() {
+            return Err(Error::InvalidArgument(
+                "the lock key must not be empty".into(),
+            ));
+        }
+        let timeout = self.node_timeout();
+        let started = Instant::now();
+        let give_up = later(started, timeout);
+        let (tx, rx) = mpsc::channel();
+        let mut answers: Vec<Option<Result<Option<HeldLock>, Error>>> =
+            (0..self.nodes.len()).map(|_| None).collect();
+        for (node, target) in self.nodes.nodes.iter().enumerate() {
+            if !target.health.admit(started, timeout) {
+                answers[node] = Some(Err(known_down()));
+                continue;
+            }
+            let key = self.key.clone();
+            self.nodes.send(node, Some(give_up), &tx, move |client| {
+                client.status_of(&key)
+            });
+        }
+        drop(tx);
+        while answers.iter().any(Option::is_none) {
+            let now = Instant::now();
+            if now >= give_up {
+                break;
+            }
+            match rx.recv_timeout(give_up - now) {
+                Ok((node, sent)) => {
+                    if let Some(slot) = answers.get_mut(node) {
+                        *slot = Some(match sent {
+                            Sent::Done(result) => result,
+                            Sent::Abandoned => Err(no_answer(timeout)),
+                        });
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        let answers: Vec<Result<Option<HeldLock>, Error>> = answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(no_answer(timeout))))
+            .collect();
+        judge_status(answers, self.quorum(), &self.key)
+    }
+
     /// How many nodes must grant: N/2 + 1.
     pub fn quorum(&self) -> usize {
         self.nodes.len() / 2 + 1
@@ -1080,6 +1145,58 @@ impl Renewal {
             }
         }
     }
+}
+
+/// What the nodes' status reads say of the RedLock as a whole: the holder
+/// a majority shares (same lock type and holders), or none when no holder
+/// can reach one, or unknown when the nodes not heard from decide.
+fn judge_status(
+    answers: Vec<Result<Option<HeldLock>, Error>>,
+    quorum: usize,
+    key: &str,
+) -> Result<Option<HeldLock>, Error> {
+    let unanswered = answers.iter().filter(|a| a.is_err()).count();
+    // Each holder seen, with the nodes that hold it.
+    let mut groups: Vec<(HeldLock, Vec<Option<Duration>>)> = Vec::new();
+    for held in answers.iter().filter_map(|a| a.as_ref().ok()).flatten() {
+        match groups
+            .iter_mut()
+            .find(|(seen, _)| seen.kind == held.kind && seen.held_by == held.held_by)
+        {
+            Some((_, remaining)) => remaining.push(held.remaining),
+            None => groups.push((held.clone(), vec![held.remaining])),
+        }
+    }
+    let largest = groups.iter().map(|(_, r)| r.len()).max().unwrap_or(0);
+    if let Some((held, mut remaining)) = groups.into_iter().find(|(_, r)| r.len() >= quorum) {
+        // Held by a majority until the quorum-th longest lease ends (no
+        // expiry, `None`, lasts longest).
+        remaining.sort_by(|a, b| match (a, b) {
+            (None, None) => std::cmp::Ordering::Equal,
+            (None, Some(_)) => std::cmp::Ordering::Less,
+            (Some(_), None) => std::cmp::Ordering::Greater,
+            (Some(a), Some(b)) => b.cmp(a),
+        });
+        let holders = u32::try_from(remaining.len()).unwrap_or(u32::MAX);
+        return Ok(Some(HeldLock {
+            remaining: remaining.get(quorum.saturating_sub(1)).copied().flatten(),
+            holders,
+            ..held
+        }));
+    }
+    if largest + unanswered < quorum {
+        return Ok(None);
+    }
+    Err(Error::Quorum {
+        key: key.to_owned(),
+        granted: largest,
+        needed: quorum,
+        failed: answers
+            .iter()
+            .enumerate()
+            .filter_map(|(node, a)| a.as_ref().err().map(|err| format!("node {node}: {err}")))
+            .collect(),
+    })
 }
 
 /// One extension of `token` to `ttl` on every node not known down, in
