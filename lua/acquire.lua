@@ -10,8 +10,8 @@
 --          see src/client/holder.rs)
 -- ARGV[2]  the lease in milliseconds (a positive integer)
 --
--- Returns {acquired, pttl, fence}:
---   {1, 0, fence}  acquired: the key now holds ARGV[1] for ARGV[2] ms. fence
+-- Returns {acquired, pttl, fence, holder}:
+--   {1, 0, fence, nil}  acquired: the key now holds ARGV[1] for ARGV[2] ms. fence
 --                  (0 without KEYS[2]) is the counter after INCR, raised to
 --                  the server's clock in microseconds (TIME) when it is
 --                  below it, and stored back: tokens never go backwards on
@@ -19,11 +19,13 @@
 --                  that lost the last increments still issues larger ones
 --                  than the old primary did, unless its clock is behind
 --                  the old one's by more than the failover took.
---   {1, 0, fence}  also when the key already held ARGV[1]: an earlier run of
+--   {1, 0, fence, nil}  also when the key already held ARGV[1]: an earlier run of
 --                  this same request set it and its reply was lost; fence is
 --                  the counter's value now, which nobody can have moved
 --                  since (only an acquisition bumps it).
---   {0, pttl, 0}   held by another owner, who has pttl ms left (-1: no expiry)
+--   {0, pttl, 0, holder}  held by another owner, who has pttl ms left (-1: no
+--                  expiry); holder is their token (what SET NX GET would
+--                  have answered: the caller keeps only its metadata)
 -- Errors (nothing changed, the lock is not taken):
 --   WRONGTYPE  the lock key holds a non-string value
 --   FENCE ...  the counter cannot be incremented (not an integer, another
@@ -37,17 +39,17 @@
 local previous = redis.call('GET', KEYS[1])
 if not KEYS[2] then
   if previous == ARGV[1] then
-    return {1, 0, 0}
+    return {1, 0, 0, false}
   elseif previous then
-    return {0, redis.call('PTTL', KEYS[1]), 0}
+    return {0, redis.call('PTTL', KEYS[1]), 0, previous}
   end
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return {1, 0, 0}
+  return {1, 0, 0, false}
 end
 if previous == ARGV[1] then
-  return {1, 0, tonumber(redis.pcall('GET', KEYS[2])) or 0}
+  return {1, 0, tonumber(redis.pcall('GET', KEYS[2])) or 0, false}
 elseif previous then
-  return {0, redis.call('PTTL', KEYS[1]), 0}
+  return {0, redis.call('PTTL', KEYS[1]), 0, previous}
 end
 local fence = redis.pcall('INCR', KEYS[2])
 if type(fence) ~= 'number' then
@@ -71,4 +73,4 @@ if fence < floor then
   redis.call('SET', KEYS[2], string.format('%.0f', fence))
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return {1, 0, fence}
+return {1, 0, fence, false}

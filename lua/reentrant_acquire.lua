@@ -12,14 +12,17 @@
 -- ARGV[2]  the lease in milliseconds (a positive integer)
 -- ARGV[3]  this hold's id (a fresh UUID v4, then the holder metadata)
 --
--- Returns {count, pttl, fence}:
---   {n, 0, fence}  acquired; n is the owner's number of holds now (1 =
+-- Returns {count, pttl, fence, holder}:
+--   {n, 0, fence, nil}  acquired; n is the owner's number of holds now (1 =
 --                  first); fence is the hold's fencing token with KEYS[2]
 --                  (taken by the first hold: the counter after INCR, raised
 --                  to the server's clock in microseconds; a nested hold
 --                  reads the counter, which nobody else can move while the
 --                  owner holds the key), else 0
---   {0, pttl, 0}   held by another owner, who has pttl ms left (-1: no expiry)
+--   {0, pttl, 0, holder}  held by another owner, who has pttl ms left (-1:
+--                  no expiry); holder is one of their hold ids (a token:
+--                  the caller keeps only its metadata), nil when none is
+--                  found
 -- Errors with WRONGTYPE, changing nothing, when the key holds something
 -- other than a hash, or a hash without an owner (another lock type's: a
 -- read-write lock or a semaphore); with FENCE, changing nothing, when the
@@ -35,7 +38,15 @@ if owner == false and redis.call('EXISTS', KEYS[1]) == 1 then
   return redis.error_reply('WRONGTYPE the key is a hash without an owner: another lock type, not a reentrant lock')
 end
 if owner ~= false and owner ~= ARGV[1] then
-  return {0, redis.call('PTTL', KEYS[1]), 0}
+  local holder = false
+  local fields = redis.call('HGETALL', KEYS[1])
+  for i = 1, #fields, 2 do
+    if string.sub(fields[i], 1, 2) == 'h:' then
+      holder = string.sub(fields[i], 3)
+      break
+    end
+  end
+  return {0, redis.call('PTTL', KEYS[1]), 0, holder}
 end
 local fence = 0
 if KEYS[2] and owner == false then
@@ -60,4 +71,4 @@ redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'h:' .. ARGV[3], '1')
 if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
-return {redis.call('HLEN', KEYS[1]) - 1, 0, fence}
+return {redis.call('HLEN', KEYS[1]) - 1, 0, fence, false}

@@ -17,11 +17,14 @@
 --          writers: how long (ms) to stay registered as waiting when refused
 --          (0: do not register, a single attempt)
 --
--- Returns {acquired, wait, fence}:
---   {1, 0, fence}  acquired; fence is the writer's fencing token with
+-- Returns {acquired, wait, fence, holder}:
+--   {1, 0, fence, nil}  acquired; fence is the writer's fencing token with
 --                  KEYS[2] (the counter after INCR, raised to the server's
 --                  clock in microseconds), else 0
---   {0, ms, 0}     refused; ms until the earliest deadline that could free it
+--   {0, ms, 0, holder}  refused; ms until the earliest deadline that could
+--                  free it; holder the writer's token, else a reader's (a
+--                  token: the caller keeps only its metadata), nil when
+--                  only waiting writers kept a reader out
 -- Errors with WRONGTYPE, changing nothing, when the key is not a hash, or
 -- a hash with a field no read-write lock writes (another lock type's: a
 -- reentrant lock's 'owner', a semaphore's 'limit'); with FENCE when the
@@ -40,10 +43,10 @@ if ARGV[2] == 'w' then
       and tonumber(redis.call('HGET', KEYS[1], 'wexp') or '0') > now then
     local fence = 0
     if KEYS[2] then fence = tonumber(redis.pcall('GET', KEYS[2])) or 0 end
-    return {1, 0, fence}
+    return {1, 0, fence, false}
   end
 elseif tonumber(redis.call('HGET', KEYS[1], 'r:' .. ARGV[1]) or '0') > now then
-  return {1, 0, 0}
+  return {1, 0, 0, false}
 end
 local fields = redis.call('HGETALL', KEYS[1])
 -- Another lock type's hash is refused before anything is dropped, naming
@@ -64,6 +67,7 @@ if foreign then
   return redis.error_reply('WRONGTYPE the key is a hash of ' .. found .. ', not a read-write lock')
 end
 local writer, readers, queued, soonest, latest = false, 0, 0, nil, now
+local reader = false
 for i = 1, #fields, 2 do
   local name, value = fields[i], fields[i + 1]
   if name ~= 'w' then
@@ -79,6 +83,7 @@ for i = 1, #fields, 2 do
         if soonest == nil or deadline < soonest then soonest = deadline end
       elseif kind == 'r:' then
         readers = readers + 1
+        if not reader then reader = string.sub(name, 3) end
         if soonest == nil or deadline < soonest then soonest = deadline end
       elseif kind == 'q:' and name ~= 'q:' .. ARGV[1] then
         queued = queued + 1
@@ -125,5 +130,7 @@ if granted and now + lease > latest then latest = now + lease end
 if redis.call('HLEN', KEYS[1]) > 0 then
   redis.call('PEXPIREAT', KEYS[1], latest)
 end
-if granted then return {1, 0, fence} end
-return {0, (soonest or now) - now, 0}
+if granted then return {1, 0, fence, false} end
+local holder = reader
+if writer then holder = redis.call('HGET', KEYS[1], 'w') end
+return {0, (soonest or now) - now, 0, holder}

@@ -18,10 +18,12 @@
 -- ARGV[2]  the limit this caller opened the semaphore with (>= 1)
 -- ARGV[3]  the lease in milliseconds (>= 1)
 --
--- Returns {acquired, wait, fence}:
---   {1, 0, f}  acquired (or already held by this id, see below); f is the
---              permit's fencing token (0 without KEYS[2])
---   {0, ms, 0} refused: `limit` live permits; ms until the earliest deadline
+-- Returns {acquired, wait, fence, holder}:
+--   {1, 0, f, nil}  acquired (or already held by this id, see below); f is
+--              the permit's fencing token (0 without KEYS[2])
+--   {0, ms, 0, id}  refused: `limit` live permits; ms until the earliest
+--              deadline, and id the permit whose deadline that is (a
+--              token: the caller keeps only its metadata)
 -- Errors, nothing changed: `LIMIT <stored>` when live permits exist under
 -- another limit; WRONGTYPE when the key is not a hash, or a hash with no
 -- limit or a field no semaphore writes (another lock type's: its fields
@@ -66,7 +68,7 @@ end
 -- Granted by an earlier run of this same request: its token again, before
 -- anything else is looked at (as that run answered).
 if my_deadline ~= nil and my_deadline > now then
-  return {1, 0, own}
+  return {1, 0, own, false}
 end
 if foreign ~= nil then
   return redis.error_reply('WRONGTYPE the key is a hash of ' .. foreign .. ', not a semaphore')
@@ -74,7 +76,7 @@ end
 if #fields > 0 and not has_limit then
   return redis.error_reply('WRONGTYPE the key is a hash without a limit: another lock type, not a semaphore')
 end
-local held, soonest, latest = 0, nil, now
+local held, soonest, latest, first = 0, nil, now, false
 local purged = {}
 for i = 1, #fields, 2 do
   local name = fields[i]
@@ -85,7 +87,9 @@ for i = 1, #fields, 2 do
       purged[#purged + 1] = 'f:' .. string.sub(name, 3)
     else
       held = held + 1
-      if soonest == nil or deadline < soonest then soonest = deadline end
+      if soonest == nil or deadline < soonest then
+        soonest, first = deadline, string.sub(name, 3)
+      end
       if deadline > latest then latest = deadline end
     end
   end
@@ -104,7 +108,7 @@ for i = 1, #purged, 1000 do
   redis.call('HDEL', KEYS[1], unpack(purged, i, math.min(i + 999, #purged)))
 end
 if held >= limit then
-  return {0, soonest - now, 0}
+  return {0, soonest - now, 0, first}
 end
 local fence = 0
 if KEYS[2] then
@@ -133,4 +137,4 @@ local deadline = now + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], mine, deadline, 'limit', limit)
 if deadline > latest then latest = deadline end
 redis.call('PEXPIREAT', KEYS[1], latest)
-return {1, 0, fence}
+return {1, 0, fence, false}

@@ -44,14 +44,25 @@ impl fmt::Display for LossReason {
 #[non_exhaustive]
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// [`DistributedLock::lock`](crate::DistributedLock::lock) waited its
-    /// whole `wait` and the lock stayed held by someone else.
-    #[error("timed out after {waited:?} waiting for lock {key:?}")]
+    /// [`DistributedLock::lock`](crate::DistributedLock::lock) (or another
+    /// type's blocking acquire) waited its whole `wait` and the lock stayed
+    /// held by someone else.
+    #[error("timed out after {waited:?} waiting for lock {key:?}{}", held_by(holder.as_deref()))]
     Timeout {
         /// The lock key.
         key: String,
         /// How long the caller waited.
         waited: Duration,
+        /// Who held it when the last attempt was refused, when the reply
+        /// named a holder (no second request is made for it): the holder's
+        /// token redacted, `…|HOST|PID|PROGRAM|AT_MS|LABEL`
+        /// ([`redact`](crate::redact); read it with
+        /// [`Holder::from_token`](crate::Holder::from_token)). A read-write
+        /// lock names its writer, else a reader; a semaphore the permit
+        /// that runs out first; a reentrant lock one of the owner's holds.
+        /// `None` for a [`RedLock`](crate::RedLock), and when the holder's
+        /// token carries no metadata.
+        holder: Option<String>,
     },
     /// An owner-checked operation (release, extend) found the lock is no
     /// longer ours. Nothing was changed in Redis.
@@ -282,6 +293,11 @@ impl From<r2d2::Error> for Error {
     fn from(err: r2d2::Error) -> Error {
         Error::Pool(PoolError::from(err))
     }
+}
+
+/// The end of a timeout's message: who held the lock, when known.
+fn held_by(holder: Option<&str>) -> String {
+    holder.map_or_else(String::new, |holder| format!(" (held by {holder})"))
 }
 
 impl Error {

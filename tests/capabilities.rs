@@ -853,3 +853,100 @@ fn min_replicas_is_acknowledged_where_the_type_offers_it() {
         .expect("KEYS");
     assert!(left.is_empty(), "nothing left behind: {left:?}");
 }
+
+/// A blocking acquire that times out names who held the lock, from the
+/// refused attempts' own replies (never their secret), on every type
+/// whose reply carries a holder.
+#[test]
+fn a_timeout_names_the_holder_on_every_type() {
+    let server = RedisServer::start();
+    let holder = LockClient::builder()
+        .url(server.url())
+        .label("nightly-7")
+        .build()
+        .expect("client");
+    let waiter = server.lock_client();
+    let short = redmutex::Options::<()>::default().wait(Duration::from_millis(50));
+    let named = |kind: &str, err: Error, secret: &str| {
+        let Error::Timeout { holder, .. } = &err else {
+            panic!("{kind}: {err}");
+        };
+        let holder = holder
+            .as_deref()
+            .unwrap_or_else(|| panic!("{kind}: no holder named"));
+        assert!(holder.starts_with("…|"), "{kind}: redacted: {holder}");
+        assert!(!holder.contains(secret), "{kind}: a secret in {holder}");
+        let parsed = redmutex::Holder::from_token(holder).expect("metadata");
+        assert_eq!(parsed.label.as_deref(), Some("nightly-7"), "{kind}");
+        assert!(err.to_string().contains("held by"), "{kind}: {err}");
+    };
+    let secret = |token: &str| token.split('|').next().unwrap_or_default().to_owned();
+    for fenced in [false, true] {
+        let options = LockOptions::default().fencing(fenced);
+        let held = DistributedLock::with_options(&holder, "cap:t-lock", options)
+            .lock()
+            .expect("lock");
+        let err = DistributedLock::with_options(
+            &waiter,
+            "cap:t-lock",
+            short
+                .with_extra(redmutex::LockExtra::default())
+                .fencing(fenced),
+        )
+        .lock()
+        .expect_err("held");
+        named(
+            if fenced { "fenced lock" } else { "lock" },
+            err,
+            &secret(held.token()),
+        );
+        held.unlock().expect("unlock");
+    }
+    // A reentrant lock re-enters on its owner's thread: held by another.
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let owner = holder.clone();
+    let holding = std::thread::spawn(move || {
+        let held = ReentrantLock::new(&owner, "cap:t-re").lock().expect("lock");
+        held_tx.send(held.hold_id().to_owned()).expect("send");
+        let _ = done_rx.recv_timeout(Duration::from_secs(30));
+        held.unlock().expect("unlock");
+    });
+    let hold_id: String = held_rx.recv_timeout(Duration::from_secs(10)).expect("held");
+    let err =
+        ReentrantLock::with_options(&waiter, "cap:t-re", short.with_extra(Default::default()))
+            .lock()
+            .expect_err("held");
+    named("reentrant", err, &secret(&hold_id));
+    done_tx.send(()).expect("send");
+    holding.join().expect("holder");
+    let rw =
+        |c: &LockClient| RwLock::with_options(c, "cap:t-rw", short.with_extra(Default::default()));
+    let writer = rw(&holder).write().expect("write");
+    named(
+        "read",
+        rw(&waiter).read().expect_err("held"),
+        &secret(writer.token()),
+    );
+    writer.unlock().expect("unlock");
+    let reader = rw(&holder).read().expect("read");
+    named(
+        "write",
+        rw(&waiter).write().expect_err("held"),
+        &secret(reader.token()),
+    );
+    reader.unlock().expect("unlock");
+    let permit = Semaphore::new(&holder, "cap:t-sem", 1)
+        .acquire()
+        .expect("permit");
+    let err = Semaphore::with_options(
+        &waiter,
+        "cap:t-sem",
+        1,
+        short.with_extra(Default::default()),
+    )
+    .acquire()
+    .expect_err("held");
+    named("semaphore", err, &secret(permit.id()));
+    permit.unlock().expect("unlock");
+}

@@ -207,7 +207,7 @@ fn grant(client: &LockClient, key: &str, token: &str, millis: u64) -> Result<boo
         }
     }
     client.counters().commands(1);
-    let (acquired, _pttl, _fence): (i64, i64, u64) =
+    let (acquired, _pttl, _fence, _holder): (i64, i64, u64, Option<String>) =
         client.run(Op::AcquireScript, key, |con, _| {
             script::ACQUIRE.key(key).arg(token).arg(millis).invoke(con)
         })?;
@@ -654,6 +654,7 @@ impl RedLock {
         .and_then(|guard| {
             guard.ok_or_else(|| {
                 rounds.last.unwrap_or_else(|| Error::Timeout {
+                    holder: None,
                     key: self.key.clone(),
                     waited: started.elapsed(),
                 })

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
+use crate::client::holder::redact;
 use crate::client::options::{ReentrantOptions, WaitMode, check_min_replicas, ttl_millis};
 use crate::client::release;
 use crate::client::replicas;
@@ -327,7 +328,9 @@ impl ReentrantLock {
     /// reentrant lock (a plain lock's string, a read-write lock's or a
     /// semaphore's hash); [`Error::Redis`] or [`Error::Pool`].
     pub fn lock(&self) -> Result<ReentrantGuard, Error> {
-        blocking(&self.key, self.options.wait, |within| self.acquire(within))
+        blocking(&self.key, self.options.wait, |within, seen| {
+            self.acquire(within, seen)
+        })
     }
 
     /// One attempt: `Ok(None)` when another owner holds it.
@@ -337,7 +340,7 @@ impl ReentrantLock {
     /// As [`ReentrantLock::lock`], without [`Error::Timeout`].
     #[must_use = "the guard is the hold: dropping it at once releases it"]
     pub fn try_lock(&self) -> Result<Option<ReentrantGuard>, Error> {
-        self.acquire(Within::Once)
+        self.acquire(Within::Once, &mut None)
     }
 
     /// Attempts until acquired or `wait` has passed.
@@ -347,7 +350,7 @@ impl ReentrantLock {
     /// As [`ReentrantLock::lock`], without [`Error::Timeout`].
     #[must_use = "the guard is the hold: dropping it at once releases it"]
     pub fn try_lock_for(&self, wait: Duration) -> Result<Option<ReentrantGuard>, Error> {
-        self.acquire(Within::For(wait))
+        self.acquire(Within::For(wait), &mut None)
     }
 
     /// Attempts until acquired or `deadline` has passed.
@@ -357,7 +360,7 @@ impl ReentrantLock {
     /// As [`ReentrantLock::lock`], without [`Error::Timeout`].
     #[must_use = "the guard is the hold: dropping it at once releases it"]
     pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<ReentrantGuard>, Error> {
-        self.acquire(Within::Until(deadline))
+        self.acquire(Within::Until(deadline), &mut None)
     }
 
     /// This lock's stats tag.
@@ -368,15 +371,25 @@ impl ReentrantLock {
         }
     }
 
-    fn acquire(&self, within: Within) -> Result<Option<ReentrantGuard>, Error> {
+    /// `seen`: who held it when the last attempt was refused (a hold id
+    /// of theirs, redacted), when the reply named one.
+    fn acquire(
+        &self,
+        within: Within,
+        seen: &mut Option<String>,
+    ) -> Result<Option<ReentrantGuard>, Error> {
         let started = Instant::now();
-        let result = self.acquire_inner(within);
+        let result = self.acquire_inner(within, seen);
         self.client
             .counters()
             .acquisition(self.tag(), started, result)
     }
 
-    fn acquire_inner(&self, within: Within) -> Result<Option<ReentrantGuard>, Error> {
+    fn acquire_inner(
+        &self,
+        within: Within,
+        seen: &mut Option<String>,
+    ) -> Result<Option<ReentrantGuard>, Error> {
         if self.key.is_empty() {
             return Err(Error::InvalidArgument(
                 "the lock key must not be empty".into(),
@@ -390,6 +403,7 @@ impl ReentrantLock {
             lock: self,
             owner: &owner,
             millis,
+            seen: None,
         };
         let queue_key = format!("{}\u{0}reentrant", self.key);
         // Named only when a head subscribes: the uncontended path allocates
@@ -413,12 +427,14 @@ impl ReentrantLock {
                 subscribe: &subscribe,
             }),
         };
-        acquire(
+        let won = acquire(
             &mut contender,
             within.deadline(),
             self.options.backoff,
             waiting,
-        )
+        );
+        *seen = contender.seen.take();
+        won
     }
 }
 
@@ -427,6 +443,9 @@ struct Hold<'a> {
     lock: &'a ReentrantLock,
     owner: &'a str,
     millis: u64,
+    /// Who held the key when the last attempt was refused (a hold id of
+    /// theirs, redacted), when the reply named one.
+    seen: Option<String>,
 }
 
 impl Contender for Hold<'_> {
@@ -456,7 +475,8 @@ impl Contender for Hold<'_> {
             if let Some(fence_key) = &fence_key {
                 script.key(fence_key);
             }
-            let reply: (u32, i64, u64) = script.arg(owner).arg(millis).arg(&hold).invoke(con)?;
+            let reply: (u32, i64, u64, Option<String>) =
+                script.arg(owner).arg(millis).arg(&hold).invoke(con)?;
             if reply.0 == 0 {
                 return Ok((reply, None));
             }
@@ -466,7 +486,7 @@ impl Contender for Hold<'_> {
                 self.await_replicas(con, &hold, send.resend, connection)?,
             ))
         });
-        let ((count, pttl, fence), short) = acquired
+        let ((count, pttl, fence, holder), short) = acquired
             .map_err(|err| crate::mutex::fence_failure(key, fence_key.as_deref(), err))
             .inspect_err(|err| {
                 if granted.get() || err.is_outcome_unknown() {
@@ -488,6 +508,8 @@ impl Contender for Hold<'_> {
             });
         }
         if count == 0 {
+            // Who holds it, named from the reply; never kept whole.
+            self.seen = holder.as_deref().map(redact);
             return Ok(Attempt::Held(
                 u64::try_from(pttl).ok().map(Duration::from_millis),
             ));

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
-use crate::client::holder::Redacted;
+use crate::client::holder::{Redacted, redact};
 use crate::client::options::{MAX_TTL, RwLockOptions, WaitMode, check_min_replicas, ttl_millis};
 use crate::client::release;
 use crate::client::replicas;
@@ -167,7 +167,7 @@ impl RwLock {
     /// As [`RwLock::read`], without [`Error::Timeout`].
     #[must_use = "the guard is the lock: dropping it at once releases the lock"]
     pub fn try_read(&self) -> Result<Option<RwGuard>, Error> {
-        self.acquire(Mode::Read, Within::Once)
+        self.acquire(Mode::Read, Within::Once, &mut None)
     }
 
     /// Attempts a read lock until `wait` has passed.
@@ -177,7 +177,7 @@ impl RwLock {
     /// As [`RwLock::read`], without [`Error::Timeout`].
     #[must_use = "the guard is the lock: dropping it at once releases the lock"]
     pub fn try_read_for(&self, wait: Duration) -> Result<Option<RwGuard>, Error> {
-        self.acquire(Mode::Read, Within::For(wait))
+        self.acquire(Mode::Read, Within::For(wait), &mut None)
     }
 
     /// Attempts a read lock until `deadline` (at least one attempt, even
@@ -188,7 +188,7 @@ impl RwLock {
     /// As [`RwLock::read`], without [`Error::Timeout`].
     #[must_use = "the guard is the lock: dropping it at once releases the lock"]
     pub fn try_read_until(&self, deadline: Instant) -> Result<Option<RwGuard>, Error> {
-        self.acquire(Mode::Read, Within::Until(deadline))
+        self.acquire(Mode::Read, Within::Until(deadline), &mut None)
     }
 
     /// Takes the write lock, waiting up to the options' `wait`.
@@ -207,7 +207,7 @@ impl RwLock {
     /// As [`RwLock::read`], without [`Error::Timeout`].
     #[must_use = "the guard is the lock: dropping it at once releases the lock"]
     pub fn try_write(&self) -> Result<Option<RwGuard>, Error> {
-        self.acquire(Mode::Write, Within::Once)
+        self.acquire(Mode::Write, Within::Once, &mut None)
     }
 
     /// Attempts the write lock until `wait` has passed; while it waits, new
@@ -218,7 +218,7 @@ impl RwLock {
     /// As [`RwLock::read`], without [`Error::Timeout`].
     #[must_use = "the guard is the lock: dropping it at once releases the lock"]
     pub fn try_write_for(&self, wait: Duration) -> Result<Option<RwGuard>, Error> {
-        self.acquire(Mode::Write, Within::For(wait))
+        self.acquire(Mode::Write, Within::For(wait), &mut None)
     }
 
     /// Attempts the write lock until `deadline` (at least one attempt, even
@@ -230,12 +230,12 @@ impl RwLock {
     /// As [`RwLock::read`], without [`Error::Timeout`].
     #[must_use = "the guard is the lock: dropping it at once releases the lock"]
     pub fn try_write_until(&self, deadline: Instant) -> Result<Option<RwGuard>, Error> {
-        self.acquire(Mode::Write, Within::Until(deadline))
+        self.acquire(Mode::Write, Within::Until(deadline), &mut None)
     }
 
     fn blocking(&self, mode: Mode) -> Result<RwGuard, Error> {
-        blocking(&self.key, self.options.wait, |within| {
-            self.acquire(mode, within)
+        blocking(&self.key, self.options.wait, |within, seen| {
+            self.acquire(mode, within, seen)
         })
     }
 
@@ -250,15 +250,28 @@ impl RwLock {
         }
     }
 
-    fn acquire(&self, mode: Mode, within: Within) -> Result<Option<RwGuard>, Error> {
+    /// `seen`: who held it when the last attempt was refused (the
+    /// writer's token, else a reader's, redacted), when the reply named
+    /// one.
+    fn acquire(
+        &self,
+        mode: Mode,
+        within: Within,
+        seen: &mut Option<String>,
+    ) -> Result<Option<RwGuard>, Error> {
         let started = Instant::now();
-        let result = self.acquire_inner(mode, within);
+        let result = self.acquire_inner(mode, within, seen);
         self.client
             .counters()
             .acquisition(self.tag(mode), started, result)
     }
 
-    fn acquire_inner(&self, mode: Mode, within: Within) -> Result<Option<RwGuard>, Error> {
+    fn acquire_inner(
+        &self,
+        mode: Mode,
+        within: Within,
+        seen: &mut Option<String>,
+    ) -> Result<Option<RwGuard>, Error> {
         if self.key.is_empty() {
             return Err(Error::InvalidArgument(
                 "the lock key must not be empty".into(),
@@ -297,6 +310,7 @@ impl RwLock {
             } else {
                 0
             },
+            seen: None,
         };
         let queue_key = format!("{}\u{0}rw", self.key);
         // Named only when a head subscribes: the uncontended path allocates
@@ -320,6 +334,7 @@ impl RwLock {
             }),
         };
         let result = acquire(&mut contender, deadline, self.options.backoff, waiting);
+        *seen = contender.seen.take();
         if waiting_writer && !matches!(result, Ok(Some(_))) {
             // Gave up (or failed): stop holding readers back, now or as soon
             // as Redis answers. Now only within the call's own bound (its
@@ -350,6 +365,9 @@ struct Grant<'a> {
     /// The script's fourth argument: prefer readers (a read), or how long a
     /// waiting writer stays registered (0: not waiting).
     fourth: u64,
+    /// Who held it when the last attempt was refused (redacted), when the
+    /// reply named a holder.
+    seen: Option<String>,
 }
 
 impl Contender for Grant<'_> {
@@ -372,7 +390,7 @@ impl Contender for Grant<'_> {
             if let Some(fence_key) = &fence_key {
                 script.key(fence_key);
             }
-            let reply: (i64, i64, u64) = script
+            let reply: (i64, i64, u64, Option<String>) = script
                 .arg(token)
                 .arg(self.mode.code())
                 .arg(self.millis)
@@ -384,7 +402,7 @@ impl Contender for Grant<'_> {
             granted.set(true);
             Ok((reply, self.await_replicas(con, send.resend, connection)?))
         });
-        let ((acquired, wait_ms, fence), short) = reply
+        let ((acquired, wait_ms, fence, holder), short) = reply
             .map_err(|err| crate::mutex::fence_failure(key, fence_key.as_deref(), err))
             .inspect_err(|err| {
                 if granted.get() || err.is_outcome_unknown() {
@@ -406,6 +424,8 @@ impl Contender for Grant<'_> {
             });
         }
         if acquired != 1 {
+            // Who holds it, named from the reply; never kept whole.
+            self.seen = holder.as_deref().map(redact);
             return Ok(Attempt::Held(
                 u64::try_from(wait_ms).ok().map(Duration::from_millis),
             ));

@@ -259,7 +259,9 @@ impl Semaphore {
     /// one stored; [`Error::WrongType`]; [`Error::OutcomeUnknown`],
     /// [`Error::Redis`] or [`Error::Pool`].
     pub fn acquire(&self) -> Result<Permit, Error> {
-        blocking(&self.key, self.options.wait, |within| self.take(within))
+        blocking(&self.key, self.options.wait, |within, seen| {
+            self.take(within, seen)
+        })
     }
 
     /// One attempt, no waiting.
@@ -269,7 +271,7 @@ impl Semaphore {
     /// As [`Semaphore::acquire`], without the timeout.
     #[must_use = "the permit is released as soon as it is dropped"]
     pub fn try_acquire(&self) -> Result<Option<Permit>, Error> {
-        self.take(Within::Once)
+        self.take(Within::Once, &mut None)
     }
 
     /// Waits up to `wait` for a permit.
@@ -279,7 +281,7 @@ impl Semaphore {
     /// As [`Semaphore::try_acquire`].
     #[must_use = "the permit is released as soon as it is dropped"]
     pub fn try_acquire_for(&self, wait: Duration) -> Result<Option<Permit>, Error> {
-        self.take(Within::For(wait))
+        self.take(Within::For(wait), &mut None)
     }
 
     /// Waits until `deadline` for a permit (at least one attempt).
@@ -289,7 +291,7 @@ impl Semaphore {
     /// As [`Semaphore::try_acquire`].
     #[must_use = "the permit is released as soon as it is dropped"]
     pub fn try_acquire_until(&self, deadline: Instant) -> Result<Option<Permit>, Error> {
-        self.take(Within::Until(deadline))
+        self.take(Within::Until(deadline), &mut None)
     }
 
     /// Whether a released permit may go straight to a queued thread: with
@@ -311,15 +313,21 @@ impl Semaphore {
         }
     }
 
-    fn take(&self, within: Within) -> Result<Option<Permit>, Error> {
+    /// `seen`: who held the permit that frees first when the last attempt
+    /// was refused (its id, redacted).
+    fn take(&self, within: Within, seen: &mut Option<String>) -> Result<Option<Permit>, Error> {
         let started = Instant::now();
-        let result = self.take_inner(within);
+        let result = self.take_inner(within, seen);
         self.client
             .counters()
             .acquisition(self.tag(), started, result)
     }
 
-    fn take_inner(&self, within: Within) -> Result<Option<Permit>, Error> {
+    fn take_inner(
+        &self,
+        within: Within,
+        seen: &mut Option<String>,
+    ) -> Result<Option<Permit>, Error> {
         if self.key.is_empty() {
             return Err(Error::InvalidArgument(
                 "the semaphore key must not be empty".into(),
@@ -338,6 +346,7 @@ impl Semaphore {
             semaphore: self,
             id: None,
             millis,
+            seen: None,
         };
         let queue_key = &self.queue_key;
         let subscribe = |waker| self.client.subscribe(&self.channel, waker);
@@ -361,7 +370,9 @@ impl Semaphore {
                 subscribe: &subscribe,
             }),
         };
-        acquire(&mut contender, deadline, self.options.backoff, waiting)
+        let won = acquire(&mut contender, deadline, self.options.backoff, waiting);
+        *seen = contender.seen.take();
+        won
     }
 }
 
@@ -374,6 +385,9 @@ struct Take<'a> {
     /// served that way never makes one.
     id: Option<Arc<str>>,
     millis: u64,
+    /// Who held the permit that frees first when the last attempt was
+    /// refused (its id, redacted).
+    seen: Option<String>,
 }
 
 impl Take<'_> {
@@ -437,7 +451,7 @@ impl Contender for Take<'_> {
             let connection =
                 replicas::node_connection_id(con, key, options.extra.min_replicas.is_some())?;
             use script::wire::{Arg, present};
-            let reply: (i64, i64, u64) = script::wire::evalsha(
+            let reply: (i64, i64, u64, Option<String>) = script::wire::evalsha(
                 con,
                 &script::SEM_ACQUIRE,
                 &present([Some(Arg::from(key)), fence_key.as_deref().map(Arg::from)]),
@@ -458,7 +472,7 @@ impl Contender for Take<'_> {
         });
         let reply =
             reply.map_err(|err| crate::mutex::fence_failure(key, fence_key.as_deref(), err));
-        let ((acquired, wait_ms, fence), short) = match reply {
+        let ((acquired, wait_ms, fence, holder), short) = match reply {
             Ok(reply) => reply,
             Err(Error::Redis(err)) if err.code() == Some("LIMIT") => {
                 return Err(Error::InvalidArgument(format!(
@@ -484,6 +498,9 @@ impl Contender for Take<'_> {
             });
         }
         if acquired != 1 {
+            // Who holds the permit that frees first, named from the reply;
+            // never kept whole.
+            self.seen = holder.as_deref().map(redact);
             return Ok(Attempt::Held(
                 u64::try_from(wait_ms).ok().map(Duration::from_millis),
             ));

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
+use crate::client::holder::redact;
 use crate::client::options::{LockOptions, WaitMode, check_min_replicas, ttl_millis};
 use crate::client::{release, replicas};
 use crate::conn::policy::Op;
@@ -118,7 +119,9 @@ impl DistributedLock {
     /// non-string value; [`Error::Redis`] or [`Error::Pool`] when Redis
     /// cannot be reached or fails (at once, not after the wait).
     pub fn lock(&self) -> Result<LockGuard, Error> {
-        blocking(&self.key, self.options.wait, |within| self.acquire(within))
+        blocking(&self.key, self.options.wait, |within, seen| {
+            self.acquire(within, seen)
+        })
     }
 
     /// One attempt: `Ok(None)` when another owner holds the lock.
@@ -128,7 +131,7 @@ impl DistributedLock {
     /// As [`DistributedLock::lock`], without [`Error::Timeout`].
     #[must_use = "the guard is the lock: dropping it at once releases the lock"]
     pub fn try_lock(&self) -> Result<Option<LockGuard>, Error> {
-        self.acquire(Within::Once)
+        self.acquire(Within::Once, &mut None)
     }
 
     /// Attempts until the lock is had or `wait` has passed: `Ok(None)` when
@@ -139,7 +142,7 @@ impl DistributedLock {
     /// As [`DistributedLock::lock`], without [`Error::Timeout`].
     #[must_use = "the guard is the lock: dropping it at once releases the lock"]
     pub fn try_lock_for(&self, wait: Duration) -> Result<Option<LockGuard>, Error> {
-        self.acquire(Within::For(wait))
+        self.acquire(Within::For(wait), &mut None)
     }
 
     /// Attempts until the lock is had or `deadline` has passed (at least
@@ -151,7 +154,7 @@ impl DistributedLock {
     /// As [`DistributedLock::lock`], without [`Error::Timeout`].
     #[must_use = "the guard is the lock: dropping it at once releases the lock"]
     pub fn try_lock_until(&self, deadline: Instant) -> Result<Option<LockGuard>, Error> {
-        self.acquire(Within::Until(deadline))
+        self.acquire(Within::Until(deadline), &mut None)
     }
 
     /// Releases the lock held under `token` (owner-checked), for tools and
@@ -300,15 +303,25 @@ impl DistributedLock {
         Ok(token)
     }
 
-    fn acquire(&self, within: Within) -> Result<Option<LockGuard>, Error> {
+    /// `seen`: who held it when the last attempt was refused, when the
+    /// reply named a holder (their token, redacted).
+    fn acquire(
+        &self,
+        within: Within,
+        seen: &mut Option<String>,
+    ) -> Result<Option<LockGuard>, Error> {
         let started = Instant::now();
-        let result = self.acquire_inner(within);
+        let result = self.acquire_inner(within, seen);
         self.client
             .counters()
             .acquisition(tag_of(&self.options), started, result)
     }
 
-    fn acquire_inner(&self, within: Within) -> Result<Option<LockGuard>, Error> {
+    fn acquire_inner(
+        &self,
+        within: Within,
+        seen: &mut Option<String>,
+    ) -> Result<Option<LockGuard>, Error> {
         if self.key.is_empty() {
             return Err(Error::InvalidArgument(
                 "the lock key must not be empty".into(),
@@ -331,6 +344,7 @@ impl DistributedLock {
             lock: self,
             token: None,
             millis,
+            seen: None,
         };
         // A lease handed to this waiter after it gave up, with nobody left
         // to take it: released like any other (passed on, or unheld and
@@ -366,7 +380,9 @@ impl DistributedLock {
                 subscribe: &subscribe,
             }),
         };
-        let lease = acquire(&mut contender, deadline, self.options.backoff, waiting)?;
+        let lease = acquire(&mut contender, deadline, self.options.backoff, waiting);
+        *seen = contender.seen.take();
+        let lease = lease?;
         Ok(lease.map(|lease| {
             holds::enter(self.client.id(), &self.key, &lease);
             LockGuard::new(lease)
@@ -385,6 +401,7 @@ impl DistributedLock {
         shared: &Arc<str>,
         millis: u64,
         pttl: bool,
+        seen: &mut Option<String>,
     ) -> Result<Attempt<Rc<Lease>>, Error> {
         let (key, token): (&str, &str) = (&self.key, shared);
         let sent = Instant::now();
@@ -395,11 +412,14 @@ impl DistributedLock {
             use script::wire::Arg;
             let previous: Option<Vec<u8>> =
                 script::wire::query(con, &script::set_nx_get(key, token, millis))?;
-            let acquired = match previous {
+            let acquired = match &previous {
                 None => true,
                 Some(holder) => holder == token.as_bytes(),
             };
             if !acquired {
+                // Who holds it, named from the reply itself; never kept
+                // whole (the token's secret releases the lock).
+                *seen = previous.map(|holder| redact(&String::from_utf8_lossy(&holder)));
                 // Read-only: safe to send again with the rest of a resend.
                 let left = if pttl {
                     self.client.counters().commands(1);
@@ -552,7 +572,12 @@ impl DistributedLock {
     }
 
     /// `lua/acquire.lua`: the lease, or how long the holder has left.
-    fn attempt(&self, shared: &Arc<str>, millis: u64) -> Result<Attempt<Rc<Lease>>, Error> {
+    fn attempt(
+        &self,
+        shared: &Arc<str>,
+        millis: u64,
+        seen: &mut Option<String>,
+    ) -> Result<Attempt<Rc<Lease>>, Error> {
         let (key, token): (&str, &str) = (&self.key, shared);
         let sent = Instant::now();
         self.client.counters().commands(1);
@@ -568,7 +593,8 @@ impl DistributedLock {
             if let Some(fence_key) = &fence_key {
                 script.key(fence_key);
             }
-            let reply: (i64, i64, u64) = script.arg(token).arg(millis).invoke(con)?;
+            let reply: (i64, i64, u64, Option<String>) =
+                script.arg(token).arg(millis).invoke(con)?;
             if reply.0 != 1 {
                 return Ok((reply, None));
             }
@@ -579,12 +605,14 @@ impl DistributedLock {
             ))
         });
         let result = result.map_err(|err| fence_failure(key, fence_key.as_deref(), err));
-        let ((acquired, pttl, fence), short) = self.settle(result, token, &set)?;
+        let ((acquired, pttl, fence, holder), short) = self.settle(result, token, &set)?;
         self.check_replicated(short)?;
         Ok(if acquired == 1 {
             let fence = self.options.extra.fencing.then_some(fence);
             Attempt::Won(self.new_lease(shared, sent, millis, fence))
         } else {
+            // Who holds it, named from the reply; never kept whole.
+            *seen = holder.as_deref().map(redact);
             // -1: a key without expiry (not ours); wait for a message.
             Attempt::Held(u64::try_from(pttl).ok().map(Duration::from_millis))
         })
@@ -701,6 +729,9 @@ struct Plain<'a> {
     /// served that way never makes one.
     token: Option<Arc<str>>,
     millis: u64,
+    /// Who held the key when the last attempt was refused (their token,
+    /// redacted), when the reply said.
+    seen: Option<String>,
 }
 
 impl Contender for Plain<'_> {
@@ -716,7 +747,10 @@ impl Contender for Plain<'_> {
             .client
             .token_once(&mut self.token, &self.lock.key)?;
         if !self.lock.options.extra.fencing && self.lock.client.set_get_allowed() {
-            match self.lock.set_nx(&token, self.millis, !quick) {
+            match self
+                .lock
+                .set_nx(&token, self.millis, !quick, &mut self.seen)
+            {
                 // Refused whole before it ran (Redis 6.x): nothing was set,
                 // so the script may be sent instead, now and from now on.
                 Err(Error::Redis(err)) if crate::error::syntax_error(&err) => {
@@ -725,7 +759,7 @@ impl Contender for Plain<'_> {
                 done => return done,
             }
         }
-        self.lock.attempt(&token, self.millis)
+        self.lock.attempt(&token, self.millis, &mut self.seen)
     }
 
     fn accept(&mut self, gift: Handoff) -> Result<Option<Rc<Lease>>, Error> {

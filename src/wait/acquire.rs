@@ -73,7 +73,8 @@ impl Within {
 }
 
 /// `lock()`: waits up to `wait`, and turns "still held" into
-/// [`Error::Timeout`].
+/// [`Error::Timeout`], naming the holder `acquire` last saw (a redacted
+/// token), if any.
 ///
 /// # Errors
 ///
@@ -81,12 +82,14 @@ impl Within {
 pub(crate) fn blocking<T>(
     key: &str,
     wait: Duration,
-    acquire: impl FnOnce(Within) -> Result<Option<T>, Error>,
+    acquire: impl FnOnce(Within, &mut Option<String>) -> Result<Option<T>, Error>,
 ) -> Result<T, Error> {
     let started = Instant::now();
-    acquire(Within::For(wait))?.ok_or_else(|| Error::Timeout {
+    let mut holder = None;
+    acquire(Within::For(wait), &mut holder)?.ok_or_else(|| Error::Timeout {
         key: key.to_owned(),
         waited: started.elapsed(),
+        holder,
     })
 }
 
@@ -306,9 +309,9 @@ mod tests {
 
     #[test]
     fn blocking_turns_still_held_into_a_timeout() {
-        let got: Result<u32, Error> = blocking("k", Duration::ZERO, |_| Ok(None));
+        let got: Result<u32, Error> = blocking("k", Duration::ZERO, |_, _| Ok(None));
         assert!(matches!(got, Err(Error::Timeout { key, .. }) if key == "k"));
-        let got: Result<u32, Error> = blocking("k", Duration::ZERO, |_| Ok(Some(7)));
+        let got: Result<u32, Error> = blocking("k", Duration::ZERO, |_, _| Ok(Some(7)));
         assert_eq!(got.ok(), Some(7));
     }
 
