@@ -46,7 +46,7 @@ fn main() -> Result<(), Error> {
     let nested = lock.lock()?;
     println!(
         "   re-entered on the same thread: hold_count {}",
-        nested.hold_count()
+        nested.depth()
     );
     drop(nested);
 
@@ -55,7 +55,7 @@ fn main() -> Result<(), Error> {
     let theirs = DistributedLock::new(&stranger, "demo:nightly-report");
     println!(
         "2. another client's try_lock: {:?}",
-        theirs.try_lock()?.map(|g| g.hold_count())
+        theirs.try_lock()?.map(|g| g.depth())
     );
     match theirs.try_lock_for(Duration::from_millis(200))? {
         None => println!("   ... and after waiting 200 ms: still held"),

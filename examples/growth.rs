@@ -1,6 +1,7 @@
 //! How the crate's costs grow with what a program does, for every lock
-//! type: hold 1, 100 or 10,000 at once (with the watchdog on for the
-//! types that have one: `DistributedLock`, `Semaphore`), and measure
+//! type: hold 1, 100 or 10,000 at once (with the watchdog on; a RedLock,
+//! over three private servers, at most 1,000: each watched guard has a
+//! renewal thread of its own), and measure
 //! the client's memory per held lock (every byte allocated and not freed
 //! while taking them, counted by a wrapping allocator), Redis's memory per
 //! key (`MEMORY USAGE`, the mean of up to 100 keys) and the renewals' round
@@ -19,7 +20,9 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use redmutex::Lease;
-use redmutex::{DistributedLock, LockClient, LockOptions, ReentrantLock, RwLock, Semaphore};
+use redmutex::{
+    DistributedLock, LockClient, LockOptions, RedLock, ReentrantLock, RwLock, Semaphore,
+};
 
 #[global_allocator]
 static ALLOCATOR: support::Counting = support::Counting;
@@ -55,19 +58,26 @@ enum Kind {
     Read,
     Write,
     Permit,
+    RedLock,
 }
 
 impl Kind {
-    const ALL: [Kind; 5] = [
+    const ALL: [Kind; 6] = [
         Kind::Lock,
         Kind::Reentrant,
         Kind::Read,
         Kind::Write,
         Kind::Permit,
+        Kind::RedLock,
     ];
 
-    fn watched(self) -> bool {
-        matches!(self, Kind::Lock | Kind::Permit)
+    /// How many of it are held at most (a RedLock guard with the watchdog
+    /// is a thread).
+    fn most(self) -> usize {
+        match self {
+            Kind::RedLock => 1_000,
+            _ => usize::MAX,
+        }
     }
 
     fn name(self) -> &'static str {
@@ -77,6 +87,7 @@ impl Kind {
             Kind::Read => "`RwLock` read",
             Kind::Write => "`RwLock` write",
             Kind::Permit => "`Semaphore` permit (of 10)",
+            Kind::RedLock => "`RedLock` (3 nodes)",
         }
     }
 }
@@ -87,17 +98,18 @@ enum Held {
     Reentrant(redmutex::ReentrantGuard),
     Rw(redmutex::RwGuard),
     Permit(redmutex::Permit),
+    RedLock(redmutex::RedLockGuard),
 }
 
 impl Held {
-    /// Lost: found lost by its watchdog, or (the types without one) out
-    /// of time by the local clock.
+    /// Found lost by its watchdog.
     fn is_lost(&self) -> bool {
         match self {
             Held::Lock(guard) => guard.is_lost(),
-            Held::Reentrant(guard) => guard.validity().is_zero(),
-            Held::Rw(guard) => guard.validity().is_zero(),
+            Held::Reentrant(guard) => guard.is_lost(),
+            Held::Rw(guard) => guard.is_lost(),
             Held::Permit(permit) => permit.is_lost(),
+            Held::RedLock(guard) => guard.is_lost(),
         }
     }
 
@@ -107,23 +119,21 @@ impl Held {
             Held::Reentrant(guard) => guard.unlock().map(drop),
             Held::Rw(guard) => guard.unlock().map(drop),
             Held::Permit(permit) => permit.release(),
+            Held::RedLock(guard) => guard.unlock().map(drop),
         }
     }
 }
 
-/// A handle of `kind` on `key`, made and taken.
+/// A handle of `kind` on `key`, made and taken, with the watchdog on
+/// (`nodes`: a RedLock's).
 fn take(
     client: &LockClient,
+    nodes: &[LockClient],
     kind: Kind,
     key: &str,
     ttl: Duration,
 ) -> Result<Held, redmutex::Error> {
-    // The types with a watchdog have it on; the others hold for their ttl.
-    let lease = redmutex::Options::default().ttl(if kind.watched() {
-        ttl
-    } else {
-        ttl.max(Duration::from_secs(120))
-    });
+    let watched = redmutex::Options::<()>::default().ttl(ttl).watchdog(true);
     Ok(match kind {
         Kind::Lock => Held::Lock(
             DistributedLock::with_options(
@@ -133,23 +143,23 @@ fn take(
             )
             .lock()?,
         ),
-        Kind::Reentrant => Held::Reentrant(ReentrantLock::with_options(client, key, lease).lock()?),
+        Kind::Reentrant => Held::Reentrant(
+            ReentrantLock::with_options(client, key, watched.with_extra(Default::default()))
+                .lock()?,
+        ),
         Kind::Read => Held::Rw(
-            RwLock::with_options(client, key, lease.with_extra(Default::default())).read()?,
+            RwLock::with_options(client, key, watched.with_extra(Default::default())).read()?,
         ),
         Kind::Write => Held::Rw(
-            RwLock::with_options(client, key, lease.with_extra(Default::default())).write()?,
+            RwLock::with_options(client, key, watched.with_extra(Default::default())).write()?,
         ),
         Kind::Permit => Held::Permit(
-            Semaphore::with_options(
-                client,
-                key,
-                10,
-                lease
-                    .with_extra(redmutex::SemaphoreExtra::default())
-                    .watchdog(true),
-            )
-            .acquire()?,
+            Semaphore::with_options(client, key, 10, watched.with_extra(Default::default()))
+                .acquire()?,
+        ),
+        Kind::RedLock => Held::RedLock(
+            RedLock::with_options(nodes.to_vec(), key, watched.with_extra(Default::default()))?
+                .lock()?,
         ),
     })
 }
@@ -213,12 +223,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let (_private, url) = support::server_or(args.url.as_deref());
     let client = LockClient::open(&url)?;
+    // A RedLock's nodes: independent servers of their own.
+    let red_servers = support::RedisServer::start_many(3);
+    let nodes: Vec<LockClient> = red_servers
+        .iter()
+        .map(support::RedisServer::lock_client)
+        .collect();
     let mut admin = redis::Client::open(url.as_str())?.get_connection()?;
+    let mut red_admin = red_servers[0].conn();
     let ttl = Duration::from_millis(args.ttl_ms);
     // Warm up: the pool's connections, the watchdog thread, the scripts.
     for kind in Kind::ALL {
         for i in 0..16 {
-            take(&client, kind, &format!("redmutex-growth:warm:{i}"), ttl)?.release()?;
+            take(
+                &client,
+                &nodes,
+                kind,
+                &format!("redmutex-growth:warm:{i}"),
+                ttl,
+            )?
+            .release()?;
         }
     }
     println!(
@@ -228,28 +252,36 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut lost_total = 0;
     for kind in Kind::ALL {
         for &n in &args.held {
+            if n > kind.most() {
+                println!(
+                    "| {} | {n} | not run: a thread per watched guard | | | |",
+                    kind.name()
+                );
+                continue;
+            }
+            // A RedLock's keys and renewals are on its nodes.
+            let (stats_of, admin_of) = match kind {
+                Kind::RedLock => (&nodes[0], &mut red_admin),
+                _ => (&client, &mut admin),
+            };
             let prefix = format!("redmutex-growth:held:{n}:");
             let empty = support::in_use();
             let held = (0..n)
-                .map(|i| take(&client, kind, &format!("{prefix}{i}"), ttl))
+                .map(|i| take(&client, &nodes, kind, &format!("{prefix}{i}"), ttl))
                 .collect::<Result<Vec<_>, _>>()?;
             let per_lock = (support::in_use() - empty) as f64 / n.max(1) as f64;
-            let per_key = support::memory_usage_mean(&mut admin, &prefix, n)?;
-            let before = client.stats();
+            let per_key = support::memory_usage_mean(admin_of, &prefix, n)?;
+            let before = stats_of.stats();
             let started = Instant::now();
             std::thread::sleep(Duration::from_secs_f64(args.secs));
             let secs = started.elapsed().as_secs_f64();
-            let after = client.stats();
+            let after = stats_of.stats();
             let lost = held.iter().filter(|h| h.is_lost()).count();
-            let renewals = if kind.watched() {
-                format!(
-                    "{:.1} | {:.0}",
-                    (after.renewal_round_trips - before.renewal_round_trips) as f64 / secs,
-                    (after.renewals - before.renewals) as f64 / secs,
-                )
-            } else {
-                "no watchdog | –".to_owned()
-            };
+            let renewals = format!(
+                "{:.1} | {:.0}",
+                (after.renewal_round_trips - before.renewal_round_trips) as f64 / secs,
+                (after.renewals - before.renewals) as f64 / secs,
+            );
             println!(
                 "| {} | {n} | {per_lock:.0} B | {per_key:.0} B | {renewals} | {lost} |",
                 kind.name(),

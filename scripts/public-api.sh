@@ -174,14 +174,18 @@ def impls(path, ids, owner):
         if target is not None and target.get("id") != owner:
             continue
         if inner["trait"] is None:
+            # An inherent impl on one instantiation of a generic type
+            # (`impl Options<LockExtra>`) is named with its arguments, so
+            # each method says which impl it is in.
+            on = ty(inner["for"]) if (target or {}).get("args") else path
             for m in inner["items"]:
                 mi = item(m)
                 if mi is None or mi.get("visibility") != "public":
                     continue
                 if "function" in mi["inner"]:
-                    lines.append("pub %s%s" % (function(path + "::" + mi["name"], mi["inner"]["function"]), deprecated(mi)))
+                    lines.append("pub %s%s" % (function(on + "::" + mi["name"], mi["inner"]["function"]), deprecated(mi)))
                 elif "assoc_const" in mi["inner"]:
-                    lines.append("pub const %s::%s: %s" % (path, mi["name"], ty(mi["inner"]["assoc_const"]["type"])))
+                    lines.append("pub const %s::%s: %s" % (on, mi["name"], ty(mi["inner"]["assoc_const"]["type"])))
         else:
             t = inner["trait"]
             traits.append("impl%s %s%s%s for %s" % (
@@ -228,6 +232,8 @@ def visit(it, path):
             mi = item(m)
             if mi is not None and "function" in mi["inner"]:
                 lines.append("pub %s%s" % (function(path + "::" + mi["name"], mi["inner"]["function"]), deprecated(mi)))
+    elif kind == "type_alias":
+        lines.append("pub type %s%s = %s" % (path, generics(v["generics"]), ty(v["type"])))
     elif kind == "module":
         for i in v["items"]:
             sub = item(i)

@@ -132,19 +132,22 @@
 //!
 //! Every guard holds a lease through the [`Lease`] trait (`use
 //! redmutex::Lease;`): code written against `impl Lease` works with any of
-//! them. What else each type offers today (each ✓ is exercised against a
-//! real Redis by `tests/capabilities.rs`):
+//! them. Every type is configured one way, by its own [`Options`] (the
+//! same core for all, and in `extra` what only that type has: a setting a
+//! type cannot honour cannot be passed). What each type offers (each ✓ is
+//! exercised against a real Redis by `tests/capabilities.rs`):
 //!
 //! | | [`DistributedLock`] | [`ReentrantLock`] | [`RwLock`] (read / write) | [`Semaphore`] | [`RedLock`] |
 //! |---|---|---|---|---|---|
-//! | [`Lease`]: `validity` (zero once lost), `is_held` (asks Redis), `extend` (owner-checked), `is_lost`, `loss_signal`, `unlock` | ✓ | ✓ | ✓ | ✓ | ✓ (by majority) |
+//! | [`Lease`]: `validity` (zero once lost), `is_held` (asks Redis), `extend` (owner-checked), `is_lost`, `loss_signal`, `unlock` | ✓ | ✓ | ✓ (each holder its own deadline) | ✓ | ✓ (by majority) |
+//! | watchdog, `max_hold` ([`Options::watchdog`]) | ✓ | ✓ (the owner's hash) | ✓ (each holder's field) | ✓ | ✓ (on a majority, a thread per guard) |
+//! | [`Lease::fencing_token`] (one counter per key) | ✓ | ✓ (the first hold's; nested holds share it) | writer ✓, readers none | ✓ | no, by design (see the deployments chapter) |
+//! | `min_replicas` | ✓ | ✓ | ✓ | ✓ | n/a |
+//! | `status()`: who holds it, atomic | ✓ | ✓ | ✓ | ✓ (per permit, ids redacted) | ✓ (the majority's holder) |
+//! | [`Error::Timeout`] names the holder | ✓ | ✓ | ✓ | ✓ (the permit that frees first) | – |
 //! | a nested unlock says [`Unlocked::StillHeld`] | ✓ | ✓ | – | – | – |
-//! | `status()`: who holds it, one atomic read | ✓ | ✓ | ✓ | ✓ (per permit) | ✗ |
 //! | waits by notify (a local queue, woken by the release) | ✓ | ✓ | ✓ | ✓ | ✓ (any node's message) |
 //! | handoff between threads of a client | ✓ | – | – | ✓ | – |
-//! | watchdog, `max_hold` | ✓ | ✗ | ✗ | ✓ | ✗ |
-//! | fencing token | ✓ | ✗ | ✗ | ✓ | no, by design (see the deployments chapter) |
-//! | `min_replicas` | ✓ | ✗ | ✗ | ✓ | n/a |
 //!
 //! ## Deployments
 //!
@@ -285,7 +288,8 @@
 //! * **Threads.** A client starts a watchdog thread and a subscriber
 //!   thread (one per node with waiters on Redis Cluster), each on first
 //!   need, and nothing else: a connection is opened by the thread that
-//!   needs it. Dropping the last clone tells them all to stop at once,
+//!   needs it. A [`RedLock`] adds a thread per node, and one per guard
+//!   held with the watchdog. Dropping the last clone tells them all to stop at once,
 //!   reads the replies its idle connections still owe (releases written
 //!   behind) within 250 ms in all, and waits for the threads together, at
 //!   most 100 ms from when they were told: it returns within 100 ms, or

@@ -900,6 +900,20 @@ fn a_timeout_names_the_holder_on_every_type() {
             err,
             &secret(held.token()),
         );
+        // One attempt, the same round trip: a wait of zero.
+        let once = DistributedLock::with_options(
+            &waiter,
+            "cap:t-lock",
+            LockOptions::default().wait(Duration::ZERO).fencing(fenced),
+        );
+        let commands = waiter.stats().commands;
+        named(
+            "one attempt",
+            once.lock().expect_err("held"),
+            &secret(held.token()),
+        );
+        let sent = waiter.stats().commands - commands;
+        assert!(sent <= 2, "one attempt: {sent} commands");
         held.unlock().expect("unlock");
     }
     // A reentrant lock re-enters on its owner's thread: held by another.

@@ -43,7 +43,7 @@ fn nothing_is_left_after_guards_and_clients_are_dropped() {
         .iter()
         .map(|key| {
             let lock = DistributedLock::with_options(&client, *key, options);
-            std::thread::spawn(move || lock.lock().map(|g| g.hold_count()))
+            std::thread::spawn(move || lock.lock().map(|g| g.depth()))
         })
         .collect();
     // Waiters of the holders' own client wait for a handoff; the other
@@ -53,7 +53,7 @@ fn nothing_is_left_after_guards_and_clients_are_dropped() {
         .iter()
         .map(|key| {
             let lock = DistributedLock::with_options(&other, *key, options);
-            std::thread::spawn(move || lock.lock().map(|g| g.hold_count()))
+            std::thread::spawn(move || lock.lock().map(|g| g.depth()))
         })
         .collect();
     assert!(wait_until(Duration::from_secs(10), || channels(&server)

@@ -454,7 +454,7 @@ fn rwlock_reentrant_lock_and_semaphore_work_on_a_cluster() {
         let reentrant = ReentrantLock::new(&client, format!("re:{key}"));
         let outer = reentrant.lock().expect("outer");
         let inner = reentrant.lock().expect("inner");
-        assert_eq!(inner.hold_count(), 2);
+        assert_eq!(inner.depth(), 2);
         drop(inner);
         drop(outer);
 

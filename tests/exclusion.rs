@@ -392,7 +392,7 @@ fn a_lost_reply_to_the_confirmation_before_a_handoff_is_sent_again() {
     assert!(proxy.lost_replies() >= 1, "the fault fired");
 }
 
-/// With `handoff_max_age(ZERO)` every lease handed on is confirmed by its
+/// With a handoff budget whose `max_age` is zero, every lease handed on is confirmed by its
 /// receiver too, before its call returns: a `GET` by the thread passing it
 /// on (so its unlock tells the truth) and one by the thread taking it (so
 /// it starts on a lease Redis vouched for after it woke). The receiver's,
@@ -402,8 +402,8 @@ fn a_receiver_confirms_a_lease_older_than_its_max_age() {
     let server = RedisServer::start();
     let proxy = support::FaultProxy::to(&server);
     let client = LockClient::open(&proxy.url()).expect("client");
-    let options = chain_options()
-        .handoff_budget(redmutex::HandoffBudget::default().with_max_age(Duration::ZERO));
+    let chain = chain_options();
+    let options = chain.handoff_budget(chain.extra.handoff_budget.with_max_age(Duration::ZERO));
     for attempt in 0..20 {
         let lock = DistributedLock::with_options(&client, format!("confirmed:{attempt}"), options);
         let held = lock.lock().expect("A");

@@ -1,6 +1,6 @@
 //! Case 10: whatever durations and counts a caller passes, nothing panics:
 //! every call gives a clear error or behaves correctly, within its bounds.
-//! On main `RedLock::with_node_timeout(Duration::MAX)`, an `RwLock` with a huge
+//! Once, a RedLock node timeout of `Duration::MAX`, an `RwLock` with a huge
 //! `Backoff::max`, and a notify waiter whose holder's key had no expiry
 //! with a huge backoff cap all panicked on overflow.
 

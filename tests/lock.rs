@@ -33,7 +33,7 @@ fn acquire_writes_token_with_ttl_and_release_deletes_it() {
         let lock = DistributedLock::with_options(&client, "job", opts(10_000).release(release));
         let guard = lock.lock().expect("lock");
         assert_eq!(guard.key(), "job");
-        assert_eq!(guard.hold_count(), 1);
+        assert_eq!(guard.depth(), 1);
         assert!(uuid_like(guard.token()), "token {:?}", guard.token());
         assert_eq!(get(&mut con, "job").as_deref(), Some(guard.token()));
         let left = pttl(&mut con, "job");
@@ -272,10 +272,16 @@ fn lock_times_out_with_the_time_waited() {
     match lock.lock() {
         Err(err @ Error::Timeout { .. }) => {
             assert!(err.is_timeout());
-            let Error::Timeout { key, waited } = err else {
+            let Error::Timeout {
+                key,
+                waited,
+                holder,
+            } = err
+            else {
                 unreachable!()
             };
             assert_eq!(key, "busy");
+            assert!(holder.is_some(), "the refusals named the holder");
             // Its wait, then one last attempt at the deadline: not sooner,
             // and later only by that attempt's round trip and the slack of
             // a deadline the crate computes (tests/bounds.rs's SHORT_SLACK).
@@ -534,7 +540,7 @@ fn a_forgotten_guard_frees_the_lock_after_its_ttl() {
     // The forgetting thread itself acquires anew rather than re-entering the dead lease.
     drop(guard);
     let again = DistributedLock::new(&a, "crash").lock().expect("lock");
-    assert_eq!(again.hold_count(), 1);
+    assert_eq!(again.depth(), 1);
 }
 
 /// Settings are read back from the built lock (getters without `get_`), and

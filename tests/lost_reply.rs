@@ -91,7 +91,7 @@ fn reentrant_acquire_counts_once_after_a_lost_reply() {
     proxy.lose_reply(&sha(REENTRANT_ACQUIRE), 1);
     let guard = lock.lock().expect("lock");
     assert_eq!(proxy.lost_replies(), 1);
-    assert_eq!(guard.hold_count(), 1);
+    assert_eq!(guard.depth(), 1);
     let fields: usize = server.conn().hlen("acct").expect("HLEN");
     assert_eq!(fields, 2, "owner + one hold");
     assert_eq!(guard.unlock().expect("unlock"), Unlocked::Released);
@@ -652,7 +652,7 @@ fn a_fenced_grant_is_recognised_with_its_token_after_a_lost_reply() {
         .get(client.fence_key("fenced-re"))
         .expect("the counter");
     assert_eq!(hold.fencing_token(), Some(counter));
-    assert_eq!(hold.hold_count(), 1, "one hold, counted once");
+    assert_eq!(hold.depth(), 1, "one hold, counted once");
     hold.unlock().expect("unlock");
 }
 

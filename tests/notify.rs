@@ -282,7 +282,7 @@ fn a_killed_subscriber_connection_does_not_strand_waiters() {
         let (waiter, waiting) = (waiter.clone(), waiting);
         let thread = std::thread::spawn(move || {
             let guard = DistributedLock::with_options(&waiter, "kill", waiting).lock();
-            (Instant::now(), guard.map(|g| g.hold_count()))
+            (Instant::now(), guard.map(|g| g.depth()))
         });
         assert!(wait_until(Duration::from_secs(10), || subscribers(
             &server, "kill"
@@ -328,7 +328,7 @@ fn a_client_without_a_subscriber_falls_back_to_backoff() {
             LockOptions::default().wait(Duration::from_secs(10)),
         )
         .lock()
-        .map(|g| g.hold_count())
+        .map(|g| g.depth())
     });
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(subscribers(&server, "nosub"), 0, "no subscriber connection");
@@ -352,7 +352,7 @@ fn spin_mode_sends_no_release_subscriptions() {
                 .wait(Duration::from_secs(10)),
         )
         .lock()
-        .map(|g| g.hold_count())
+        .map(|g| g.depth())
     });
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(subscribers(&server, "spin"), 0);

@@ -33,10 +33,10 @@ fn nested_lock_is_immediate_and_sends_nothing() {
         .expect("for")
         .expect("re-entered");
     assert_eq!(lock_commands(&server), sent, "re-entry sends no command");
-    assert_eq!(outer.hold_count(), 1);
-    assert_eq!(inner.hold_count(), 2);
-    assert_eq!(innermost.hold_count(), 3);
-    assert_eq!(via_for.hold_count(), 4);
+    assert_eq!(outer.depth(), 1);
+    assert_eq!(inner.depth(), 2);
+    assert_eq!(innermost.depth(), 3);
+    assert_eq!(via_for.depth(), 4);
     assert_eq!(inner.token(), outer.token());
     drop(via_for);
     drop(innermost);
@@ -62,7 +62,7 @@ fn clones_of_a_client_share_holds_but_other_clients_do_not() {
         .try_lock()
         .expect("try")
         .expect("a clone re-enters");
-    assert_eq!(nested.hold_count(), 2);
+    assert_eq!(nested.depth(), 2);
     // A client with other defaults is still the same client.
     let with_defaults = client
         .clone()
@@ -82,7 +82,7 @@ fn clones_of_a_client_share_holds_but_other_clients_do_not() {
     );
     // Other keys are independent.
     let other_key = DistributedLock::new(&client, "whom").lock().expect("lock");
-    assert_eq!(other_key.hold_count(), 1);
+    assert_eq!(other_key.depth(), 1);
     drop(nested);
     drop(guard);
     assert_eq!(get(&server, "who"), None);
@@ -104,7 +104,7 @@ fn out_of_order_drops_keep_the_count() {
     );
     assert!(inner.is_held().expect("is_held"));
     let again = lock.lock().expect("re-enter");
-    assert_eq!(again.hold_count(), 2, "one live guard plus this one");
+    assert_eq!(again.depth(), 2, "one live guard plus this one");
     assert_eq!(again.token(), token);
     assert_eq!(
         inner.unlock().expect("nested unlock gives up its share"),
@@ -117,7 +117,7 @@ fn out_of_order_drops_keep_the_count() {
     );
     assert_eq!(get(&server, "ooo"), None);
     let fresh = lock.lock().expect("fresh hold");
-    assert_eq!(fresh.hold_count(), 1);
+    assert_eq!(fresh.depth(), 1);
     assert_ne!(fresh.token(), token);
 }
 
@@ -151,7 +151,7 @@ fn an_expired_hold_is_not_reentered() {
     let old = lock.lock().expect("lock");
     assert!(wait_until(Duration::from_secs(2), || get(&server, "stale").is_none()));
     let fresh = lock.lock().expect("acquires anew");
-    assert_eq!(fresh.hold_count(), 1);
+    assert_eq!(fresh.depth(), 1);
     assert_ne!(fresh.token(), old.token());
     assert_eq!(get(&server, "stale").as_deref(), Some(fresh.token()));
     // Dropping the stale guard neither deletes the new lease nor forgets it.
@@ -161,7 +161,7 @@ fn an_expired_hold_is_not_reentered() {
         .try_lock()
         .expect("try")
         .expect("re-enters the new lease");
-    assert_eq!(nested.hold_count(), 2);
+    assert_eq!(nested.depth(), 2);
 }
 
 #[test]

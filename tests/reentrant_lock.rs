@@ -44,10 +44,7 @@ fn the_articles_session_count_three_foreign_release_three_releases() {
     let first = lock.lock().expect("lock");
     let second = lock.lock().expect("re-enter");
     let third = lock.lock().expect("re-enter");
-    assert_eq!(
-        (first.hold_count(), second.hold_count(), third.hold_count()),
-        (1, 2, 3)
-    );
+    assert_eq!((first.depth(), second.depth(), third.depth()), (1, 2, 3));
     let owner: String = con.hget("lock-key-1", "owner").expect("HGET");
     assert_eq!(owner, first.owner());
     assert_eq!(holds(&mut con, "lock-key-1"), 3, "three hold fields");
@@ -82,7 +79,7 @@ fn other_threads_wait_and_other_clients_of_the_thread_reenter() {
         .try_lock()
         .expect("try")
         .expect("re-enters");
-    assert_eq!(again.hold_count(), 2);
+    assert_eq!(again.depth(), 2);
     assert_eq!(again.owner(), held.owner());
     // Another thread: another owner, refused.
     let c = a.clone();
@@ -271,7 +268,7 @@ fn a_holder_re_enters_past_its_clients_queue() {
         "re-entered after {:?}",
         started.elapsed()
     );
-    assert_eq!(inner.hold_count(), 2);
+    assert_eq!(inner.depth(), 2);
     assert_eq!(inner.unlock().expect("unlock"), Unlocked::StillHeld);
     assert_eq!(outer.unlock().expect("unlock"), Unlocked::Released);
     for waiter in waiters {

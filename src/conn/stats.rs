@@ -210,6 +210,11 @@ pub(crate) struct Stats {
 impl Stats {
     pub(crate) fn renewal_batch(&self, renewals: u64) {
         self.commands(renewals);
+        self.renewal_round(renewals);
+    }
+    /// A round of `renewals` whose commands were counted where they went
+    /// (a RedLock's, on each node's client).
+    pub(crate) fn renewal_round(&self, renewals: u64) {
         self.renewals.fetch_add(renewals, Ordering::Relaxed);
         self.renewal_round_trips.fetch_add(1, Ordering::Relaxed);
     }

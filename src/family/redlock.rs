@@ -894,6 +894,8 @@ impl RedLock {
             let loss: Arc<LossState> = Arc::default();
             let renewer = self.options.watchdog.then(|| {
                 Renewal {
+                    meter: self.meter.clone(),
+                    tag: self.tag(),
                     nodes: self.nodes.clone(),
                     key: self.key.clone(),
                     token: token.clone(),
@@ -1070,6 +1072,10 @@ const RENEW_RETRY: Duration = Duration::from_millis(100);
 /// client's watchdog renews leases of one deployment; a RedLock spans
 /// several, and must hear a majority of them each time.)
 struct Renewal {
+    /// Where the renewals are counted (the first node's client), and as
+    /// what.
+    meter: LockClient,
+    tag: Tag,
     nodes: Arc<Nodes>,
     key: String,
     token: String,
@@ -1088,9 +1094,12 @@ impl Renewal {
         let stop = self.stop.clone();
         let valid_until = self.timing.lock().valid_until;
         self.loss.expire_at(valid_until, LossReason::Unreachable);
-        let spawned = std::thread::Builder::new()
-            .name("redmutex-redlock".into())
-            .spawn(move || self.run(started));
+        // Signals are the program's (see `conn/worker.rs`).
+        let spawned = crate::conn::worker::without_signals(|| {
+            std::thread::Builder::new()
+                .name("redmutex-renew".into())
+                .spawn(move || self.run(started))
+        });
         if let Err(err) = spawned {
             log::warn!("redmutex: cannot start a RedLock renewal thread: {err}");
         }
@@ -1126,6 +1135,11 @@ impl Renewal {
                 // Released meanwhile: what this round found is no news.
                 return;
             }
+            let confirmed =
+                matches!(verdict, Verdict::Confirmed) && validity.is_some_and(|v| !v.is_zero());
+            let stats = self.meter.counters();
+            stats.renewal_round(1);
+            stats.renewals_of(self.tag, 1, u64::from(!confirmed));
             match (verdict, validity) {
                 (Verdict::Confirmed, Some(validity)) if !validity.is_zero() => {
                     let until = started + validity;

@@ -251,7 +251,7 @@ fn current_owner() -> String {
 /// let lock = redmutex::ReentrantLock::new(&client, "accounts:42");
 /// let outer = lock.lock()?;          // HSET owner <id> h:<hold 1> 1
 /// let inner = lock.lock()?;          // HSET h:<hold 2> 1, lease refreshed
-/// assert_eq!(inner.hold_count(), 2);
+/// assert_eq!(inner.depth(), 2);
 /// assert_eq!(inner.unlock()?, redmutex::Unlocked::StillHeld);
 /// assert_eq!(outer.unlock()?, redmutex::Unlocked::Released);
 /// # Ok(())
@@ -661,8 +661,11 @@ impl ReentrantGuard {
         &self.hold
     }
 
-    /// The owner's number of holds in Redis right after this acquisition.
-    pub fn hold_count(&self) -> u32 {
+    /// This guard's depth in its owner's hold: the owner's number of holds
+    /// in Redis right after this acquisition (1 for the first, 2 for the
+    /// first nested one, and so on; holds of the same thread through other
+    /// clients count too, as the owner is the thread).
+    pub fn depth(&self) -> u32 {
         self.hold_count
     }
 

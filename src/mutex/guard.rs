@@ -52,9 +52,10 @@ impl LockGuard {
         &self.lease.token
     }
 
-    /// This guard's depth in a reentrant hold: 1 for the guard that acquired
-    /// in Redis, 2 for the first nested guard, and so on.
-    pub fn hold_count(&self) -> u32 {
+    /// This guard's depth in its thread's hold of the key: 1 for the
+    /// guard that acquired in Redis, 2 for the first nested guard, and so
+    /// on (as [`ReentrantGuard::depth`](crate::ReentrantGuard::depth)).
+    pub fn depth(&self) -> u32 {
         self.hold_count
     }
 

@@ -124,7 +124,10 @@ impl DistributedLock {
         })
     }
 
-    /// One attempt: `Ok(None)` when another owner holds the lock.
+    /// One attempt: `Ok(None)` when another owner holds the lock. To learn
+    /// who, in the same round trip: one attempt through
+    /// [`DistributedLock::lock`] with a `wait` of zero, whose
+    /// [`Error::Timeout`] names the holder the refusal named.
     ///
     /// # Errors
     ///
