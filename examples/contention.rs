@@ -608,7 +608,10 @@ fn run_process(
                             &client,
                             lock_key(k),
                             limit,
-                            options.with_extra(redmutex::SemaphoreExtra::default()),
+                            options
+                                .with_extra(redmutex::SemaphoreExtra::default())
+                                .local_handoff(options.extra.local_handoff)
+                                .handoff_budget(options.extra.handoff_budget),
                         )
                     })
                     .collect(),

@@ -121,6 +121,27 @@ fn the_childs_exit_code_and_environment_pass_through() {
         support::clock_floored(fence),
         "the first fencing token: {fence}"
     );
+    // A permit is fenced the same way.
+    let out = redmutex(&server)
+        .args([
+            "run",
+            "--fencing",
+            "--limit",
+            "2",
+            "env-sem",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$REDMUTEX_FENCING_TOKEN\"",
+        ])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0));
+    let permit_fence: u64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("a permit's fencing token");
+    assert!(support::clock_floored(permit_fence), "{permit_fence}");
     // A death by signal is reported the way shells do: 128 + N.
     let killed = redmutex(&server)
         .args(["run", "sig-job", "--", "sh", "-c", "kill -9 $$"])

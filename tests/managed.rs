@@ -86,7 +86,7 @@ fn a_refused_wait_names_wait_and_min_replicas_and_leaves_nothing() {
         &client,
         "s",
         2,
-        options.with_extra(redmutex::SemaphoreExtra::default()),
+        redmutex::SemaphoreOptions::default().min_replicas(1, Duration::from_millis(50)),
     );
     let err = sem.try_acquire().expect_err("WAIT refused");
     assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");

@@ -224,15 +224,15 @@ fn the_acquire_script_answers_a_resend_first_and_replaces_a_bad_limit() {
         .hset_multiple("odd", &[("p:me", far.to_string()), ("f:me", "42".into())])
         .expect("HSET");
     let acquire = redis::Script::new(SEM_ACQUIRE);
-    let resent: (i64, i64, i64) = acquire
+    let resent: (i64, i64, i64, Option<String>) = acquire
         .key("odd")
         .arg("me")
         .arg(3)
         .arg(30_000)
         .invoke(&mut con)
         .expect("a resend is answered");
-    assert_eq!(resent, (1, 0, 42));
-    let other: redis::RedisResult<(i64, i64, i64)> = acquire
+    assert_eq!(resent, (1, 0, 42, None));
+    let other: redis::RedisResult<(i64, i64, i64, Option<String>)> = acquire
         .key("odd")
         .arg("you")
         .arg(3)
@@ -243,7 +243,7 @@ fn the_acquire_script_answers_a_resend_first_and_replaces_a_bad_limit() {
         "{other:?}"
     );
     let _: () = con.hset("bad", "limit", "abc").expect("HSET");
-    let granted: (i64, i64, i64) = acquire
+    let granted: (i64, i64, i64, Option<String>) = acquire
         .key("bad")
         .arg("me")
         .arg(3)

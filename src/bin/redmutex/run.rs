@@ -566,7 +566,9 @@ fn run_watched(
             &client,
             key.clone(),
             limit,
-            options.with_extra(redmutex::SemaphoreExtra::default()),
+            options
+                .with_extra(redmutex::SemaphoreExtra::default())
+                .fencing(args.fencing),
         )),
         None => Target::Lock(DistributedLock::with_options(&client, key.clone(), options)),
     };
