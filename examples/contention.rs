@@ -608,10 +608,7 @@ fn run_process(
                             &client,
                             lock_key(k),
                             limit,
-                            options
-                                .with_extra(redmutex::SemaphoreExtra::default())
-                                .local_handoff(options.extra.local_handoff)
-                                .handoff_budget(options.extra.handoff_budget),
+                            options.for_semaphore(),
                         )
                     })
                     .collect(),

@@ -141,7 +141,7 @@
 //! |---|---|---|---|---|---|
 //! | [`Lease`]: `validity` (zero once lost), `is_held` (asks Redis), `extend` (owner-checked), `is_lost`, `loss_signal`, `unlock` | ✓ | ✓ | ✓ (each holder its own deadline) | ✓ | ✓ (by majority) |
 //! | watchdog, `max_hold` ([`Options::watchdog`]) | ✓ | ✓ (the owner's hash) | ✓ (each holder's field) | ✓ | ✓ (on a majority, a thread per guard) |
-//! | [`Lease::fencing_token`] (one counter per key) | ✓ | ✓ (the first hold's; nested holds share it) | writer ✓, readers none | ✓ | no, by design (see the deployments chapter) |
+//! | [`Lease::fencing_token`] (one counter per key) | ✓ | ✓ (the owner's: drawn by its first fenced hold, carried by the others) | writer ✓, readers none | ✓ | no, by design (see the deployments chapter) |
 //! | `min_replicas` | ✓ | ✓ | ✓ | ✓ | n/a |
 //! | `status()`: who holds it, atomic | ✓ | ✓ | ✓ | ✓ (per permit, ids redacted) | ✓ (the majority's holder) |
 //! | [`Error::Timeout`] names the holder | ✓ | ✓ | ✓ | ✓ (the permit that frees first) | – |

@@ -964,3 +964,169 @@ fn a_timeout_names_the_holder_on_every_type() {
     named("semaphore", err, &secret(permit.id()));
     permit.unlock().expect("unlock");
 }
+
+/// `RedLock::status` tells holders apart by their tokens, not their
+/// metadata: two holders without metadata, each on one node of three
+/// (a split round's leftovers), are no majority.
+#[test]
+fn a_redlock_status_tells_holders_apart_by_token() {
+    let servers = RedisServer::start_many(3);
+    let clients: Vec<LockClient> = servers.iter().map(RedisServer::lock_client).collect();
+    let lock = RedLock::new(clients, "cap:rs-split").expect("redlock");
+    for (server, token) in servers.iter().zip(["secretA", "secretB"]) {
+        let _: () = redis::cmd("SET")
+            .arg("cap:rs-split")
+            .arg(token)
+            .arg("PX")
+            .arg(30_000)
+            .query(&mut server.conn())
+            .expect("SET");
+    }
+    assert_eq!(
+        lock.status().expect("status"),
+        None,
+        "nobody has a majority"
+    );
+    // The same token on two of three: held.
+    let _: () = redis::cmd("SET")
+        .arg("cap:rs-split")
+        .arg("secretA")
+        .arg("PX")
+        .arg(30_000)
+        .query(&mut servers[2].conn())
+        .expect("SET");
+    let held = lock.status().expect("status").expect("a majority");
+    assert_eq!(held.holders, 2);
+}
+
+/// A reentrant owner's fencing token is its own, whichever of its holds
+/// asked first: an unfenced first hold, then a fenced nested one, draws a
+/// token there (never another owner's, never 0), and later fenced holds
+/// carry it.
+#[test]
+fn a_reentrant_owner_draws_its_own_token_when_a_nested_hold_first_asks() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let fenced = redmutex::ReentrantOptions::default().fencing(true);
+    let other = client.clone();
+    let earlier = std::thread::spawn(move || {
+        let held = ReentrantLock::with_options(&other, "cap:ft", fenced)
+            .lock()
+            .expect("lock");
+        let token = held.fencing_token().expect("a token");
+        held.unlock().expect("unlock");
+        token
+    })
+    .join()
+    .expect("thread");
+    let outer = ReentrantLock::new(&client, "cap:ft").lock().expect("outer");
+    assert_eq!(outer.fencing_token(), None, "unfenced");
+    let inner = ReentrantLock::with_options(&client, "cap:ft", fenced)
+        .lock()
+        .expect("inner");
+    let own = inner.fencing_token().expect("a token");
+    assert!(
+        own > earlier,
+        "{own} after {earlier}: its own, not the last owner's"
+    );
+    let innermost = ReentrantLock::with_options(&client, "cap:ft", fenced)
+        .lock()
+        .expect("innermost");
+    assert_eq!(innermost.fencing_token(), Some(own), "carried");
+    assert_eq!(innermost.depth(), 3, "the token's field is no hold");
+    assert_eq!(innermost.unlock().expect("unlock"), Unlocked::StillHeld);
+    assert_eq!(inner.unlock().expect("unlock"), Unlocked::StillHeld);
+    assert_eq!(outer.unlock().expect("unlock"), Unlocked::Released);
+    let left: bool = redis::cmd("EXISTS")
+        .arg("cap:ft")
+        .query(&mut server.conn())
+        .expect("EXISTS");
+    assert!(
+        !left,
+        "the last hold's release deletes the hash, token and all"
+    );
+}
+
+/// A watched RedLock released in time is no loss: its signal stays quiet
+/// past the lease it had.
+#[test]
+fn a_watched_redlock_released_in_time_is_no_loss() {
+    let servers = RedisServer::start_many(3);
+    let clients: Vec<LockClient> = servers.iter().map(RedisServer::lock_client).collect();
+    let ttl = Duration::from_millis(600);
+    let lock = RedLock::with_options(
+        clients,
+        "cap:rq",
+        redmutex::RedLockOptions::default().ttl(ttl).watchdog(true),
+    )
+    .expect("redlock");
+    let guard = lock.lock().expect("lock");
+    let signal = guard.loss_signal();
+    guard.unlock().expect("unlock");
+    let dropped = lock.lock().expect("lock");
+    let dropped_signal = dropped.loss_signal();
+    drop(dropped);
+    assert_eq!(signal.wait_timeout(ttl * 2), None, "unlocked");
+    assert_eq!(
+        dropped_signal.wait_timeout(Duration::from_millis(100)),
+        None,
+        "dropped"
+    );
+}
+
+/// A reentrant hold is renewed while a guard that asked for the watchdog
+/// lives, and not after: the outer guard without it runs out by its ttl
+/// once the watched nested guard is gone.
+#[test]
+fn a_reentrant_hold_is_renewed_only_while_a_watched_guard_lives() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let ttl = Duration::from_millis(600);
+    let plain = redmutex::ReentrantOptions::default().ttl(ttl);
+    let outer = ReentrantLock::with_options(&client, "cap:rw-in", plain)
+        .lock()
+        .expect("outer");
+    let inner = ReentrantLock::with_options(&client, "cap:rw-in", plain.watchdog(true))
+        .lock()
+        .expect("inner");
+    let until = Instant::now() + ttl * 2;
+    while Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        outer.is_held().expect("is_held"),
+        "renewed while the watched guard lives"
+    );
+    drop(inner);
+    assert!(
+        wait_until(ttl * 3, || !outer.is_held().unwrap_or(true)),
+        "runs out once no watched guard is left"
+    );
+    drop(outer);
+}
+
+/// A timeout names a holder only when the holder's token says who: a
+/// token without metadata names nobody.
+#[test]
+fn a_timeout_names_nobody_for_a_token_without_metadata() {
+    let server = RedisServer::start();
+    let holder = LockClient::builder()
+        .url(server.url())
+        .holder_metadata(false)
+        .build()
+        .expect("client");
+    let _held = DistributedLock::new(&holder, "cap:tn")
+        .lock()
+        .expect("lock");
+    let err = DistributedLock::with_options(
+        &server.lock_client(),
+        "cap:tn",
+        LockOptions::default().wait(Duration::from_millis(50)),
+    )
+    .lock()
+    .expect_err("held");
+    assert!(
+        matches!(&err, Error::Timeout { holder: None, .. }),
+        "{err:?}"
+    );
+}

@@ -1653,3 +1653,54 @@ fn status_shows_every_lock_type() {
         .expect("status");
     assert!(String::from_utf8_lossy(&free.stdout).contains("st-rw: free"));
 }
+
+/// `status --tokens` on a semaphore shows the ids of its live permits
+/// only, read with the server's clock in one transaction: never an expired
+/// permit's id that is still in the hash, whatever the ids carry.
+#[test]
+fn status_tokens_shows_live_permit_ids_only() {
+    let server = RedisServer::start();
+    let client = redmutex::LockClient::builder()
+        .url(server.url())
+        .holder_metadata(false)
+        .build()
+        .expect("client");
+    let permits = |ttl| {
+        redmutex::Semaphore::with_options(
+            &client,
+            "ids",
+            2,
+            redmutex::SemaphoreOptions::default().ttl(ttl),
+        )
+    };
+    let expired = permits(Duration::from_millis(100))
+        .acquire()
+        .expect("permit");
+    let expired_id = expired.id().to_owned();
+    std::mem::forget(expired);
+    let live = permits(Duration::from_secs(30)).acquire().expect("permit");
+    // Past the first permit's deadline; nothing has purged it yet.
+    let deadline = Instant::now() + Duration::from_millis(300);
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = redmutex(&server)
+        .args(["--tokens", "status", "ids", "--json"])
+        .output()
+        .expect("status");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let ids: Vec<&str> = json["permits"]
+        .as_array()
+        .expect("permits")
+        .iter()
+        .filter_map(|p| p["id"].as_str())
+        .collect();
+    assert_eq!(ids, [live.id()], "expired {expired_id} is not shown");
+    assert_eq!(json["in_use"], 1);
+    drop(live);
+}

@@ -142,6 +142,13 @@ pub fn redact(token: &str) -> String {
     }
 }
 
+/// Who a refused attempt's reply named: `token` [`redact`]ed, when it
+/// carries holder metadata this crate can read (`None` otherwise: a bare
+/// `…` names nobody).
+pub(crate) fn named_holder(token: &str) -> Option<String> {
+    Holder::from_token(token).map(|_| redact(token))
+}
+
 /// `token` for a `Debug` implementation: [`redact`]ed.
 pub(crate) struct Redacted<'a>(pub(crate) &'a str);
 

@@ -192,9 +192,11 @@ impl<X> Options<X> {
         self
     }
 
-    /// These core settings with another lock type's extras: how options
-    /// made for one type serve another, every setting the new type has
-    /// named by the caller (`options.with_extra(SemaphoreExtra::default())`).
+    /// These core settings with another lock type's extras, as the caller
+    /// gives them (`options.with_extra(RedLockExtra::default())`): nothing
+    /// of this type's extras is carried over. To carry a lock's fencing,
+    /// `min_replicas` and handoff settings too, see
+    /// [`LockOptions::for_semaphore`] and its siblings.
     pub fn with_extra<Y>(&self, extra: Y) -> Options<Y> {
         Options {
             ttl: self.ttl,
@@ -405,11 +407,13 @@ impl LockOptions {
     }
 }
 
-/// What a client's defaults ([`LockClient::defaults`](crate::LockClient::defaults))
-/// give each single-server type's `new`: the core, and the extras that
-/// type has.
+/// A lock's options as another single-server type's: the core, and every
+/// extra that type has too. What each type's `new` makes of the client's
+/// defaults ([`LockClient::defaults`](crate::LockClient::defaults)).
 impl LockOptions {
-    pub(crate) fn for_semaphore(&self) -> SemaphoreOptions {
+    /// As a [`Semaphore`](crate::Semaphore)'s: everything but the release
+    /// method (permits are released by script).
+    pub fn for_semaphore(&self) -> SemaphoreOptions {
         self.with_extra(SemaphoreExtra {
             local_handoff: self.extra.local_handoff,
             handoff_budget: self.extra.handoff_budget,
@@ -418,14 +422,18 @@ impl LockOptions {
         })
     }
 
-    pub(crate) fn for_reentrant(&self) -> ReentrantOptions {
+    /// As a [`ReentrantLock`](crate::ReentrantLock)'s: the core, fencing
+    /// and `min_replicas` (no release method, no handoff).
+    pub fn for_reentrant(&self) -> ReentrantOptions {
         self.with_extra(ReentrantExtra {
             fencing: self.extra.fencing,
             min_replicas: self.extra.min_replicas,
         })
     }
 
-    pub(crate) fn for_rwlock(&self) -> RwLockOptions {
+    /// As a [`RwLock`](crate::RwLock)'s: the core, fencing and
+    /// `min_replicas`, writers preferred (no release method, no handoff).
+    pub fn for_rwlock(&self) -> RwLockOptions {
         self.with_extra(RwLockExtra {
             prefer_readers: false,
             fencing: self.extra.fencing,

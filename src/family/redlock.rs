@@ -589,7 +589,7 @@ impl RedLock {
         let started = Instant::now();
         let give_up = later(started, timeout);
         let (tx, rx) = mpsc::channel();
-        let mut answers: Vec<Option<Result<Option<HeldLock>, Error>>> =
+        let mut answers: Vec<Option<Result<Option<Seen>, Error>>> =
             (0..self.nodes.len()).map(|_| None).collect();
         for (node, target) in self.nodes.nodes.iter().enumerate() {
             if !target.health.admit(started, timeout) {
@@ -598,7 +598,7 @@ impl RedLock {
             }
             let key = self.key.clone();
             self.nodes.send(node, Some(give_up), &tx, move |client| {
-                client.status_of(&key)
+                seen_on(client, &key)
             });
         }
         drop(tx);
@@ -619,7 +619,7 @@ impl RedLock {
                 Err(_) => break,
             }
         }
-        let answers: Vec<Result<Option<HeldLock>, Error>> = answers
+        let answers: Vec<Result<Option<Seen>, Error>> = answers
             .into_iter()
             .map(|a| a.unwrap_or_else(|| Err(no_answer(timeout))))
             .collect();
@@ -1053,6 +1053,17 @@ impl Stop {
         self.stopped.load(Ordering::SeqCst)
     }
 
+    /// Runs `f` unless stopped, under the lock a stop takes: what a
+    /// renewal records cannot land after the release began.
+    fn unless_stopped(&self, f: impl FnOnce()) -> bool {
+        let _held = self.lock.lock();
+        if self.is_stopped() {
+            return false;
+        }
+        f();
+        true
+    }
+
     /// Sleeps until `until` or a stop; whether stopped.
     fn sleep_until(&self, until: Instant) -> bool {
         let mut held = self.lock.lock();
@@ -1119,7 +1130,9 @@ impl Renewal {
             };
             if self.cap.is_some_and(|cap| now >= cap) {
                 // No more renewals: the lock runs out, and says why.
-                self.loss.expire_at(valid_until, LossReason::MaxHold);
+                self.stop.unless_stopped(|| {
+                    self.loss.expire_at(valid_until, LossReason::MaxHold);
+                });
                 return;
             }
             let started = Instant::now();
@@ -1143,15 +1156,19 @@ impl Renewal {
             match (verdict, validity) {
                 (Verdict::Confirmed, Some(validity)) if !validity.is_zero() => {
                     let until = started + validity;
-                    let mut timing = self.timing.lock();
-                    timing.extended(until, ttl, generation);
-                    self.loss
-                        .expire_at(timing.valid_until, LossReason::Unreachable);
-                    drop(timing);
+                    let recorded = self.stop.unless_stopped(|| {
+                        let mut timing = self.timing.lock();
+                        timing.extended(until, ttl, generation);
+                        self.loss
+                            .expire_at(timing.valid_until, LossReason::Unreachable);
+                    });
+                    if !recorded {
+                        return;
+                    }
                     next = started + ttl / 3;
                 }
                 (Verdict::NotHeld(reason), _) => {
-                    self.loss.lose(reason);
+                    self.stop.unless_stopped(|| self.loss.lose(reason));
                     return;
                 }
                 // Not known: a majority may still hold it. Tried again
@@ -1162,28 +1179,73 @@ impl Renewal {
     }
 }
 
+/// What one node holds under the key: its status read, and the token
+/// itself when it is a plain lock's (what tells two holders apart, whatever
+/// their metadata; never shown).
+struct Seen {
+    held: HeldLock,
+    token: Option<String>,
+}
+
+/// One node's answer to [`RedLock::status`]: its status read (atomic), and
+/// for a plain lock the token, read next and kept only when it is still
+/// the holder the status read named (else the answer is a failure: the key
+/// changed between the two reads).
+fn seen_on(client: &LockClient, key: &str) -> Result<Option<Seen>, Error> {
+    let Some(held) = client.status_of(key)? else {
+        return Ok(None);
+    };
+    if held.kind != LockKind::Mutex {
+        return Ok(Some(Seen { held, token: None }));
+    }
+    client.counters().commands(1);
+    let token: Option<String> = client.run(Op::Read, key, |con, _| {
+        redis::cmd("GET").arg(key).query(con)
+    })?;
+    match token {
+        Some(token)
+            if crate::client::holder::Holder::from_token(&token).as_ref()
+                == held.held_by.first() =>
+        {
+            Ok(Some(Seen {
+                held,
+                token: Some(token),
+            }))
+        }
+        _ => Err(Error::Redis(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "the key changed between its two reads",
+        )))),
+    }
+}
+
 /// What the nodes' status reads say of the RedLock as a whole: the holder
-/// a majority shares (same lock type and holders), or none when no holder
-/// can reach one, or unknown when the nodes not heard from decide.
+/// a majority shares (the same token; for another type's data, the same
+/// type and holders), or none when no holder can reach one, or unknown
+/// when the nodes not heard from decide.
 fn judge_status(
-    answers: Vec<Result<Option<HeldLock>, Error>>,
+    answers: Vec<Result<Option<Seen>, Error>>,
     quorum: usize,
     key: &str,
 ) -> Result<Option<HeldLock>, Error> {
     let unanswered = answers.iter().filter(|a| a.is_err()).count();
     // Each holder seen, with the nodes that hold it.
-    let mut groups: Vec<(HeldLock, Vec<Option<Duration>>)> = Vec::new();
-    for held in answers.iter().filter_map(|a| a.as_ref().ok()).flatten() {
-        match groups
-            .iter_mut()
-            .find(|(seen, _)| seen.kind == held.kind && seen.held_by == held.held_by)
-        {
-            Some((_, remaining)) => remaining.push(held.remaining),
-            None => groups.push((held.clone(), vec![held.remaining])),
+    let mut groups: Vec<(&Seen, Vec<Option<Duration>>)> = Vec::new();
+    for seen in answers.iter().filter_map(|a| a.as_ref().ok()).flatten() {
+        let same = |other: &Seen| match (&other.token, &seen.token) {
+            (Some(a), Some(b)) => a == b,
+            (None, None) => {
+                other.held.kind == seen.held.kind && other.held.held_by == seen.held.held_by
+            }
+            _ => false,
+        };
+        match groups.iter_mut().find(|(first, _)| same(first)) {
+            Some((_, remaining)) => remaining.push(seen.held.remaining),
+            None => groups.push((seen, vec![seen.held.remaining])),
         }
     }
     let largest = groups.iter().map(|(_, r)| r.len()).max().unwrap_or(0);
-    if let Some((held, mut remaining)) = groups.into_iter().find(|(_, r)| r.len() >= quorum) {
+    if let Some((seen, mut remaining)) = groups.into_iter().find(|(_, r)| r.len() >= quorum) {
         // Held by a majority until the quorum-th longest lease ends (no
         // expiry, `None`, lasts longest).
         remaining.sort_by(|a, b| match (a, b) {
@@ -1196,7 +1258,7 @@ fn judge_status(
         return Ok(Some(HeldLock {
             remaining: remaining.get(quorum.saturating_sub(1)).copied().flatten(),
             holders,
-            ..held
+            ..seen.held.clone()
         }));
     }
     if largest + unanswered < quorum {
@@ -1341,10 +1403,13 @@ impl RedLockGuard {
         )
     }
 
-    /// Stops the renewals, if any, before the lock is let go.
+    /// Stops the renewals, if any, before the lock is let go: the lease's
+    /// signal then keeps a local expiry already passed, and no other (a
+    /// lock released in time is no loss).
     fn stop_renewing(&self) {
         if let Some(stop) = &self.renewer {
             stop.stop();
+            self.loss.forget_deadline();
         }
     }
 }

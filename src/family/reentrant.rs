@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
-use crate::client::holder::redact;
+use crate::client::holder::named_holder;
 use crate::client::options::{ReentrantOptions, WaitMode, check_min_replicas, ttl_millis};
 use crate::client::release;
 use crate::client::replicas;
@@ -93,8 +93,10 @@ struct Holding {
     /// met another owner, or the key gone) is the hold's, so every guard
     /// of it reads it.
     loss: Arc<LossState>,
-    /// The watchdog's entry renewing the hold, from the first of its
-    /// guards taken with the watchdog on until its last guard goes.
+    /// Its live guards taken with the watchdog on.
+    watchers: u32,
+    /// The watchdog's entry renewing the hold, while a guard taken with the
+    /// watchdog on lives.
     watch: Option<Arc<WatchEntry>>,
 }
 
@@ -119,21 +121,23 @@ fn holding(key: &str) -> bool {
 }
 
 /// One more guard of `key` on this thread through `client`: the loss
-/// state its hold shares, and the watchdog's entry renewing the hold.
-/// `watch` starts renewals (with the hold's loss state) when the hold has
-/// none yet and this acquisition asked for them.
+/// state its hold shares, and, for a guard taken with the watchdog
+/// (`watched`), the watchdog's entry renewing the hold (made by `start`,
+/// with the hold's loss state, when no watched guard of the hold has one
+/// yet); and an entry of a lost hold to stop.
 fn hold_on(
     client: u64,
     key: &str,
-    watch: impl FnOnce(&Arc<LossState>) -> Option<Arc<WatchEntry>>,
+    watched: bool,
+    start: impl FnOnce(&Arc<LossState>) -> Arc<WatchEntry>,
 ) -> (
     Arc<LossState>,
     Option<Arc<WatchEntry>>,
     Option<Arc<WatchEntry>>,
 ) {
     let mut ended = None;
-    let mut start = Some(watch);
-    let mut watch = |loss: &Arc<LossState>| start.take().and_then(|watch| watch(loss));
+    let mut start = Some(start);
+    let mut watch = |loss: &Arc<LossState>| start.take().map(|start| start(loss));
     let held = HOLDING.try_with(|held| {
         let Ok(mut held) = held.try_borrow_mut() else {
             return None;
@@ -146,18 +150,23 @@ fn hold_on(
                 h.loss = Arc::default();
                 ended = h.watch.take();
             }
+            h.guards = h.guards.saturating_add(1);
+            if !watched {
+                return Some((h.loss.clone(), None));
+            }
+            h.watchers = h.watchers.saturating_add(1);
             if h.watch.is_none() {
                 h.watch = watch(&h.loss);
             }
-            h.guards = h.guards.saturating_add(1);
             return Some((h.loss.clone(), h.watch.clone()));
         }
         let loss: Arc<LossState> = Arc::default();
-        let entry = watch(&loss);
+        let entry = if watched { watch(&loss) } else { None };
         held.push(Holding {
             client,
             key: key.to_owned(),
             guards: 1,
+            watchers: u32::from(watched),
             loss: loss.clone(),
             watch: entry.clone(),
         });
@@ -169,33 +178,54 @@ fn hold_on(
         // own.
         _ => {
             let loss: Arc<LossState> = Arc::default();
-            let entry = watch(&loss);
+            let entry = if watched { watch(&loss) } else { None };
             (loss, entry, ended)
         }
     }
 }
 
-/// One guard of `key` through `client` fewer on this thread: the hold's
-/// watchdog entry when that was its last guard (to be ended).
-fn hold_off(client: u64, key: &str) -> Option<Arc<WatchEntry>> {
+/// What one guard fewer means for the hold's renewals.
+enum Renewals {
+    /// They go on (or there are none).
+    Go,
+    /// The last watched guard went, the hold lives on: renewals stop.
+    Stop(Arc<WatchEntry>),
+    /// The hold's last guard went: its release follows.
+    End(Arc<WatchEntry>),
+}
+
+/// One guard of `key` through `client` fewer on this thread (`watched`:
+/// one taken with the watchdog).
+fn hold_off(client: u64, key: &str, watched: bool) -> Renewals {
     HOLDING
         .try_with(|held| {
             let Ok(mut held) = held.try_borrow_mut() else {
-                return None;
+                return Renewals::Go;
             };
-            let at = held
-                .iter()
-                .position(|h| h.client == client && h.key == key)?;
+            let Some(at) = held.iter().position(|h| h.client == client && h.key == key) else {
+                return Renewals::Go;
+            };
             if held.get(at).is_some_and(|h| h.guards <= 1) {
-                return held.swap_remove(at).watch;
+                return match held.swap_remove(at).watch {
+                    Some(entry) => Renewals::End(entry),
+                    None => Renewals::Go,
+                };
             }
-            if let Some(h) = held.get_mut(at) {
-                h.guards -= 1;
+            let Some(h) = held.get_mut(at) else {
+                return Renewals::Go;
+            };
+            h.guards -= 1;
+            if watched {
+                h.watchers = h.watchers.saturating_sub(1);
+                if h.watchers == 0
+                    && let Some(entry) = h.watch.take()
+                {
+                    return Renewals::Stop(entry);
+                }
             }
-            None
+            Renewals::Go
         })
-        .ok()
-        .flatten()
+        .unwrap_or(Renewals::Go)
 }
 
 /// The reentrant lock's state in one client: its wait queues, apart from
@@ -509,7 +539,7 @@ impl Contender for Hold<'_> {
         }
         if count == 0 {
             // Who holds it, named from the reply; never kept whole.
-            self.seen = holder.as_deref().map(redact);
+            self.seen = holder.as_deref().and_then(named_holder);
             return Ok(Attempt::Held(
                 u64::try_from(pttl).ok().map(Duration::from_millis),
             ));
@@ -520,20 +550,18 @@ impl Contender for Hold<'_> {
         // One watch entry per hold (this thread's guards of the key through
         // this client): it renews the owner's hash, which every hold of the
         // owner shares.
-        let (loss, watch, ended) = hold_on(client.id(), key, |loss| {
-            options.watchdog.then(|| {
-                let cap = options.max_hold.and_then(|cap| sent.checked_add(cap));
-                client.watchdog().watch(
-                    Renewal::Reentrant,
-                    tag,
-                    &Arc::from(key),
-                    &Arc::from(owner),
-                    sent,
-                    ttl,
-                    cap,
-                    loss.clone(),
-                )
-            })
+        let (loss, watch, ended) = hold_on(client.id(), key, options.watchdog, |loss| {
+            let cap = options.max_hold.and_then(|cap| sent.checked_add(cap));
+            client.watchdog().watch(
+                Renewal::Reentrant,
+                tag,
+                &Arc::from(key),
+                &Arc::from(owner),
+                sent,
+                ttl,
+                cap,
+                loss.clone(),
+            )
         });
         if let Some(entry) = ended {
             client.watchdog().unwatch(&entry);
@@ -680,15 +708,18 @@ impl ReentrantGuard {
 
     fn release(&mut self) -> Result<Unlocked, Error> {
         self.released = true;
-        let last = hold_off(self.client.id(), &self.key);
+        let renewals = hold_off(self.client.id(), &self.key, self.watch.is_some());
         // A forked child's copy of its parent's hold: refused, nothing sent
         // (and the watch entry, whose lock a parent thread may have held
         // at the fork, left alone).
         self.client.check_process()?;
-        if let Some(entry) = last {
+        match renewals {
             // Before the release: a renewal in flight that finds the key
             // deleted is then no loss.
-            self.client.watchdog().end(&entry);
+            Renewals::End(entry) => self.client.watchdog().end(&entry),
+            // The hold goes on unrenewed: its other guards asked for none.
+            Renewals::Stop(entry) => self.client.watchdog().unwatch(&entry),
+            Renewals::Go => {}
         }
         let result = self.let_go();
         self.client

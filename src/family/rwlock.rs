@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
-use crate::client::holder::{Redacted, redact};
+use crate::client::holder::{Redacted, named_holder};
 use crate::client::options::{MAX_TTL, RwLockOptions, WaitMode, check_min_replicas, ttl_millis};
 use crate::client::release;
 use crate::client::replicas;
@@ -425,7 +425,7 @@ impl Contender for Grant<'_> {
         }
         if acquired != 1 {
             // Who holds it, named from the reply; never kept whole.
-            self.seen = holder.as_deref().map(redact);
+            self.seen = holder.as_deref().and_then(named_holder);
             return Ok(Attempt::Held(
                 u64::try_from(wait_ms).ok().map(Duration::from_millis),
             ));

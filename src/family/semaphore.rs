@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
-use crate::client::holder::{Holder, Redacted, redact};
+use crate::client::holder::{Holder, Redacted, named_holder, redact};
 use crate::client::options::{
     HandoffBudget, SemaphoreOptions, WaitMode, check_min_replicas, ttl_millis,
 };
@@ -500,7 +500,7 @@ impl Contender for Take<'_> {
         if acquired != 1 {
             // Who holds the permit that frees first, named from the reply;
             // never kept whole.
-            self.seen = holder.as_deref().map(redact);
+            self.seen = holder.as_deref().and_then(named_holder);
             return Ok(Attempt::Held(
                 u64::try_from(wait_ms).ok().map(Duration::from_millis),
             ));

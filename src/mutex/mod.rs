@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::client::LockClient;
-use crate::client::holder::redact;
+use crate::client::holder::named_holder;
 use crate::client::options::{LockOptions, WaitMode, check_min_replicas, ttl_millis};
 use crate::client::{release, replicas};
 use crate::conn::policy::Op;
@@ -422,7 +422,7 @@ impl DistributedLock {
             if !acquired {
                 // Who holds it, named from the reply itself; never kept
                 // whole (the token's secret releases the lock).
-                *seen = previous.map(|holder| redact(&String::from_utf8_lossy(&holder)));
+                *seen = previous.and_then(|holder| named_holder(&String::from_utf8_lossy(&holder)));
                 // Read-only: safe to send again with the rest of a resend.
                 let left = if pttl {
                     self.client.counters().commands(1);
@@ -615,7 +615,7 @@ impl DistributedLock {
             Attempt::Won(self.new_lease(shared, sent, millis, fence))
         } else {
             // Who holds it, named from the reply; never kept whole.
-            *seen = holder.as_deref().map(redact);
+            *seen = holder.as_deref().and_then(named_holder);
             // -1: a key without expiry (not ours); wait for a message.
             Attempt::Held(u64::try_from(pttl).ok().map(Duration::from_millis))
         })

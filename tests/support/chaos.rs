@@ -325,13 +325,12 @@ pub fn worker(target: &str, resource_url: &str, threads: usize, secs: f64, limit
                 // Half unfenced: their permits go straight to a queued
                 // thread of the same process (handoff), the rest each get
                 // a token of their own from Redis.
-                Semaphore::with_options(&client, KEY, limit, {
-                    let mut permits = options
-                        .with_extra(redmutex::SemaphoreExtra::default())
-                        .fencing(t % 2 == 0);
-                    permits.extra.min_replicas = options.extra.min_replicas;
-                    permits
-                })
+                Semaphore::with_options(
+                    &client,
+                    KEY,
+                    limit,
+                    options.for_semaphore().fencing(t % 2 == 0),
+                )
             });
             let lock = DistributedLock::with_options(&client, KEY, options);
             let redlock = redlock.clone();

@@ -566,9 +566,7 @@ fn run_watched(
             &client,
             key.clone(),
             limit,
-            options
-                .with_extra(redmutex::SemaphoreExtra::default())
-                .fencing(args.fencing),
+            options.for_semaphore(),
         )),
         None => Target::Lock(DistributedLock::with_options(&client, key.clone(), options)),
     };

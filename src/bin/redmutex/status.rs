@@ -29,33 +29,44 @@ pub(super) fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
         Err(err) => return Err(redis_failure(err)),
     };
     if held.as_ref().is_some_and(|h| h.kind == LockKind::Semaphore) {
-        let status = Semaphore::new(&client, args.key.clone(), 1)
-            .status()
-            .map_err(redis_failure)?;
         // The ids themselves only when asked for (each is the secret
-        // `release --token` takes; the status read redacts them): a read of
-        // their own, matched to the permits the status read found.
-        let ids: Vec<String> = if cli.tokens {
+        // `release --token` takes; the library's status read redacts them):
+        // then the permits come from a read of the CLI's own, the server's
+        // clock and the hash in one transaction, so every id shown is a
+        // live permit's and the counts agree with the list.
+        let view = if cli.tokens {
             let mut con = connection(&client)?;
-            let fields: Vec<String> = redis::cmd("HKEYS")
+            let ((secs, micros), fields): ((u64, u64), Vec<(String, String)>) = redis::pipe()
+                .atomic()
+                .cmd("TIME")
+                .cmd("HGETALL")
                 .arg(client.key(&args.key))
                 .query(&mut con)
-                .unwrap_or_default();
-            fields
-                .into_iter()
-                .filter_map(|f| f.strip_prefix("p:").map(str::to_owned))
-                .collect()
+                .map_err(|e| redis_failure(Error::Redis(e)))?;
+            permits_of(
+                secs.saturating_mul(1000).saturating_add(micros / 1000),
+                &fields,
+            )
         } else {
-            Vec::new()
+            let status = Semaphore::new(&client, args.key.clone(), 1)
+                .status()
+                .map_err(redis_failure)?;
+            Permits {
+                limit: status.limit(),
+                rows: status
+                    .holders()
+                    .iter()
+                    .map(|h| PermitRow {
+                        id: None,
+                        holder: h.holder(),
+                        remaining: h.remaining(),
+                        fence: h.fencing_token(),
+                    })
+                    .collect(),
+            }
         };
         let counter = counter()?;
-        semaphore(
-            args,
-            &status,
-            cli.tokens.then_some(ids),
-            counter,
-            counter_json,
-        );
+        semaphore(args, &view, cli.tokens, counter, counter_json);
         return Ok(0);
     }
     // The token itself only when asked for (it is the secret
@@ -144,71 +155,104 @@ pub(super) fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
     Ok(0)
 }
 
+/// One permit as `status` shows it.
+struct PermitRow {
+    /// Its id, only with `--tokens`.
+    id: Option<String>,
+    holder: Option<Holder>,
+    remaining: Duration,
+    fence: Option<u64>,
+}
+
+/// A semaphore as `status` shows it.
+struct Permits {
+    limit: Option<u32>,
+    /// Soonest to expire first.
+    rows: Vec<PermitRow>,
+}
+
+/// The live permits of a semaphore's hash (`p:<id>` deadlines after
+/// `now_ms` by the server's clock, `f:<id>` fencing tokens), read in one
+/// transaction with the clock.
+fn permits_of(now_ms: u64, fields: &[(String, String)]) -> Permits {
+    let value = |name: &str| fields.iter().find(|(f, _)| f == name).map(|(_, v)| v);
+    let mut rows: Vec<PermitRow> = fields
+        .iter()
+        .filter_map(|(field, deadline)| {
+            let id = field.strip_prefix("p:")?;
+            let deadline: u64 = deadline.parse().ok()?;
+            let left = deadline.checked_sub(now_ms).filter(|left| *left > 0)?;
+            Some(PermitRow {
+                id: Some(id.to_owned()),
+                holder: Holder::from_token(id),
+                remaining: Duration::from_millis(left),
+                fence: value(&format!("f:{id}")).and_then(|f| f.parse().ok()),
+            })
+        })
+        .collect();
+    rows.sort_by_key(|row| row.remaining);
+    Permits {
+        limit: value("limit").and_then(|l| l.parse().ok()),
+        rows,
+    }
+}
+
 fn semaphore(
     args: &StatusArgs,
-    status: &redmutex::SemaphoreStatus,
-    ids: Option<Vec<String>>,
+    view: &Permits,
+    tokens: bool,
     counter: Option<u64>,
     counter_json: impl Fn(Option<u64>) -> String,
 ) {
-    let tokens = ids.is_some();
-    let mut ids = ids.unwrap_or_default();
-    // Each permit's id: the one whose redacted form the status read gave
-    // (a permit given back in between has none).
-    let mut id_of = |holder: &redmutex::PermitHolder| -> Option<String> {
-        let at = ids
-            .iter()
-            .position(|id| redmutex::redact(id) == holder.id())?;
-        Some(ids.swap_remove(at))
-    };
-    let limit = status.limit().unwrap_or_default();
-    let available = status.available().unwrap_or_default();
+    let limit = view.limit.unwrap_or_default();
+    let in_use = view.rows.len();
+    let available = limit.saturating_sub(u32::try_from(in_use).unwrap_or(u32::MAX));
     if args.json {
-        let permits: Vec<String> = status
-            .holders()
+        let permits: Vec<String> = view
+            .rows
             .iter()
-            .map(|h| {
-                let id = match (tokens, id_of(h)) {
-                    (true, Some(id)) => format!("\"id\":{},", json_string(&id)),
+            .map(|row| {
+                let id = match (tokens, &row.id) {
+                    (true, Some(id)) => format!("\"id\":{},", json_string(id)),
                     (true, None) => "\"id\":null,".to_owned(),
                     (false, _) => String::new(),
                 };
                 format!(
                     "{{{id}\"holder\":{},\"ttl_ms\":{},\"fencing_token\":{}}}",
-                    holder_json(h.holder().as_ref()),
-                    h.remaining().as_millis(),
-                    h.fencing_token().map_or("null".into(), |t| t.to_string())
+                    holder_json(row.holder.as_ref()),
+                    row.remaining.as_millis(),
+                    row.fence.map_or("null".into(), |t| t.to_string())
                 )
             })
             .collect();
         println!(
-            "{{\"key\":{},\"kind\":\"semaphore\",\"limit\":{limit},\"in_use\":{},\"available\":{available},\"permits\":[{}],\"fencing_counter\":{}}}",
+            "{{\"key\":{},\"kind\":\"semaphore\",\"limit\":{limit},\"in_use\":{in_use},\"available\":{available},\"permits\":[{}],\"fencing_counter\":{}}}",
             json_string(&args.key),
-            status.in_use(),
             permits.join(","),
             counter_json(counter),
         );
         return;
     }
     println!(
-        "{}: semaphore, {} of {limit} permits out, {available} available",
+        "{}: semaphore, {in_use} of {limit} permits out, {available} available",
         args.key,
-        status.in_use()
     );
-    for holder in status.holders() {
-        let fence = holder
-            .fencing_token()
+    for row in &view.rows {
+        let fence = row
+            .fence
             .map_or(String::new(), |t| format!(", fencing token {t}"));
-        let id = match id_of(holder) {
-            Some(id) => format!(", id {}", printable(&id)),
+        let id = match &row.id {
+            Some(id) => format!(", id {}", printable(id)),
             None => String::new(),
         };
         println!(
             "  {} ({:.1}s left{fence}{id})",
-            holder
-                .holder()
-                .map_or_else(|| who(holder.id()), |h| holder_text(&h)),
-            holder.remaining().as_secs_f64()
+            match (&row.holder, &row.id) {
+                (Some(holder), _) => holder_text(holder),
+                (None, Some(id)) => who(id),
+                (None, None) => "a holder without metadata".to_owned(),
+            },
+            row.remaining.as_secs_f64()
         );
     }
     if let Some(counter) = counter {
