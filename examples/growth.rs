@@ -164,6 +164,12 @@ fn take(
     })
 }
 
+/// Waits a renewal period and a half: the watchdog's round that forgets
+/// released leases has run, and a RedLock's renewal threads have ended.
+fn settle(ttl: Duration) {
+    std::thread::sleep(ttl / 2);
+}
+
 /// Acquisitions per second of `threads` threads over `keys` keys.
 fn throughput(
     client: &LockClient,
@@ -245,6 +251,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .release()?;
         }
     }
+    settle(ttl);
     println!(
         "| lock type | held | client memory per held lock | Redis memory per key | renewal round trips/s | renewals/s | lost |"
     );
@@ -290,6 +297,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 h.release()?;
             }
             lost_total += lost;
+            // What the background threads free after the release (watch
+            // entries, a RedLock's renewal threads) is freed before the
+            // next row counts.
+            settle(ttl);
         }
     }
     println!();
