@@ -80,4 +80,4 @@ if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 -- The holds: every field but 'owner' and 'fence'.
-return {redis.call('HLEN', KEYS[1]) - 1 - redis.call('HEXISTS', KEYS[1], 'fence'), 0, fence, false}
+return {redis.call('HLEN', KEYS[1]) - 1 - (redis.call('HGET', KEYS[1], 'fence') and 1 or 0), 0, fence, false}

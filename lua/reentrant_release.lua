@@ -52,7 +52,7 @@ if owner ~= ARGV[1] then
 end
 redis.call('HDEL', KEYS[1], 'h:' .. ARGV[2])
 -- No hold left: only 'owner' (and the owner's 'fence') remain.
-if redis.call('HLEN', KEYS[1]) - redis.call('HEXISTS', KEYS[1], 'fence') <= 1 then
+if redis.call('HLEN', KEYS[1]) - (redis.call('HGET', KEYS[1], 'fence') and 1 or 0) <= 1 then
   redis.call('DEL', KEYS[1])
   if KEYS[2] then
     redis.pcall('PSETEX', KEYS[2], ARGV[3], '1')

@@ -517,7 +517,10 @@ fn round(client: &LockClient, kind: &str, key: &str) -> Result<(), redmutex::Err
             );
             let guard = lock.lock()?;
             assert_eq!(guard.fencing_token().is_some(), fenced);
+            let nested = lock.lock()?;
+            assert_eq!(nested.fencing_token(), guard.fencing_token());
             watched_for_a_while(client, &guard, !fenced);
+            nested.unlock()?;
             guard.unlock()?;
         }
         "fenced write" | "watched read" | "watched write" => {
