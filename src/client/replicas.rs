@@ -1,5 +1,5 @@
 //! `WAIT` for replicas after an acquisition, shared by every lock type that
-//! offers `min_replicas` (the plain lock and the semaphore).
+//! offers `min_replicas` (all but RedLock).
 //!
 //! `WAIT` counts the writes of the connection it is sent on, so it must go
 //! on the connection that wrote the key: on a cluster, to the key's primary
@@ -75,4 +75,35 @@ pub(crate) fn acknowledged(
         return Ok(0);
     }
     Ok(acked)
+}
+
+/// After a grant written on `con`, with `wanted` replicas asked for
+/// (`None`: nothing to do): `WAIT` for them on this connection and, when
+/// fewer acknowledged, `give_back` the grant on it too; how many did then.
+/// After a lost reply (`resend`) the grant was written by an earlier
+/// connection, so `renew` writes it again here first (owner-checked, never
+/// re-creating it) and the `WAIT` counts a write of it. `connection` is
+/// [`node_connection_id`]'s answer before the grant. The callers count
+/// their own commands; this counts the `WAIT`.
+pub(crate) fn await_or_give_back(
+    con: &mut Connection,
+    stats: &Stats,
+    key: &str,
+    wanted: Option<(u32, Duration)>,
+    (resend, connection): (bool, Option<i64>),
+    renew: impl FnOnce(&mut Connection) -> redis::RedisResult<()>,
+    give_back: impl FnOnce(&mut Connection) -> redis::RedisResult<()>,
+) -> redis::RedisResult<Option<u32>> {
+    let Some(wanted) = wanted else {
+        return Ok(None);
+    };
+    if resend {
+        renew(con)?;
+    }
+    let acked = acknowledged(con, stats, key, wanted, connection)?;
+    if acked >= wanted.0 {
+        return Ok(None);
+    }
+    give_back(con)?;
+    Ok(Some(acked))
 }

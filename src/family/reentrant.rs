@@ -604,31 +604,34 @@ impl Hold<'_> {
         resend: bool,
         connection: Option<i64>,
     ) -> redis::RedisResult<Option<u32>> {
-        let Some(wanted) = self.lock.options.extra.min_replicas else {
-            return Ok(None);
-        };
         let (client, key) = (&self.lock.client, self.lock.key.as_str());
-        if resend {
-            client.counters().commands(1);
-            let _renewed: i64 = script::REENTRANT_EXTEND
-                .key(key)
-                .arg(self.owner)
-                .arg(self.millis)
-                .invoke(con)?;
-        }
-        let acked = replicas::acknowledged(con, client.counters(), key, wanted, connection)?;
-        if acked >= wanted.0 {
-            return Ok(None);
-        }
-        client.counters().commands(1);
-        let channel = client.release_channel(key);
-        let mut release = script::REENTRANT_RELEASE.key(key);
-        release.arg(self.owner).arg(hold).arg(1).arg(&channel);
-        if client.sharded(&channel) {
-            release.arg(script::SHARDED);
-        }
-        let _released: Option<i64> = release.invoke(con)?;
-        Ok(Some(acked))
+        replicas::await_or_give_back(
+            con,
+            client.counters(),
+            key,
+            self.lock.options.extra.min_replicas,
+            (resend, connection),
+            |con| {
+                client.counters().commands(1);
+                let _renewed: i64 = script::REENTRANT_EXTEND
+                    .key(key)
+                    .arg(self.owner)
+                    .arg(self.millis)
+                    .invoke(con)?;
+                Ok(())
+            },
+            |con| {
+                client.counters().commands(1);
+                let channel = client.release_channel(key);
+                let mut release = script::REENTRANT_RELEASE.key(key);
+                release.arg(self.owner).arg(hold).arg(1).arg(&channel);
+                if client.sharded(&channel) {
+                    release.arg(script::SHARDED);
+                }
+                let _released: Option<i64> = release.invoke(con)?;
+                Ok(())
+            },
+        )
     }
 }
 

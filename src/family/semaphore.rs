@@ -404,31 +404,34 @@ impl Take<'_> {
         connection: Option<i64>,
     ) -> redis::RedisResult<Option<u32>> {
         let semaphore = self.semaphore;
-        let Some(wanted) = semaphore.options.extra.min_replicas else {
-            return Ok(None);
-        };
         let (client, key) = (&semaphore.client, &*semaphore.key);
-        if resend {
-            client.counters().commands(1);
-            let _renewed: i64 = script::SEM_EXTEND
-                .key(key)
-                .arg(id)
-                .arg(self.millis)
-                .invoke(con)?;
-        }
-        let acked = replicas::acknowledged(con, client.counters(), key, wanted, connection)?;
-        if acked >= wanted.0 {
-            return Ok(None);
-        }
-        client.counters().commands(1);
-        let channel = client.release_channel(key);
-        let mut release = script::SEM_RELEASE.key(key);
-        release.arg(id).arg(&channel).arg(1);
-        if client.sharded(&channel) {
-            release.arg(script::SHARDED);
-        }
-        let _released: (i64, u64) = release.invoke(con)?;
-        Ok(Some(acked))
+        replicas::await_or_give_back(
+            con,
+            client.counters(),
+            key,
+            semaphore.options.extra.min_replicas,
+            (resend, connection),
+            |con| {
+                client.counters().commands(1);
+                let _renewed: i64 = script::SEM_EXTEND
+                    .key(key)
+                    .arg(id)
+                    .arg(self.millis)
+                    .invoke(con)?;
+                Ok(())
+            },
+            |con| {
+                client.counters().commands(1);
+                let channel = client.release_channel(key);
+                let mut release = script::SEM_RELEASE.key(key);
+                release.arg(id).arg(&channel).arg(1);
+                if client.sharded(&channel) {
+                    release.arg(script::SHARDED);
+                }
+                let _released: (i64, u64) = release.invoke(con)?;
+                Ok(())
+            },
+        )
     }
 }
 

@@ -491,47 +491,45 @@ impl DistributedLock {
         resend: bool,
         connection: Option<i64>,
     ) -> redis::RedisResult<Option<u32>> {
-        let Some((wanted, timeout)) = self.options.extra.min_replicas else {
-            return Ok(None);
-        };
-        if resend {
-            self.client.counters().commands(1);
-            let _extended: i64 = script::EXTEND
-                .key(&*self.key)
-                .arg(token)
-                .arg(millis)
-                .invoke(con)?;
-        }
-        let acked = replicas::acknowledged(
+        replicas::await_or_give_back(
             con,
             self.client.counters(),
             &self.key,
-            (wanted, timeout),
-            connection,
-        )?;
-        if acked >= wanted {
-            return Ok(None);
-        }
-        let channel = self.client.release_channel(&self.key);
-        let (marker, marker_millis) = release::marker_of(&self.client, &self.key, token);
-        // The key was written by this very connection a moment ago; whatever
-        // the outcome (released, or expired already), nothing stays ours.
-        let _outcome = release::release_lua(
-            con,
-            self.client.counters(),
-            &self.key,
-            token,
-            release::Announce {
-                channel: &channel,
-                sharded: self.client.sharded(&channel),
+            self.options.extra.min_replicas,
+            (resend, connection),
+            |con| {
+                self.client.counters().commands(1);
+                let _extended: i64 = script::EXTEND
+                    .key(&*self.key)
+                    .arg(token)
+                    .arg(millis)
+                    .invoke(con)?;
+                Ok(())
             },
-            release::Marker {
-                key: marker.as_deref(),
-                millis: marker_millis,
+            |con| {
+                let channel = self.client.release_channel(&self.key);
+                let (marker, marker_millis) = release::marker_of(&self.client, &self.key, token);
+                // The key was written by this very connection a moment ago;
+                // whatever the outcome (released, or expired already),
+                // nothing stays ours.
+                let _outcome = release::release_lua(
+                    con,
+                    self.client.counters(),
+                    &self.key,
+                    token,
+                    release::Announce {
+                        channel: &channel,
+                        sharded: self.client.sharded(&channel),
+                    },
+                    release::Marker {
+                        key: marker.as_deref(),
+                        millis: marker_millis,
+                    },
+                    &std::cell::Cell::new(false),
+                )?;
+                Ok(())
             },
-            &std::cell::Cell::new(false),
-        )?;
-        Ok(Some(acked))
+        )
     }
 
     /// On Redis Cluster with [`LockOptions::min_replicas`]: the id of the
