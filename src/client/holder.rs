@@ -146,7 +146,8 @@ pub fn redact(token: &str) -> String {
 /// carries holder metadata this crate can read (`None` otherwise: a bare
 /// `…` names nobody).
 pub(crate) fn named_holder(token: &str) -> Option<String> {
-    Holder::from_token(token).map(|_| redact(token))
+    // One parse: `redact` shows only readable metadata, else a bare `…`.
+    Some(redact(token)).filter(|redacted| redacted != "…")
 }
 
 /// `token` for a `Debug` implementation: [`redact`]ed.

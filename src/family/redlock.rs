@@ -1105,12 +1105,9 @@ impl Renewal {
         let stop = self.stop.clone();
         let valid_until = self.timing.lock().valid_until;
         self.loss.expire_at(valid_until, LossReason::Unreachable);
-        // Signals are the program's (see `conn/worker.rs`).
-        let spawned = crate::conn::worker::without_signals(|| {
-            std::thread::Builder::new()
-                .name("redmutex-renew".into())
-                .spawn(move || self.run(started))
-        });
+        // Detached: it ends by itself within a node timeout of the stop.
+        let spawned =
+            crate::conn::worker::Worker::spawn("redmutex-renew", move || self.run(started));
         if let Err(err) = spawned {
             log::warn!("redmutex: cannot start a RedLock renewal thread: {err}");
         }
@@ -1118,7 +1115,7 @@ impl Renewal {
     }
 
     fn run(self, acquired: Instant) {
-        let mut next = acquired + self.timing.lock().ttl / 3;
+        let mut next = later(acquired, self.timing.lock().ttl / 3);
         loop {
             if self.stop.sleep_until(next) || self.loss.reason().is_some() {
                 return;
@@ -1155,7 +1152,7 @@ impl Renewal {
             stats.renewals_of(self.tag, 1, u64::from(!confirmed));
             match (verdict, validity) {
                 (Verdict::Confirmed, Some(validity)) if !validity.is_zero() => {
-                    let until = started + validity;
+                    let until = later(started, validity);
                     let recorded = self.stop.unless_stopped(|| {
                         let mut timing = self.timing.lock();
                         timing.extended(until, ttl, generation);
@@ -1165,7 +1162,7 @@ impl Renewal {
                     if !recorded {
                         return;
                     }
-                    next = started + ttl / 3;
+                    next = later(started, ttl / 3);
                 }
                 (Verdict::NotHeld(reason), _) => {
                     self.stop.unless_stopped(|| self.loss.lose(reason));
@@ -1574,7 +1571,7 @@ impl crate::lease::Lease for RedLockGuard {
             && !validity.is_zero()
         {
             let mut timing = self.timing.lock();
-            timing.extended(started + validity, ttl, generation);
+            timing.extended(later(started, validity), ttl, generation);
             if self.renewer.is_some() {
                 self.loss
                     .expire_at(timing.valid_until, LossReason::Unreachable);
