@@ -192,6 +192,12 @@ fn status_reports_the_holder_for_every_type_that_has_it() {
     let guard = redlock.lock().expect("lock");
     let held = redlock.status().expect("status").expect("held");
     assert_eq!((held.kind, held.holders), (LockKind::Mutex, 3));
+    // A node's reply to the token's read lost: a read, asked again, and
+    // the answer is the same.
+    proxy.lose_reply("GET", 1);
+    let held = redlock.status().expect("status").expect("held");
+    assert_eq!(held.holders, 3, "a lost reply is asked again");
+    assert!(proxy.lost_replies() >= 1, "the fault fired");
     assert_eq!(held.key, "cap:st-red");
     assert!(held.remaining.is_some_and(|r| r <= Duration::from_secs(30)));
     // One node silent: the two others still make the majority.
