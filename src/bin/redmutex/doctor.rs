@@ -102,16 +102,16 @@ pub(super) fn doctor(cli: &Cli, args: &DoctorArgs) -> Result<u8, Failure> {
                 )
             })
             .collect();
-        println!(
+        output::outln!(
             "{{\"target\":{},\"worst\":\"{}\",\"findings\":[{}]}}",
             json_string(&target),
             worst.name(),
             items.join(",")
         );
     } else {
-        println!("redmutex doctor: {target}");
+        output::outln!("redmutex doctor: {target}");
         for f in &findings {
-            println!(
+            output::outln!(
                 "{:<8} {:<12} {}: {}",
                 f.severity.name(),
                 f.check,
@@ -119,11 +119,11 @@ pub(super) fn doctor(cli: &Cli, args: &DoctorArgs) -> Result<u8, Failure> {
                 printable(&f.found)
             );
             if f.severity >= Severity::Warning {
-                println!("{:<21} why: {}", "", f.why);
-                println!("{:<21} fix: {}", "", f.fix);
+                output::outln!("{:<21} why: {}", "", f.why);
+                output::outln!("{:<21} fix: {}", "", f.fix);
             }
         }
-        println!("worst: {} (exit {})", worst.name(), worst.exit_code());
+        output::outln!("worst: {} (exit {})", worst.name(), worst.exit_code());
     }
     Ok(worst.exit_code())
 }

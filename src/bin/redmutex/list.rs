@@ -18,8 +18,7 @@ pub(super) fn list(cli: &Cli, args: &ListArgs) -> Result<u8, Failure> {
     let mut shown = false;
     let mut progress = |scanned: u64| {
         if terminal && started.elapsed() >= PROGRESS_AFTER {
-            eprint!("\r\x1b[2Kscanned {scanned} keys…");
-            let _ = std::io::stderr().flush();
+            output::to_stderr(format!("\r\x1b[2Kscanned {scanned} keys…").into_bytes());
             shown = true;
         }
     };
@@ -27,11 +26,11 @@ pub(super) fn list(cli: &Cli, args: &ListArgs) -> Result<u8, Failure> {
         .list_with(&args.pattern, args.timeout, &mut progress)
         .map_err(redis_failure)?;
     if shown {
-        eprint!("\r\x1b[2K");
+        output::to_stderr(b"\r\x1b[2K".to_vec());
     }
     if args.json {
         let items: Vec<String> = listing.held.iter().map(json_item).collect();
-        println!("[{}]", items.join(","));
+        output::outln!("[{}]", items.join(","));
     } else if listing.held.is_empty() {
         say(cli, format_args!("nothing held matches {:?}", args.pattern));
     } else {
@@ -42,11 +41,20 @@ pub(super) fn list(cli: &Cli, args: &ListArgs) -> Result<u8, Failure> {
             .max()
             .unwrap_or(3)
             .max(3);
-        println!(
+        output::outln!(
             "{:width$}  {:9}  {:>10}  {:>7}  {:>10}  HOLDER",
-            "KEY", "KIND", "LEFT", "HOLDERS", "HELD"
+            "KEY",
+            "KIND",
+            "LEFT",
+            "HOLDERS",
+            "HELD"
         );
         for held in &listing.held {
+            // The reader is gone (`redmutex list | head`): nothing more to
+            // show anyone.
+            if output::stdout_closed() {
+                break;
+            }
             let holders = match held.limit {
                 Some(limit) => format!("{} of {limit}", held.holders),
                 None => held.holders.to_string(),
@@ -67,7 +75,7 @@ pub(super) fn list(cli: &Cli, args: &ListArgs) -> Result<u8, Failure> {
                 }
                 None => ("-".into(), "-".into()),
             };
-            println!(
+            output::outln!(
                 "{:width$}  {:9}  {:>10}  {holders:>7}  {since:>10}  {holder}",
                 held.key,
                 kind_name(held.kind),

@@ -7,11 +7,13 @@
 //! | the command's | `run`: the command ran; its exit code (128+N if killed by signal N) |
 //! | 0 | `status`, `release`: done |
 //! | 1 | the lock is held elsewhere (`run` did not start the command; `release --token`: not that token's) |
-//! | 2 | bad usage: unknown option, missing `--` or command, zero ttl |
+//! | 2 | bad usage: unknown option, missing `--` or command, a ttl below 30ms |
 //! | 3 | `list`: cut short by `--timeout` (what was found is printed) |
 //! | 4 | `doctor`: a warning (the worst finding) |
 //! | 5 | `doctor`: an error (the worst finding) |
+//! | 65 | the key holds something that is not a lock of that kind (`EX_DATAERR`) |
 //! | 69 | Redis unreachable or failing (`EX_UNAVAILABLE`) |
+//! | 71 | `run`: the supervisor cannot guard the command (its watcher is gone); not run (`EX_OSERR`) |
 //! | 75 | `run`: the lock was lost, or could not be renewed, while the command ran (or its job was stopped, or during `--min-hold`); it was terminated (`EX_TEMPFAIL`) |
 //! | 124 | `run --max-run`: the command ran too long and was terminated |
 //! | 128+N | `run`: signal N arrived while waiting for the lock; the command was not run |
@@ -20,7 +22,7 @@
 
 use std::ffi::OsString;
 use std::fmt::Write as _;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::process::{Command, ExitCode, ExitStatus};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -28,7 +30,9 @@ use std::time::{Duration, Instant};
 
 mod doctor;
 mod list;
+mod output;
 mod release;
+mod report;
 mod run;
 mod status;
 mod supervise;
@@ -44,7 +48,9 @@ const EXIT_USAGE: u8 = 2;
 const EXIT_INCOMPLETE: u8 = 3;
 const EXIT_DOCTOR_WARNING: u8 = 4;
 const EXIT_DOCTOR_ERROR: u8 = 5;
+const EXIT_DATAERR: u8 = 65;
 const EXIT_UNAVAILABLE: u8 = 69;
+const EXIT_OSERR: u8 = 71;
 const EXIT_LOST: u8 = 75;
 const EXIT_MAX_RUN: u8 = 124;
 const EXIT_CANNOT_EXECUTE: u8 = 126;
@@ -59,16 +65,19 @@ Exit codes:
   run      the command's own (128+N if killed by signal N)
   0        status/release: done
   1        the lock is held elsewhere: the command was not run (see --conflict-exit-code)
-  2        bad usage
+  2        bad usage (a ttl below 30ms too)
   3        list: cut short by --timeout (what was found is printed)
   4, 5     doctor: the worst finding is a warning (4) or an error (5)
+  65       the key holds something that is not a lock of that kind
   69       Redis unreachable or failing
+  71       run: the supervisor cannot guard the command (its watcher process
+           is gone): the command was not run, or was ended
   75       the lock was lost, or could not be renewed, while the command ran (or
            while its job was stopped, or during --min-hold); the command was
            terminated before the lease ran out
   124      run --max-run: the command ran too long and was terminated
   128+N    signal N arrived while waiting for the lock: the command was not run
-  126      the command cannot be executed
+  126      the command cannot be executed (or its #! interpreter is missing)
   127      the command was not found
 
 Examples:
@@ -82,7 +91,8 @@ Examples:
   redmutex --cluster --url redis://10.0.0.1:7000,redis://10.0.0.2:7000 run job -- ./job.sh
   redmutex --sentinel mymaster --url redis://10.0.0.1:26379,redis://10.0.0.2:26379 status job
   REDMUTEX_PASSWORD=… redmutex --url rediss://redis.example.com:6380 --user app --tls-ca ca.pem list
-  redmutex release nightly-report --token \"$REDMUTEX_TOKEN\"";
+  redmutex run --report /var/lib/jobs/nightly.json nightly -- ./nightly.sh
+  redmutex release nightly-report --token-file - <<<\"$REDMUTEX_TOKEN\"";
 
 #[derive(Parser)]
 #[command(
@@ -264,6 +274,14 @@ struct RunArgs {
     /// group, SIGKILL after --kill-after), release, and exit 124.
     #[arg(long, value_parser = parse_duration, value_name = "D")]
     max_run: Option<Duration>,
+    /// When the run ends, however it ends, write how to FILE as JSON:
+    /// {"outcome", "exit_code", "key", "reason", "holder",
+    /// "command_exit_code", "command_signal", "started_at_ms",
+    /// "ended_at_ms", "fencing_token"} ("outcome": finished, not_acquired,
+    /// lost, max_run, signalled, not_started or error). Written whole or
+    /// not at all.
+    #[arg(long, value_name = "FILE")]
+    report: Option<std::path::PathBuf>,
     /// The lock key. Without it the key is derived from the command line
     /// (`run:` and a hash of CMD and its arguments), so the same command
     /// never runs twice at once; `-v` prints it.
@@ -292,14 +310,18 @@ struct ReleaseArgs {
     /// The lock key.
     key: String,
     /// Release only if the key holds this token (for a semaphore: give
-    /// back the permit with this id).
+    /// back the permit with this id). On the command line every local
+    /// user can read it (`ps`): --token-file keeps it off.
     #[arg(
         long,
-        required_unless_present = "force",
-        conflicts_with = "force",
+        required_unless_present_any = ["force", "token_file"],
+        conflicts_with_all = ["force", "token_file"],
         allow_hyphen_values = true
     )]
     token: Option<String>,
+    /// As --token, read from FILE (`-`: standard input), its first line.
+    #[arg(long, value_name = "FILE", conflicts_with = "force")]
+    token_file: Option<std::path::PathBuf>,
     /// Delete the key whatever holds it, and print what was deleted.
     #[arg(long)]
     force: bool,
@@ -309,10 +331,21 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text).map_err(|e| format!("{e} (try 30s, 5m, 1h)"))
 }
 
+/// The shortest lease `run` takes: renewed every third of it, with the
+/// command ended when less than a third is left, a renewal's round trip
+/// and the supervisor's look at it (every tenth of the ttl) must fit in a
+/// third with room for one slow reply. Below this every run would end
+/// 75, and blame Redis for it.
+const MIN_RUN_TTL: Duration = Duration::from_millis(30);
+
 fn parse_ttl(text: &str) -> Result<Duration, String> {
     let ttl = parse_duration(text)?;
-    if ttl < Duration::from_millis(1) {
-        return Err("the ttl must be at least 1ms".into());
+    if ttl < MIN_RUN_TTL {
+        return Err(format!(
+            "the ttl must be at least {}ms: the lease is renewed every third of it, \
+             and a renewal's round trip must fit in that with room to spare",
+            MIN_RUN_TTL.as_millis()
+        ));
     }
     Ok(ttl)
 }
@@ -333,6 +366,9 @@ fn fail(code: u8, message: impl Into<String>) -> Failure {
 fn redis_failure(err: Error) -> Failure {
     match err {
         Error::InvalidArgument(msg) => fail(EXIT_USAGE, msg),
+        // Redis answered: the key is something else (another program's
+        // key, a lock of another kind): not "Redis unreachable".
+        err @ Error::WrongType { .. } => fail(EXIT_DATAERR, err.to_string()),
         other => fail(EXIT_UNAVAILABLE, other.to_string()),
     }
 }
@@ -353,13 +389,15 @@ fn main() -> ExitCode {
         Sub::List(args) => list::list(&cli, args),
         Sub::Doctor(args) => doctor::doctor(&cli, args),
     };
-    match outcome {
-        Ok(code) => ExitCode::from(code),
+    let code = match outcome {
+        Ok(code) => code,
         Err(failure) => {
             warn(format_args!("{}", failure.message));
-            ExitCode::from(failure.code)
+            failure.code
         }
-    }
+    };
+    output::drain(output::DRAIN);
+    ExitCode::from(code)
 }
 
 fn client(cli: &Cli) -> Result<LockClient, Failure> {
@@ -507,11 +545,11 @@ fn connection(client: &LockClient) -> Result<redmutex::Connection, Failure> {
     client.connection().map_err(redis_failure)
 }
 
-/// A message on standard error, always. A write that fails (standard
-/// error closed, or a pipe whose reader is gone) is dropped: `eprintln!`
-/// would panic, and a panic in `redmutex run` ends the command.
+/// A message on standard error, always, never waiting for it to be
+/// written (see [`output`]): a stderr that is a full pipe, a stalled
+/// terminal or closed delays nothing `redmutex run` does.
 fn warn(message: std::fmt::Arguments<'_>) {
-    let _ = writeln!(std::io::stderr(), "redmutex: {message}");
+    output::to_stderr(format!("redmutex: {message}\n").into_bytes());
 }
 
 fn say(cli: &Cli, message: std::fmt::Arguments<'_>) {
@@ -603,7 +641,7 @@ fn describe(
                 Ok(held.map(|held| format!("held by {} ({})", who_holds(&held), left_text(&held))))
             }
             Err(Error::WrongType { key }) => Err(fail(
-                EXIT_UNAVAILABLE,
+                EXIT_DATAERR,
                 format!("{key:?} holds a value of another type: it is not a redmutex lock"),
             )),
             Err(err) => Err(redis_failure(err)),

@@ -23,17 +23,25 @@ pub(super) fn release(cli: &Cli, args: &ReleaseArgs) -> Result<u8, Failure> {
             .force_release()
             .map_err(redis_failure)?;
         match deleted {
-            Some(token) => println!(
+            Some(token) => output::outln!(
                 "{}: deleted, it was held by {} (token {})",
                 args.key,
                 who(&token),
                 shown(cli, &token)
             ),
-            None => println!("{}: nothing to delete, it was free", args.key),
+            None => output::outln!("{}: nothing to delete, it was free", args.key),
         }
         return Ok(0);
     }
-    let token = args.token.as_deref().unwrap_or_default();
+    let from_file;
+    let token = match (&args.token, &args.token_file) {
+        (Some(token), _) => token.as_str(),
+        (None, Some(path)) => {
+            from_file = read_token(path)?;
+            from_file.as_str()
+        }
+        (None, None) => return Err(fail(EXIT_USAGE, "--token or --token-file is needed")),
+    };
     // A semaphore's permit is given back by its id; everything else goes
     // to the lock's owner-checked release, which says "not held" for a key
     // that is gone or another's.
@@ -52,4 +60,37 @@ pub(super) fn release(cli: &Cli, args: &ReleaseArgs) -> Result<u8, Failure> {
         }
         Err(err) => Err(redis_failure(err)),
     }
+}
+
+/// The token in `path` (`-`: standard input): its first line, without
+/// the line's end. An empty one is refused before Redis is asked.
+fn read_token(path: &std::path::Path) -> Result<String, Failure> {
+    use std::io::Read;
+    let mut text = String::new();
+    let read = if path.as_os_str() == "-" {
+        std::io::stdin()
+            .lock()
+            .take(64 * 1024)
+            .read_to_string(&mut text)
+    } else {
+        std::fs::File::open(path).and_then(|f| f.take(64 * 1024).read_to_string(&mut text))
+    };
+    read.map_err(|err| {
+        fail(
+            EXIT_USAGE,
+            format!("--token-file {}: {err}", path.display()),
+        )
+    })?;
+    let token = text
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim_end_matches('\r');
+    if token.is_empty() {
+        return Err(fail(
+            EXIT_USAGE,
+            format!("--token-file {}: no token in it", path.display()),
+        ));
+    }
+    Ok(token.to_owned())
 }

@@ -32,17 +32,20 @@ impl Spinner {
                         };
                         last_poll = Some(Instant::now());
                     }
-                    eprint!(
-                        "\r\x1b[2K{} waiting {:.0}s for {key:?}: {held}",
-                        frames[frame % frames.len()],
-                        started.elapsed().as_secs_f64()
+                    // Queued, never waited for: a stalled terminal stops
+                    // the spinner's frames, not the wait.
+                    output::to_stderr(
+                        format!(
+                            "\r\x1b[2K{} waiting {:.0}s for {key:?}: {held}",
+                            frames[frame % frames.len()],
+                            started.elapsed().as_secs_f64()
+                        )
+                        .into_bytes(),
                     );
-                    let _ = std::io::stderr().flush();
                     frame += 1;
                     std::thread::sleep(Duration::from_millis(100));
                 }
-                eprint!("\r\x1b[2K");
-                let _ = std::io::stderr().flush();
+                output::to_stderr(b"\r\x1b[2K".to_vec());
             })
         });
         Spinner { stop, thread }
@@ -94,7 +97,7 @@ impl Forwarded {
                     pending.fetch_add(1, Ordering::SeqCst);
                 })
             }
-            .map_err(|e| fail(EXIT_UNAVAILABLE, format!("cannot handle signals: {e}")))?;
+            .map_err(|e| fail(EXIT_OSERR, format!("cannot handle signals: {e}")))?;
         }
         Ok(Forwarded { pending, last })
     }
@@ -233,20 +236,18 @@ impl Foreground {
 }
 
 /// Signal dispositions and the mask `redmutex run` needs, set before
-/// anything else, and what the command gets back.
-struct Inherited {
-    /// SIGCHLD as found: ignored, the kernel would reap the command before
-    /// `redmutex` could learn how it ended. Set to the default for
-    /// `redmutex`; the command gets it as found.
-    chld: libc::sighandler_t,
-}
+/// anything else (the command gets them as found: see
+/// `supervise::restore_dispositions`).
+struct Inherited;
 
 impl Inherited {
     fn take() -> Inherited {
         // SAFETY: signal(2) and pthread_sigmask(3) on this process's own
         // dispositions and mask, before any thread is started.
         unsafe {
-            let chld = libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+            // Ignored, the kernel would reap the command before `redmutex`
+            // could learn how it ended.
+            libc::signal(libc::SIGCHLD, libc::SIG_DFL);
             // Blocked on entry, job control and SIGCHLD would never reach
             // their handlers. (The command starts with an empty mask, as
             // every program the standard library spawns.)
@@ -256,7 +257,7 @@ impl Inherited {
                 libc::sigaddset(&mut set, signal);
             }
             libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
-            Inherited { chld }
+            Inherited
         }
     }
 }
@@ -276,9 +277,8 @@ fn isolate(
     command.process_group(0);
     let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
     let terminal = foreground.fd().filter(|_| foreground.ours);
-    let restore_ttou = foreground.tty.is_some();
-    let ttou = foreground.ttou;
-    let chld = inherited.chld;
+    let _ = inherited;
+    let entry = supervise::entry_dispositions();
     let watcher = watcher.and_then(supervise::Watcher::fd);
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
@@ -288,35 +288,105 @@ fn isolate(
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                // redmutex died before the prctl: do not run unprotected.
+                // redmutex died before the prctl: do not run unprotected
+                // (and no one is left to tell).
                 if libc::getppid() != parent {
-                    libc::_exit(EXIT_UNAVAILABLE.into());
+                    libc::_exit(EXIT_OSERR.into());
                 }
             }
             let _ = parent;
             // The watcher knows the group before the command runs an
             // instruction of its own: no window where `redmutex` could die
-            // and leave it unguarded.
-            if let Some(fd) = watcher
-                && supervise::write_all(fd, &supervise::group_message(libc::getpid())).is_err()
-            {
-                return Err(std::io::Error::last_os_error());
+            // and leave it unguarded. A watcher that is gone fails the
+            // write with EPIPE, reported by `spawn` as the command not
+            // started (SIGPIPE ignored for it: by default it would kill
+            // this child silently, and the run would look like the
+            // command's own death by SIGPIPE).
+            if let Some(fd) = watcher {
+                libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+                if supervise::write_all(fd, &supervise::group_message(libc::getpid())).is_err() {
+                    return Err(std::io::Error::from_raw_os_error(WATCHER_GONE));
+                }
             }
             if let Some(tty) = terminal {
                 // SIGTTOU is ignored here (inherited): the call goes through.
                 libc::tcsetpgrp(tty, libc::getpid());
             }
-            if restore_ttou {
-                // The command gets the disposition `redmutex` found.
-                libc::signal(libc::SIGTTOU, ttou);
-            }
-            if chld == libc::SIG_IGN {
-                libc::signal(libc::SIGCHLD, chld);
-            }
+            // Last: every signal as `redmutex` found it (SIGTTOU, SIGCHLD
+            // and SIGPIPE included).
+            supervise::restore_dispositions(entry);
             Ok(())
         });
     }
 }
+
+/// Why the command could not be started, with its exit code: the watcher
+/// gone (71, never the command's own result), a missing program (127), a
+/// script whose `#!` interpreter is missing (126, as a shell says "bad
+/// interpreter"), anything else exec refused (126).
+fn not_started(program: &std::ffi::OsStr, err: &std::io::Error) -> Failure {
+    let name = program.to_string_lossy();
+    if err.raw_os_error() == Some(WATCHER_GONE) {
+        return fail(
+            EXIT_OSERR,
+            format!(
+                "the watcher process is gone: {name} was not started (it must not run \
+                 unguarded); was it killed?"
+            ),
+        );
+    }
+    if err.kind() != std::io::ErrorKind::NotFound {
+        return fail(
+            EXIT_CANNOT_EXECUTE,
+            format!("{name}: cannot execute: {err}"),
+        );
+    }
+    // ENOENT from exec: the program, or the interpreter its `#!` names.
+    match find_program(program) {
+        Some(path) => {
+            let interpreter = interpreter_of(&path).unwrap_or_else(|| "its interpreter".into());
+            fail(
+                EXIT_CANNOT_EXECUTE,
+                format!(
+                    "{name}: cannot execute: bad interpreter: {interpreter} not found \
+                     (the #! line of {})",
+                    path.display()
+                ),
+            )
+        }
+        None => fail(EXIT_NOT_FOUND, format!("{name}: command not found")),
+    }
+}
+
+/// Where exec would find `program`: the path itself when it has a `/`,
+/// else the first regular file of that name on `$PATH`.
+fn find_program(program: &std::ffi::OsStr) -> Option<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let is_file = |path: &std::path::Path| path.metadata().is_ok_and(|m| m.is_file());
+    if program.as_bytes().contains(&b'/') {
+        let path = std::path::PathBuf::from(program);
+        return is_file(&path).then_some(path);
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| is_file(candidate))
+}
+
+/// The interpreter a script's `#!` line names, if it has one.
+fn interpreter_of(path: &std::path::Path) -> Option<String> {
+    use std::io::Read;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(path).ok()?.read(&mut head).ok()?;
+    let line = head.get(..n)?.strip_prefix(b"#!")?;
+    let line = line.split(|b| *b == b'\n').next()?;
+    let text = String::from_utf8_lossy(line);
+    text.split_whitespace().next().map(printable)
+}
+
+/// The error a command's `pre_exec` reports when the watcher is gone
+/// (see `isolate`).
+const WATCHER_GONE: i32 = libc::EPIPE;
 
 /// The exit code of a run ended by `signal` before the command started.
 fn signalled(signal: i32) -> u8 {
@@ -467,6 +537,25 @@ enum Ending {
     Overdue,
 }
 
+impl Ending {
+    /// Why the lease was lost, in a few words (the run's report).
+    fn reason(&self) -> String {
+        match self {
+            Ending::Running | Ending::MaxRun => String::new(),
+            Ending::LowValidity(left) => {
+                format!("it could not be renewed and {left:?} of it was left")
+            }
+            Ending::Lost(reason) => reason.to_string(),
+            Ending::LostWhileStopped => {
+                "it was lost while the job was stopped, and could not be taken again".into()
+            }
+            Ending::Overdue => "redmutex was stopped or hung past the lease, and its watcher \
+                                killed the command"
+                .into(),
+        }
+    }
+}
+
 /// The key of a run without one: the same for the same command line (and
 /// `--limit`) on every host and version (FNV-1a, 64 bits, over the
 /// arguments' bytes, each ended by a NUL). As with run-one, it is the
@@ -499,6 +588,15 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
     if let Some(watcher) = &mut watcher {
         watcher.done();
     }
+    if let Some(path) = &args.report {
+        let (code, failure) = match &outcome {
+            Ok(code) => (*code, None),
+            Err(failure) => (failure.code, Some(failure.message.as_str())),
+        };
+        if let Err(err) = report::write(path, code, failure) {
+            warn(format_args!("{err}"));
+        }
+    }
     outcome
 }
 
@@ -522,6 +620,21 @@ fn run_watched(
             key
         }
     };
+    report::key(&key);
+    if let Some(path) = &args.report {
+        // Refused before anything is taken: a report that cannot be
+        // written would leave its reader with nothing.
+        let dir = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => std::path::Path::new("."),
+        };
+        if !dir.is_dir() || path.file_name().is_none() {
+            return Err(fail(
+                EXIT_USAGE,
+                format!("--report {}: no such directory", path.display()),
+            ));
+        }
+    }
     if args.max_run.is_some_and(|d| d.is_zero()) {
         return Err(fail(EXIT_USAGE, "--max-run must be longer than 0"));
     }
@@ -592,11 +705,18 @@ fn run_watched(
                 cli,
                 format_args!("signal {signal} while waiting for {key:?}; not running the command"),
             );
+            report::outcome("signalled", Some(format!("signal {signal} while waiting")));
             return Ok(signalled(signal));
         }
     };
     let Some(guard) = acquired else {
+        report::outcome("not_acquired", None);
         if args.quiet_if_held {
+            if args.report.is_some()
+                && let Ok(Some(who)) = describe(&client, &key, args.limit)
+            {
+                report::holder(who);
+            }
             verbose(
                 cli,
                 format_args!("{key:?} is held elsewhere; not running the command"),
@@ -607,6 +727,7 @@ fn run_watched(
             Ok(Some(who)) => who,
             _ => "held".into(),
         };
+        report::holder(who.clone());
         say(
             cli,
             format_args!("{key:?} is {who}; not running the command"),
@@ -636,6 +757,10 @@ fn run_watched(
             cli,
             format_args!("signal {signal} after acquiring {key:?}; not running the command"),
         );
+        report::outcome(
+            "signalled",
+            Some(format!("signal {signal} while acquiring")),
+        );
         return Ok(signalled(signal));
     }
     // From here a ^Z is job control's (the command is stopped with the
@@ -649,6 +774,7 @@ fn run_watched(
         warn(format_args!(
             "lost {what} before the command started ({why}); not running it"
         ));
+        report::outcome("lost", Some(format!("before the command started: {why}")));
         return Ok(EXIT_LOST);
     }
     let foreground = Foreground::ours();
@@ -661,7 +787,7 @@ fn run_watched(
         foreground.give_back(None);
         let _ = guard.unlock();
         return Err(fail(
-            EXIT_UNAVAILABLE,
+            EXIT_OSERR,
             "--daemon needs Linux (a child subreaper) to follow a command's daemons",
         ));
     }
@@ -703,30 +829,24 @@ fn run_watched(
                 watcher.deadline(0);
             }
             foreground.give_back(None);
-            let name = program.to_string_lossy();
             let _ = job.release();
-            return Err(match err.kind() {
-                std::io::ErrorKind::NotFound => {
-                    fail(EXIT_NOT_FOUND, format!("{name}: command not found"))
-                }
-                _ => fail(
-                    EXIT_CANNOT_EXECUTE,
-                    format!("{name}: cannot execute: {err}"),
-                ),
-            });
+            let failure = not_started(program, &err);
+            report::outcome("not_started", Some(failure.message.clone()));
+            return Err(failure);
         }
     };
     let Ok(pid) = libc::pid_t::try_from(child.id()) else {
         // Unreachable on any kernel (pids fit an i32); the group is
         // unknown, so the watcher's parent-death signal is what is left.
-        return Err(fail(EXIT_UNAVAILABLE, "the command's pid is out of range"));
+        return Err(fail(EXIT_OSERR, "the command's pid is out of range"));
     };
     job.pid = pid;
     let started = Instant::now();
+    report::started(job.guard.as_ref().and_then(Held::fencing_token));
     let supervised = job.supervise(started);
     foreground.give_back(Some(pid));
     if supervised.is_ok() && matches!(job.ending, Ending::Running) && args.daemon {
-        job.follow_daemons();
+        job.follow_daemons(started);
     }
     if supervised.is_err() || !matches!(job.ending, Ending::Running) {
         // Whatever the command left in its group, or started outside it,
@@ -749,13 +869,11 @@ fn run_watched(
         (Ok(()), Ok(status)) => status,
         (Err(err), _) | (_, Err(err)) => {
             let _ = job.release();
-            return Err(fail(
-                EXIT_UNAVAILABLE,
-                format!("waiting for the command: {err}"),
-            ));
+            return Err(fail(EXIT_OSERR, format!("waiting for the command: {err}")));
         }
     };
     job.daemons.clear();
+    report::command(status);
     // Killed by the watcher: `redmutex` was stopped (or hung) past the
     // lease's deadline by the local clock.
     if matches!(job.ending, Ending::Running) && job.overdue(status) {
@@ -770,19 +888,23 @@ fn run_watched(
         && let Some(reason) = hold_at_least(cli, args, started, &job.lost, &forwarded, &job.control)
     {
         warn(format_args!("lost {what} during --min-hold ({reason})"));
+        report::outcome("lost", Some(format!("during --min-hold: {reason}")));
         let _ = job.release();
         return Ok(EXIT_LOST);
     }
     match job.ending {
         Ending::Lost(_) | Ending::LowValidity(_) | Ending::LostWhileStopped | Ending::Overdue => {
+            report::outcome("lost", Some(job.ending.reason()));
             let _ = job.release();
             Ok(EXIT_LOST)
         }
         Ending::MaxRun => {
+            report::outcome("max_run", None);
             let _ = job.release();
             Ok(EXIT_MAX_RUN)
         }
         Ending::Running => {
+            report::outcome("finished", None);
             match job.release() {
                 Ok(()) => verbose(cli, format_args!("released {what}")),
                 Err(err) => say(cli, format_args!("releasing {what}: {err}")),
@@ -847,6 +969,11 @@ struct Job<'a> {
 /// How far the lease's deadline may move before the watcher is told: every
 /// renewal moves it by a third of the ttl, far more than this.
 const TELL_AFTER_NS: u64 = 1_000_000;
+
+/// How many times a SIGKILL or SIGSTOP looks for processes forked
+/// meanwhile (see `Job::kill`): each look ends with nothing new in one or
+/// two in practice.
+const CONVERGE_ROUNDS: usize = 100;
 
 /// How often the command's descendants are looked for.
 const SCAN_EVERY: Duration = Duration::from_secs(1);
@@ -1048,11 +1175,57 @@ impl Job<'_> {
     }
 
     /// Signals the command's whole process group (its children included:
-    /// the grandchildren of `sh -c` go too), and the daemons it left.
-    fn kill(&self, signal: i32) {
+    /// the grandchildren of `sh -c` go too), and every process it started
+    /// outside it, as found now: the descendants are looked for again at
+    /// every signal, never taken from the last periodic look (a `setsid`
+    /// or `timeout` helper started a moment ago is among them). As their
+    /// subreaper, `redmutex` is an ancestor of every one of them while it
+    /// lives, orphans included (Linux).
+    ///
+    /// A SIGKILL or SIGSTOP is repeated until a look finds nothing new to
+    /// signal: a process signalled may have forked just before the signal
+    /// landed, and its child is found by the next look. Once one of those
+    /// signals is delivered no process forks again (the kernel refuses a
+    /// fork with a fatal signal pending; a stopped process runs nothing),
+    /// so the looks end; they are bounded all the same.
+    fn kill(&mut self, signal: i32) {
         signal_group(self.pid, signal);
+        self.scan(true);
         for process in &self.daemons {
             process.signal(signal);
+        }
+        if !(signal == libc::SIGKILL || signal == libc::SIGSTOP) || !self.follows {
+            return;
+        }
+        let mut signalled: Vec<(libc::pid_t, i64)> =
+            self.daemons.iter().map(|p| (p.pid, p.start())).collect();
+        let mut except = vec![self.pid];
+        except.extend(self.watcher.map(supervise::Watcher::pid));
+        for _ in 0..CONVERGE_ROUNDS {
+            let found = supervise::Descendants::scan(&except);
+            let mut new = 0;
+            for (pid, start, group, state) in found.alive {
+                let done = match signal {
+                    // Stopped (or being traced): nothing more to do.
+                    libc::SIGSTOP => matches!(state, 'T' | 't'),
+                    _ => signalled.contains(&(pid, start)),
+                };
+                // Members of the command's group got the group's signal;
+                // a SIGSTOP is checked on them all the same.
+                if done || (group == self.pid && signal == libc::SIGKILL) {
+                    continue;
+                }
+                if let Some(process) = supervise::Tracked::open(pid, start) {
+                    process.signal(signal);
+                }
+                signalled.push((pid, start));
+                new += 1;
+            }
+            if new == 0 {
+                break;
+            }
+            // A signal is delivered when its target next runs: a moment.
+            std::thread::sleep(Duration::from_micros(200));
         }
     }
 
@@ -1172,8 +1345,8 @@ impl Job<'_> {
         let outside: Vec<(libc::pid_t, i64)> = found
             .alive
             .iter()
-            .filter(|(_, _, group)| *group != self.pid)
-            .map(|(pid, start, _)| (*pid, *start))
+            .filter(|(_, _, group, _)| *group != self.pid)
+            .map(|(pid, start, _, _)| (*pid, *start))
             .collect();
         let watcher = self.watcher;
         self.daemons.retain(|process| {
@@ -1205,7 +1378,7 @@ impl Job<'_> {
 
     /// `--daemon`: the command exited; its lock is kept (renewed) while any
     /// process it started lives on, and ended with them on a loss.
-    fn follow_daemons(&mut self) {
+    fn follow_daemons(&mut self, started: Instant) {
         // Killed, what is left goes within this (a process we may not
         // signal, one that changed user, is not waited for past it).
         let mut killed_at = None::<Instant>;
@@ -1230,7 +1403,7 @@ impl Job<'_> {
                 self.resume();
             }
             self.pass_on();
-            self.watch_lease(None);
+            self.watch_lease(Some(started));
             self.tell_watcher(false);
             self.lost
                 .wait_timeout(self.tick.max(Duration::from_millis(1)));

@@ -22,7 +22,7 @@ pub(super) fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
         Ok(held) => held,
         Err(Error::WrongType { key }) => {
             return Err(fail(
-                EXIT_UNAVAILABLE,
+                EXIT_DATAERR,
                 format!("{key:?} holds a value of another type: not a redmutex lock or semaphore"),
             ));
         }
@@ -107,7 +107,7 @@ pub(super) fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
             (None, true) => ",\"token\":null".into(),
             (_, false) => String::new(),
         };
-        println!(
+        output::outln!(
             "{{\"key\":{},\"kind\":\"{kind}\",\"held\":{},\"holder\":{holder},\"holders\":{holders}{token},\"ttl_ms\":{ttl},\"fencing_counter\":{}}}",
             json_string(&args.key),
             held.is_some(),
@@ -116,17 +116,17 @@ pub(super) fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
     } else {
         match &held {
             Some(h) if h.kind == LockKind::Mutex => {
-                println!("{}: held by {} ({})", args.key, who_holds(h), left_text(h));
+                output::outln!("{}: held by {} ({})", args.key, who_holds(h), left_text(h));
             }
             Some(h) if h.kind == LockKind::Read => {
-                println!(
+                output::outln!(
                     "{}: read lock, {} readers ({})",
                     args.key,
                     h.holders,
                     left_text(h)
                 );
                 for holder in &h.held_by {
-                    println!("  {}", holder_text(holder));
+                    output::outln!("  {}", holder_text(holder));
                 }
             }
             Some(h) => {
@@ -135,7 +135,7 @@ pub(super) fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
                 } else {
                     String::new()
                 };
-                println!(
+                output::outln!(
                     "{}: {} lock held by {}{holds} ({})",
                     args.key,
                     kind(h),
@@ -143,13 +143,13 @@ pub(super) fn status(cli: &Cli, args: &StatusArgs) -> Result<u8, Failure> {
                     left_text(h)
                 );
             }
-            None => println!("{}: free", args.key),
+            None => output::outln!("{}: free", args.key),
         }
         if let Some(token) = &token {
-            println!("token: {}", printable(token));
+            output::outln!("token: {}", printable(token));
         }
         if let Some(counter) = counter {
-            println!("fencing counter: {counter}");
+            output::outln!("fencing counter: {counter}");
         }
     }
     Ok(0)
@@ -225,7 +225,7 @@ fn semaphore(
                 )
             })
             .collect();
-        println!(
+        output::outln!(
             "{{\"key\":{},\"kind\":\"semaphore\",\"limit\":{limit},\"in_use\":{in_use},\"available\":{available},\"permits\":[{}],\"fencing_counter\":{}}}",
             json_string(&args.key),
             permits.join(","),
@@ -233,7 +233,7 @@ fn semaphore(
         );
         return;
     }
-    println!(
+    output::outln!(
         "{}: semaphore, {in_use} of {limit} permits out, {available} available",
         args.key,
     );
@@ -245,7 +245,7 @@ fn semaphore(
             Some(id) => format!(", id {}", printable(id)),
             None => String::new(),
         };
-        println!(
+        output::outln!(
             "  {} ({:.1}s left{fence}{id})",
             match (&row.holder, &row.id) {
                 (Some(holder), _) => holder_text(holder),
@@ -256,6 +256,6 @@ fn semaphore(
         );
     }
     if let Some(counter) = counter {
-        println!("fencing counter: {counter}");
+        output::outln!("fencing counter: {counter}");
     }
 }

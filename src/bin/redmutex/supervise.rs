@@ -8,20 +8,81 @@
 
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::process::ExitStatus;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Whether `signal` was ignored when `redmutex` started (`nohup` ignores
-/// SIGHUP; a shell without job control starts background commands with
-/// SIGINT and SIGQUIT ignored): such a signal is left ignored, and not
-/// passed on, as a POSIX shell does.
-pub(super) fn ignored_on_entry(signal: i32) -> bool {
-    // SAFETY: reads the disposition into a zeroed struct; changes nothing.
-    unsafe {
-        let mut old: libc::sigaction = std::mem::zeroed();
-        libc::sigaction(signal, std::ptr::null(), &mut old) == 0
-            && old.sa_sigaction == libc::SIG_IGN
+/// The signals ignored when `redmutex` started (bit N-1 for signal N),
+/// read before the Rust runtime's own setup, which ignores SIGPIPE: a
+/// service manager's `IgnoreSIGPIPE=yes` (systemd's default), `nohup`'s
+/// SIGHUP, a script's background job's SIGINT and SIGQUIT.
+static IGNORED_ON_ENTRY: AtomicU64 = AtomicU64::new(0);
+
+/// Runs before `main` (and before the runtime's setup) from the ELF
+/// initialisers.
+#[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+#[used]
+#[unsafe(link_section = ".init_array")]
+static READ_DISPOSITIONS: extern "C" fn() = read_dispositions;
+
+extern "C" fn read_dispositions() {
+    let mut ignored = 0u64;
+    for signal in 1..=LAST_SIGNAL {
+        // SAFETY: reads a disposition into a zeroed struct; changes nothing.
+        let is_ignored = unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(signal, std::ptr::null(), &mut old) == 0
+                && old.sa_sigaction == libc::SIG_IGN
+        };
+        if is_ignored {
+            ignored |= 1 << (signal - 1);
+        }
     }
+    IGNORED_ON_ENTRY.store(ignored, Ordering::SeqCst);
+}
+
+/// The highest signal number whose disposition is kept (the real-time
+/// signals included).
+const LAST_SIGNAL: i32 = 64;
+
+/// Whether `signal` was ignored when `redmutex` started: such a signal is
+/// left ignored, and not passed on, as a POSIX shell does, and the
+/// command starts with it ignored.
+pub(super) fn ignored_on_entry(signal: i32) -> bool {
+    #[cfg(not(any(target_os = "linux", target_os = "android", target_os = "freebsd")))]
+    {
+        // No initialiser ran: read now (SIGPIPE then reads as the
+        // runtime's, ignored, and is not trusted).
+        static READ: std::sync::Once = std::sync::Once::new();
+        READ.call_once(read_dispositions);
+    }
+    (1..=LAST_SIGNAL).contains(&signal)
+        && IGNORED_ON_ENTRY.load(Ordering::SeqCst) & (1 << (signal - 1)) != 0
+}
+
+/// Between fork and exec of the command: every signal as `redmutex`
+/// found it, ignored or default (a handler of `redmutex`'s, or the
+/// runtime's ignored SIGPIPE, is not the command's). Async-signal-safe.
+pub(super) fn restore_dispositions(ignored: u64) {
+    for signal in 1..=LAST_SIGNAL {
+        if signal == libc::SIGKILL || signal == libc::SIGSTOP {
+            continue;
+        }
+        let action = if ignored & (1 << (signal - 1)) != 0 {
+            libc::SIG_IGN
+        } else {
+            libc::SIG_DFL
+        };
+        // SAFETY: signal(2) is async-signal-safe; a number the kernel
+        // does not know (or reserves) is refused, harmlessly.
+        unsafe { libc::signal(signal, action) };
+    }
+}
+
+/// The signals ignored on entry, as [`restore_dispositions`] takes them.
+pub(super) fn entry_dispositions() -> u64 {
+    // Forces the read on targets without the initialiser.
+    let _ = ignored_on_entry(libc::SIGPIPE);
+    IGNORED_ON_ENTRY.load(Ordering::SeqCst)
 }
 
 /// A process of its own that keeps the command from running without a
@@ -298,6 +359,11 @@ impl Tracked {
             return None;
         }
         Some(Tracked { pid, start, pidfd })
+    }
+
+    /// When it started (clock ticks since boot).
+    pub(super) fn start(&self) -> i64 {
+        self.start
     }
 
     pub(super) fn signal(&self, signal: i32) {
@@ -703,8 +769,9 @@ pub(super) fn become_subreaper() -> bool {
 /// The descendants of this process (Linux, from `/proc`), but `except`
 /// (the watcher; what it started is looked through all the same).
 pub(super) struct Descendants {
-    /// Running (or stopped): pid, start time and process group.
-    pub(super) alive: Vec<(libc::pid_t, i64, libc::pid_t)>,
+    /// Running (or stopped): pid, start time, process group and state
+    /// (`T` stopped).
+    pub(super) alive: Vec<(libc::pid_t, i64, libc::pid_t, char)>,
     /// Exited children of ours, handed to us as their subreaper, to reap.
     zombies: Vec<libc::pid_t>,
 }
@@ -747,7 +814,7 @@ impl Descendants {
                         found.zombies.push(pid);
                     }
                 } else {
-                    found.alive.push((pid, stat.start, stat.group));
+                    found.alive.push((pid, stat.start, stat.group, stat.state));
                 }
             }
         }
