@@ -678,3 +678,43 @@ fn every_option_is_honoured_in_every_mode() {
         drop(holder);
     }
 }
+
+/// The reaper (the command's parent) killed: `redmutex`, the parent of
+/// every orphan it leaves, ends everything below it, releases the lock
+/// and exits 71: the command's end cannot be learned, so it is not
+/// reported as the command's own result.
+#[test]
+fn a_killed_reaper_ends_everything_and_exits_71() {
+    let server = RedisServer::start();
+    let dir = support::temp_dir();
+    let helper_file = dir.path().join("helper");
+    let command_file = dir.path().join("command");
+    let script = format!(
+        "setsid sleep 300 & echo $! > {}; echo $$ > {}; exec sleep 300",
+        helper_file.display(),
+        command_file.display()
+    );
+    let mut run = redmutex(&server)
+        .args(["run", "reaper-killed", "--", "sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run");
+    assert!(wait_until(Duration::from_secs(10), || read_pid(
+        &command_file
+    )
+    .is_some()
+        && read_pid(&helper_file).is_some()));
+    let (command, helper) = (
+        read_pid(&command_file).expect("pid"),
+        read_pid(&helper_file).expect("pid"),
+    );
+    let reaper = children_of(run.id())
+        .into_iter()
+        .find(|pid| comm(*pid).as_deref() == Some("redmutex-reap"))
+        .expect("a reaper");
+    assert!(support::signal(reaper, "KILL"));
+    let status = wait_exit(&mut run, Duration::from_secs(20));
+    assert_eq!(status.code(), Some(71));
+    assert!(wait_until(Duration::from_secs(5), || gone(command) && gone(helper)));
+    assert_eq!(held(&server, "reaper-killed"), None, "released");
+}

@@ -78,6 +78,21 @@ fn steps_command(steps: &str) -> String {
     )
 }
 
+/// [`steps_command`] as arguments, for a command started without a shell.
+fn steps_args(steps: &str) -> Vec<String> {
+    let exe = std::env::current_exe().expect("test binary");
+    vec![
+        "env".into(),
+        format!("{STEPS}={steps}"),
+        exe.display().to_string(),
+        "--exact".into(),
+        "command_steps".into(),
+        "--nocapture".into(),
+        "--test-threads=1".into(),
+        "--quiet".into(),
+    ]
+}
+
 /// Not a test: the command of [`steps_command`] when [`STEPS`] is set.
 #[test]
 fn command_steps() {
@@ -107,6 +122,35 @@ fn command_steps() {
                 std::fs::write(path, format!("got {}", line.trim())).expect("answer");
             }
             ["touch", path] => std::fs::write(path, "").expect("touch"),
+            // A process of its own session (as `setsid` starts one), not
+            // waited for: it writes its pid to PATH.pid and counts into
+            // PATH.
+            ["helper", path, n, ms] => {
+                let mut helper = Command::new(std::env::current_exe().expect("test binary"));
+                helper
+                    .args([
+                        "--exact",
+                        "command_steps",
+                        "--nocapture",
+                        "--test-threads=1",
+                    ])
+                    .arg("--quiet")
+                    .env(STEPS, format!("pid:{path}.pid count:{path}:{n}:{ms}"))
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null());
+                // SAFETY: setsid(2) between fork and exec.
+                unsafe {
+                    helper.pre_exec(|| {
+                        libc::setsid();
+                        Ok(())
+                    });
+                }
+                // Not waited for: it outlives this process on purpose, and
+                // its subreaper (`redmutex`'s reaper) reaps it.
+                #[allow(clippy::zombie_processes)]
+                helper.spawn().expect("helper");
+            }
             _ => panic!("unknown step {step:?}"),
         }
     }
@@ -164,6 +208,17 @@ struct Terminal {
 
 impl Terminal {
     fn open(server: &RedisServer) -> Terminal {
+        let mut shell = Command::new("bash");
+        shell.args(["--norc", "--noprofile", "-i"]).env("PS1", "$ ");
+        let terminal = Terminal::spawn(server, shell);
+        assert!(terminal.expect("$ ", Duration::from_secs(10)), "no prompt");
+        terminal
+    }
+
+    /// `program` as the session leader of a new pseudo-terminal, with no
+    /// shell doing job control: what `ssh -t host CMD`, `docker run -it`
+    /// and `kubectl exec -it` give a command.
+    fn spawn(server: &RedisServer, mut shell: Command) -> Terminal {
         let (mut master, mut slave) = (0, 0);
         // SAFETY: openpty fills two descriptors; no name, termios or size.
         let rc = unsafe {
@@ -179,10 +234,7 @@ impl Terminal {
         // SAFETY: descriptors openpty just gave us.
         let (master, slave) =
             unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
-        let mut shell = Command::new("bash");
         shell
-            .args(["--norc", "--noprofile", "-i"])
-            .env("PS1", "$ ")
             .env("REDMUTEX_URL", server.url())
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .stdin(Stdio::from(slave.try_clone().expect("dup")))
@@ -214,13 +266,11 @@ impl Terminal {
                 }
             }
         });
-        let terminal = Terminal {
+        Terminal {
             master,
             shell,
             output,
-        };
-        assert!(terminal.expect("$ ", Duration::from_secs(10)), "no prompt");
-        terminal
+        }
     }
 
     fn send(&mut self, text: &str) {
@@ -525,11 +575,11 @@ fn a_command_stopping_itself_in_the_foreground_stops_the_job() {
     assert_eq!(held(&server, &key), None);
 }
 
-/// Standard input redirected (a script's way): ^Z reaches `redmutex`,
-/// which stops the command first, then itself. On main `redmutex`
-/// stopped alone and the command ran on without renewals: the key
-/// expired under it. Stopped longer than the lease, then continued: the
-/// lease, free, is taken again and the command goes on.
+/// Standard input redirected (a script's way): ^Z stops the whole job,
+/// the command with it. Stopped longer than the lease allows, the command
+/// is killed while still stopped (nothing renews a stopped job's lease,
+/// and a shell's `fg` continues the whole job at once); `fg` then finds
+/// it gone and `redmutex` exits 75 saying why. It never ran again.
 #[test]
 fn ctrl_z_with_stdin_redirected_stops_the_command_too() {
     let server = RedisServer::start();
@@ -569,11 +619,18 @@ fn ctrl_z_with_stdin_redirected_stops_the_command_too() {
     );
     terminal.send("fg\n");
     let code = terminal.exit_code(&key);
-    if code != Some(0) {
+    if code != Some(75) {
         clean_up(&key);
         panic!("exit {code:?}: {}", terminal.shown());
     }
-    assert_eq!(lines(), 40);
+    assert_eq!(
+        lines(),
+        at_stop,
+        "the command ran again after its lease ran out"
+    );
+    assert!(at_stop < 40);
+    let shown = terminal.shown();
+    assert!(shown.contains("while the job was stopped"), "{shown}");
     assert_eq!(held(&server, &key), None);
 }
 
@@ -1173,4 +1230,191 @@ fn which(name: &str) -> Result<PathBuf, ()> {
                 .find(|candidate| candidate.is_file())
         })
         .ok_or(())
+}
+
+/// The lines in a log a `count` step writes.
+fn lines(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .count()
+}
+
+/// `redmutex run … | pager`: the command runs in the job's own process
+/// group, as under flock(1), so a pager that reads the terminal in the same
+/// pipeline is in the foreground and pages. On main the command was given
+/// the terminal's foreground, the pager became a background reader, and
+/// the job showed "Stopped" at once and again on every `fg`.
+#[test]
+fn a_pipeline_into_a_pager_pages() {
+    let server = RedisServer::start();
+    let key = format!("pager-{}", std::process::id());
+    let mut terminal = Terminal::open(&server);
+    // A pager's shape: it reads the terminal for its keys, and its input
+    // from the pipe.
+    let pager = "sh -c 'read key < /dev/tty; cat; echo \"paged after $key.\"'";
+    terminal.send(&format!(
+        "{} run {key} -- sh -c \"printf 'first\\nsecond\\n'; sleep 1.5\" | {pager}\n",
+        redmutex_path().display()
+    ));
+    std::thread::sleep(Duration::from_millis(300));
+    terminal.send("space\n");
+    let paged = terminal.expect("paged after space.", Duration::from_secs(10));
+    let shown = terminal.shown();
+    clean_up(&key);
+    assert!(paged, "{shown}");
+    assert!(!shown.contains("Stopped"), "{shown}");
+    assert!(shown.contains("second"), "{shown}");
+    assert_eq!(held(&server, &key), None);
+}
+
+/// ^Z where no shell does job control (`ssh -t host redmutex run …`,
+/// `docker run -it`, `kubectl exec -it`: `redmutex` is the session leader
+/// of its terminal): the kernel drops the stop for the command, and
+/// `redmutex` runs on as flock(1) does; the command finishes. On main the
+/// command stayed stopped under a renewed lock until ^C.
+#[test]
+fn ctrl_z_without_a_job_control_shell_runs_on() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let log = dir.path().join("log");
+    let key = format!("no-job-control-{}", std::process::id());
+    for leader in ["redmutex", "sh"] {
+        let _ = std::fs::remove_file(&log);
+        let steps = steps_command(&format!("count:{}:30:50", log.display()));
+        let line = format!("{} run {key} -- {steps}", redmutex_path().display());
+        let program = if leader == "redmutex" {
+            // As `ssh -t host 'exec redmutex run …'`.
+            let mut program = Command::new("sh");
+            program.args(["-c", &format!("exec {line}")]);
+            program
+        } else {
+            // As `ssh -t host 'redmutex run …; echo done'`.
+            let mut program = Command::new("sh");
+            program.args(["-c", &format!("{line}; echo \"exited $?.\"")]);
+            program
+        };
+        let mut terminal = Terminal::spawn(&server, program);
+        if !wait_until(Duration::from_secs(10), || lines(&log) > 0) {
+            clean_up(&key);
+            panic!("did not start: {}", terminal.shown());
+        }
+        terminal.send("\x1a");
+        std::thread::sleep(Duration::from_millis(300));
+        let at_stop = lines(&log);
+        let ran_on = wait_until(Duration::from_secs(10), || lines(&log) >= 30);
+        let shown = terminal.shown();
+        if !ran_on {
+            clean_up(&key);
+            panic!("{leader}: the command stopped at {at_stop} lines: {shown}");
+        }
+        if leader == "sh" {
+            assert!(
+                terminal.expect("exited 0.", Duration::from_secs(10)),
+                "{}",
+                terminal.shown()
+            );
+        }
+        assert!(
+            wait_until(Duration::from_secs(10), || held(&server, &key).is_none()),
+            "{leader}: released"
+        );
+        let _ = terminal.shell.wait();
+    }
+}
+
+/// A process the command started outside the job's process group (a new
+/// session, as `setsid` makes) a moment before ^Z stops with the job, and
+/// runs again on `fg`. On main it was known only from a look at `/proc`
+/// made at most once a second, and ran on while the shell showed the job
+/// stopped, past the lease.
+#[test]
+fn ctrl_z_stops_a_process_started_outside_the_group_a_moment_before() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let helper_log = dir.path().join("helper");
+    let log = dir.path().join("log");
+    let key = format!("ctrlz-helper-{}", std::process::id());
+    let mut terminal = Terminal::open(&server);
+    let line = format!(
+        "{} run --ttl 30s {key} -- {}",
+        redmutex_path().display(),
+        steps_command(&format!(
+            "helper:{}:60:25 count:{}:40:50",
+            helper_log.display(),
+            log.display()
+        ))
+    );
+    terminal.send(&format!("{line}\n"));
+    if !wait_until(Duration::from_secs(10), || lines(&helper_log) > 0) {
+        clean_up(&key);
+        panic!("did not start: {}", terminal.shown());
+    }
+    terminal.send("\x1a");
+    if !terminal.expect("Stopped", Duration::from_secs(10)) {
+        clean_up(&key);
+        panic!("not stopped: {}", terminal.shown());
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let at_stop = lines(&helper_log);
+    std::thread::sleep(Duration::from_millis(1000));
+    let after = lines(&helper_log);
+    let helper = read_pid(&dir.path().join("helper.pid"));
+    if after != at_stop {
+        clean_up(&key);
+        if let Some(pid) = helper {
+            // SAFETY: kill(2) of the helper this test started.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        panic!("the helper ran on while the job was stopped: {at_stop} then {after}");
+    }
+    terminal.send("fg\n");
+    let code = terminal.exit_code(&key);
+    if code != Some(0) {
+        clean_up(&key);
+        panic!("exit {code:?}: {}", terminal.shown());
+    }
+    assert_eq!(lines(&log), 40);
+    assert!(
+        lines(&helper_log) > at_stop,
+        "the helper runs again after fg"
+    );
+}
+
+/// `redmutex` killed (SIGKILL: no handler runs) a moment after the
+/// command started a process in a new session: the reaper, the command's
+/// parent and the parent of every orphan below it, kills it too. On main
+/// only the command's group and the processes a once-a-second look had
+/// found were killed.
+#[test]
+fn a_killed_redmutex_takes_a_helper_started_a_moment_before_with_it() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    for round in 0..3 {
+        let helper = dir.path().join(format!("helper-{round}"));
+        let key = format!("killed-helper-{}-{round}", std::process::id());
+        let mut run = Command::new(redmutex_path())
+            .env("REDMUTEX_URL", server.url())
+            .args(["run", "--ttl", "30s", &key, "--"])
+            .args(steps_args(&format!(
+                "helper:{}:100000:20 sleep:60000",
+                helper.display()
+            )))
+            .spawn()
+            .expect("run");
+        let pid_file = dir.path().join(format!("helper-{round}.pid"));
+        if !wait_until(Duration::from_secs(10), || read_pid(&pid_file).is_some()) {
+            let _ = run.kill();
+            panic!("no helper");
+        }
+        let pid = read_pid(&pid_file).expect("pid");
+        let _ = run.kill();
+        let _ = run.wait();
+        let gone_in_time = wait_until(Duration::from_secs(5), || gone(pid));
+        if !gone_in_time {
+            // SAFETY: kill(2) of the helper this test started.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        assert!(gone_in_time, "the helper outlived a killed redmutex");
+    }
 }

@@ -23,14 +23,15 @@
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::io::IsTerminal;
-use std::process::{Command, ExitCode, ExitStatus};
+use std::process::{ExitCode, ExitStatus};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 mod doctor;
 mod list;
 mod output;
+mod reaper;
 mod release;
 mod report;
 mod run;
@@ -374,6 +375,12 @@ fn redis_failure(err: Error) -> Failure {
 }
 
 fn main() -> ExitCode {
+    // `redmutex run`'s own reaper process (see `reaper.rs`), before any
+    // parsing: its arguments are the command's.
+    let args: Vec<OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == reaper::ARG) {
+        reaper::main(&args);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => {

@@ -4,7 +4,6 @@
 #[allow(unused_imports)]
 use super::*;
 use redmutex::Lease;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// Shows what `redmutex run` waits for, on a terminal only.
 struct Spinner {
@@ -61,180 +60,6 @@ impl Drop for Spinner {
     }
 }
 
-/// The signals `redmutex run` catches from the start: while it waits for
-/// the lock they end the wait (nothing stays held), and while the command
-/// runs they are passed on to the command's whole process group.
-const FORWARDED: [i32; 4] = [
-    signal_hook::consts::SIGHUP,
-    signal_hook::consts::SIGINT,
-    signal_hook::consts::SIGQUIT,
-    signal_hook::consts::SIGTERM,
-];
-
-/// Signals received by `redmutex` itself, to pass on to the child.
-struct Forwarded {
-    pending: Arc<AtomicUsize>,
-    last: Arc<AtomicUsize>,
-}
-
-impl Forwarded {
-    fn install() -> Result<Forwarded, Failure> {
-        let pending = Arc::new(AtomicUsize::new(0));
-        let last = Arc::new(AtomicUsize::new(0));
-        for signal in FORWARDED {
-            // Ignored on entry (SIGHUP under `nohup`, SIGINT and SIGQUIT
-            // in a script's background job): left ignored, and not passed
-            // on (the command inherits the disposition).
-            if supervise::ignored_on_entry(signal) {
-                continue;
-            }
-            let (pending, last) = (pending.clone(), last.clone());
-            // SAFETY: the handler only stores to atomics, which is
-            // async-signal-safe.
-            unsafe {
-                signal_hook::low_level::register(signal, move || {
-                    last.store(signal as usize, Ordering::SeqCst);
-                    pending.fetch_add(1, Ordering::SeqCst);
-                })
-            }
-            .map_err(|e| fail(EXIT_OSERR, format!("cannot handle signals: {e}")))?;
-        }
-        Ok(Forwarded { pending, last })
-    }
-
-    /// A signal received since the last call, if any.
-    fn take(&self) -> Option<i32> {
-        if self.pending.swap(0, Ordering::SeqCst) > 0 {
-            Some(self.last.load(Ordering::SeqCst) as i32)
-        } else {
-            None
-        }
-    }
-}
-
-/// Signals the command's whole process group (its children included:
-/// the grandchildren of `sh -c` go too).
-fn signal_group(pgid: libc::pid_t, signal: i32) {
-    // SAFETY: kill(2) on the process group of a child we spawned as its
-    // leader; a group whose members are gone gets ESRCH, which is ignored.
-    unsafe {
-        libc::kill(-pgid, signal);
-    }
-}
-
-/// The controlling terminal's foreground group, handed to the command
-/// while it runs when `redmutex` itself has it (so an interactive command
-/// can read the terminal), and taken back after.
-///
-/// The terminal is `/dev/tty`, not standard input: a job whose input is
-/// redirected (`< file`) is still a job of that terminal, and a shell
-/// gives it the terminal all the same.
-///
-/// Meanwhile `redmutex` is a background group on that terminal: with
-/// `stty tostop` its own writes to the terminal (a loss message) would stop
-/// it with SIGTTOU, watchdog and all, while the command ran on. So it
-/// ignores SIGTTOU until it has the terminal back; the command gets the
-/// disposition `redmutex` found.
-struct Foreground {
-    /// The controlling terminal, when there is one: `redmutex`'s group
-    /// may be its foreground now or later (`fg`).
-    tty: Option<OwnedFd>,
-    /// `redmutex`'s group had the terminal at the start: the command gets
-    /// it as it starts.
-    ours: bool,
-    /// The SIGTTOU disposition found at start, restored in the command and
-    /// at the end.
-    ttou: libc::sighandler_t,
-}
-
-impl Foreground {
-    fn ours() -> Foreground {
-        // SAFETY: opens the controlling terminal (ENXIO without one),
-        // close-on-exec and without becoming anyone's controlling
-        // terminal; tcgetpgrp and getpgrp only read; signal(2) swaps a
-        // disposition, put back in give_back.
-        unsafe {
-            let fd = libc::open(
-                c"/dev/tty".as_ptr(),
-                libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOCTTY,
-            );
-            let tty = (fd >= 0).then(|| OwnedFd::from_raw_fd(fd));
-            let ours = tty
-                .as_ref()
-                .is_some_and(|tty| libc::tcgetpgrp(tty.as_raw_fd()) == libc::getpgrp());
-            // On a terminal `redmutex` is a background group while the
-            // command has it (or while the job runs after `bg`): ignored,
-            // SIGTTOU neither stops it for a message nor refuses it the
-            // terminal's foreground.
-            let ttou = if tty.is_some() {
-                libc::signal(libc::SIGTTOU, libc::SIG_IGN)
-            } else {
-                libc::SIG_DFL
-            };
-            Foreground { tty, ours, ttou }
-        }
-    }
-
-    fn fd(&self) -> Option<RawFd> {
-        self.tty.as_ref().map(AsRawFd::as_raw_fd)
-    }
-
-    /// At the end: the terminal back to `redmutex`'s group if the
-    /// command's group (`command`, when it was started) has it, and the
-    /// SIGTTOU disposition found at start.
-    fn give_back(&self, command: Option<libc::pid_t>) {
-        let Some(tty) = self.fd() else {
-            return;
-        };
-        // SAFETY: SIGTTOU is ignored (see `ours`), so a background group
-        // may set the terminal's group; then the disposition found at
-        // start is put back.
-        unsafe {
-            let current = libc::tcgetpgrp(tty);
-            if command.is_some_and(|pgid| current == pgid) || (command.is_none() && self.ours) {
-                libc::tcsetpgrp(tty, libc::getpgrp());
-            }
-            libc::signal(libc::SIGTTOU, self.ttou);
-        }
-    }
-
-    /// The command's group stopped with the terminal: back to ours, so the
-    /// job stops as one and the shell can take it.
-    fn take_back(&self, command: libc::pid_t) {
-        if let Some(tty) = self.fd() {
-            // SAFETY: SIGTTOU is ignored (see `ours`); only when the
-            // command's group has the terminal.
-            unsafe {
-                if libc::tcgetpgrp(tty) == command {
-                    libc::tcsetpgrp(tty, libc::getpgrp());
-                }
-            }
-        }
-    }
-
-    /// Whether the command's group has the terminal's foreground.
-    fn is_with(&self, command: libc::pid_t) -> bool {
-        // SAFETY: tcgetpgrp only reads.
-        self.fd()
-            .is_some_and(|tty| unsafe { libc::tcgetpgrp(tty) } == command)
-    }
-
-    /// The job is in the terminal's foreground again (`fg`): the command's
-    /// group gets the terminal, as at the start. In the background (`bg`)
-    /// it does not: a read of the terminal stops it, and the job with it.
-    fn hand_over(&self, command: libc::pid_t) {
-        if let Some(tty) = self.fd() {
-            // SAFETY: SIGTTOU is ignored (see `ours`); only while our group
-            // has the terminal.
-            unsafe {
-                if libc::tcgetpgrp(tty) == libc::getpgrp() {
-                    libc::tcsetpgrp(tty, command);
-                }
-            }
-        }
-    }
-}
-
 /// Signal dispositions and the mask `redmutex run` needs, set before
 /// anything else (the command gets them as found: see
 /// `supervise::restore_dispositions`).
@@ -262,79 +87,12 @@ impl Inherited {
     }
 }
 
-/// Makes the command the leader of its own process group (so a signal
-/// reaches everything it started) and names the group to the watcher
-/// before the command runs, gives it the terminal when `redmutex` had it,
-/// and on Linux has the kernel kill it if `redmutex` dies (it must not run
-/// on without the lock's renewals).
-fn isolate(
-    command: &mut Command,
-    foreground: &Foreground,
-    inherited: &Inherited,
-    watcher: Option<&supervise::Watcher>,
-) {
-    use std::os::unix::process::CommandExt;
-    command.process_group(0);
-    let parent = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
-    let terminal = foreground.fd().filter(|_| foreground.ours);
-    let _ = inherited;
-    let entry = supervise::entry_dispositions();
-    let watcher = watcher.and_then(supervise::Watcher::fd);
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        command.pre_exec(move || {
-            #[cfg(target_os = "linux")]
-            {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // redmutex died before the prctl: do not run unprotected
-                // (and no one is left to tell).
-                if libc::getppid() != parent {
-                    libc::_exit(EXIT_OSERR.into());
-                }
-            }
-            let _ = parent;
-            // The watcher knows the group before the command runs an
-            // instruction of its own: no window where `redmutex` could die
-            // and leave it unguarded. A watcher that is gone fails the
-            // write with EPIPE, reported by `spawn` as the command not
-            // started (SIGPIPE ignored for it: by default it would kill
-            // this child silently, and the run would look like the
-            // command's own death by SIGPIPE).
-            if let Some(fd) = watcher {
-                libc::signal(libc::SIGPIPE, libc::SIG_IGN);
-                if supervise::write_all(fd, &supervise::group_message(libc::getpid())).is_err() {
-                    return Err(std::io::Error::from_raw_os_error(WATCHER_GONE));
-                }
-            }
-            if let Some(tty) = terminal {
-                // SIGTTOU is ignored here (inherited): the call goes through.
-                libc::tcsetpgrp(tty, libc::getpid());
-            }
-            // Last: every signal as `redmutex` found it (SIGTTOU, SIGCHLD
-            // and SIGPIPE included).
-            supervise::restore_dispositions(entry);
-            Ok(())
-        });
-    }
-}
-
-/// Why the command could not be started, with its exit code: the watcher
-/// gone (71, never the command's own result), a missing program (127), a
+/// Why the command could not be started, with its exit code: a missing
+/// program (127), a
 /// script whose `#!` interpreter is missing (126, as a shell says "bad
 /// interpreter"), anything else exec refused (126).
 fn not_started(program: &std::ffi::OsStr, err: &std::io::Error) -> Failure {
     let name = program.to_string_lossy();
-    if err.raw_os_error() == Some(WATCHER_GONE) {
-        return fail(
-            EXIT_OSERR,
-            format!(
-                "the watcher process is gone: {name} was not started (it must not run \
-                 unguarded); was it killed?"
-            ),
-        );
-    }
     if err.kind() != std::io::ErrorKind::NotFound {
         return fail(
             EXIT_CANNOT_EXECUTE,
@@ -383,10 +141,6 @@ fn interpreter_of(path: &std::path::Path) -> Option<String> {
     let text = String::from_utf8_lossy(line);
     text.split_whitespace().next().map(printable)
 }
-
-/// The error a command's `pre_exec` reports when the watcher is gone
-/// (see `isolate`).
-const WATCHER_GONE: i32 = libc::EPIPE;
 
 /// The exit code of a run ended by `signal` before the command started.
 fn signalled(signal: i32) -> u8 {
@@ -469,14 +223,6 @@ impl Held {
         }
     }
 
-    /// Whether Redis still holds it (owner-checked).
-    fn is_held(&self) -> Result<bool, Error> {
-        match self {
-            Held::Lock(guard) => guard.is_held(),
-            Held::Permit(permit) => permit.is_held(),
-        }
-    }
-
     fn unlock(self) -> Result<(), Error> {
         match self {
             Held::Lock(guard) => guard.unlock().map(|_| ()),
@@ -490,11 +236,11 @@ impl Held {
 fn acquire(
     target: &Target,
     args: &RunArgs,
-    forwarded: &Forwarded,
+    forwarded: &supervise::Forwarded,
 ) -> Result<Result<Option<Held>, Error>, i32> {
     if args.no_wait {
         let acquired = target.try_once();
-        return match forwarded.take() {
+        return match forwarded.take().map(|f| f.signal) {
             // A guard taken meanwhile is released when dropped here.
             Some(signal) => Err(signal),
             None => Ok(acquired),
@@ -509,7 +255,7 @@ fn acquire(
             None => WAIT_SLICE,
         };
         let acquired = target.try_for(slice);
-        if let Some(signal) = forwarded.take() {
+        if let Some(signal) = forwarded.take().map(|f| f.signal) {
             return Err(signal);
         }
         match acquired {
@@ -576,12 +322,12 @@ fn derived_key(command: &[OsString], limit: Option<u32>) -> String {
 }
 
 pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
-    let inherited = Inherited::take();
+    Inherited::take();
     // First, while `redmutex` has one thread: the process that kills the
     // command if `redmutex` dies or stops renewing (see
     // `supervise::Watcher`).
     let mut watcher = supervise::Watcher::start();
-    let outcome = run_watched(cli, args, &inherited, watcher.as_ref());
+    let outcome = run_watched(cli, args, watcher.as_ref());
     // Every return ends well: the command exited (or was killed, or never
     // started). A panic does not come here: the watcher sees the pipe
     // close without `done` and kills the command.
@@ -603,7 +349,6 @@ pub(super) fn run(cli: &Cli, args: &RunArgs) -> Result<u8, Failure> {
 fn run_watched(
     cli: &Cli,
     args: &RunArgs,
-    inherited: &Inherited,
     watcher: Option<&supervise::Watcher>,
 ) -> Result<u8, Failure> {
     let key = match &args.key {
@@ -645,7 +390,8 @@ fn run_watched(
     }
     // Before anything is acquired: a SIGTERM while waiting or acquiring
     // must not leave the key held for its ttl.
-    let forwarded = Forwarded::install()?;
+    let forwarded = supervise::Forwarded::install()
+        .map_err(|e| fail(EXIT_OSERR, format!("cannot handle signals: {e}")))?;
     let (program, rest) = args
         .command
         .split_first()
@@ -739,19 +485,18 @@ fn run_watched(
         format_args!("acquired {what} with token {}", shown(cli, guard.token())),
     );
 
-    let mut command = Command::new(program);
-    command
-        .args(rest)
-        .env("REDMUTEX_KEY", &key)
+    let mut environment: Vec<(&str, OsString)> = vec![
+        ("REDMUTEX_KEY", key.clone().into()),
         // A `redmutex` the command runs (a release by token, a nested run)
         // names keys as this one does.
-        .env("REDMUTEX_KEY_PREFIX", &cli.key_prefix)
-        .env("REDMUTEX_TOKEN", guard.token());
+        ("REDMUTEX_KEY_PREFIX", cli.key_prefix.clone().into()),
+        ("REDMUTEX_TOKEN", guard.token().into()),
+    ];
     if let Some(fence) = guard.fencing_token() {
-        command.env("REDMUTEX_FENCING_TOKEN", fence.to_string());
+        environment.push(("REDMUTEX_FENCING_TOKEN", fence.to_string().into()));
     }
     // A signal that came while acquiring: the command is not started.
-    if let Some(signal) = forwarded.take() {
+    if let Some(signal) = forwarded.take().map(|f| f.signal) {
         let _ = guard.unlock();
         say(
             cli,
@@ -777,14 +522,10 @@ fn run_watched(
         report::outcome("lost", Some(format!("before the command started: {why}")));
         return Ok(EXIT_LOST);
     }
-    let foreground = Foreground::ours();
-    isolate(&mut command, &foreground, inherited, watcher);
-    // A process the command starts outside its group (a daemon, a
-    // `setsid` or `timeout` helper) stays a descendant of ours, to be seen
-    // and ended with it (Linux).
+    // Every process the command starts stays below `redmutex`, orphans
+    // included, to be found and signalled with it (Linux).
     let follows = supervise::become_subreaper();
     if args.daemon && !follows {
-        foreground.give_back(None);
         let _ = guard.unlock();
         return Err(fail(
             EXIT_OSERR,
@@ -795,10 +536,8 @@ fn run_watched(
         cli,
         args,
         what: &what,
-        target: &target,
-        pid: 0,
+        reaper: None,
         watcher,
-        foreground: &foreground,
         forwarded: &forwarded,
         control,
         lost: guard.loss_signal(),
@@ -811,68 +550,76 @@ fn run_watched(
         stopped: false,
         told: 0,
         follows,
-        daemons: Vec::new(),
         descendants: 0,
-        scanned: None,
         tick: (args.ttl / 10).clamp(Duration::from_millis(1), Duration::from_millis(25)),
         warned_watcher: false,
     };
     // The watcher's dead man's switch is armed before the command runs.
     job.tell_watcher(true);
-    let child = match command.spawn() {
-        Ok(child) => child,
+    if watcher.is_some_and(supervise::Watcher::failed) {
+        let _ = job.release();
+        let failure = fail(
+            EXIT_OSERR,
+            format!(
+                "the watcher process is gone: {} was not started (it must not run \
+                 unguarded); was it killed?",
+                program.to_string_lossy()
+            ),
+        );
+        report::outcome("not_started", Some(failure.message.clone()));
+        return Err(failure);
+    }
+    let reaper = match reaper::Reaper::start(program, rest, |command| {
+        command.envs(environment);
+    }) {
+        Ok(reaper) => reaper,
         Err(err) => {
-            // A child that failed in `pre_exec` named its group, and is
-            // reaped already.
-            if let Some(watcher) = watcher {
-                watcher.forget_group();
-                watcher.deadline(0);
-            }
-            foreground.give_back(None);
             let _ = job.release();
-            let failure = not_started(program, &err);
+            let failure = match err {
+                reaper::NotStarted::Exec(err) => not_started(program, &err),
+                reaper::NotStarted::Reaper(why) => fail(EXIT_OSERR, why),
+            };
             report::outcome("not_started", Some(failure.message.clone()));
             return Err(failure);
         }
     };
-    let Ok(pid) = libc::pid_t::try_from(child.id()) else {
-        // Unreachable on any kernel (pids fit an i32); the group is
-        // unknown, so the watcher's parent-death signal is what is left.
-        return Err(fail(EXIT_OSERR, "the command's pid is out of range"));
-    };
-    job.pid = pid;
+    if let Some(watcher) = watcher
+        && let Some(stat) = supervise::stat(reaper.pid())
+    {
+        watcher.root(reaper.pid(), stat.start);
+    }
+    let pid = reaper.command;
+    job.reaper = Some(reaper);
     let started = Instant::now();
     report::started(job.guard.as_ref().and_then(Held::fencing_token));
-    let supervised = job.supervise(started);
-    foreground.give_back(Some(pid));
-    if supervised.is_ok() && matches!(job.ending, Ending::Running) && args.daemon {
+    verbose(cli, format_args!("the command runs as process {pid}"));
+    let status = job.supervise(started);
+    if status.is_some() && matches!(job.ending, Ending::Running) && args.daemon {
         job.follow_daemons(started);
     }
-    if supervised.is_err() || !matches!(job.ending, Ending::Running) {
-        // Whatever the command left in its group, or started outside it,
-        // does not run on unlocked.
-        job.kill(libc::SIGKILL);
+    if status.is_none() || !matches!(job.ending, Ending::Running) {
+        // Whatever the command left, in the job or outside it, does not
+        // run on unlocked.
+        job.kill(libc::SIGKILL, false);
     }
-    // Reaped only now: until then the command's pid, and so its group's
-    // number, cannot name another process's group. The watcher forgets the
-    // group first, and what was followed outside it (left alone after a
-    // normal end, killed above otherwise).
     if let Some(watcher) = watcher {
-        watcher.forget_group();
         watcher.deadline(0);
-        for process in &job.daemons {
-            watcher.forget_process(process.pid);
-        }
     }
-    let status = supervise::reap(pid);
-    let status = match (supervised, status) {
-        (Ok(()), Ok(status)) => status,
-        (Err(err), _) | (_, Err(err)) => {
-            let _ = job.release();
-            return Err(fail(EXIT_OSERR, format!("waiting for the command: {err}")));
-        }
+    if let Some(reaper) = &mut job.reaper {
+        reaper.finish();
+    }
+    let Some(status) = status else {
+        let _ = job.release();
+        report::outcome(
+            "error",
+            Some("the reaper process was killed; the command was ended".into()),
+        );
+        return Err(fail(
+            EXIT_OSERR,
+            "the reaper process was killed: the command was ended, as its end could not \
+             be learned",
+        ));
     };
-    job.daemons.clear();
     report::command(status);
     // Killed by the watcher: `redmutex` was stopped (or hung) past the
     // lease's deadline by the local clock.
@@ -914,28 +661,17 @@ fn run_watched(
     }
 }
 
-/// Whether a stop is job control's (the terminal's ^Z, a read or write of
-/// it from the background), which stops the whole job. A SIGSTOP sent to
-/// the command alone (a debugger, `kill -STOP`) stops only it, as it
-/// would without `redmutex`.
-fn job_stop(signal: i32) -> bool {
-    matches!(signal, libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU)
-}
-
 /// The command under way, and what `redmutex` does about it.
 struct Job<'a> {
     cli: &'a Cli,
     args: &'a RunArgs,
     what: &'a str,
-    target: &'a Target,
-    /// The command's pid, and its process group's.
-    pid: libc::pid_t,
+    /// The command's parent, and what it reports of the command.
+    reaper: Option<reaper::Reaper>,
     watcher: Option<&'a supervise::Watcher>,
-    foreground: &'a Foreground,
-    forwarded: &'a Forwarded,
+    forwarded: &'a supervise::Forwarded,
     control: supervise::JobControl,
-    /// What is held (taken again after a stop, when it was lost and
-    /// could be), and its loss signal.
+    /// What is held, and its loss signal.
     guard: Option<Held>,
     lost: redmutex::LossSignal,
     kill_after: Duration,
@@ -944,21 +680,16 @@ struct Job<'a> {
     killed: bool,
     /// A signal was passed on: no --min-hold after the command ends.
     stop_asked: bool,
-    /// The job is stopped by job control and `redmutex` was not (its group
-    /// is orphaned): it resumes on the next SIGCONT `redmutex` gets.
+    /// The job is stopped by job control and `redmutex` was not (a stop
+    /// the kernel dropped): it resumes on the next SIGCONT.
     stopped: bool,
     /// The deadline last sent to the watcher (monotonic nanoseconds).
     told: i64,
-    /// `redmutex` is the command's descendants' subreaper, and looks for
-    /// them (Linux).
+    /// `redmutex` is its descendants' subreaper (Linux).
     follows: bool,
-    /// The processes the command started outside its group, as last found
-    /// (its group is signalled as one).
-    daemons: Vec<supervise::Tracked>,
-    /// How many of the command's descendants were alive at the last look.
+    /// How many of the command's descendants were alive at the last look
+    /// (`--daemon`).
     descendants: usize,
-    /// When the command's descendants were last looked for.
-    scanned: Option<Instant>,
     /// How often the loop looks at the command and the lease: often
     /// enough for the shortest ttl to be supervised.
     tick: Duration,
@@ -970,13 +701,10 @@ struct Job<'a> {
 /// renewal moves it by a third of the ttl, far more than this.
 const TELL_AFTER_NS: u64 = 1_000_000;
 
-/// How many times a SIGKILL or SIGSTOP looks for processes forked
-/// meanwhile (see `Job::kill`): each look ends with nothing new in one or
-/// two in practice.
-const CONVERGE_ROUNDS: usize = 100;
-
-/// How often the command's descendants are looked for.
-const SCAN_EVERY: Duration = Duration::from_secs(1);
+/// How long the command's process group is given to stop on a ^Z of its
+/// own (an interactive command puts the terminal back first) before what
+/// has not stopped is stopped with SIGSTOP.
+const STOP_GRACE: Duration = Duration::from_millis(300);
 
 impl Job<'_> {
     /// What is left of the lease by the local clock.
@@ -989,63 +717,57 @@ impl Job<'_> {
         self.guard.take().map_or(Ok(()), Held::unlock)
     }
 
-    /// Watches the command until it exits (it is not reaped: see
-    /// `supervise::reap`): its stops and `redmutex`'s (job control), the
-    /// signals to pass on, the lease, `--max-run`.
-    fn supervise(&mut self, started: Instant) -> std::io::Result<()> {
+    /// The processes not to signal: the watcher and the reaper (what they
+    /// started is signalled all the same).
+    fn helpers(&self) -> Vec<libc::pid_t> {
+        let mut helpers = Vec::with_capacity(2);
+        helpers.extend(self.watcher.map(supervise::Watcher::pid));
+        helpers.extend(self.reaper.as_ref().map(reaper::Reaper::pid));
+        helpers
+    }
+
+    /// Watches the command until it exits: `redmutex`'s stops (job
+    /// control), the signals to pass on, the lease, `--max-run`. `None`
+    /// when the reaper is gone without saying how the command ended.
+    fn supervise(&mut self, started: Instant) -> Option<ExitStatus> {
         loop {
-            match supervise::poll(self.pid)? {
-                supervise::Child::Exited => return Ok(()),
-                // Stopped by the terminal (^Z while it has it, a read or
-                // write from the background), or stopping itself in the
-                // terminal's foreground (an editor's ^Z is a SIGSTOP to
-                // its own group): the whole job stops, as a shell's would.
-                supervise::Child::Stopped(signal)
-                    if job_stop(signal) || self.foreground.is_with(self.pid) =>
-                {
-                    self.suspend(signal);
-                }
-                supervise::Child::Stopped(_) | supervise::Child::Running => {}
+            match self.reaper.as_mut().map(reaper::Reaper::poll) {
+                Some(reaper::Report::Exited(status)) => return Some(status),
+                Some(reaper::Report::Gone) | None => return None,
+                Some(reaper::Report::Running) => {}
             }
-            if let Some(signal) = self.control.stop_asked() {
-                // ^Z sent to `redmutex` (the command did not have the
-                // terminal), or a `kill -TSTP`: the command first.
-                if supervise::stop_group(self.pid, self.pid)? {
-                    return Ok(());
-                }
-                self.suspend(signal);
+            if let Some(stop) = self.control.stop_asked() {
+                self.suspend(&stop);
             }
-            if self.control.continued() {
-                if self.stopped {
-                    // A job stopped in an orphaned group, continued.
-                    self.resume();
-                } else {
-                    // `fg` of a job that ran in the background: the
-                    // terminal goes on to the command.
-                    self.foreground.hand_over(self.pid);
-                }
+            if self.control.continued() && self.stopped {
+                // A job stopped whose own stop the kernel dropped,
+                // continued.
+                self.resume();
             }
             self.pass_on();
             self.watch_lease(Some(started));
             self.tell_watcher(false);
-            self.scan(false);
-            // Wakes at once on a loss, else polls the child and signals.
+            // Wakes at once on a loss, else looks at the reports and the
+            // signals.
             self.lost.wait_timeout(self.tick);
         }
     }
 
-    /// Passes a signal `redmutex` received on to the command's group (and
-    /// what it started outside it). A stopped job is continued to take it,
-    /// as a shell's `kill` does, after the lease is checked.
+    /// Passes a signal `redmutex` received on: to every process of the
+    /// command's, or, when the terminal sent it to the whole foreground
+    /// group (^C), to those outside the job's group, which did not get it.
+    /// A stopped job is continued to take it, as a shell's `kill` does,
+    /// after the lease is checked.
     fn pass_on(&mut self) {
-        let Some(signal) = self.forwarded() else {
+        let Some(forward) = self.forwarded.take() else {
             return;
         };
+        let signal = forward.signal;
         verbose(
             self.cli,
             format_args!("passing signal {signal} to the command"),
         );
-        self.kill(signal);
+        self.kill(signal, forward.from_terminal);
         // Asked to stop: no --min-hold after the command ends.
         self.stop_asked = true;
         if self.stopped {
@@ -1053,7 +775,7 @@ impl Job<'_> {
         } else {
             // Stopped by someone else (`kill -STOP`): it could not act on
             // the signal otherwise.
-            self.kill(libc::SIGCONT);
+            self.kill(libc::SIGCONT, false);
         }
     }
 
@@ -1067,16 +789,12 @@ impl Job<'_> {
             && supervise::monotonic_ns() >= self.told
     }
 
-    fn forwarded(&self) -> Option<i32> {
-        self.forwarded.take()
-    }
-
     /// Tells the watcher when the lease runs out by the local clock, less
     /// the SIGKILL's margin, whenever that moved (after a renewal): if
-    /// `redmutex` stops telling it (stopped by SIGSTOP, hung), the watcher
-    /// ends the command then. Not after a loss: `redmutex` is ending the
-    /// command itself, with the SIGTERM's grace, and the deadline last sent
-    /// still bounds it.
+    /// `redmutex` stops telling it (stopped with its job, by SIGSTOP, or
+    /// hung), the watcher ends the command then. Not after a loss:
+    /// `redmutex` is ending the command itself, with the SIGTERM's grace,
+    /// and the deadline last sent still bounds it.
     fn tell_watcher(&mut self, force: bool) {
         let Some(watcher) = self.watcher else {
             return;
@@ -1095,8 +813,8 @@ impl Job<'_> {
         if watcher.failed() && !self.warned_watcher {
             self.warned_watcher = true;
             warn(format_args!(
-                "the watcher process is gone: if redmutex is killed or stopped now, \
-                 only the parent-death signal ends the command"
+                "the watcher process is gone: if redmutex is stopped now, nothing ends \
+                 the command before the lease runs out"
             ));
         }
     }
@@ -1105,15 +823,6 @@ impl Job<'_> {
     /// or a lease running low terminates the command, `--max-run` too,
     /// and a SIGKILL follows when it does not go in time.
     fn watch_lease(&mut self, started: Option<Instant>) {
-        // The job was stopped and a SIGCONT is on its way to `resume`,
-        // which decides on the lease: acting here first would race with it
-        // (the stop `stop_job` sends itself can land after it returned, and
-        // the SIGCONT then finds this loop looking at a lease that ran out
-        // while stopped). A job continued by someone else is watched as
-        // usual.
-        if self.stopped && self.control.continue_pending() {
-            return;
-        }
         let validity = self.validity();
         // The lease is watched after --max-run fired too: a loss while the
         // command is being terminated ends it as fast as any loss does.
@@ -1144,9 +853,9 @@ impl Job<'_> {
                          terminating the command before it runs out"
                     )),
                 }
-                self.kill(libc::SIGTERM);
-                // A stopped job must run to take its SIGTERM.
-                self.kill(libc::SIGCONT);
+                self.kill(libc::SIGTERM, false);
+                // A stopped process must run to take its SIGTERM.
+                self.kill(libc::SIGCONT, false);
                 // A loss after --max-run keeps the first SIGTERM's time:
                 // its grace is the shorter one.
                 self.terminated_at.get_or_insert_with(Instant::now);
@@ -1169,211 +878,109 @@ impl Job<'_> {
             warn(format_args!(
                 "the command is still running with {validity:?} of the lease left; killing it"
             ));
-            self.kill(libc::SIGKILL);
+            self.kill(libc::SIGKILL, false);
             self.killed = true;
         }
     }
 
-    /// Signals the command's whole process group (its children included:
-    /// the grandchildren of `sh -c` go too), and every process it started
-    /// outside it, as found now: the descendants are looked for again at
-    /// every signal, never taken from the last periodic look (a `setsid`
-    /// or `timeout` helper started a moment ago is among them). As their
-    /// subreaper, `redmutex` is an ancestor of every one of them while it
-    /// lives, orphans included (Linux).
+    /// Signals every process of the command's: every descendant of
+    /// `redmutex` but the watcher and the reaper, as found now (never as
+    /// found before: a `setsid` or `timeout` helper started a moment ago
+    /// is among them), the command itself included; with `outside_only`,
+    /// only those outside `redmutex`'s process group (the terminal reached
+    /// the rest). A SIGKILL or SIGSTOP is repeated until nothing new is
+    /// found (see `supervise::signal_tree`).
+    fn kill(&mut self, signal: i32, outside_only: bool) {
+        // SAFETY: getpgrp only reads.
+        let group = unsafe { libc::getpgrp() };
+        let me = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
+        supervise::signal_tree(&[me], &self.helpers(), signal, &|found| {
+            outside_only && found.group == group
+        });
+    }
+
+    /// A stop reached `redmutex` (the terminal's ^Z, a background read or
+    /// write of it, a `kill -TSTP`): the whole job stops, as a shell's
+    /// would, `redmutex` last, so the shell says so and gets its prompt
+    /// back. When it is continued (`fg`, `bg`), the lease is checked
+    /// before anything else is done.
     ///
-    /// A SIGKILL or SIGSTOP is repeated until a look finds nothing new to
-    /// signal: a process signalled may have forked just before the signal
-    /// landed, and its child is found by the next look. Once one of those
-    /// signals is delivered no process forks again (the kernel refuses a
-    /// fork with a fatal signal pending; a stopped process runs nothing),
-    /// so the looks end; they are bounded all the same.
-    fn kill(&mut self, signal: i32) {
-        signal_group(self.pid, signal);
-        self.scan(true);
-        for process in &self.daemons {
-            process.signal(signal);
-        }
-        if !(signal == libc::SIGKILL || signal == libc::SIGSTOP) || !self.follows {
+    /// In an orphaned process group (no shell doing job control: `ssh -t`,
+    /// `docker run -it`) the kernel dropped the terminal's stop for every
+    /// process of the job: nothing stops, as under flock(1).
+    fn suspend(&mut self, stop: &supervise::Stop) {
+        if supervise::group_orphaned() {
+            verbose(
+                self.cli,
+                format_args!("a stop with no shell to resume the job: running on, as flock does"),
+            );
             return;
         }
-        let mut signalled: Vec<(libc::pid_t, i64)> =
-            self.daemons.iter().map(|p| (p.pid, p.start())).collect();
-        let mut except = vec![self.pid];
-        except.extend(self.watcher.map(supervise::Watcher::pid));
-        for _ in 0..CONVERGE_ROUNDS {
-            let found = supervise::Descendants::scan(&except);
-            let mut new = 0;
-            for (pid, start, group, state) in found.alive {
-                let done = match signal {
-                    // Stopped (or being traced): nothing more to do.
-                    libc::SIGSTOP => matches!(state, 'T' | 't'),
-                    _ => signalled.contains(&(pid, start)),
-                };
-                // Members of the command's group got the group's signal;
-                // a SIGSTOP is checked on them all the same.
-                if done || (group == self.pid && signal == libc::SIGKILL) {
-                    continue;
-                }
-                if let Some(process) = supervise::Tracked::open(pid, start) {
-                    process.signal(signal);
-                }
-                signalled.push((pid, start));
-                new += 1;
-            }
-            if new == 0 {
+        verbose(self.cli, format_args!("stopping the job"));
+        // SAFETY: getpgrp only reads.
+        let group = unsafe { libc::getpgrp() };
+        if !stop.from_terminal {
+            // Sent to `redmutex` alone: the job's processes first get the
+            // stop the terminal would have sent them (an interactive one
+            // puts the terminal back).
+            self.kill(stop.signal, false);
+        }
+        // What is outside the job's group never got it: stopped now.
+        self.kill(libc::SIGSTOP, true);
+        // The job's group stops on its own; what has not within the grace
+        // (a command that ignores SIGTSTP) is stopped: nothing of the
+        // command's runs while the renewals are stopped.
+        let me = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
+        let helpers = self.helpers();
+        let until = Instant::now() + STOP_GRACE;
+        while Instant::now() < until {
+            let (alive, _) = supervise::descendants(&[me], &helpers);
+            if alive
+                .iter()
+                .all(|p| p.group != group || matches!(p.state, 'T' | 't'))
+            {
                 break;
             }
-            // A signal is delivered when its target next runs: a moment.
-            std::thread::sleep(Duration::from_micros(200));
+            std::thread::sleep(Duration::from_millis(5));
         }
-    }
-
-    /// The command is stopped: the rest of its job too (a read from the
-    /// background stops only the reader), then `redmutex`'s own group, so
-    /// the shell says so and gets its prompt back. When it is continued
-    /// (`fg`, `bg`), the lease is checked before the command runs again.
-    fn suspend(&mut self, signal: i32) {
-        verbose(
-            self.cli,
-            format_args!("the command stopped; stopping the job"),
-        );
-        self.kill(libc::SIGSTOP);
-        // The terminal back to our group while the command has it: the
-        // shell takes it from there.
-        self.foreground.take_back(self.pid);
-        // Past the deadline the watcher keeps the job stopped rather than
-        // killing it: `fg` decides.
-        if let Some(watcher) = self.watcher {
-            watcher.stopped(true);
-        }
+        self.kill(libc::SIGSTOP, false);
         self.stopped = true;
-        if self.control.stop_job(signal) {
+        if self.control.stop_job(stop.signal) {
             self.resume();
         }
-        // Else `redmutex`'s group is orphaned and the kernel dropped its
-        // stop: `redmutex` runs on, the lease renewed, and the job waits
-        // stopped for a SIGCONT to `redmutex`.
+        // Else the kernel dropped `redmutex`'s own stop: the job stays
+        // stopped for a SIGCONT to `redmutex`, the lease renewed.
     }
 
-    /// After a stop: the command runs again only under a live lease. The
-    /// lease is kept when Redis still holds it and the local clock gives it
-    /// more than `--kill-after`; one lost meanwhile (expired, taken, run
-    /// out by the local clock, or about to: the watchdog was stopped too)
-    /// is released if still ours and taken again when it can be (free,
-    /// and no fencing token the command already has would be wrong);
-    /// otherwise the command is killed before it runs another
-    /// instruction.
+    /// After a stop: the job runs again only under a live lease. It is
+    /// kept when the local clock gives it more than `--kill-after` (the
+    /// watcher killed everything past the deadline while the job was
+    /// stopped, and the watchdog checks it with Redis as always);
+    /// otherwise everything is killed before it runs on.
     fn resume(&mut self) {
         self.stopped = false;
-        let held = self.guard.as_ref().map_or(Ok(false), Held::is_held);
         // Why, in the words of a stop (the watchdog, stopped too, would
         // blame Redis for a lease that ran out while it could not run).
-        let lost = match (self.lost.reason(), held) {
-            (Some(redmutex::LossReason::OwnedByOther), _) => Some("another owner took it"),
-            // Ours (or Redis cannot say, and the renewals' bound still
-            // holds) with time left: kept.
-            (None, Ok(true) | Err(_)) if self.validity() > self.kill_after => None,
-            (_, Ok(true)) => Some("it ran out by the local clock"),
-            (_, Ok(false)) => Some("it expired or was taken"),
-            (_, Err(_)) => Some("Redis could not be asked about it"),
+        let lost = match self.lost.reason() {
+            Some(redmutex::LossReason::OwnedByOther) => Some("another owner took it"),
+            Some(_) => Some("it expired or was taken"),
+            None if self.validity() <= self.kill_after => Some("it ran out by the local clock"),
+            None => None,
         };
         if let Some(reason) = lost {
-            if !self.args.fencing {
-                // Still ours in Redis: freed, to be taken afresh (with a
-                // watchdog of its own) below.
-                let _ = self.release();
-            }
-            let again = if self.args.fencing {
-                None
-            } else {
-                self.target.try_once().ok().flatten()
-            };
-            match again {
-                Some(guard) => {
-                    say(
-                        self.cli,
-                        format_args!(
-                            "{} was lost while the job was stopped ({reason}); taken again \
-                             (REDMUTEX_TOKEN now names the old token)",
-                            self.what
-                        ),
-                    );
-                    self.lost = guard.loss_signal();
-                    // Fencing off: nothing of the old one to keep.
-                    let _ = self.release();
-                    self.guard = Some(guard);
-                }
-                None => {
-                    warn(format_args!(
-                        "lost {} while the job was stopped ({reason}); killing the command",
-                        self.what
-                    ));
-                    // Still stopped: it never runs on the lost lease.
-                    self.kill(libc::SIGKILL);
-                    self.killed = true;
-                    self.ending = Ending::LostWhileStopped;
-                    return;
-                }
-            }
+            warn(format_args!(
+                "lost {} while the job was stopped ({reason}); killing the command",
+                self.what
+            ));
+            self.kill(libc::SIGKILL, false);
+            self.killed = true;
+            self.ending = Ending::LostWhileStopped;
+            return;
         }
         // The new deadline first: the watcher must not act on the old one
         // once the job runs.
         self.tell_watcher(true);
-        if let Some(watcher) = self.watcher {
-            watcher.stopped(false);
-        }
-        self.foreground.hand_over(self.pid);
-        self.kill(libc::SIGCONT);
-    }
-
-    /// The command's descendants, looked for again (at most once a second
-    /// unless `now`; Linux): those outside its group are followed by
-    /// pidfd (and named to the watcher), those gone forgotten, and orphans
-    /// handed to us reaped.
-    fn scan(&mut self, now: bool) {
-        if !self.follows || (!now && self.scanned.is_some_and(|at| at.elapsed() < SCAN_EVERY)) {
-            return;
-        }
-        self.scanned = Some(Instant::now());
-        // The command's own process is awaited (and reaped) apart; the
-        // watcher is not the command's.
-        let mut except = vec![self.pid];
-        except.extend(self.watcher.map(supervise::Watcher::pid));
-        let found = supervise::Descendants::scan(&except);
-        self.descendants = found.alive.len();
-        let outside: Vec<(libc::pid_t, i64)> = found
-            .alive
-            .iter()
-            .filter(|(_, _, group, _)| *group != self.pid)
-            .map(|(pid, start, _, _)| (*pid, *start))
-            .collect();
-        let watcher = self.watcher;
-        self.daemons.retain(|process| {
-            let alive = outside.iter().any(|(pid, _)| *pid == process.pid);
-            if !alive && let Some(watcher) = watcher {
-                watcher.forget_process(process.pid);
-            }
-            alive
-        });
-        for (pid, start) in outside {
-            if self.daemons.iter().any(|process| process.pid == pid) {
-                continue;
-            }
-            let Some(process) = supervise::Tracked::open(pid, start) else {
-                continue;
-            };
-            verbose(
-                self.cli,
-                format_args!("following process {pid}, started by the command outside its group"),
-            );
-            if let Some(watcher) = self.watcher {
-                watcher.guard_process(&process);
-            }
-            self.daemons.push(process);
-        }
-        // After the watcher forgot them: a pid reaped may be reused.
-        found.reap();
+        self.kill(libc::SIGCONT, false);
     }
 
     /// `--daemon`: the command exited; its lock is kept (renewed) while any
@@ -1382,9 +989,17 @@ impl Job<'_> {
         // Killed, what is left goes within this (a process we may not
         // signal, one that changed user, is not waited for past it).
         let mut killed_at = None::<Instant>;
+        let me = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
         loop {
-            self.scan(true);
-            if self.descendants == 0 {
+            let (alive, zombies) = supervise::descendants(&[me], &self.helpers());
+            self.descendants = alive.len();
+            for pid in zombies {
+                let mut status = 0;
+                // SAFETY: reaps `pid`, an exited child of ours (handed to
+                // us if the reaper was gone).
+                unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            }
+            if self.descendants == 0 || !self.follows {
                 return;
             }
             if self.killed {
@@ -1392,12 +1007,12 @@ impl Job<'_> {
                 if at.elapsed() >= Duration::from_secs(5) {
                     return;
                 }
-                self.kill(libc::SIGKILL);
+                self.kill(libc::SIGKILL, false);
                 self.lost.wait_timeout(Duration::from_millis(100));
                 continue;
             }
-            if let Some(signal) = self.control.stop_asked() {
-                self.suspend(signal);
+            if let Some(stop) = self.control.stop_asked() {
+                self.suspend(&stop);
             }
             if self.control.continued() && self.stopped {
                 self.resume();
@@ -1419,7 +1034,7 @@ fn hold_at_least(
     args: &RunArgs,
     started: Instant,
     lost: &redmutex::LossSignal,
-    forwarded: &Forwarded,
+    forwarded: &supervise::Forwarded,
     control: &supervise::JobControl,
 ) -> Option<redmutex::LossReason> {
     let until = args.min_hold.and_then(|d| started.checked_add(d))?;
@@ -1437,16 +1052,18 @@ fn hold_at_least(
         if left.is_zero() {
             return None;
         }
-        if let Some(signal) = forwarded.take() {
+        if let Some(forward) = forwarded.take() {
             verbose(
                 cli,
-                format_args!("signal {signal}: releasing before --min-hold"),
+                format_args!("signal {}: releasing before --min-hold", forward.signal),
             );
             return None;
         }
         // ^Z: nothing of the command runs; `redmutex` stops as asked.
-        if let Some(signal) = control.stop_asked() {
-            control.stop_job(signal);
+        if let Some(stop) = control.stop_asked()
+            && !supervise::group_orphaned()
+        {
+            control.stop_job(stop.signal);
         }
         lost.wait_timeout(left.min(Duration::from_millis(100)));
     }

@@ -1,15 +1,33 @@
-//! What keeps `redmutex run`'s command from running without a live lease,
-//! whatever happens to `redmutex`: a watcher process that kills the
-//! command's group (and the daemons it was told of) when `redmutex` dies,
-//! by any signal, even when the command changed its user id; job control
-//! (the command stopped and resumed with its shell job, its lease checked
-//! before it runs again); signals ignored on entry left ignored; and the
-//! processes a daemonizing command leaves behind.
+//! What keeps `redmutex run`'s command, and every process it starts, from
+//! running without a live lease, whatever happens to `redmutex`.
+//!
+//! Three processes share the work (Linux; see docs/cli.md):
+//!
+//! * `redmutex` itself, in the caller's process group (the shell's job),
+//!   is a *child subreaper*: every descendant it has stays its
+//!   descendant, orphans included, so a walk of `/proc` from it finds
+//!   them all; it signals them by that walk at the moment it acts,
+//!   never from a list made earlier.
+//! * the *reaper* (`redmutex-reap`, see `reaper.rs`), its child in the
+//!   same process group and the command's parent, is a subreaper too: if
+//!   `redmutex` dies, however it dies, the tree below the reaper is
+//!   intact, and the reaper kills it. The command runs in the caller's
+//!   process group, as under flock(1): a pipeline into a pager, ^Z and
+//!   `fg` in a shell, and ^Z where no shell does job control (`ssh -t`,
+//!   `docker run -it`) behave as they do without `redmutex`.
+//! * the *watcher* (`redmutex-watch`), forked first, in a process group
+//!   of its own so that nothing sent to the job stops it: a dead man's
+//!   switch. `redmutex` tells it when the lease runs out after every
+//!   renewal; past that moment (`redmutex` stopped with its job, by
+//!   SIGSTOP, or hung) it kills everything below `redmutex` and the
+//!   reaper.
+//!
+//! A process that changed its user may be beyond the signals of a
+//! `redmutex` that is not root: the kernel forbids them.
 
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
-use std::process::ExitStatus;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The signals ignored when `redmutex` started (bit N-1 for signal N),
 /// read before the Rust runtime's own setup, which ignores SIGPIPE: a
@@ -85,22 +103,218 @@ pub(super) fn entry_dispositions() -> u64 {
     IGNORED_ON_ENTRY.load(Ordering::SeqCst)
 }
 
-/// A process of its own that keeps the command from running without a
-/// live lease when `redmutex` cannot: when `redmutex` is gone, however it
-/// went (even `SIGKILL`, which no handler sees), it kills the command's
-/// group and the processes it was told of; and it is a dead man's switch:
-/// `redmutex` tells it the moment the lease runs out by the local clock
-/// after every renewal, and past it (`redmutex` stopped by `SIGSTOP`, or
-/// hung) it kills them too, or, while the job is stopped by job control,
-/// keeps them stopped. The kernel's parent-death signal does not do it
-/// alone: it is cleared when the command changes its user id (`gosu`,
-/// `setpriv`, a setuid program). The watcher stays the invoking user, so
-/// it may signal the command whenever the invoking user may (root may
-/// signal anything; another user may not signal a command that became
-/// someone else).
+/// A process found below a root.
+pub(super) struct Found {
+    pub(super) pid: libc::pid_t,
+    pub(super) start: i64,
+    pub(super) group: libc::pid_t,
+    /// `T` stopped, `t` traced.
+    pub(super) state: char,
+}
+
+/// The live descendants of `roots` (Linux, from `/proc`), `except` those
+/// named (looked through all the same: what they started is found), and
+/// the exited children of this process found on the way (zombies to reap,
+/// `except` those named).
+pub(super) fn descendants(
+    roots: &[libc::pid_t],
+    except: &[libc::pid_t],
+) -> (Vec<Found>, Vec<libc::pid_t>) {
+    let me = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
+    let mut alive = Vec::new();
+    let mut zombies = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return (alive, zombies);
+    };
+    // Every process we can read, by parent.
+    let mut children: std::collections::HashMap<libc::pid_t, Vec<(libc::pid_t, Stat)>> =
+        std::collections::HashMap::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        if let Some(stat) = stat(pid) {
+            children.entry(stat.parent).or_default().push((pid, stat));
+        }
+    }
+    let mut frontier: Vec<libc::pid_t> = roots.to_vec();
+    // Bounded: every parent's entry is taken once.
+    while let Some(parent) = frontier.pop() {
+        for (pid, stat) in children.remove(&parent).unwrap_or_default() {
+            frontier.push(pid);
+            if except.contains(&pid) {
+                continue;
+            }
+            if stat.state == 'Z' {
+                if parent == me {
+                    zombies.push(pid);
+                }
+            } else {
+                alive.push(Found {
+                    pid,
+                    start: stat.start,
+                    group: stat.group,
+                    state: stat.state,
+                });
+            }
+        }
+    }
+    (alive, zombies)
+}
+
+/// How many times a SIGKILL or SIGSTOP looks again for processes forked
+/// meanwhile (see [`signal_tree`]): a look finds nothing new after one or
+/// two in practice.
+const CONVERGE_ROUNDS: usize = 100;
+
+/// Sends `signal` to every live descendant of `roots` (but `except`, and
+/// those `skip` leaves out), each by pidfd or after checking its start
+/// time, so no signal reaches a later process that reused a number.
+/// Returns how many were signalled.
+///
+/// A SIGKILL or SIGSTOP is repeated until a look finds nothing new: a
+/// process signalled may have forked just before the signal landed, and
+/// its child is found by the next look. Once such a signal is delivered
+/// the process forks no more (the kernel refuses a fork with a fatal
+/// signal pending; a stopped process runs nothing), so the looks end;
+/// they are bounded all the same. A SIGSTOP is checked by state: one
+/// that is not stopped yet is signalled again.
+pub(super) fn signal_tree(
+    roots: &[libc::pid_t],
+    except: &[libc::pid_t],
+    signal: i32,
+    skip: &dyn Fn(&Found) -> bool,
+) -> usize {
+    let repeat = signal == libc::SIGKILL || signal == libc::SIGSTOP;
+    let mut signalled: Vec<(libc::pid_t, i64)> = Vec::new();
+    for _ in 0..CONVERGE_ROUNDS {
+        let (alive, _) = descendants(roots, except);
+        let mut new = 0;
+        for found in alive {
+            if skip(&found) {
+                continue;
+            }
+            let seen = signalled.contains(&(found.pid, found.start));
+            let done = if signal == libc::SIGSTOP {
+                matches!(found.state, 'T' | 't')
+            } else {
+                seen
+            };
+            if done {
+                continue;
+            }
+            if let Some(process) = Tracked::open(found.pid, found.start) {
+                process.signal(signal);
+            }
+            if !seen {
+                signalled.push((found.pid, found.start));
+            }
+            new += 1;
+        }
+        if new == 0 || !repeat {
+            break;
+        }
+        // A signal is delivered when its target next runs: a moment.
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    signalled.len()
+}
+
+/// Whether this process's group is orphaned, as the kernel judges it for
+/// job control: no member has a parent in another group of the same
+/// session. A terminal's ^Z to an orphaned group stops none of its
+/// members (the kernel drops the signal): so it is for the command, and
+/// so `redmutex` takes it, as flock(1) does (`ssh -t host redmutex run`,
+/// `docker run -it`, `kubectl exec -it`).
+pub(super) fn group_orphaned() -> bool {
+    // SAFETY: getpgrp and getsid only read.
+    let (group, session) = unsafe { (libc::getpgrp(), libc::getsid(0)) };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        let Some(member) = stat(pid).filter(|s| s.group == group) else {
+            continue;
+        };
+        if stat(member.parent).is_some_and(|p| p.group != group && p.session == session) {
+            return false;
+        }
+    }
+    true
+}
+
+/// Makes this process the parent of every orphaned descendant (Linux): a
+/// process whose parent exits stays below it, and so is found.
+pub(super) fn become_subreaper() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: sets a flag of this process.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0 }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        false
+    }
+}
+
+/// Names this process in `ps` and `/proc/PID/comm` (so `killall
+/// redmutex` leaves it be).
+pub(super) fn set_name(name: &std::ffi::CStr) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: PR_SET_NAME with a NUL-terminated name (cut at 15 bytes).
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, name.as_ptr());
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = name;
+}
+
+/// The signals a helper process (the watcher, the reaper) ignores: those
+/// of the terminal and of a service manager's stop are for the job, not
+/// for it; its end is decided by its pipe.
+pub(super) fn ignore_job_signals() {
+    for signal in [
+        libc::SIGHUP,
+        libc::SIGINT,
+        libc::SIGQUIT,
+        libc::SIGTERM,
+        libc::SIGTSTP,
+        libc::SIGTTIN,
+        libc::SIGTTOU,
+        libc::SIGPIPE,
+        libc::SIGUSR1,
+        libc::SIGUSR2,
+        libc::SIGALRM,
+    ] {
+        // SAFETY: signal(2) on this process's own dispositions.
+        unsafe { libc::signal(signal, libc::SIG_IGN) };
+    }
+}
+
+/// The watcher: a process of its own, in a process group of its own,
+/// that kills everything below `redmutex` and the reaper when `redmutex`
+/// cannot keep the lease: when `redmutex` is gone (however it went, even
+/// `SIGKILL`), and past the lease's deadline by the local clock, which
+/// `redmutex` tells it after every renewal (`redmutex` stopped by
+/// SIGSTOP or with its job, or hung). The kernel's parent-death signal
+/// does not do it alone: it is cleared when the command changes its user
+/// id (`gosu`, `setpriv`, a setuid program). The watcher stays the
+/// invoking user, so it may signal the command whenever the invoking user
+/// may.
 ///
 /// It learns of `redmutex`'s end by the end of a pipe only `redmutex`
-/// holds (close-on-exec, so the command does not keep it open), and of
+/// holds (close-on-exec, so nothing it starts keeps it open), and of
 /// everything else by messages on it. It ignores the terminal's signals,
 /// holds none of the caller's files, and is named `redmutex-watch` (so
 /// `killall redmutex` leaves it be).
@@ -111,26 +325,16 @@ pub(super) struct Watcher {
     failed: std::cell::Cell<bool>,
 }
 
-/// Kill this process group (the command's) when the time comes; 0: none
-/// (the command was reaped: its number may name another group).
-const GROUP: u8 = b'G';
-/// Kill this process too (one that left the command's group), named by
-/// its pid and start time.
-const PROCESS: u8 = b'P';
-/// Forget that process (it is gone).
-const FORGET: u8 = b'F';
+/// The reaper is this process (pid, start time): its tree is killed with
+/// `redmutex`'s, and the reaper itself is left to end on its own.
+const ROOT: u8 = b'R';
 /// The lease runs out then (monotonic nanoseconds; 0: no deadline).
 const DEADLINE: u8 = b'L';
-/// The job is stopped by job control: past the deadline, keep it
-/// stopped rather than kill it (it may be taken again on `fg`).
-const STOPPED: u8 = b'S';
-/// The job runs again.
-const RESUMED: u8 = b'R';
 /// `redmutex` is done: leave without killing anything.
 const DONE: u8 = b'D';
 
 /// A tag and two numbers.
-const MESSAGE: usize = 17;
+pub(super) const MESSAGE: usize = 17;
 
 /// The monotonic clock in nanoseconds: the same in every process of the
 /// machine, so a deadline crosses the pipe as a number.
@@ -153,8 +357,7 @@ impl Watcher {
     /// fork copies only the calling thread, and a lock another thread held
     /// would stay locked in the child); the child, a copy of a process of
     /// one thread, may then do anything. `None` where it cannot be
-    /// started: the parent-death signal still covers a command that keeps
-    /// its user.
+    /// started.
     pub(super) fn start() -> Option<Watcher> {
         let mut fds = [0 as RawFd; 2];
         // SAFETY: a pipe into a two-element array.
@@ -195,15 +398,8 @@ impl Watcher {
         self.pid
     }
 
-    /// The write end of the pipe: the command, between fork and exec,
-    /// names its own group on it (so no window is left where `redmutex`
-    /// could die with the command unguarded).
-    pub(super) fn fd(&self) -> Option<RawFd> {
-        self.pipe.as_ref().map(std::os::fd::AsRawFd::as_raw_fd)
-    }
-
     fn send(&self, tag: u8, a: i64, b: i64) {
-        if let Some(fd) = self.fd()
+        if let Some(fd) = self.pipe.as_ref().map(std::os::fd::AsRawFd::as_raw_fd)
             && write_all(fd, &message(tag, a, b)).is_err()
         {
             self.failed.set(true);
@@ -212,33 +408,30 @@ impl Watcher {
 
     /// Whether a message could not be sent (the watcher was killed).
     pub(super) fn failed(&self) -> bool {
-        self.failed.get()
+        // SAFETY: waitpid of our own child, without waiting and without
+        // reaping (WNOWAIT): it only asks whether it exited.
+        let exited = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(
+                libc::P_PID,
+                libc::id_t::try_from(self.pid).unwrap_or(0),
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            ) == 0
+                && info.si_pid() != 0
+        };
+        exited || self.failed.get()
     }
 
-    /// The command was reaped: its group's number is no longer its own.
-    pub(super) fn forget_group(&self) {
-        self.send(GROUP, 0, 0);
-    }
-
-    /// Kill this process too (one that left the command's group).
-    pub(super) fn guard_process(&self, process: &Tracked) {
-        self.send(PROCESS, i64::from(process.pid), process.start);
-    }
-
-    /// That process is gone: not to be signalled any more.
-    pub(super) fn forget_process(&self, pid: libc::pid_t) {
-        self.send(FORGET, i64::from(pid), 0);
+    /// The reaper, whose tree is killed with `redmutex`'s.
+    pub(super) fn root(&self, pid: libc::pid_t, start: i64) {
+        self.send(ROOT, i64::from(pid), start);
     }
 
     /// The lease runs out at `deadline` (see [`monotonic_ns`]); 0: no
     /// deadline.
     pub(super) fn deadline(&self, deadline: i64) {
         self.send(DEADLINE, deadline, 0);
-    }
-
-    /// The job is stopped by job control, or runs again.
-    pub(super) fn stopped(&self, stopped: bool) {
-        self.send(if stopped { STOPPED } else { RESUMED }, 0, 0);
     }
 
     /// `redmutex` is done: the watcher ends without killing anything.
@@ -255,8 +448,8 @@ impl Watcher {
     }
 }
 
-/// A message to the watcher: a tag and two numbers.
-fn message(tag: u8, a: i64, b: i64) -> [u8; MESSAGE] {
+/// A message between processes: a tag and two numbers.
+pub(super) fn message(tag: u8, a: i64, b: i64) -> [u8; MESSAGE] {
     let mut message = [0u8; MESSAGE];
     message[0] = tag;
     message[1..9].copy_from_slice(&a.to_le_bytes());
@@ -264,9 +457,13 @@ fn message(tag: u8, a: i64, b: i64) -> [u8; MESSAGE] {
     message
 }
 
-/// The message the command sends from `pre_exec`: its own group.
-pub(super) fn group_message(pgid: libc::pid_t) -> [u8; MESSAGE] {
-    message(GROUP, i64::from(pgid), 0)
+/// A message's tag and two numbers.
+pub(super) fn parse_message(message: &[u8; MESSAGE]) -> (u8, i64, i64) {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&message[1..9]);
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&message[9..]);
+    (message[0], i64::from_le_bytes(a), i64::from_le_bytes(b))
 }
 
 /// Writes all of `bytes` (async-signal-safe: the command's `pre_exec`
@@ -311,6 +508,7 @@ pub(super) struct Stat {
     pub(super) state: char,
     pub(super) parent: libc::pid_t,
     pub(super) group: libc::pid_t,
+    pub(super) session: libc::pid_t,
     /// When it started (clock ticks since boot): with the pid, a name no
     /// later process can have.
     pub(super) start: i64,
@@ -329,6 +527,7 @@ fn parse_stat(text: &str) -> Option<Stat> {
         state: fields.first()?.chars().next()?,
         parent: fields.get(1)?.parse().ok()?,
         group: fields.get(2)?.parse().ok()?,
+        session: fields.get(3)?.parse().ok()?,
         start: fields.get(19)?.parse().ok()?,
     })
 }
@@ -361,9 +560,19 @@ impl Tracked {
         Some(Tracked { pid, start, pidfd })
     }
 
-    /// When it started (clock ticks since boot).
-    pub(super) fn start(&self) -> i64 {
-        self.start
+    /// Whether it still runs (a zombie does not).
+    pub(super) fn is_alive(&self) -> bool {
+        if let Some(pidfd) = &self.pidfd {
+            let mut poll = libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(pidfd),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: polls one descriptor of ours without waiting; a
+            // pidfd is readable once its process exited.
+            return unsafe { libc::poll(&mut poll, 1, 0) } == 0;
+        }
+        stat(self.pid).is_some_and(|s| s.start == self.start && s.state != 'Z')
     }
 
     pub(super) fn signal(&self, signal: i32) {
@@ -390,7 +599,7 @@ impl Tracked {
     }
 }
 
-fn pidfd_open(pid: libc::pid_t) -> std::io::Result<OwnedFd> {
+pub(super) fn pidfd_open(pid: libc::pid_t) -> std::io::Result<OwnedFd> {
     #[cfg(target_os = "linux")]
     {
         // SAFETY: the pidfd_open system call with no flags; a descriptor
@@ -409,58 +618,19 @@ fn pidfd_open(pid: libc::pid_t) -> std::io::Result<OwnedFd> {
     }
 }
 
-/// How often a stopped job past its deadline is stopped again.
-const RESTOP: i64 = 100_000_000;
-
-/// What the watcher knows and does (see [`Watcher`]).
-#[derive(Default)]
-struct Guard {
-    group: libc::pid_t,
-    watched: Vec<Tracked>,
-}
-
-impl Guard {
-    /// Every process named, with `signal`.
-    fn signal(&self, signal: i32) {
-        if self.group > 0 {
-            // SAFETY: kill(2) of the group `redmutex` named, while its
-            // leader is not reaped (`redmutex` says 0 before it reaps it);
-            // a group already empty gets ESRCH.
-            unsafe { libc::kill(-self.group, signal) };
-        }
-        for process in &self.watched {
-            process.signal(signal);
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.group <= 0 && self.watched.is_empty()
-    }
-}
-
 /// The watcher's whole life (see [`Watcher`]).
 fn watch(read: RawFd) -> ! {
     // SAFETY: calls on this process's own state.
-    unsafe {
-        // Its own group: the terminal's ^C and ^Z are not for it.
+    let parent = unsafe {
+        // Its own group: nothing sent to the job (^Z, a SIGSTOP to its
+        // group) reaches it.
         libc::setpgid(0, 0);
-        for signal in [
-            libc::SIGHUP,
-            libc::SIGINT,
-            libc::SIGQUIT,
-            libc::SIGTERM,
-            libc::SIGTSTP,
-            libc::SIGTTIN,
-            libc::SIGTTOU,
-            libc::SIGPIPE,
-            libc::SIGUSR1,
-            libc::SIGUSR2,
-            libc::SIGALRM,
-        ] {
-            libc::signal(signal, libc::SIG_IGN);
-        }
-        #[cfg(target_os = "linux")]
-        libc::prctl(libc::PR_SET_NAME, c"redmutex-watch".as_ptr());
+        libc::getppid()
+    };
+    ignore_job_signals();
+    set_name(c"redmutex-watch");
+    // SAFETY: the caller's files are not the watcher's to keep open.
+    unsafe {
         let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
         if null >= 0 {
             libc::dup2(null, 0);
@@ -471,15 +641,24 @@ fn watch(read: RawFd) -> ! {
             }
         }
     }
-    let mut guard = Guard::default();
+    let me = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
+    // `redmutex`, followed by pidfd: once gone its number is not looked
+    // through.
+    let redmutex = stat(parent).and_then(|s| Tracked::open(parent, s.start));
+    let mut reaper: Option<Tracked> = None;
     let mut deadline: i64 = 0;
-    let mut stopped = false;
     let mut message = [0u8; MESSAGE];
+    let kill_all = |reaper: &Option<Tracked>| {
+        let mut roots = Vec::new();
+        roots.extend(redmutex.as_ref().filter(|p| p.is_alive()).map(|p| p.pid));
+        roots.extend(reaper.as_ref().filter(|p| p.is_alive()).map(|p| p.pid));
+        let mut except = vec![me];
+        except.extend(reaper.as_ref().map(|p| p.pid));
+        signal_tree(&roots, &except, libc::SIGKILL, &|_| false);
+    };
     loop {
-        // Until the next message, or the deadline (while there is anything
-        // to act on: a deadline passed before the group is named is acted
-        // on once it is).
-        let timeout = if deadline == 0 || guard.is_empty() {
+        // Until the next message, or the deadline.
+        let timeout = if deadline == 0 {
             -1
         } else {
             let left_ms = deadline.saturating_sub(monotonic_ns()) / 1_000_000;
@@ -494,16 +673,10 @@ fn watch(read: RawFd) -> ! {
         let ready = unsafe { libc::poll(&mut poll, 1, timeout) };
         if ready == 0 {
             // The lease ran out by the local clock and `redmutex` did not
-            // move the deadline: it is stopped or hung. A job stopped by
-            // job control is kept stopped (`fg` decides); anything else is
-            // killed.
-            if stopped {
-                guard.signal(libc::SIGSTOP);
-                deadline = monotonic_ns().saturating_add(RESTOP);
-            } else {
-                guard.signal(libc::SIGKILL);
-                deadline = 0;
-            }
+            // move the deadline: it is stopped (alone or with its job) or
+            // hung. Nothing of the command's runs on.
+            kill_all(&reaper);
+            deadline = 0;
             continue;
         }
         if ready < 0 {
@@ -512,86 +685,111 @@ fn watch(read: RawFd) -> ! {
         if read_exact(read, &mut message).is_err() {
             break;
         }
-        let mut a = [0u8; 8];
-        a.copy_from_slice(&message[1..9]);
-        let a = i64::from_le_bytes(a);
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&message[9..]);
-        let b = i64::from_le_bytes(b);
-        let pid = libc::pid_t::try_from(a).unwrap_or(0);
-        match message[0] {
-            GROUP => guard.group = pid,
-            PROCESS if pid > 0 && !guard.watched.iter().any(|p| p.pid == pid) => {
-                if let Some(process) = Tracked::open(pid, b) {
-                    guard.watched.push(process);
-                }
+        let (tag, a, b) = parse_message(&message);
+        match tag {
+            ROOT => {
+                reaper = libc::pid_t::try_from(a)
+                    .ok()
+                    .and_then(|pid| Tracked::open(pid, b));
             }
-            FORGET => guard.watched.retain(|p| p.pid != pid),
             DEADLINE => deadline = a,
-            STOPPED => stopped = true,
-            RESUMED => stopped = false,
             // SAFETY: ends this process at once.
             DONE => unsafe { libc::_exit(0) },
             _ => {}
         }
     }
     // The pipe ended without `DONE`: `redmutex` is gone.
-    guard.signal(libc::SIGKILL);
+    kill_all(&reaper);
     // SAFETY: ends this process.
     unsafe { libc::_exit(0) }
 }
-
 /// The job-control signals `redmutex` received: a stop to pass on to its
-/// whole job (its number), and a SIGCONT.
+/// whole job (its number), whether the terminal sent it, and a SIGCONT.
 static STOP: AtomicI32 = AtomicI32::new(0);
+static STOP_FROM_TERMINAL: AtomicBool = AtomicBool::new(false);
 static CONTINUED: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn on_stop(signal: libc::c_int) {
-    // Async-signal-safe: one atomic store.
+/// Whether a signal came from the terminal (the kernel, on a key or a
+/// background read or write), and so went to the terminal's whole
+/// foreground group at once, not from kill(2) to `redmutex` alone.
+///
+/// # Safety
+///
+/// `info` is the siginfo the kernel passed to an SA_SIGINFO handler.
+unsafe fn from_terminal(info: *const libc::siginfo_t) -> bool {
+    // SAFETY: per the contract, a live siginfo (or null).
+    !info.is_null() && unsafe { (*info).si_code } == libc::SI_KERNEL
+}
+
+extern "C" fn on_stop(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // Async-signal-safe: atomic stores.
+    // SAFETY: the kernel's siginfo for this handler.
+    STOP_FROM_TERMINAL.store(unsafe { from_terminal(info) }, Ordering::SeqCst);
     STOP.store(signal, Ordering::SeqCst);
 }
 
-extern "C" fn on_continue(_: libc::c_int) {
+extern "C" fn on_continue(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
     CONTINUED.store(true, Ordering::SeqCst);
 }
 
-fn set_handler(signal: i32, handler: extern "C" fn(libc::c_int)) {
-    // SAFETY: installs a handler that only stores to an atomic.
-    unsafe {
+type Handler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+
+fn set_handler(signal: i32, handler: Handler) -> std::io::Result<()> {
+    // SAFETY: installs a handler that only stores to atomics.
+    let rc = unsafe {
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = handler as usize;
-        action.sa_flags = libc::SA_RESTART;
+        action.sa_flags = libc::SA_RESTART | libc::SA_SIGINFO;
         libc::sigemptyset(&mut action.sa_mask);
-        libc::sigaction(signal, &action, std::ptr::null_mut());
+        libc::sigaction(signal, &action, std::ptr::null_mut())
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
+/// A stop `redmutex` received: the signal, and whether the terminal sent
+/// it to the whole foreground group (the command got it too).
+pub(super) struct Stop {
+    pub(super) signal: i32,
+    pub(super) from_terminal: bool,
+}
+
 /// Job control for `redmutex run`: a ^Z (SIGTSTP), or a background read
-/// of the terminal (SIGTTIN), stops the command and then `redmutex`'s own
-/// group, so the shell sees its job stopped and gets its prompt back; a
-/// SIGCONT (`fg`, `bg`) resumes `redmutex`, which checks the lease before
-/// it lets the command run again.
+/// or write of the terminal (SIGTTIN, SIGTTOU), reaches the command and
+/// `redmutex` alike (one process group); `redmutex` then stops what the
+/// terminal did not reach and itself, so the shell sees its job stopped
+/// and gets its prompt back; a SIGCONT (`fg`, `bg`) resumes it, and it
+/// checks the lease.
 pub(super) struct JobControl;
 
 impl JobControl {
-    /// Catches SIGTSTP and SIGTTIN (unless ignored on entry: job control
-    /// is then off, as for any program) and SIGCONT.
+    /// Catches SIGTSTP, SIGTTIN and SIGTTOU (unless ignored on entry: job
+    /// control is then off, as for any program) and SIGCONT.
+    ///
+    /// `redmutex`'s own messages never stop it under `stty tostop`: they
+    /// are written by a thread that blocks every signal, and a write with
+    /// SIGTTOU blocked goes through.
     pub(super) fn install() -> JobControl {
-        for signal in [libc::SIGTSTP, libc::SIGTTIN] {
+        for signal in [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU] {
             if !ignored_on_entry(signal) {
-                set_handler(signal, on_stop);
+                let _ = set_handler(signal, on_stop);
             }
         }
-        set_handler(libc::SIGCONT, on_continue);
+        let _ = set_handler(libc::SIGCONT, on_continue);
         JobControl
     }
 
-    /// A stop `redmutex` itself received (the terminal's ^Z while the
-    /// command does not have the terminal, a `kill -TSTP`).
-    pub(super) fn stop_asked(&self) -> Option<i32> {
+    /// A stop `redmutex` received since the last call.
+    pub(super) fn stop_asked(&self) -> Option<Stop> {
         match STOP.swap(0, Ordering::SeqCst) {
             0 => None,
-            signal => Some(signal),
+            signal => Some(Stop {
+                signal,
+                from_terminal: STOP_FROM_TERMINAL.load(Ordering::SeqCst),
+            }),
         }
     }
 
@@ -600,25 +798,18 @@ impl JobControl {
         CONTINUED.swap(false, Ordering::SeqCst)
     }
 
-    /// A SIGCONT came that [`JobControl::continued`] has not reported yet.
-    pub(super) fn continue_pending(&self) -> bool {
-        CONTINUED.load(Ordering::SeqCst)
-    }
-
     /// Stops `redmutex`'s own process group (the shell's job: `redmutex`,
-    /// and a script that runs it) with `signal`, as its default action
-    /// would, and returns once continued. In an orphaned group the kernel
-    /// drops the signal, as for any job, and this returns at once.
+    /// the command, and a script that runs them) with `signal`, as its
+    /// default action would, and returns once continued. In an orphaned
+    /// group the kernel drops the signal, as for any job, and this returns
+    /// at once.
     ///
-    /// Returns whether a SIGCONT ended the stop; `false` when the kernel
-    /// dropped the signal (an orphaned group): the job is not continued
-    /// then, and waits for a SIGCONT like a stopped one.
+    /// Returns whether a SIGCONT ended the stop.
     pub(super) fn stop_job(&self, signal: i32) -> bool {
         STOP.store(0, Ordering::SeqCst);
         CONTINUED.store(false, Ordering::SeqCst);
         // SAFETY: the default action for the signal while it is sent to our
-        // own group, then the disposition found before (our handler, or
-        // SIGTTOU's SIG_IGN while the command has the terminal).
+        // own group, then our handler again.
         let continued = unsafe {
             let mut default: libc::sigaction = std::mem::zeroed();
             default.sa_sigaction = libc::SIG_DFL;
@@ -629,10 +820,10 @@ impl JobControl {
             // Stopped here until continued (its handler sets the flag).
             // Both the stop and the SIGCONT's handler run on this thread
             // before kill(2) returns: every other thread blocks them (the
-            // crate starts its threads with signals blocked; the spinner
-            // ended before the command started). Were the SIGCONT taken
-            // by another thread, this one could read the flag before the
-            // handler set it, and take a stop for a dropped one.
+            // crate starts its threads with signals blocked, and so does
+            // the message writer). Were the SIGCONT taken by another
+            // thread, this one could read the flag before the handler set
+            // it, and take a stop for a dropped one.
             let continued = CONTINUED.swap(false, Ordering::SeqCst);
             libc::sigaction(signal, &old, std::ptr::null_mut());
             continued
@@ -642,191 +833,56 @@ impl JobControl {
     }
 }
 
-/// What became of the command's process.
-pub(super) enum Child {
-    Running,
-    /// Stopped by this signal (the stop consumed: reported once).
-    Stopped(i32),
-    /// Exited, not reaped yet: until [`reap`], its pid, and so its process
-    /// group's number, cannot be given to another process, and signals
-    /// sent to the group cannot reach a stranger.
-    Exited,
+/// The signals `redmutex run` catches from the start: while it waits for
+/// the lock they end the wait (nothing stays held), and while the command
+/// runs they are passed on to what did not get them already.
+pub(super) const FORWARDED: [i32; 4] = [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGTERM];
+
+static FORWARD_PENDING: AtomicU64 = AtomicU64::new(0);
+static FORWARD_LAST: AtomicI32 = AtomicI32::new(0);
+static FORWARD_FROM_TERMINAL: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_forwarded(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // Async-signal-safe: atomic stores.
+    // SAFETY: the kernel's siginfo for this handler.
+    FORWARD_FROM_TERMINAL.store(unsafe { from_terminal(info) }, Ordering::SeqCst);
+    FORWARD_LAST.store(signal, Ordering::SeqCst);
+    FORWARD_PENDING.fetch_add(1, Ordering::SeqCst);
 }
 
-/// Whether the command (process `pid`) exited or stopped, without
-/// waiting and without reaping it.
-///
-/// # Errors
-///
-/// `waitid`'s, other than an interrupt.
-pub(super) fn poll(pid: libc::pid_t) -> std::io::Result<Child> {
-    let Ok(id) = libc::id_t::try_from(pid) else {
-        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
-    };
-    // An exit, left for `reap`.
-    if let Some(info) = wait_info(id, libc::WEXITED | libc::WNOWAIT)? {
-        let _ = info;
-        return Ok(Child::Exited);
-    }
-    // A stop, consumed (it does not reap an exit). A child that exited
-    // since the first call has no stop to report: ECHILD.
-    Ok(match wait_info(id, libc::WSTOPPED) {
-        // SAFETY: the kernel filled `si_status` for a stopped child.
-        Ok(Some(info)) => Child::Stopped(unsafe { info.si_status() }),
-        Ok(None) => Child::Running,
-        Err(err) if err.raw_os_error() == Some(libc::ECHILD) => Child::Exited,
-        Err(err) => return Err(err),
-    })
+/// A signal to pass on: its number, and whether the terminal sent it to
+/// the whole foreground group (the command's process group got it).
+pub(super) struct Forward {
+    pub(super) signal: i32,
+    pub(super) from_terminal: bool,
 }
 
-/// `waitid(P_PID, id, flags | WNOHANG)`: the child's state change, if any.
-fn wait_info(id: libc::id_t, flags: i32) -> std::io::Result<Option<libc::siginfo_t>> {
-    loop {
-        // SAFETY: a zeroed siginfo the kernel fills; si_pid stays 0 when
-        // nothing changed.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        let rc = unsafe { libc::waitid(libc::P_PID, id, &mut info, flags | libc::WNOHANG) };
-        if rc < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(err);
-        }
-        // SAFETY: si_pid is set by waitid when a child changed state.
-        return Ok((unsafe { info.si_pid() } != 0).then_some(info));
-    }
-}
+/// Signals received by `redmutex` itself, to pass on.
+pub(super) struct Forwarded;
 
-/// Reaps the command (after it exited, and after every signal to its
-/// group is sent) and returns how it ended.
-///
-/// # Errors
-///
-/// `waitpid`'s, other than an interrupt.
-pub(super) fn reap(pid: libc::pid_t) -> std::io::Result<ExitStatus> {
-    use std::os::unix::process::ExitStatusExt;
-    loop {
-        let mut status = 0;
-        // SAFETY: waits for our own child.
-        let got = unsafe { libc::waitpid(pid, &mut status, 0) };
-        if got < 0 {
-            let err = std::io::Error::last_os_error();
-            if err.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(err);
-        }
-        return Ok(ExitStatus::from_raw(status));
-    }
-}
-
-/// Stops the command's group: SIGTSTP (an interactive command puts the
-/// terminal back first), then SIGSTOP if its leader has not stopped
-/// within 300 ms (a command that ignores SIGTSTP must not run on while its
-/// renewals are stopped). `Ok(true)` when it exited meanwhile.
-pub(super) fn stop_group(pgid: libc::pid_t, pid: libc::pid_t) -> std::io::Result<bool> {
-    if stat(pid).is_some_and(|s| s.state == 'T') {
-        // Stopped already (its stop reported before): the rest of the
-        // group too, and nothing to wait for.
-        // SAFETY: kill(2) of the group of a child we spawned as its leader.
-        unsafe { libc::kill(-pgid, libc::SIGSTOP) };
-        return Ok(false);
-    }
-    for (signal, within) in [
-        (libc::SIGTSTP, Duration::from_millis(300)),
-        (libc::SIGSTOP, Duration::from_secs(2)),
-    ] {
-        // SAFETY: kill(2) of the group of a child we spawned as its leader.
-        unsafe { libc::kill(-pgid, signal) };
-        let until = Instant::now() + within;
-        while Instant::now() < until {
-            match poll(pid)? {
-                Child::Stopped(_) => return Ok(false),
-                Child::Exited => return Ok(true),
-                Child::Running => std::thread::sleep(Duration::from_millis(5)),
+impl Forwarded {
+    /// Catches [`FORWARDED`], but those ignored on entry (SIGHUP under
+    /// `nohup`, SIGINT and SIGQUIT in a script's background job): they are
+    /// left ignored, and not passed on (the command inherits the
+    /// disposition).
+    ///
+    /// # Errors
+    ///
+    /// sigaction's.
+    pub(super) fn install() -> std::io::Result<Forwarded> {
+        for signal in FORWARDED {
+            if !ignored_on_entry(signal) {
+                set_handler(signal, on_forwarded)?;
             }
         }
-    }
-    Ok(false)
-}
-
-/// Makes `redmutex` the parent of every orphaned descendant (Linux): a
-/// daemon that forks away and exits its parent stays its child, and so
-/// is seen and can be ended.
-pub(super) fn become_subreaper() -> bool {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: sets a flag of this process.
-        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0 }
-    }
-    #[cfg(not(target_os = "linux"))]
-    {
-        false
-    }
-}
-
-/// The descendants of this process (Linux, from `/proc`), but `except`
-/// (the watcher; what it started is looked through all the same).
-pub(super) struct Descendants {
-    /// Running (or stopped): pid, start time, process group and state
-    /// (`T` stopped).
-    pub(super) alive: Vec<(libc::pid_t, i64, libc::pid_t, char)>,
-    /// Exited children of ours, handed to us as their subreaper, to reap.
-    zombies: Vec<libc::pid_t>,
-}
-
-impl Descendants {
-    pub(super) fn scan(except: &[libc::pid_t]) -> Descendants {
-        let me = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
-        let mut found = Descendants {
-            alive: Vec::new(),
-            zombies: Vec::new(),
-        };
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return found;
-        };
-        // Every process we can read, by parent.
-        let mut children: std::collections::HashMap<libc::pid_t, Vec<(libc::pid_t, Stat)>> =
-            std::collections::HashMap::new();
-        for entry in entries.flatten() {
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|name| name.parse::<libc::pid_t>().ok())
-            else {
-                continue;
-            };
-            if let Some(stat) = stat(pid) {
-                children.entry(stat.parent).or_default().push((pid, stat));
-            }
-        }
-        let mut frontier = vec![me];
-        // Bounded: every pid is looked at once (a parent's entry is taken).
-        while let Some(parent) = frontier.pop() {
-            for (pid, stat) in children.remove(&parent).unwrap_or_default() {
-                frontier.push(pid);
-                if except.contains(&pid) {
-                    continue;
-                }
-                if stat.state == 'Z' {
-                    if parent == me {
-                        found.zombies.push(pid);
-                    }
-                } else {
-                    found.alive.push((pid, stat.start, stat.group, stat.state));
-                }
-            }
-        }
-        found
+        Ok(Forwarded)
     }
 
-    /// Reaps the exited children found (handed to us as their subreaper).
-    pub(super) fn reap(&self) {
-        for pid in &self.zombies {
-            let mut status = 0;
-            // SAFETY: reaps `pid`, an exited child of ours.
-            unsafe { libc::waitpid(*pid, &mut status, libc::WNOHANG) };
-        }
+    /// A signal received since the last call, if any.
+    pub(super) fn take(&self) -> Option<Forward> {
+        (FORWARD_PENDING.swap(0, Ordering::SeqCst) > 0).then(|| Forward {
+            signal: FORWARD_LAST.load(Ordering::SeqCst),
+            from_terminal: FORWARD_FROM_TERMINAL.load(Ordering::SeqCst),
+        })
     }
 }
