@@ -194,6 +194,26 @@ enum Sub {
     /// replicas, missing commands, ACLs, clocks, latency) and say what to
     /// change; read-only.
     Doctor(DoctorArgs),
+    /// Print the shell completion script for SHELL (bash, zsh or fish),
+    /// e.g. `redmutex completions bash > /etc/bash_completion.d/redmutex`.
+    Completions(CompletionsArgs),
+    /// Write the man pages (redmutex.1 and one per command) into DIR.
+    #[command(hide = true)]
+    Man(ManArgs),
+}
+
+#[derive(Args)]
+struct CompletionsArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    shell: clap_complete::Shell,
+}
+
+#[derive(Args)]
+struct ManArgs {
+    /// The directory to write the pages into (made if missing).
+    #[arg(long, value_name = "DIR")]
+    dir: std::path::PathBuf,
 }
 
 #[derive(Args)]
@@ -395,6 +415,8 @@ fn main() -> ExitCode {
         Sub::Release(args) => release::release(&cli, args),
         Sub::List(args) => list::list(&cli, args),
         Sub::Doctor(args) => doctor::doctor(&cli, args),
+        Sub::Completions(args) => Ok(completions(args)),
+        Sub::Man(args) => man_pages(args),
     };
     let code = match outcome {
         Ok(code) => code,
@@ -405,6 +427,28 @@ fn main() -> ExitCode {
     };
     output::drain(output::DRAIN);
     ExitCode::from(code)
+}
+
+/// The completion script, generated from the same definition that parses
+/// the arguments (so it cannot fall behind them).
+fn completions(args: &CompletionsArgs) -> u8 {
+    use clap::CommandFactory;
+    let mut script = Vec::new();
+    clap_complete::generate(args.shell, &mut Cli::command(), "redmutex", &mut script);
+    output::outln!("{}", String::from_utf8_lossy(&script).trim_end());
+    0
+}
+
+/// `redmutex.1`, and `redmutex-COMMAND.1` for each command, from the
+/// same definition that parses the arguments.
+fn man_pages(args: &ManArgs) -> Result<u8, Failure> {
+    use clap::CommandFactory;
+    let failed = |err: std::io::Error| fail(EXIT_OSERR, format!("{}: {err}", args.dir.display()));
+    std::fs::create_dir_all(&args.dir).map_err(failed)?;
+    // One page per command, named as the command's display name
+    // (`redmutex-run.1`); hidden commands get none.
+    clap_mangen::generate_to(Cli::command(), &args.dir).map_err(failed)?;
+    Ok(0)
 }
 
 fn client(cli: &Cli) -> Result<LockClient, Failure> {
