@@ -12,10 +12,20 @@ use support::{RedisCluster, RedisServer, SentinelSet};
 /// `redmutex [global...] doctor --json`: its exit code and findings as
 /// `(check, severity, found)`.
 fn doctor(global: &[&str], env: &[(&str, &str)]) -> (i32, Vec<(String, String, String)>) {
+    doctor_with(global, &[], env)
+}
+
+/// [`doctor`] with options of `doctor` itself.
+fn doctor_with(
+    global: &[&str],
+    options: &[&str],
+    env: &[(&str, &str)],
+) -> (i32, Vec<(String, String, String)>) {
     let out = Command::cargo_bin("redmutex")
         .expect("the redmutex binary")
         .args(global)
         .args(["doctor", "--json"])
+        .args(options)
         .envs(env.iter().copied())
         .output()
         .expect("run redmutex doctor");
@@ -36,6 +46,56 @@ fn doctor(global: &[&str], env: &[(&str, &str)]) -> (i32, Vec<(String, String, S
         })
         .collect();
     (out.status.code().unwrap_or(-1), findings)
+}
+
+/// What the first finding of `check` found.
+fn found_of(findings: &[(String, String, String)], check: &str) -> String {
+    findings
+        .iter()
+        .find(|(c, _, _)| c == check)
+        .map(|(_, _, f)| f.clone())
+        .unwrap_or_default()
+}
+
+/// The rule docs/failure-model.md gives a lock user whose locks are named
+/// `locks:*` (password `secret`), word by word, read from the page.
+fn documented_rule() -> Vec<String> {
+    let page = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/failure-model.md"
+    ))
+    .expect("docs/failure-model.md");
+    let line = page
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER locker "))
+        .expect("docs/failure-model.md gives the rule");
+    line.split_whitespace().skip(3).map(str::to_owned).collect()
+}
+
+/// The documented rule without `grant` (`+pexpire`).
+fn documented_rule_without(grant: &str) -> Vec<String> {
+    let rule = documented_rule();
+    assert!(rule.iter().any(|w| w == grant), "{grant} is in the rule");
+    rule.into_iter().filter(|w| w != grant).collect()
+}
+
+fn set_user(server: &RedisServer, name: &str, rule: &[String]) {
+    let mut cmd = redis::cmd("ACL");
+    cmd.arg("SETUSER").arg(name);
+    for word in rule {
+        cmd.arg(word);
+    }
+    let _: () = cmd.query(&mut server.conn()).expect("ACL SETUSER");
+}
+
+fn words(rule: &[&str]) -> Vec<String> {
+    rule.iter().map(|w| (*w).to_owned()).collect()
+}
+
+/// Channel patterns (`&`, `resetchannels`) came with Redis 6.2: the
+/// documented rule needs them.
+fn channel_acls() -> bool {
+    support::server_version() >= (6, 2)
 }
 
 fn severity_of<'a>(findings: &'a [(String, String, String)], check: &str) -> Vec<&'a str> {
@@ -75,11 +135,11 @@ fn a_well_configured_server_passes() {
             "{check}: {findings:#?}"
         );
     }
-    // ACL DRYRUN came with Redis 7.
+    // ACL DRYRUN came with Redis 7: before, not checked.
     let acl = if support::server_major() >= 7 {
         "ok"
     } else {
-        "info"
+        "unknown"
     };
     assert_eq!(severity_of(&findings, "acl"), [acl], "{findings:#?}");
     // No replica: said, not held against it.
@@ -185,4 +245,187 @@ fn sentinels_are_asked_for_their_quorum() {
         ["ok"],
         "{findings:#?}"
     );
+}
+
+#[test]
+fn the_documented_rule_is_no_error_and_an_admin_finds_it_complete() {
+    if !channel_acls() {
+        return;
+    }
+    let server = RedisServer::start();
+    set_user(&server, "locker", &documented_rule());
+    let url = server.url();
+    // As the lock user: INFO, CONFIG and ACL DRYRUN are refused to it,
+    // which says nothing against the deployment.
+    let (code, findings) = doctor(
+        &["--url", &url, "--user", "locker"],
+        &[("REDMUTEX_PASSWORD", "secret")],
+    );
+    assert_ne!(code, 5, "{findings:#?}");
+    assert!(
+        findings.iter().all(|(_, severity, _)| severity != "error"),
+        "{findings:#?}"
+    );
+    for check in ["eviction", "persistence", "acl"] {
+        assert_eq!(
+            severity_of(&findings, check),
+            ["unknown"],
+            "{check}: {findings:#?}"
+        );
+    }
+    // The lock user's own checks still run.
+    assert_eq!(severity_of(&findings, "clock"), ["ok"], "{findings:#?}");
+    assert_eq!(
+        severity_of(&findings, "replication"),
+        ["info"],
+        "{findings:#?}"
+    );
+    if support::server_major() < 7 {
+        return;
+    }
+    // ... and the finding says how an admin checks it.
+    assert!(
+        found_of(&findings, "acl").contains("--acl-user locker"),
+        "{findings:#?}"
+    );
+    // An admin's check of the lock user, on one of its locks: every
+    // command, the scripts' too, on its key, counter, markers and channel.
+    let (code, findings) = doctor_with(
+        &["--url", &url],
+        &["--acl-user", "locker", "--key", "locks:doctor"],
+        &[],
+    );
+    assert_ne!(code, 5, "{findings:#?}");
+    assert_eq!(severity_of(&findings, "acl"), ["ok"], "{findings:#?}");
+    assert!(
+        found_of(&findings, "acl").contains("locks:doctor"),
+        "{findings:#?}"
+    );
+    // The sample key is not one of its locks: not checked, not an error.
+    let (_, findings) = doctor_with(&["--url", &url], &["--acl-user", "locker"], &[]);
+    assert_eq!(severity_of(&findings, "acl"), ["unknown"], "{findings:#?}");
+    assert!(found_of(&findings, "acl").contains("redmutex-doctor-sample"));
+}
+
+#[test]
+fn a_user_who_cannot_renew_is_an_error_naming_pexpire() {
+    if support::server_major() < 7 {
+        return;
+    }
+    let server = RedisServer::start();
+    set_user(&server, "locker", &documented_rule_without("+pexpire"));
+    let url = server.url();
+    let (code, findings) = doctor_with(
+        &["--url", &url],
+        &["--acl-user", "locker", "--key", "locks:doctor"],
+        &[],
+    );
+    assert_eq!(code, 5, "{findings:#?}");
+    assert_eq!(severity_of(&findings, "acl"), ["error"], "{findings:#?}");
+    let acl = found_of(&findings, "acl");
+    assert!(
+        acl.contains("PEXPIRE refused") && acl.contains("renew"),
+        "{acl}"
+    );
+    // Only a script sends PEXPIRE: a user allowed all else, checking
+    // itself, is told too.
+    set_user(
+        &server,
+        "renews-nothing",
+        &words(&["on", ">secret", "~*", "&*", "+@all", "-pexpire"]),
+    );
+    let (code, findings) = doctor(
+        &["--url", &url, "--user", "renews-nothing"],
+        &[("REDMUTEX_PASSWORD", "secret")],
+    );
+    assert_eq!(code, 5, "{findings:#?}");
+    assert_eq!(severity_of(&findings, "acl"), ["error"], "{findings:#?}");
+    assert!(
+        found_of(&findings, "acl").contains("PEXPIRE"),
+        "{findings:#?}"
+    );
+}
+
+#[test]
+fn a_user_who_cannot_publish_is_an_error_naming_publish() {
+    if support::server_major() < 7 {
+        return;
+    }
+    let server = RedisServer::start();
+    set_user(&server, "locker", &documented_rule_without("+publish"));
+    let url = server.url();
+    let (code, findings) = doctor_with(
+        &["--url", &url],
+        &["--acl-user", "locker", "--key", "locks:doctor"],
+        &[],
+    );
+    assert_eq!(code, 5, "{findings:#?}");
+    assert_eq!(severity_of(&findings, "acl"), ["error"], "{findings:#?}");
+    assert!(
+        found_of(&findings, "acl").contains("PUBLISH refused"),
+        "{findings:#?}"
+    );
+    set_user(
+        &server,
+        "announces-nothing",
+        &words(&["on", ">secret", "~*", "&*", "+@all", "-publish"]),
+    );
+    let (code, findings) = doctor(
+        &["--url", &url, "--user", "announces-nothing"],
+        &[("REDMUTEX_PASSWORD", "secret")],
+    );
+    assert_eq!(code, 5, "{findings:#?}");
+    assert_eq!(severity_of(&findings, "acl"), ["error"], "{findings:#?}");
+    assert!(
+        found_of(&findings, "acl").contains("PUBLISH"),
+        "{findings:#?}"
+    );
+}
+
+#[test]
+fn info_and_config_refused_are_unknown_not_errors() {
+    let server = RedisServer::start();
+    let mut rule = words(&["on", ">secret", "~*", "+@all", "-info", "-config"]);
+    if channel_acls() {
+        rule.push("allchannels".into());
+    }
+    set_user(&server, "no-info", &rule);
+    let (code, findings) = doctor(
+        &["--url", &server.url(), "--user", "no-info"],
+        &[("REDMUTEX_PASSWORD", "secret")],
+    );
+    assert_ne!(code, 5, "{findings:#?}");
+    assert!(
+        findings.iter().all(|(_, severity, _)| severity != "error"),
+        "{findings:#?}"
+    );
+    for check in ["eviction", "persistence"] {
+        assert_eq!(
+            severity_of(&findings, check),
+            ["unknown"],
+            "{check}: {findings:#?}"
+        );
+    }
+    // What needs neither is checked as for anyone: ROLE tells the
+    // replicas, and the ACL is its own to dry-run.
+    assert_eq!(
+        severity_of(&findings, "replication"),
+        ["info"],
+        "{findings:#?}"
+    );
+    for check in ["commands", "clock", "latency"] {
+        assert_eq!(
+            severity_of(&findings, check),
+            ["ok"],
+            "{check}: {findings:#?}"
+        );
+    }
+    if support::server_major() >= 7 {
+        assert_eq!(severity_of(&findings, "acl"), ["ok"], "{findings:#?}");
+        assert_eq!(
+            severity_of(&findings, "version"),
+            ["ok"],
+            "HELLO tells it: {findings:#?}"
+        );
+    }
 }

@@ -219,10 +219,21 @@ struct ManArgs {
 #[derive(Args)]
 struct DoctorArgs {
     /// Print JSON: {"target", "worst", "findings": [{"check", "node",
-    /// "severity", "found", "why", "fix"}]} ("severity": ok, info, warning
-    /// or error).
+    /// "severity", "found", "why", "fix"}]} ("severity": ok, info, unknown,
+    /// warning or error; unknown: not checked, the server refused what
+    /// doctor asks).
     #[arg(long)]
     json: bool,
+    /// Check this ACL user's permissions instead of the logged-in user's
+    /// (ACL DRYRUN, which the logged-in user must be allowed: an admin
+    /// checking a lock user).
+    #[arg(long, value_name = "USER")]
+    acl_user: Option<String>,
+    /// A lock name (under the key prefix) whose key, fencing counter,
+    /// release markers and channel the ACL check tries [default:
+    /// redmutex-doctor-sample].
+    #[arg(long, value_name = "NAME")]
+    key: Option<String>,
 }
 
 #[derive(Args)]
