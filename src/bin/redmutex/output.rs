@@ -61,7 +61,7 @@ fn queue() -> Option<&'static Queue> {
 /// Runs `f` (which starts a thread) with every signal blocked, so the new
 /// thread starts with them blocked: job control's handlers and the stop
 /// they lead to must run on the main thread (see `supervise::JobControl`).
-fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
+pub(super) fn with_signals_blocked<T>(f: impl FnOnce() -> T) -> T {
     // SAFETY: pthread_sigmask on this thread's own mask, put back after.
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();

@@ -160,6 +160,12 @@ impl Reaper {
         Ok(reaper)
     }
 
+    /// The descriptor its reports arrive on (readable when one is there,
+    /// or when the reaper is gone), for `poll`, while the command runs.
+    pub(super) fn reports_fd(&self) -> Option<RawFd> {
+        (!self.ended).then(|| self.reports.as_raw_fd())
+    }
+
     /// The reaper's pid (not the command's).
     pub(super) fn pid(&self) -> libc::pid_t {
         libc::pid_t::try_from(self.child.id()).unwrap_or(0)

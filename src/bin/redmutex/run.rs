@@ -4,6 +4,7 @@
 #[allow(unused_imports)]
 use super::*;
 use redmutex::Lease;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// Shows what `redmutex run` waits for, on a terminal only.
 struct Spinner {
@@ -552,8 +553,10 @@ fn run_watched(
         follows,
         descendants: 0,
         tick: (args.ttl / 10).clamp(Duration::from_millis(1), Duration::from_millis(25)),
+        woken: None,
         warned_watcher: false,
     };
+    job.woken = woken_on_loss(&job.lost);
     // The watcher's dead man's switch is armed before the command runs.
     job.tell_watcher(true);
     if watcher.is_some_and(supervise::Watcher::failed) {
@@ -693,6 +696,8 @@ struct Job<'a> {
     /// How often the loop looks at the command and the lease: often
     /// enough for the shortest ttl to be supervised.
     tick: Duration,
+    /// Readable once the lease is lost (see [`woken_on_loss`]).
+    woken: Option<OwnedFd>,
     /// The watcher was found gone, and it was said.
     warned_watcher: bool,
 }
@@ -747,10 +752,42 @@ impl Job<'_> {
             self.pass_on();
             self.watch_lease(Some(started));
             self.tell_watcher(false);
-            // Wakes at once on a loss, else looks at the reports and the
-            // signals.
-            self.lost.wait_timeout(self.tick);
+            // Wakes at once on a loss or a report (the command's end), else
+            // looks at the signals every tick.
+            self.wait(true);
         }
+    }
+
+    /// Waits at most a tick for a loss, or (with `reports`) a report of
+    /// the reaper's.
+    fn wait(&mut self, reports: bool) {
+        let reports = if reports {
+            self.reaper.as_ref().and_then(reaper::Reaper::reports_fd)
+        } else {
+            None
+        };
+        // Once lost, the loss is known: its descriptor stays readable, and
+        // the loop goes on at its tick (the SIGKILL's grace) instead.
+        let woken = self
+            .woken
+            .as_ref()
+            .filter(|_| self.lost.reason().is_none())
+            .map_or(-1, AsRawFd::as_raw_fd);
+        let mut polls = [
+            libc::pollfd {
+                fd: woken,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: reports.unwrap_or(-1),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let timeout = i32::try_from(self.tick.as_millis()).unwrap_or(25).max(1);
+        // SAFETY: polls descriptors of ours (a negative one is skipped).
+        unsafe { libc::poll(polls.as_mut_ptr(), 2, timeout) };
     }
 
     /// Passes a signal `redmutex` received on: to every process of the
@@ -1020,10 +1057,36 @@ impl Job<'_> {
             self.pass_on();
             self.watch_lease(Some(started));
             self.tell_watcher(false);
-            self.lost
-                .wait_timeout(self.tick.max(Duration::from_millis(1)));
+            self.wait(false);
         }
     }
+}
+
+/// A descriptor that becomes readable when `lost` reports a loss, so the
+/// supervisor's loop can wait on a loss and the reaper's reports at once.
+/// A thread of its own waits for the loss (every signal blocked: they are
+/// the main thread's); it is left to end with the process. `None` when
+/// no pipe or thread can be had: the loop then looks every tick.
+fn woken_on_loss(lost: &redmutex::LossSignal) -> Option<OwnedFd> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: a pipe into a two-element array; both ends are ours.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return None;
+    }
+    // SAFETY: descriptors pipe2 just gave us.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let lost = lost.clone();
+    output::with_signals_blocked(|| {
+        std::thread::Builder::new()
+            .name("redmutex-loss".into())
+            .spawn(move || {
+                // Bounded by the process: it ends when `redmutex` does.
+                while lost.wait_timeout(Duration::from_secs(3600)).is_none() {}
+                let _ = supervise::write_all(write.as_raw_fd(), b"!");
+            })
+    })
+    .ok()
+    .map(|_| read)
 }
 
 /// `--min-hold`: keeps the lock (the watchdog renewing it) until that long
