@@ -1418,3 +1418,41 @@ fn a_killed_redmutex_takes_a_helper_started_a_moment_before_with_it() {
         assert!(gone_in_time, "the helper outlived a killed redmutex");
     }
 }
+
+/// A terminal whose output is held by ^S (XOFF): every write to it
+/// blocks, `redmutex`'s messages too. `--max-run` still ends the command
+/// on time and `redmutex` exits (its message waits for ^Q), instead of
+/// blocking in the write before it acts, as on main.
+#[test]
+fn a_terminal_held_by_ctrl_s_does_not_stop_max_run() {
+    let server = RedisServer::start();
+    let key = format!("ctrl-s-{}", std::process::id());
+    let mut terminal = Terminal::open(&server);
+    terminal.send("stty ixon\n");
+    let line = format!(
+        "{} run --max-run 1s --kill-after 1s {key} -- sh -c 'while :; do echo tick; sleep 0.01; done'",
+        redmutex_path().display()
+    );
+    terminal.send(&format!("{line}\n"));
+    if !terminal.expect("tick", Duration::from_secs(10)) {
+        clean_up(&key);
+        panic!("did not start: {}", terminal.shown());
+    }
+    // Output held: the command blocks in its writes, and so would any
+    // message of `redmutex`'s.
+    terminal.send("\x13");
+    let runner = redmutex_of(&key);
+    let ended = wait_until(Duration::from_secs(10), || redmutex_of(&key).is_none());
+    terminal.send("\x11");
+    if !ended {
+        clean_up(&key);
+        panic!("redmutex {runner:?} still runs with the terminal held");
+    }
+    let code = terminal.exit_code(&key);
+    assert_eq!(code, Some(124), "{}", terminal.shown());
+    assert!(
+        terminal.expect("--max-run", Duration::from_secs(5)),
+        "the message, once released"
+    );
+    assert_eq!(held(&server, &key), None);
+}
