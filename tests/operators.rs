@@ -197,6 +197,9 @@ fn signals_ignored_on_entry_stay_ignored_in_the_command() {
         vec![libc::SIGPIPE],
         vec![libc::SIGPIPE, libc::SIGHUP, libc::SIGUSR1],
         vec![libc::SIGINT, libc::SIGQUIT],
+        // Ignored, the kernel reaps children unasked: the command's end
+        // must still be learned, and its own children are its business.
+        vec![libc::SIGCHLD],
     ] {
         let mut command = redmutex(&server);
         command.args(["run", "dispositions", "--", "cat", "/proc/self/status"]);
@@ -309,6 +312,25 @@ fn children_of(parent: u32) -> Vec<u32> {
                 == Some(parent)
         })
         .collect()
+}
+
+/// SIGCHLD ignored on entry: the command's exit code still comes through.
+#[test]
+fn sigchld_ignored_on_entry_still_reports_the_exit_code() {
+    let server = RedisServer::start();
+    let mut command = redmutex(&server);
+    command.args(["run", "chld", "--", "sh", "-c", "sleep 0.1; exit 3"]);
+    // SAFETY: signal(2) between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().expect("run");
+    let status = wait_exit(&mut child, Duration::from_secs(20));
+    assert_eq!(status.code(), Some(3));
+    assert_eq!(held(&server, "chld"), None);
 }
 
 /// Each exit code means one thing: a script whose `#!` interpreter is

@@ -265,6 +265,10 @@ pub(super) fn main(args: &[OsString]) -> ! {
     supervise::set_name(c"redmutex-reap");
     supervise::become_subreaper();
     supervise::ignore_job_signals();
+    // SAFETY: signal(2) on this process's own disposition: with SIGCHLD
+    // ignored (as it may have been on entry) the kernel would reap the
+    // command before the reaper could learn how it ended.
+    unsafe { libc::signal(libc::SIGCHLD, libc::SIG_DFL) };
     // SAFETY: fcntl on the two descriptors `redmutex` passed: not the
     // command's to inherit.
     unsafe {
