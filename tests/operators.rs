@@ -740,3 +740,89 @@ fn a_killed_reaper_ends_everything_and_exits_71() {
     assert!(wait_until(Duration::from_secs(5), || gone(command) && gone(helper)));
     assert_eq!(held(&server, "reaper-killed"), None, "released");
 }
+
+/// Two different signals in a row (systemd's SIGTERM then SIGHUP with
+/// `SendSIGHUP=yes`): both are passed on, not only the last.
+#[test]
+fn two_signals_in_a_row_are_both_passed_on() {
+    let server = RedisServer::start();
+    let dir = support::temp_dir();
+    let (log, ready) = (dir.path().join("log"), dir.path().join("ready"));
+    let script = format!(
+        "trap 'echo TERM >> {log}' TERM; trap 'echo HUP >> {log}' HUP; touch {ready}; \
+         i=0; while [ $i -lt 100 ]; do i=$((i+1)); sleep 0.05 & wait $!; done",
+        log = log.display(),
+        ready = ready.display()
+    );
+    let mut child = redmutex(&server)
+        .args(["run", "two-signals", "--", "bash", "-c", &script])
+        .process_group(0)
+        .spawn()
+        .expect("run");
+    assert!(wait_until(Duration::from_secs(10), || ready.exists()));
+    assert!(support::signal(child.id(), "TERM"));
+    assert!(support::signal(child.id(), "HUP"));
+    let _ = wait_exit(&mut child, Duration::from_secs(20));
+    let got = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        got.contains("TERM") && got.contains("HUP"),
+        "the command got: {got:?}"
+    );
+}
+
+/// ^C (SIGINT to `redmutex`, passed on, and the command dies of it):
+/// `redmutex` dies of SIGINT too once done, as flock(1) does, so a shell
+/// script that runs it stops there instead of going on (an exit code of
+/// 130 tells a shell the signal was handled). The lock is released first.
+#[test]
+fn an_interrupted_run_dies_of_sigint() {
+    let server = RedisServer::start();
+    let dir = support::temp_dir();
+    let ready = dir.path().join("ready");
+    let mut child = redmutex(&server)
+        .args(["run", "interrupted", "--", "sh", "-c"])
+        .arg(format!("touch {}; exec sleep 30", ready.display()))
+        .process_group(0)
+        .spawn()
+        .expect("run");
+    assert!(wait_until(Duration::from_secs(10), || ready.exists()));
+    assert!(support::signal(child.id(), "INT"));
+    let status = wait_exit(&mut child, Duration::from_secs(20));
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGINT), "{status:?}");
+    assert_eq!(held(&server, "interrupted"), None, "released before");
+}
+
+/// `--report FILE` where FILE is a symlink someone planted: the symlink
+/// is replaced, its target never written.
+#[test]
+fn the_report_never_writes_through_a_planted_symlink() {
+    let server = RedisServer::start();
+    let dir = support::temp_dir();
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "precious").expect("write");
+    let report = dir.path().join("report.json");
+    std::os::unix::fs::symlink(&victim, &report).expect("symlink");
+    let out = redmutex(&server)
+        .args(["run", "--report"])
+        .arg(&report)
+        .args(["symlinked", "--", "true"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        std::fs::read_to_string(&victim).expect("victim"),
+        "precious"
+    );
+    assert!(
+        !std::fs::symlink_metadata(&report)
+            .expect("report")
+            .file_type()
+            .is_symlink()
+    );
+    assert!(
+        std::fs::read_to_string(&report)
+            .expect("report")
+            .contains("finished")
+    );
+}

@@ -151,6 +151,49 @@ fn command_steps() {
                 #[allow(clippy::zombie_processes)]
                 helper.spawn().expect("helper");
             }
+            // In a session of its own (as a daemon gone wrong), forks,
+            // and the parent exits, for ever: a process whose pid is never
+            // the same twice, ignoring SIGTERM; each writes its pid to
+            // PATH.
+            ["hop", path] => {
+                let path = std::ffi::CString::new(path).expect("path");
+                // SAFETY: setsid(2) and signal(2), then only fork, _exit,
+                // open, write and close in the loop (async-signal-safe, as
+                // a fork of a process with threads needs).
+                // Its session's number first, for a test to end it by.
+                std::fs::write(
+                    format!("{}.sid", path.to_string_lossy()),
+                    // SAFETY: setsid(2): a session and group of its own.
+                    unsafe { libc::setsid() }.to_string(),
+                )
+                .expect("sid");
+                // SAFETY: as above.
+                unsafe {
+                    libc::signal(libc::SIGTERM, libc::SIG_IGN);
+                    loop {
+                        if libc::fork() != 0 {
+                            libc::_exit(0);
+                        }
+                        let fd = libc::open(
+                            path.as_ptr(),
+                            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+                            0o644,
+                        );
+                        if fd >= 0 {
+                            let mut digits = [0u8; 12];
+                            let mut n = libc::getpid();
+                            let mut at = digits.len();
+                            while n > 0 && at > 0 {
+                                at -= 1;
+                                digits[at] = b'0' + (n % 10) as u8;
+                                n /= 10;
+                            }
+                            libc::write(fd, digits[at..].as_ptr().cast(), digits.len() - at);
+                            libc::close(fd);
+                        }
+                    }
+                }
+            }
             _ => panic!("unknown step {step:?}"),
         }
     }
@@ -1455,4 +1498,82 @@ fn a_terminal_held_by_ctrl_s_does_not_stop_max_run() {
         "the message, once released"
     );
     assert_eq!(held(&server, &key), None);
+}
+
+/// A process that left the job (a session of its own) and forks and
+/// exits in a loop (a new pid every moment, SIGTERM ignored) is ended all
+/// the same when the lease is lost: its process group, every member of
+/// which is the command's, is killed at once, and the walks go on until
+/// nothing is left. Found by review: each walk found a new pid, and it ran
+/// on after `redmutex` exited 75.
+#[test]
+fn a_process_that_forks_away_from_every_kill_is_ended() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("hop");
+    let key = format!("hopper-{}", std::process::id());
+    let mut run = Command::new(redmutex_path())
+        .env("REDMUTEX_URL", server.url())
+        .args(["run", "--ttl", "3s", "--kill-after", "1s", &key, "--"])
+        .args(["sh", "-c"])
+        .arg(format!(
+            "{} & sleep 100",
+            steps_command(&format!("hop:{}", file.display()))
+        ))
+        // Nothing the hopper could hold open for this test's harness.
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run");
+    assert!(wait_until(Duration::from_secs(10), || file.exists()));
+    let _: () = server.conn().del(&key).expect("DEL");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = run.try_wait().expect("wait") {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(20) {
+            let _ = run.kill();
+            panic!("redmutex did not end");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(75));
+    // Nothing of its session runs: looked at twice, 300 ms apart (a
+    // process in it is alive, not a zombie).
+    let session = std::fs::read_to_string(dir.path().join("hop.sid"))
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .filter(|g| *g > 1);
+    let running = || {
+        session.is_some_and(|sid| {
+            std::fs::read_dir("/proc")
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+                .any(|stat| {
+                    let Some((_, rest)) = stat.rsplit_once(')') else {
+                        return false;
+                    };
+                    let fields: Vec<&str> = rest.split_whitespace().collect();
+                    fields.first() != Some(&"Z") && fields.get(3) == Some(&sid.to_string().as_str())
+                })
+        })
+    };
+    let first = running();
+    std::thread::sleep(Duration::from_millis(300));
+    let second = running();
+    if let Some(group) = session {
+        // SAFETY: kill(2) of the group of the hopper this test started
+        // (its session's one group): nothing of it outlives the test.
+        unsafe { libc::kill(-group, libc::SIGKILL) };
+    }
+    assert!(session.is_some(), "the hopper named its session");
+    assert!(
+        !first && !second,
+        "a process of the hopper's session ran on after the loss"
+    );
 }

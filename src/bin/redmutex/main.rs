@@ -437,6 +437,9 @@ fn main() -> ExitCode {
         }
     };
     output::drain(output::DRAIN);
+    if let Sub::Run(_) = &cli.command {
+        run::die_as_asked(code);
+    }
     ExitCode::from(code)
 }
 

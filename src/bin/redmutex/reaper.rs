@@ -314,18 +314,9 @@ pub(super) fn main(args: &[OsString]) -> ! {
     let _ = send(STARTED, i64::from(pid), start);
     // The caller's files are the command's, not the reaper's to keep open
     // (a pipeline's reader waits for every writer).
-    // SAFETY: dup2 of /dev/null over this process's own 0, 1 and 2.
-    unsafe {
-        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-        if null >= 0 {
-            libc::dup2(null, 0);
-            libc::dup2(null, 1);
-            libc::dup2(null, 2);
-            if null > 2 {
-                libc::close(null);
-            }
-        }
-    }
+    drop(child);
+    supervise::null_stdio();
+    supervise::close_other_fds(&[report, life]);
     let pidfd = supervise::pidfd_open(pid).ok();
     let mut running = true;
     loop {

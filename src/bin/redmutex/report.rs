@@ -131,17 +131,57 @@ pub(super) fn write(path: &Path, exit_code: u8, failure: Option<&str>) -> Result
     let name = path
         .file_name()
         .ok_or_else(|| format!("{}: not a file name", path.display()))?;
-    let mut temporary = name.to_owned();
-    temporary.push(format!(".{}.tmp", std::process::id()));
-    let temporary = path.with_file_name(temporary);
-    let written = std::fs::File::create(&temporary)
-        .and_then(|mut file| {
-            file.write_all(body.as_bytes())
-                .and_then(|()| file.sync_all())
-        })
-        .and_then(|()| std::fs::rename(&temporary, path));
-    written.map_err(|err| {
-        let _ = std::fs::remove_file(&temporary);
-        format!("writing the report {}: {err}", path.display())
-    })
+    // A new file of ours, never one found there: in a directory others
+    // may write to, a name planted in advance (a symlink to a victim) is
+    // refused by `create_new` (O_EXCL does not follow it), and the name
+    // is not guessable (random).
+    let mut last = None;
+    for _ in 0..8 {
+        let mut temporary = name.to_owned();
+        temporary.push(format!(".{:016x}.tmp", random()));
+        let temporary = path.with_file_name(temporary);
+        let created = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&temporary);
+        let mut file = match created {
+            Ok(file) => file,
+            Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
+                last = Some(err);
+                continue;
+            }
+            Err(err) => return Err(format!("writing the report {}: {err}", path.display())),
+        };
+        // `rename` replaces the name itself, a symlink found there too,
+        // and never writes through it.
+        let written = file
+            .write_all(body.as_bytes())
+            .and_then(|()| file.sync_all())
+            .and_then(|()| std::fs::rename(&temporary, path));
+        return written.map_err(|err| {
+            let _ = std::fs::remove_file(&temporary);
+            format!("writing the report {}: {err}", path.display())
+        });
+    }
+    Err(format!(
+        "writing the report {}: {}",
+        path.display(),
+        last.map_or_else(|| "no free name".into(), |e| e.to_string())
+    ))
+}
+
+/// 64 random bits, from the kernel.
+fn random() -> u64 {
+    let mut bytes = [0u8; 8];
+    // SAFETY: getrandom into a live buffer of that length.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n != 8 {
+        // Never short for 8 bytes once the pool is up; the nanoseconds
+        // still make a name unlikely to be planted.
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        return u64::from(nanos) ^ u64::from(std::process::id());
+    }
+    u64::from_le_bytes(bytes)
 }

@@ -303,6 +303,33 @@ impl Ending {
     }
 }
 
+/// A run ended by ^C (or ^\\) dies by that signal once everything is
+/// done (the lock released, the report written), as flock(1) does, so a
+/// shell running it from a script stops the script too: a shell takes an
+/// exit code of 130 for a signal the command handled, and carries on.
+/// Only when `redmutex` itself received the signal, and its exit code
+/// says the signal ended the run.
+pub(super) fn die_as_asked(code: u8) {
+    for signal in [libc::SIGINT, libc::SIGQUIT] {
+        if code == signalled(signal)
+            && supervise::received(signal)
+            && !supervise::ignored_on_entry(signal)
+        {
+            // SAFETY: the default action for the signal, then the signal
+            // to this process: it ends here (or, were it blocked, the exit
+            // code below says the same).
+            unsafe {
+                libc::signal(signal, libc::SIG_DFL);
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, signal);
+                libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+                libc::raise(signal);
+            }
+        }
+    }
+}
+
 /// The key of a run without one: the same for the same command line (and
 /// `--limit`) on every host and version (FNV-1a, 64 bits, over the
 /// arguments' bytes, each ended by a NUL). As with run-one, it is the
@@ -706,6 +733,9 @@ struct Job<'a> {
 /// renewal moves it by a third of the ttl, far more than this.
 const TELL_AFTER_NS: u64 = 1_000_000;
 
+/// How often `--daemon` looks for the processes it follows.
+const DAEMON_LOOK: Duration = Duration::from_millis(200);
+
 /// How long the command's process group is given to stop on a ^Z of its
 /// own (an interactive command puts the terminal back first) before what
 /// has not stopped is stopped with SIGSTOP.
@@ -1027,14 +1057,21 @@ impl Job<'_> {
         // signal, one that changed user, is not waited for past it).
         let mut killed_at = None::<Instant>;
         let me = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
+        let mut looked = None::<Instant>;
         loop {
-            let (alive, zombies) = supervise::descendants(&[me], &self.helpers());
-            self.descendants = alive.len();
-            for pid in zombies {
-                let mut status = 0;
-                // SAFETY: reaps `pid`, an exited child of ours (handed to
-                // us if the reaper was gone).
-                unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            // A walk of /proc costs CPU with many processes: at most every
+            // DAEMON_LOOK (the lease and the signals are looked at every
+            // tick; a kill walks afresh anyway).
+            if looked.is_none_or(|at| at.elapsed() >= DAEMON_LOOK) {
+                looked = Some(Instant::now());
+                let (alive, zombies) = supervise::descendants(&[me], &self.helpers());
+                self.descendants = alive.len();
+                for pid in zombies {
+                    let mut status = 0;
+                    // SAFETY: reaps `pid`, an exited child of ours (handed
+                    // to us if the reaper was gone).
+                    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+                }
             }
             if self.descendants == 0 || !self.follows {
                 return;
@@ -1045,7 +1082,7 @@ impl Job<'_> {
                     return;
                 }
                 self.kill(libc::SIGKILL, false);
-                self.lost.wait_timeout(Duration::from_millis(100));
+                std::thread::sleep(Duration::from_millis(100));
                 continue;
             }
             if let Some(stop) = self.control.stop_asked() {

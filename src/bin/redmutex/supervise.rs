@@ -108,6 +108,7 @@ pub(super) struct Found {
     pub(super) pid: libc::pid_t,
     pub(super) start: i64,
     pub(super) group: libc::pid_t,
+    pub(super) session: libc::pid_t,
     /// `T` stopped, `t` traced.
     pub(super) state: char,
 }
@@ -120,11 +121,23 @@ pub(super) fn descendants(
     roots: &[libc::pid_t],
     except: &[libc::pid_t],
 ) -> (Vec<Found>, Vec<libc::pid_t>) {
+    let (alive, zombies, _) = walk(roots, except);
+    (alive, zombies)
+}
+
+/// [`descendants`], and the exited ones (zombies) below `roots` too: a
+/// process that forks and exits in a loop is seen more often dead than
+/// alive, and its zombies still name its group and session.
+fn walk(
+    roots: &[libc::pid_t],
+    except: &[libc::pid_t],
+) -> (Vec<Found>, Vec<libc::pid_t>, Vec<Found>) {
     let me = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
     let mut alive = Vec::new();
     let mut zombies = Vec::new();
+    let mut dead = Vec::new();
     let Ok(entries) = std::fs::read_dir("/proc") else {
-        return (alive, zombies);
+        return (alive, zombies, dead);
     };
     // Every process we can read, by parent.
     let mut children: std::collections::HashMap<libc::pid_t, Vec<(libc::pid_t, Stat)>> =
@@ -153,23 +166,38 @@ pub(super) fn descendants(
                 if parent == me {
                     zombies.push(pid);
                 }
+                dead.push(Found {
+                    pid,
+                    start: stat.start,
+                    group: stat.group,
+                    session: stat.session,
+                    state: stat.state,
+                });
             } else {
                 alive.push(Found {
                     pid,
                     start: stat.start,
                     group: stat.group,
+                    session: stat.session,
                     state: stat.state,
                 });
             }
         }
     }
-    (alive, zombies)
+    (alive, zombies, dead)
 }
 
 /// How many times a SIGKILL or SIGSTOP looks again for processes forked
 /// meanwhile (see [`signal_tree`]): a look finds nothing new after one or
 /// two in practice.
-const CONVERGE_ROUNDS: usize = 100;
+const CONVERGE_ROUNDS: usize = 2_000;
+
+/// How many looks a SIGSTOP takes at most (see [`signal_tree`]).
+const STOP_ROUNDS: usize = 100;
+
+/// How long a SIGKILL keeps looking for what is left (see
+/// [`signal_tree`]); twice that at most while new processes appear.
+const CONVERGE_WITHIN: Duration = Duration::from_millis(500);
 
 /// Sends `signal` to every live descendant of `roots` (but `except`, and
 /// those `skip` leaves out), each by pidfd or after checking its start
@@ -191,13 +219,42 @@ pub(super) fn signal_tree(
 ) -> usize {
     let repeat = signal == libc::SIGKILL || signal == libc::SIGSTOP;
     let mut signalled: Vec<(libc::pid_t, i64)> = Vec::new();
-    for _ in 0..CONVERGE_ROUNDS {
-        let (alive, _) = descendants(roots, except);
+    let until = std::time::Instant::now() + CONVERGE_WITHIN;
+    // SAFETY: getsid only reads.
+    let session = unsafe { libc::getsid(0) };
+    for round in 0..CONVERGE_ROUNDS {
+        let (alive, _, dead) = walk(roots, except);
         let mut new = 0;
+        let mut left = 0;
+        if repeat {
+            // Whole groups at once where that reaches only ours: a process
+            // that forks and exits in a loop (its pid never the same
+            // twice) stays in its group, and a group's signal reaches
+            // every member, a child forked meanwhile too (the kernel adds
+            // it under the lock the signal takes). Every member of a
+            // session other than this process's that holds a descendant
+            // is a descendant: a session is joined only by a fork from it
+            // or made by setsid(2), so its leader was one of ours.
+            let mut groups: Vec<libc::pid_t> = alive
+                .iter()
+                .chain(&dead)
+                .filter(|p| p.session != session && p.group > 1 && !skip(p))
+                .map(|p| p.group)
+                .collect();
+            groups.sort_unstable();
+            groups.dedup();
+            for group in groups {
+                // SAFETY: kill(2) of a process group in a session made
+                // below `roots` (see above); its number cannot be reused
+                // while a member lives.
+                unsafe { libc::kill(-group, signal) };
+            }
+        }
         for found in alive {
             if skip(&found) {
                 continue;
             }
+            left += 1;
             let seen = signalled.contains(&(found.pid, found.start));
             let done = if signal == libc::SIGSTOP {
                 matches!(found.state, 'T' | 't')
@@ -215,7 +272,22 @@ pub(super) fn signal_tree(
             }
             new += 1;
         }
-        if new == 0 || !repeat {
+        if !repeat || left == 0 {
+            break;
+        }
+        // A SIGKILL: until nothing is left (a process that outruns the
+        // walks by forking is chased), within a bound; a process the
+        // kernel cannot end yet (in an uninterruptible wait) ends when it
+        // leaves it. A SIGSTOP: until nothing new is running.
+        let now = std::time::Instant::now();
+        let done = if signal == libc::SIGSTOP {
+            // A process in an uninterruptible wait (a shell's `vfork`
+            // parent) stops when it leaves it: not waited for long.
+            new == 0 || round >= STOP_ROUNDS
+        } else {
+            (new == 0 && now >= until) || now >= until + CONVERGE_WITHIN
+        };
+        if done {
             break;
         }
         // A signal is delivered when its target next runs: a moment.
@@ -252,6 +324,43 @@ pub(super) fn group_orphaned() -> bool {
         }
     }
     true
+}
+
+/// Points this process's standard input, output and error at /dev/null.
+pub(super) fn null_stdio() {
+    // SAFETY: dup2 of /dev/null over this process's own 0, 1 and 2.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            libc::dup2(null, 0);
+            libc::dup2(null, 1);
+            libc::dup2(null, 2);
+            if null > 2 {
+                libc::close(null);
+            }
+        }
+    }
+}
+
+/// Closes every descriptor of this process above 2 but `keep`: a helper
+/// process holds none of the caller's files (a pipeline's reader waits
+/// for every writer to close).
+pub(super) fn close_other_fds(keep: &[RawFd]) {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    // Read whole first: the directory's own descriptor is among them.
+    let fds: Vec<RawFd> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    for fd in fds {
+        if fd > 2 && !keep.contains(&fd) {
+            // SAFETY: closes a descriptor of this process nothing here
+            // uses (the directory's own is closed already: EBADF).
+            unsafe { libc::close(fd) };
+        }
+    }
 }
 
 /// Makes this process the parent of every orphaned descendant (Linux): a
@@ -383,8 +492,16 @@ impl Watcher {
             }
             pid => {
                 // SAFETY: the parent's copy of the read end; the write end
-                // is ours alone from here on.
-                unsafe { libc::close(read) };
+                // is ours alone from here on, and never blocks: a watcher
+                // that stops reading (stopped by a debugger, a `pkill -STOP
+                // -f` that matched it) must not stop `redmutex` with it. A
+                // message that finds the pipe full is not sent, and the
+                // watcher counts as failed.
+                unsafe {
+                    libc::close(read);
+                    let flags = libc::fcntl(write, libc::F_GETFL);
+                    libc::fcntl(write, libc::F_SETFL, flags | libc::O_NONBLOCK);
+                }
                 Some(Watcher {
                     pipe: Some(unsafe { OwnedFd::from_raw_fd(write) }),
                     pid,
@@ -629,18 +746,9 @@ fn watch(read: RawFd) -> ! {
     };
     ignore_job_signals();
     set_name(c"redmutex-watch");
-    // SAFETY: the caller's files are not the watcher's to keep open.
-    unsafe {
-        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
-        if null >= 0 {
-            libc::dup2(null, 0);
-            libc::dup2(null, 1);
-            libc::dup2(null, 2);
-            if null > 2 {
-                libc::close(null);
-            }
-        }
-    }
+    // The caller's files are not the watcher's to keep open.
+    null_stdio();
+    close_other_fds(&[read]);
     let me = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
     // `redmutex`, followed by pidfd: once gone its number is not looked
     // through.
@@ -838,16 +946,40 @@ impl JobControl {
 /// runs they are passed on to what did not get them already.
 pub(super) const FORWARDED: [i32; 4] = [libc::SIGHUP, libc::SIGINT, libc::SIGQUIT, libc::SIGTERM];
 
+/// One bit per signal (N-1): received and not yet passed on; sent by the
+/// terminal to the whole foreground group; ever received (see
+/// [`received`]).
 static FORWARD_PENDING: AtomicU64 = AtomicU64::new(0);
-static FORWARD_LAST: AtomicI32 = AtomicI32::new(0);
-static FORWARD_FROM_TERMINAL: AtomicBool = AtomicBool::new(false);
+static FORWARD_FROM_TERMINAL: AtomicU64 = AtomicU64::new(0);
+static FORWARD_RECEIVED: AtomicU64 = AtomicU64::new(0);
 
 extern "C" fn on_forwarded(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    // Async-signal-safe: atomic stores.
+    // Async-signal-safe: atomic operations.
+    let Some(bit) = u32::try_from(signal - 1)
+        .ok()
+        .and_then(|n| 1u64.checked_shl(n))
+    else {
+        return;
+    };
+    // A hangup's SIGHUP goes to the session leader alone (`ssh -t host
+    // redmutex run`: `redmutex` is the leader): never taken as sent to the
+    // whole group, or the command would never get it.
     // SAFETY: the kernel's siginfo for this handler.
-    FORWARD_FROM_TERMINAL.store(unsafe { from_terminal(info) }, Ordering::SeqCst);
-    FORWARD_LAST.store(signal, Ordering::SeqCst);
-    FORWARD_PENDING.fetch_add(1, Ordering::SeqCst);
+    if signal != libc::SIGHUP && unsafe { from_terminal(info) } {
+        FORWARD_FROM_TERMINAL.fetch_or(bit, Ordering::SeqCst);
+    } else {
+        FORWARD_FROM_TERMINAL.fetch_and(!bit, Ordering::SeqCst);
+    }
+    FORWARD_RECEIVED.fetch_or(bit, Ordering::SeqCst);
+    FORWARD_PENDING.fetch_or(bit, Ordering::SeqCst);
+}
+
+/// Whether `redmutex` itself received `signal` (one of [`FORWARDED`]).
+pub(super) fn received(signal: i32) -> bool {
+    u32::try_from(signal - 1)
+        .ok()
+        .and_then(|n| 1u64.checked_shl(n))
+        .is_some_and(|bit| FORWARD_RECEIVED.load(Ordering::SeqCst) & bit != 0)
 }
 
 /// A signal to pass on: its number, and whether the terminal sent it to
@@ -878,11 +1010,18 @@ impl Forwarded {
         Ok(Forwarded)
     }
 
-    /// A signal received since the last call, if any.
+    /// A signal received and not yet taken, if any: each signal is kept
+    /// apart (a SIGTERM and a SIGHUP in a row are both passed on).
     pub(super) fn take(&self) -> Option<Forward> {
-        (FORWARD_PENDING.swap(0, Ordering::SeqCst) > 0).then(|| Forward {
-            signal: FORWARD_LAST.load(Ordering::SeqCst),
-            from_terminal: FORWARD_FROM_TERMINAL.load(Ordering::SeqCst),
+        let pending = FORWARD_PENDING.load(Ordering::SeqCst);
+        if pending == 0 {
+            return None;
+        }
+        let bit = pending & pending.wrapping_neg();
+        FORWARD_PENDING.fetch_and(!bit, Ordering::SeqCst);
+        Some(Forward {
+            signal: i32::try_from(bit.trailing_zeros()).unwrap_or(0) + 1,
+            from_terminal: FORWARD_FROM_TERMINAL.load(Ordering::SeqCst) & bit != 0,
         })
     }
 }
