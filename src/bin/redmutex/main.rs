@@ -13,7 +13,7 @@
 //! | 5 | `doctor`: an error (the worst finding) |
 //! | 65 | the key holds something that is not a lock of that kind (`EX_DATAERR`) |
 //! | 69 | Redis unreachable or failing (`EX_UNAVAILABLE`) |
-//! | 71 | `run`: the supervisor cannot guard the command (its watcher is gone); not run (`EX_OSERR`) |
+//! | 71 | `run`: the supervisor cannot guard the command (its watcher gone before it starts, its reaper killed); not run, or ended (`EX_OSERR`) |
 //! | 75 | `run`: the lock was lost, or could not be renewed, while the command ran (or its job was stopped, or during `--min-hold`); it was terminated (`EX_TEMPFAIL`) |
 //! | 124 | `run --max-run`: the command ran too long and was terminated |
 //! | 128+N | `run`: signal N arrived while waiting for the lock; the command was not run |
@@ -71,8 +71,8 @@ Exit codes:
   4, 5     doctor: the worst finding is a warning (4) or an error (5)
   65       the key holds something that is not a lock of that kind
   69       Redis unreachable or failing
-  71       run: the supervisor cannot guard the command (its watcher process
-           is gone): the command was not run, or was ended
+  71       run: the supervisor cannot guard the command (its watcher gone
+           before it starts, its reaper killed): not run, or ended
   75       the lock was lost, or could not be renewed, while the command ran (or
            while its job was stopped, or during --min-hold); the command was
            terminated before the lease ran out
