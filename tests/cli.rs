@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use assert_cmd::cargo::CommandCargoExt;
 use redis::Commands;
 use redmutex::Lease;
+use support::processes::{gone, read_pid, wait_exit};
 use support::{RedisServer, wait_until};
 
 fn redmutex(server: &RedisServer) -> Command {
@@ -471,35 +472,8 @@ fn cluster_and_sentinel_deployments_are_chosen_by_flags() {
     );
 }
 
-/// Whether process `pid` is gone (a zombie waiting to be reaped counts as
-/// gone: it runs nothing).
-fn gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-    }
-}
-
-fn read_pid(path: &std::path::Path) -> Option<u32> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
-}
-
 fn signal(pid: u32, name: &str) {
     assert!(support::signal(pid, name), "kill -{name} {pid}");
-}
-
-/// Waits for `child` to end, at most `within`.
-fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            return status;
-        }
-        assert!(started.elapsed() < within, "did not end within {within:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Case 18: a SIGTERM while `redmutex run` waits for the lock ends the wait

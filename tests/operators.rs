@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use assert_cmd::cargo::CommandCargoExt;
 use redis::Commands;
 use redmutex::Lease;
+use support::processes::{children_of, comm, gone, read_pid, wait_exit};
 use support::{RedisServer, wait_until};
 
 fn redmutex(server: &RedisServer) -> Command {
@@ -24,37 +25,6 @@ fn redmutex(server: &RedisServer) -> Command {
 
 fn held(server: &RedisServer, key: &str) -> Option<String> {
     server.conn().get(key).expect("GET")
-}
-
-/// Whether process `pid` is gone (a zombie runs nothing).
-fn gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-    }
-}
-
-fn read_pid(path: &Path) -> Option<u32> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
-}
-
-/// Waits for `child` to end, at most `within`; kills it and fails if it
-/// does not.
-fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("wait") {
-            return status;
-        }
-        if started.elapsed() >= within {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("did not end within {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A command whose standard error is a pipe nobody reads, filled by the
@@ -284,53 +254,6 @@ fn a_gone_watcher_is_reported_and_the_command_not_run() {
     assert!(stderr.contains("watcher"), "{stderr}");
     assert!(!ran.exists(), "the command never ran");
     assert_eq!(held(&server, "no-watcher"), None, "released");
-}
-
-fn comm(pid: u32) -> Option<String> {
-    Some(
-        std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .ok()?
-            .trim()
-            .to_owned(),
-    )
-}
-
-fn children_of(parent: u32) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|stat| {
-                    let rest = stat.rsplit_once(')')?.1.to_owned();
-                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
-                })
-                == Some(parent)
-        })
-        .collect()
-}
-
-/// SIGCHLD ignored on entry: the command's exit code still comes through.
-#[test]
-fn sigchld_ignored_on_entry_still_reports_the_exit_code() {
-    let server = RedisServer::start();
-    let mut command = redmutex(&server);
-    command.args(["run", "chld", "--", "sh", "-c", "sleep 0.1; exit 3"]);
-    // SAFETY: signal(2) between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            libc::signal(libc::SIGCHLD, libc::SIG_IGN);
-            Ok(())
-        });
-    }
-    let mut child = command.spawn().expect("run");
-    let status = wait_exit(&mut child, Duration::from_secs(20));
-    assert_eq!(status.code(), Some(3));
-    assert_eq!(held(&server, "chld"), None);
 }
 
 /// Each exit code means one thing: a script whose `#!` interpreter is

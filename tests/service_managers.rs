@@ -15,6 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use redis::Commands;
+use support::processes::children_of;
 use support::{RedisServer, wait_until};
 
 fn contrib(path: &str) -> PathBuf {
@@ -122,8 +123,7 @@ fn the_systemd_service_verifies_and_runs_as_systemd_runs_it() {
         .replace(
             "/run/nightly-report/outcome.json",
             &report.display().to_string(),
-        )
-        .replace("redis://redis.internal:6379", &server.url());
+        );
     let units = dir.path().join("units");
     std::fs::create_dir_all(&units).expect("mkdir");
     std::fs::write(units.join("nightly-report.service"), &local).expect("write");
@@ -150,7 +150,15 @@ fn the_systemd_service_verifies_and_runs_as_systemd_runs_it() {
         .iter()
         .filter(|(k, _)| k == "Environment")
         .filter_map(|(_, v)| v.split_once('='))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        // This test's server, whatever the unit names.
+        .map(|(k, v)| {
+            let v = if k == "REDMUTEX_URL" {
+                server.url()
+            } else {
+                v.to_owned()
+            };
+            (k.to_owned(), v)
+        })
         .collect();
     let start = || {
         let mut command = Command::new(&words[0]);
@@ -351,20 +359,7 @@ fn the_cronjob_command_runs_as_a_pods_pid_1() {
     let pid1 = if unshare {
         let mut found = None;
         wait_until(Duration::from_secs(5), || {
-            found = std::fs::read_dir("/proc")
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-                .find(|pid| {
-                    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                        .ok()
-                        .and_then(|s| {
-                            let rest = s.rsplit_once(')')?.1.to_owned();
-                            rest.split_whitespace().nth(1)?.parse::<u32>().ok()
-                        })
-                        == Some(pod.id())
-                });
+            found = children_of(pod.id()).into_iter().next();
             found.is_some()
         });
         let pid = found.expect("the namespace's PID 1");

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use redis::Commands;
 use redmutex::Lease;
+use support::processes::{self, children_of, comm, gone, parent, pids, read_pid, state};
 use support::{RedisServer, wait_until};
 
 fn redmutex_path() -> PathBuf {
@@ -24,17 +25,6 @@ fn redmutex_path() -> PathBuf {
 
 fn held(server: &RedisServer, key: &str) -> Option<String> {
     server.conn().get(key).expect("GET")
-}
-
-/// A process's state letter in `/proc` (`T` stopped, `Z` zombie), or
-/// `None` once it is gone.
-fn state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
-}
-
-fn gone(pid: u32) -> bool {
-    matches!(state(pid), None | Some('Z'))
 }
 
 /// SIGKILLs `redmutex` (`run`) and checks that process `pid` goes with it
@@ -48,10 +38,6 @@ fn kill_and_expect_gone(run: &mut std::process::Child, pid: u32, what: &str) {
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     }
     assert!(killed, "{what} {pid} outlived a killed redmutex");
-}
-
-fn read_pid(path: &Path) -> Option<u32> {
-    std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
 /// Set to the steps this binary runs as a job-control test's command
@@ -199,28 +185,11 @@ fn command_steps() {
     }
 }
 
-/// A process's parent, from `/proc`.
-fn parent(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
 /// The watcher process of the `redmutex` whose pid is `runner`.
 fn watcher_of(runner: u32) -> Option<u32> {
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| parent(*pid) == Some(runner))
-        .find(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .is_ok_and(|c| c.trim() == "redmutex-watch")
-        })
+    children_of(runner)
+        .into_iter()
+        .find(|pid| comm(*pid).as_deref() == Some("redmutex-watch"))
 }
 
 /// The pid of the `redmutex run` whose key is `key` (its command line),
@@ -1548,19 +1517,9 @@ fn a_process_that_forks_away_from_every_kill_is_ended() {
         .filter(|g| *g > 1);
     let running = || {
         session.is_some_and(|sid| {
-            std::fs::read_dir("/proc")
+            pids()
                 .into_iter()
-                .flatten()
-                .flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-                .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
-                .any(|stat| {
-                    let Some((_, rest)) = stat.rsplit_once(')') else {
-                        return false;
-                    };
-                    let fields: Vec<&str> = rest.split_whitespace().collect();
-                    fields.first() != Some(&"Z") && fields.get(3) == Some(&sid.to_string().as_str())
-                })
+                .any(|pid| processes::session(pid) == u32::try_from(sid).ok() && !gone(pid))
         })
     };
     let first = running();

@@ -9,6 +9,7 @@
 pub mod chaos;
 mod counting;
 mod deploy;
+pub mod processes;
 mod proxy;
 pub mod tls;
 #[allow(unused_imports)]

@@ -578,7 +578,6 @@ fn run_watched(
         stopped: false,
         told: 0,
         follows,
-        descendants: 0,
         tick: (args.ttl / 10).clamp(Duration::from_millis(1), Duration::from_millis(25)),
         woken: None,
         warned_watcher: false,
@@ -717,9 +716,6 @@ struct Job<'a> {
     told: i64,
     /// `redmutex` is its descendants' subreaper (Linux).
     follows: bool,
-    /// How many of the command's descendants were alive at the last look
-    /// (`--daemon`).
-    descendants: usize,
     /// How often the loop looks at the command and the lease: often
     /// enough for the shortest ttl to be supervised.
     tick: Duration,
@@ -1058,6 +1054,8 @@ impl Job<'_> {
         let mut killed_at = None::<Instant>;
         let me = libc::pid_t::try_from(std::process::id()).unwrap_or(0);
         let mut looked = None::<Instant>;
+        // How many of the command's descendants were alive at the last look.
+        let mut descendants = 0;
         loop {
             // A walk of /proc costs CPU with many processes: at most every
             // DAEMON_LOOK (the lease and the signals are looked at every
@@ -1065,7 +1063,7 @@ impl Job<'_> {
             if looked.is_none_or(|at| at.elapsed() >= DAEMON_LOOK) {
                 looked = Some(Instant::now());
                 let (alive, zombies) = supervise::descendants(&[me], &self.helpers());
-                self.descendants = alive.len();
+                descendants = alive.len();
                 for pid in zombies {
                     let mut status = 0;
                     // SAFETY: reaps `pid`, an exited child of ours (handed
@@ -1073,7 +1071,7 @@ impl Job<'_> {
                     unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
                 }
             }
-            if self.descendants == 0 || !self.follows {
+            if descendants == 0 || !self.follows {
                 return;
             }
             if self.killed {

@@ -142,14 +142,7 @@ fn walk(
     // Every process we can read, by parent.
     let mut children: std::collections::HashMap<libc::pid_t, Vec<(libc::pid_t, Stat)>> =
         std::collections::HashMap::new();
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|name| name.parse::<libc::pid_t>().ok())
-        else {
-            continue;
-        };
+    for pid in pids(entries) {
         if let Some(stat) = stat(pid) {
             children.entry(stat.parent).or_default().push((pid, stat));
         }
@@ -308,14 +301,7 @@ pub(super) fn group_orphaned() -> bool {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return false;
     };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|name| name.parse::<libc::pid_t>().ok())
-        else {
-            continue;
-        };
+    for pid in pids(entries) {
         let Some(member) = stat(pid).filter(|s| s.group == group) else {
             continue;
         };
@@ -361,6 +347,13 @@ pub(super) fn close_other_fds(keep: &[RawFd]) {
             unsafe { libc::close(fd) };
         }
     }
+}
+
+/// The pids in a listing of `/proc` (its other entries left out).
+fn pids(entries: std::fs::ReadDir) -> impl Iterator<Item = libc::pid_t> {
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
 }
 
 /// Makes this process the parent of every orphaned descendant (Linux): a
