@@ -38,15 +38,15 @@ impl LockClient {
     /// touches the network: connecting (the TCP connect and the handshake),
     /// waiting for a pooled connection, and every read and write; so no lock
     /// call can hang on a dead or stalled server, and the pool is usable
-    /// again within one timeout and 250 ms after the server heals (the
-    /// bounds in `docs/failure-model.md`). A connection whose
+    /// again soon after the server heals (the
+    /// [bounds](crate::guide::failure_model#bounds)). A connection whose
     /// reply was lost is closed, never reused (a late reply cannot reach the
     /// next user), and when one connection finds the server gone the pool's
     /// older idle connections are discarded too, without a round trip. No
     /// `PING` is sent per checkout. The server is not contacted here; an
     /// unreachable one makes the first lock operation fail with
-    /// [`Error::Pool`] within the timeout (one connect: the bounds in
-    /// `docs/failure-model.md`).
+    /// [`Error::Pool`] within the timeout (one connect: the
+    /// [bounds](crate::guide::failure_model#bounds)).
     ///
     /// # Errors
     ///
@@ -318,7 +318,8 @@ impl LockClientBuilder {
     /// the lock named `K` is the key `PREFIX K`, and its fencing counter,
     /// release markers and release channel all start with `PREFIX` too, so
     /// an ACL user limited to `~PREFIX*` and `&PREFIX*` can use every lock
-    /// type (see the ACL rules in docs/failure-model.md). Defaults to none (`""`). It may
+    /// type (the [ACL rules](crate::guide::failure_model#acl-rules)).
+    /// Defaults to none (`""`). It may
     /// not contain `{` or `}`, which would move keys to another cluster
     /// slot. [`DistributedLock::key`](crate::DistributedLock::key) and the
     /// guards' `key()` give the key with its prefix, as it is in Redis.
@@ -332,9 +333,10 @@ impl LockClientBuilder {
     /// Redis with the token, in the same command as the acquisition, and
     /// read back by [`Holder::from_token`](crate::Holder::from_token),
     /// [`LockClient::list`] and `redmutex list`/`status`. Defaults to
-    /// `true`. Off, tokens are bare UUIDs (about 30 bytes less per lock
-    /// in Redis, nothing about the host in the keyspace, and no `TIME`
-    /// read on the client's first acquisition).
+    /// `true`. Off, tokens are bare UUIDs (smaller, by
+    /// [what the metadata costs](crate::guide::operating#holder-metadata);
+    /// nothing about the host in the keyspace; no `TIME` read on the
+    /// client's first acquisition).
     pub fn holder_metadata(mut self, enabled: bool) -> Self {
         self.holder_metadata = enabled;
         self
