@@ -470,7 +470,9 @@ pub(crate) fn unsupported(err: &redis::RedisError) -> Option<Error> {
         "SCRIPT" | "EVAL" | "EVALSHA" => {
             "every lock type but the plain lock's quick path (they run Lua scripts)"
         }
-        _ => "redmutex (see the ACL rules in docs/failure-model.md for the commands it uses)",
+        _ => {
+            "redmutex (see the ACL rules in the failure model chapter of the guide, redmutex::guide::failure_model for the commands it uses)"
+        }
     };
     Some(Error::Unsupported {
         command,

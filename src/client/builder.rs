@@ -110,8 +110,9 @@ impl LockClient {
     }
 }
 
-/// Where the client's Redis is.
-#[derive(Clone, Debug)]
+/// Where the client's Redis is. Its `Debug` shows the URLs without their
+/// logins and query strings, which may carry a password.
+#[derive(Clone)]
 enum Servers {
     None,
     Single(String),
@@ -120,6 +121,43 @@ enum Servers {
         sentinels: Vec<String>,
         master: String,
     },
+}
+
+impl std::fmt::Debug for Servers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let urls = |list: &[String]| list.iter().map(|u| redacted_url(u)).collect::<Vec<_>>();
+        match self {
+            Servers::None => f.write_str("None"),
+            Servers::Single(url) => f.debug_tuple("Single").field(&redacted_url(url)).finish(),
+            Servers::Cluster(nodes) => f.debug_tuple("Cluster").field(&urls(nodes)).finish(),
+            Servers::Sentinel { sentinels, master } => f
+                .debug_struct("Sentinel")
+                .field("sentinels", &urls(sentinels))
+                .field("master", master)
+                .finish(),
+        }
+    }
+}
+
+/// A URL as it may be shown: its login (`user:password@`) and its query
+/// string (`?pass=…` on a Unix socket's URL) replaced by `<redacted>`.
+fn redacted_url(url: &str) -> String {
+    let (url, query) = match url.split_once('?') {
+        Some((url, _)) => (url, "?<redacted>"),
+        None => (url, ""),
+    };
+    let shown = match url.split_once("://") {
+        Some((scheme, rest)) => {
+            // The authority ends at the first `/`; a login is before its last `@`.
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            match authority.rfind('@') {
+                Some(at) => format!("{scheme}://<redacted>@{}{path}", &authority[at + 1..]),
+                None => format!("{scheme}://{rest}"),
+            }
+        }
+        None => url.to_owned(),
+    };
+    format!("{shown}{query}")
 }
 
 /// Builds a [`LockClient`]: the deployment (one server, Redis Cluster or
@@ -643,6 +681,39 @@ impl LockClientBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_builder_shows_no_password_of_its_urls() {
+        let secret = "s3cr3t-pw";
+        let builders = [
+            LockClient::builder().url(format!("redis://app:{secret}@127.0.0.1:1/0")),
+            LockClient::builder().url(format!("rediss://:{secret}@127.0.0.1:1")),
+            LockClient::builder().url(format!("redis+unix:///tmp/redis.sock?pass={secret}")),
+            LockClient::builder().cluster([format!("redis://u:{secret}@127.0.0.1:1")]),
+            LockClient::builder().sentinel([format!("redis://:{secret}@127.0.0.1:1")], "m"),
+            LockClient::builder()
+                .url("redis://127.0.0.1:1")
+                .password(secret),
+        ];
+        for builder in builders {
+            let shown = format!("{builder:?}");
+            assert!(!shown.contains(secret), "{shown}");
+            assert!(
+                shown.contains("127.0.0.1:1") || shown.contains("redis.sock"),
+                "{shown}"
+            );
+        }
+        assert_eq!(
+            redacted_url("redis://user:pw@host:6379/2"),
+            "redis://<redacted>@host:6379/2"
+        );
+        assert_eq!(redacted_url("redis://host:6379/2"), "redis://host:6379/2");
+        assert_eq!(
+            redacted_url("redis://host/0?x=@y"),
+            "redis://host/0?<redacted>"
+        );
+        assert_eq!(redacted_url("not a url"), "not a url");
+    }
 
     #[test]
     fn bad_settings_are_refused_before_anything_is_sent() {

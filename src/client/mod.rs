@@ -734,7 +734,7 @@ impl LockClient {
         if !self.inner.markers_refused.swap(true, Ordering::Relaxed) {
             log::warn!(
                 "redmutex: the server refuses the release markers ({{KEY}}:released:*; \
-                 see the ACL rules in docs/failure-model.md); releasing without them"
+                 see the ACL rules in the failure model chapter of the guide, redmutex::guide::failure_model); releasing without them"
             );
         }
     }

@@ -105,8 +105,10 @@ impl DistributedLock {
     }
 
     /// Acquires the lock, waiting up to the options' `wait` while another
-    /// owner holds it (exponential backoff with full jitter, never sleeping
-    /// past the deadline, one last attempt at it).
+    /// owner holds it: by the options' [`WaitMode`](crate::WaitMode)
+    /// (woken by the release in notify mode, the default; polling with
+    /// backoff in spin mode), never sleeping past the deadline, with one
+    /// last attempt at it.
     ///
     /// # Errors
     ///
@@ -284,7 +286,7 @@ impl DistributedLock {
                 Error::Unsupported {
                     command: "the key or its {KEY}:released:* marker (NOPERM)".into(),
                     needed_by: "force_release on Redis Cluster (only its marker makes a request \
-                                redis-rs may send twice safe; see the ACL rules in docs/failure-model.md)",
+                                redis-rs may send twice safe; see the ACL rules in the failure model chapter of the guide, redmutex::guide::failure_model)",
                     detail: format!("no marker can be written for {key:?}"),
                 }
             } else {
@@ -716,7 +718,7 @@ pub(crate) fn fence_refused(key: &str, counter: &str) -> Error {
         key: key.to_owned(),
         counter: counter.to_owned(),
         detail: "NOPERM: the ACL user may not use it; fencing needs the {KEY}:fence keys \
-                 (see the ACL rules in docs/failure-model.md)"
+                 (see the ACL rules in the failure model chapter of the guide, redmutex::guide::failure_model)"
             .to_owned(),
     }
 }

@@ -1093,7 +1093,7 @@ fn read_pushes(shared: &Shared, mut reader: Reader) -> bool {
                 Some(Pending::Subscribe(name)) => {
                     log::warn!(
                         "redmutex: the server refuses to subscribe to {name:?} ({err}); \
-                         waiters of that lock poll with backoff instead (see the ACL rules in docs/failure-model.md)"
+                         waiters of that lock poll with backoff instead (see the ACL rules in the failure model chapter of the guide, redmutex::guide::failure_model)"
                     );
                     if let Some(channel) = state.channels.get_mut(&name) {
                         channel.subscribe_at = None;

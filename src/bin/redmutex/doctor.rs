@@ -1142,7 +1142,7 @@ fn acl(cli: &Cli, args: &DoctorArgs, client: &LockClient, findings: &mut Vec<Fin
                 let about_dryrun = if lower.contains("unknown subcommand") {
                     Some((
                         format!("user {user}: not checked, ACL DRYRUN needs Redis 7"),
-                        "compare its rule with docs/failure-model.md (ACL rules)".to_owned(),
+                        "compare its rule with the ACL rules of the guide: https://docs.rs/redmutex/latest/redmutex/guide/failure_model/index.html#acl-rules".to_owned(),
                     ))
                 } else if no_permission(&err) {
                     let who = if args.acl_user.is_some() {
@@ -1153,7 +1153,7 @@ fn acl(cli: &Cli, args: &DoctorArgs, client: &LockClient, findings: &mut Vec<Fin
                     Some((
                         format!(
                             "user {user}: not checked, {who} may not run ACL DRYRUN \
-                             (the rule of docs/failure-model.md does not allow it); \
+                             (the documented ACL rule does not allow it); \
                              an admin can, with --acl-user {user}"
                         ),
                         how_to(),
@@ -1271,7 +1271,7 @@ fn acl(cli: &Cli, args: &DoctorArgs, client: &LockClient, findings: &mut Vec<Fin
     }
     if !fix.is_empty() {
         fix.push(
-            "the whole rule, and the one for a key prefix: docs/failure-model.md (ACL rules)"
+            "the whole rule, and the one for a key prefix: https://docs.rs/redmutex/latest/redmutex/guide/failure_model/index.html#acl-rules"
                 .to_owned(),
         );
     }
