@@ -683,11 +683,10 @@ mod cli {
             if !sentence.trim_end().ends_with("systemd's") {
                 let subject = sentence
                     .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
-                    .filter(|w| {
+                    .rfind(|w| {
                         (w.starts_with("--") && defaults.contains_key(*w))
                             || (w.len() > 2 && w.chars().all(|c| c.is_ascii_uppercase()) && defaults.contains_key(*w))
                     })
-                    .last()
                     .unwrap_or_else(|| panic!("a default with no option named before it: …{sentence}default `{stated}`"));
                 assert_eq!(
                     defaults[subject], stated,
@@ -761,11 +760,10 @@ fn stated_defaults(client: &redmutex::LockClient) -> Vec<(&'static str, &'static
         (
             o,
             "handoff_budget",
-            vec![Text(
-                (lock.extra.handoff_budget == budget && sem.extra.handoff_budget == budget)
-                    .then(|| "HandoffBudget::default".to_owned())
-                    .unwrap_or_default(),
-            )],
+            vec![Text(same(
+                lock.extra.handoff_budget == budget && sem.extra.handoff_budget == budget,
+                "HandoffBudget::default",
+            ))],
         ),
         (
             o,
@@ -831,20 +829,18 @@ fn stated_defaults(client: &redmutex::LockClient) -> Vec<(&'static str, &'static
         (
             b,
             "defaults",
-            vec![Text(
-                (*client.defaults() == LockOptions::default())
-                    .then(|| "LockOptions::default".to_owned())
-                    .unwrap_or_default(),
-            )],
+            vec![Text(same(
+                *client.defaults() == LockOptions::default(),
+                "LockOptions::default",
+            ))],
         ),
         (
             c,
             "with_defaults",
-            vec![Text(
-                (*client.defaults() == LockOptions::default())
-                    .then(|| "LockOptions::default".to_owned())
-                    .unwrap_or_default(),
-            )],
+            vec![Text(same(
+                *client.defaults() == LockOptions::default(),
+                "LockOptions::default",
+            ))],
         ),
         (
             b,
@@ -871,6 +867,16 @@ fn stated_defaults(client: &redmutex::LockClient) -> Vec<(&'static str, &'static
             ]
         }),
     ]
+}
+
+/// `name` when the code's value is the one `name` gives; otherwise a
+/// text no sentence contains.
+fn same(is: bool, name: &str) -> String {
+    if is {
+        name.to_owned()
+    } else {
+        format!("(not {name})")
+    }
 }
 
 #[derive(Debug)]
