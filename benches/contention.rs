@@ -15,7 +15,7 @@
 //! * `keys`: 8 threads over 1/4/16/64 keys; time per acquisition.
 //! * `held`: 1 to 10,000 locks taken and held at once by one client with
 //!   the watchdog on, then released; time per lock. (Their memory, in the
-//!   client and in Redis, and the renewals' round trips: `examples/watchdog.rs`.)
+//!   client and in Redis, and the renewals' round trips: `examples/measure/watchdog.rs`.)
 
 use redmutex_test_support as support;
 

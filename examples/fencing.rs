@@ -1,7 +1,15 @@
 //! Fencing tokens: why a lease is not enough, and how a protected resource
 //! turns a lease into safety (Kleppmann's "33/34" case).
 //!
-//! `cargo run --example fencing` (starts a private redis-server).
+//! ```sh
+//! REDMUTEX_URL=redis://127.0.0.1:6379/ cargo run --example fencing
+//! ```
+//!
+//! `REDMUTEX_URL` names the Redis server (`redis://127.0.0.1:6379/` when it
+//! is unset). Needs `redmutex` and std alone: copy it into the
+//! `src/main.rs` of a project with `redmutex = "0.1"` in its dependencies.
+//! Ends by itself in under a second, with exit code 0 when the store
+//! refused the stale write.
 //!
 //! Client A takes the lock (token "33"), then pauses longer than its lease
 //! (a GC pause, a swapped-out process). The lease expires; client B takes
@@ -11,12 +19,14 @@
 //! tokens are large numbers, at least the server's clock in microseconds;
 //! only their order matters.)
 
-use redmutex_test_support as support;
-
 use std::time::Duration;
 
-use redmutex::Lease;
-use redmutex::{DistributedLock, LockClient, LockOptions};
+use redmutex::redis;
+use redmutex::{DistributedLock, Lease, LockClient, LockOptions};
+
+const LOCK: &str = "examples:fencing:file";
+const HIGHEST: &str = "examples:fencing:file:highest-token";
+const DATA: &str = "examples:fencing:file:data";
 
 /// The protected resource: a "file" that accepts a write only with a
 /// fencing token at least as high as any it has seen. Here it lives in
@@ -24,7 +34,7 @@ use redmutex::{DistributedLock, LockClient, LockOptions};
 /// write atomically (a database row with a version column, an object store
 /// with conditional writes) can do the same.
 struct FencedStore {
-    con: redis::Connection,
+    con: redmutex::Connection,
 }
 
 impl FencedStore {
@@ -36,8 +46,8 @@ impl FencedStore {
              redis.call('SET', KEYS[2], ARGV[2])
              return 1",
         )
-        .key("file:highest-token")
-        .key("file:data")
+        .key(HIGHEST)
+        .key(DATA)
         .arg(token)
         .arg(data)
         .invoke(&mut self.con)?;
@@ -46,24 +56,22 @@ impl FencedStore {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let server = support::RedisServer::start();
-    let (a, b) = (
-        LockClient::open(&server.url())?,
-        LockClient::open(&server.url())?,
-    );
+    let url =
+        std::env::var("REDMUTEX_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
+    let (a, b) = (LockClient::open(&url)?, LockClient::open(&url)?);
     let mut store = FencedStore {
-        con: redis::Client::open(server.url())?.get_connection()?,
+        con: LockClient::open(&url)?.connection()?,
     };
     let options = LockOptions::default()
         .ttl(Duration::from_millis(200))
         .fencing(true);
 
-    let guard_a = DistributedLock::with_options(&a, "file", options).lock()?;
+    let guard_a = DistributedLock::with_options(&a, LOCK, options).lock()?;
     let token_a = guard_a.fencing_token().ok_or("fencing is on")?;
     println!("A acquires the lock, fencing token {token_a}, then pauses for 500 ms...");
     std::thread::sleep(Duration::from_millis(500)); // longer than the 200 ms lease
 
-    let guard_b = DistributedLock::with_options(&b, "file", options).lock()?;
+    let guard_b = DistributedLock::with_options(&b, LOCK, options).lock()?;
     let token_b = guard_b.fencing_token().ok_or("fencing is on")?;
     println!("the lease expired; B acquires the lock, fencing token {token_b}");
     println!(
@@ -71,15 +79,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         store.write(token_b, "B's data")?
     );
 
+    let stale_accepted = store.write(token_a, "A's stale data")?;
     println!(
-        "A wakes up, believes it still holds the lock (validity now {:?}), writes with {token_a}: accepted = {}",
+        "A wakes up, believes it still holds the lock (validity now {:?}), writes with {token_a}: accepted = {stale_accepted}",
         guard_a.validity(),
-        store.write(token_a, "A's stale data")?
     );
     println!(
         "A's unlock: {:?}",
         guard_a.unlock().map_err(|e| e.to_string())
     );
     guard_b.unlock()?;
+    if stale_accepted {
+        return Err("the store took a write stamped with an older token".into());
+    }
     Ok(())
 }

@@ -38,6 +38,10 @@ else
   bash scripts/ensure-redis-server.sh
 fi
 
+# The examples' binaries, which tests/examples.rs runs against private
+# servers (`cargo test` builds examples only as test harnesses, elsewhere).
+cargo build --all-features --examples
+
 if [ -n "$full" ]; then
   cargo test --all-features --all-targets
   cargo test --all-features --doc
@@ -47,8 +51,9 @@ if [ -n "$full" ]; then
 fi
 
 # Whole test files: the lock types and their capabilities, waiting, the watchdog, lost replies
-# through the fault proxy, mutual exclusion across processes, the CLI.
-whole=(lock reentrant_lock rwlock semaphore capabilities status notify watchdog lost_reply exclusion cli doctor)
+# through the fault proxy, mutual exclusion across processes, the CLI, the
+# copyable examples.
+whole=(lock reentrant_lock rwlock semaphore capabilities status notify watchdog lost_reply exclusion cli doctor examples)
 # One test or two of the slow files: a deployment kind each, RedLock, and
 # the short chaos run. Each entry: file, then name filters.
 picked=(

@@ -1,4 +1,4 @@
-//! The chaos run shared by `tests/chaos.rs` and `examples/chaos.rs`:
+//! The chaos run shared by `tests/chaos.rs` and `examples/measure/chaos.rs`:
 //! worker processes × threads take one lock (half of the threads fenced,
 //! doing a read-modify-write on a protected resource that refuses stale
 //! fencing tokens; the others hold only, handing their lease over between
