@@ -53,7 +53,7 @@ fi
 # Whole test files: the lock types and their capabilities, waiting, the watchdog, lost replies
 # through the fault proxy, mutual exclusion across processes, the CLI, the
 # copyable examples.
-whole=(lock reentrant_lock rwlock semaphore capabilities status notify watchdog lost_reply exclusion cli doctor examples)
+whole=(lock reentrant_lock rwlock semaphore capabilities status notify watchdog lost_reply exclusion cli doctor examples docs)
 # One test or two of the slow files: a deployment kind each, RedLock, and
 # the short chaos run. Each entry: file, then name filters.
 picked=(
