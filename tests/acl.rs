@@ -16,14 +16,14 @@ use support::{RedisServer, exists, secret, wait_until};
 /// The documented rule for a user whose locks are named `locks:*`, word for
 /// word (checked against docs/failure-model.md below).
 const RULE: &str = "on >secret resetkeys ~locks:* ~{locks:* resetchannels &redmutex:released:* \
-    -@all +set +get +getdel +pttl +evalsha +script|load +wait +watch +unwatch +multi +exec \
+    -@all +set +get +getdel +pttl +eval +evalsha +script|load +wait +watch +unwatch +multi +exec \
     +subscribe +unsubscribe +ping +client|setname +role \
     +del +exists +pexpire +pexpireat +psetex +publish +incr +decr +time +hget +hset +hdel +hlen +hgetall";
 
 /// The documented rule for a client whose key prefix is `teamA:`: one key
 /// pattern and one channel pattern cover everything the crate touches.
 const PREFIX_RULE: &str = "on >secret resetkeys ~teamA:* resetchannels &teamA:* \
-    -@all +set +get +getdel +pttl +evalsha +script|load +wait +watch +unwatch +multi +exec \
+    -@all +set +get +getdel +pttl +eval +evalsha +script|load +wait +watch +unwatch +multi +exec \
     +subscribe +unsubscribe +ping +client|setname +role \
     +del +exists +pexpire +pexpireat +psetex +publish +incr +decr +time +hget +hset +hdel +hlen +hgetall";
 
@@ -780,4 +780,44 @@ fn a_force_release_without_its_marker_is_sent_once() {
     );
     assert_eq!(server.command_calls("getdel"), getdels + 1, "sent once");
     assert!(!exists(&server, "locks:f"), "the one send deleted it");
+}
+
+/// A dropped guard's release is written behind by `EVALSHA`; after a
+/// `SCRIPT FLUSH` its owed `NOSCRIPT` is answered by sending the release
+/// again as `EVAL` with the script's source. The documented rule must allow
+/// that `EVAL`: the key is freed by it, and the server refuses nothing.
+#[test]
+fn the_documented_rule_allows_a_release_written_behind_after_a_script_flush() {
+    let server = RedisServer::start();
+    set_user(&server, "locker", RULE);
+    let client = client_as(&server, "locker");
+    let options = LockOptions::default()
+        .ttl(Duration::from_secs(60))
+        .wait(Duration::from_secs(5));
+    let lock = DistributedLock::with_options(&client, "locks:behind", options);
+    // One synchronous release first: writing behind starts once scripts
+    // are known to work.
+    lock.lock().expect("lock").unlock().expect("unlock");
+    let guard = lock.lock().expect("lock");
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut server.conn())
+        .expect("SCRIPT FLUSH");
+    let _: () = redis::cmd("ACL")
+        .arg("LOG")
+        .arg("RESET")
+        .query(&mut server.conn())
+        .expect("ACL LOG RESET");
+    let evals = server.command_calls("eval");
+    drop(guard);
+    // The next request reads the NOSCRIPT and sends the release again.
+    let other = DistributedLock::with_options(&client, "locks:other", options);
+    other.lock().expect("lock").unlock().expect("unlock");
+    assert!(
+        wait_until(Duration::from_secs(10), || !exists(&server, "locks:behind")),
+        "the release was sent again"
+    );
+    assert!(server.command_calls("eval") > evals, "by EVAL");
+    let denied = acl_denials(&server);
+    assert!(denied.is_empty(), "the server refused: {denied:?}");
 }

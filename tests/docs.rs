@@ -1105,3 +1105,140 @@ fn builder_defaults_are_what_a_client_does() {
         "woken by a release message"
     );
 }
+
+// ---- API names the docs mention ---------------------------------------------
+
+/// What `Type::name` may name for each public type of `public-api.txt`:
+/// its functions, fields, variants and constants, the `Lease` methods of a
+/// guard, the methods of `Options<X>` for its aliases (`LockOptions`), and
+/// the standard traits' (`default`, `clone`).
+fn api_names() -> BTreeMap<String, BTreeSet<String>> {
+    let api = read(&root().join("public-api.txt"));
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut names: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut aliases: Vec<(String, String)> = Vec::new();
+    let mut leases: Vec<String> = Vec::new();
+    for line in api.lines() {
+        for kind in ["pub struct ", "pub enum ", "pub trait ", "pub type "] {
+            if let Some(rest) = line
+                .strip_prefix(kind)
+                .and_then(|r| r.strip_prefix("redmutex::"))
+            {
+                let name = ident(rest);
+                names.entry(name.clone()).or_default();
+                if kind == "pub type " && rest.contains("= redmutex::Options<") {
+                    aliases.push((name, "Options".into()));
+                }
+            }
+        }
+        if let Some(rest) = line.strip_prefix("impl redmutex::Lease for redmutex::") {
+            leases.push(ident(rest));
+        }
+        // `pub fn redmutex::T::f(`, `pub fn redmutex::Options<X>::f(`,
+        // `redmutex::T.field:`, `redmutex::T::Variant`, `pub const redmutex::T::C`.
+        let body = line
+            .trim_start_matches("pub fn ")
+            .trim_start_matches("pub const ");
+        if let Some(rest) = body.strip_prefix("redmutex::") {
+            let owner = ident(rest);
+            let after = &rest[owner.len()..];
+            let after = match after.strip_prefix('<') {
+                Some(generic) => generic.split_once(">::").map(|(_, a)| a).unwrap_or(""),
+                None => after
+                    .strip_prefix("::")
+                    .or_else(|| after.strip_prefix('.'))
+                    .unwrap_or(""),
+            };
+            let member = ident(after);
+            if !member.is_empty() {
+                names.entry(owner).or_default().insert(member);
+            }
+        }
+    }
+    let lease: BTreeSet<String> = names.get("Lease").cloned().unwrap_or_default();
+    for guard in leases {
+        names
+            .entry(guard)
+            .or_default()
+            .extend(lease.iter().cloned());
+    }
+    for (alias, of) in aliases {
+        let of = names.get(&of).cloned().unwrap_or_default();
+        names.entry(alias).or_default().extend(of);
+    }
+    for set in names.values_mut() {
+        set.extend(["default", "clone", "fmt", "eq", "from", "drop"].map(String::from));
+    }
+    names
+}
+
+/// A `Type::name` in the docs names something the crate has: an API
+/// renamed or removed leaves no stale mention behind (`LockClient::open*`,
+/// a getter that moved).
+#[test]
+fn every_api_name_the_docs_mention_exists() {
+    let names = api_names();
+    assert!(names.len() > 30, "public-api.txt read: {}", names.len());
+    let mut stale = Vec::new();
+    let mut seen = 0;
+    // What a user reads: ARCHITECTURE.md and the docs of private items
+    // name crate-internal methods on purpose.
+    let user_docs = documents().into_iter().filter(|(path, _, _)| {
+        let rel = path.strip_prefix(root()).unwrap_or(path);
+        !(rel.starts_with("src") && rel != Path::new("src/lib.rs"))
+            && rel != Path::new("ARCHITECTURE.md")
+    });
+    for (path, _, text) in user_docs {
+        let text = if path.ends_with("src/lib.rs") {
+            crate_root_docs()
+        } else {
+            text
+        };
+        // Code spans and code blocks alike: `LockClient::open`, `Error::Timeout { .. }`.
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("::") {
+            let before = &rest[..at];
+            let owner: String = before
+                .chars()
+                .rev()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            let preceded_by_path = before[..before.len() - owner.len()].ends_with("::");
+            let member: String = rest[at + 2..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            rest = &rest[at + 2..];
+            // Only the crate's own types, named without a path before them
+            // (`redis::Client::open` is redis-rs's).
+            let Some(known) = names.get(&owner) else {
+                continue;
+            };
+            if preceded_by_path || member.is_empty() {
+                continue;
+            }
+            seen += 1;
+            if !known.contains(&member) {
+                stale.push(format!(
+                    "{}: {owner}::{member}",
+                    path.strip_prefix(root()).unwrap_or(&path).display()
+                ));
+            }
+        }
+    }
+    assert!(seen > 100, "the docs' API names were found ({seen})");
+    stale.sort();
+    stale.dedup();
+    assert!(
+        stale.is_empty(),
+        "the docs name what the crate does not have:\n{}",
+        stale.join("\n")
+    );
+}

@@ -631,7 +631,9 @@ impl RedLock {
         self.nodes.len() / 2 + 1
     }
 
-    /// Acquires, retrying with backoff up to the options' `wait`.
+    /// Acquires, waiting up to the options' `wait`: by the options'
+    /// [`WaitMode`] (woken by any node's release message in notify mode,
+    /// the default; polling with backoff in spin mode).
     ///
     /// # Errors
     ///
