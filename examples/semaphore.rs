@@ -40,7 +40,7 @@ struct Count {
 /// One thread: `ROUNDS` exports, each under a permit.
 fn exporter(exports: &Semaphore, count: &Count) -> Result<(), Error> {
     for _ in 0..ROUNDS {
-        let permit = exports.acquire()?; // waits up to the options' wait (10 s)
+        let permit = exports.acquire()?; // waits up to the options' wait
         let now = count.inside.fetch_add(1, Ordering::SeqCst) + 1;
         count.most.fetch_max(now, Ordering::SeqCst);
         thread::sleep(WORK); // the export

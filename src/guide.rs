@@ -17,8 +17,11 @@
 //! For a contributor: [How it works](internals), and `ARCHITECTURE.md`
 //! and `CONTRIBUTING.md` in the repository.
 //!
-//! The chapters are the files of the repository's `docs/` folder; their
-//! code blocks are compiled and run as doc tests, and their links are
+//! The chapters are the files of the repository's `docs/` folder. Their
+//! Rust blocks are compiled as doc tests (not run: they need a server;
+//! the repository's `examples/` are whole programs that `tests/examples.rs`
+//! runs against one), but for the Prometheus exporter's in "Operating
+//! it", which needs a crate this one does not depend on. Their links are
 //! checked by rustdoc and `tests/docs.rs`.
 
 #[doc = include_str!("../docs/using.md")]

@@ -148,6 +148,7 @@ struct Checker {
     anchors: BTreeMap<PathBuf, BTreeSet<String>>,
     api: String,
     shipped_excludes: Vec<String>,
+    tracked: BTreeSet<String>,
 }
 
 impl Checker {
@@ -170,6 +171,7 @@ impl Checker {
             anchors: BTreeMap::new(),
             api: read(&root().join("public-api.txt")),
             shipped_excludes,
+            tracked: tracked_files(),
         }
     }
 
@@ -219,8 +221,12 @@ impl Checker {
                 .ok_or_else(|| format!("no chapter {chapter} in src/guide.rs"))?;
             return self.fragment(&file, fragment);
         }
-        // Items are rustdoc's to check; their fragments are its ids.
-        Ok(())
+        // The item is rustdoc's to check; its fragment (`#method.lock`) is
+        // not, so it is checked here.
+        match path.strip_prefix("crate::") {
+            Some(item) if !item.contains("::") => item_fragment(item, fragment),
+            _ => Ok(()),
+        }
     }
 
     fn docs_rs(&mut self, rest: &str, fragment: &str) -> Result<(), String> {
@@ -250,8 +256,9 @@ impl Checker {
             l == listed
                 || l.starts_with(&format!("{listed}<"))
                 || l.starts_with(&format!("{listed}:"))
+                || l.starts_with(&format!("{listed} "))
         }) {
-            Ok(())
+            item_fragment(name, fragment)
         } else {
             Err(format!("public-api.txt has no `{listed}`"))
         }
@@ -259,15 +266,23 @@ impl Checker {
 
     fn check(&mut self, from: &Path, shown: Shown, dest: &str) -> Result<(), String> {
         let (target, fragment) = dest.split_once('#').unwrap_or((dest, ""));
-        if let Some(rest) = target.strip_prefix("https://docs.rs/redmutex/latest/redmutex/") {
-            return self.docs_rs(rest, fragment);
+        // https://docs.rs/redmutex[/VERSION[/redmutex[/PAGE]]], any version.
+        if let Some(rest) = target.strip_prefix("https://docs.rs/redmutex") {
+            let rest = rest.trim_start_matches('/');
+            let page = match rest.split_once('/') {
+                None => "",
+                Some((_version, after)) => match after.strip_prefix("redmutex") {
+                    Some(page) => page.trim_start_matches('/'),
+                    None => return Err(format!("not a page of this crate's docs: {target}")),
+                },
+            };
+            return self.docs_rs(page, fragment);
         }
-        if target == "https://docs.rs/redmutex"
-            || target == "https://docs.rs/redmutex/latest/redmutex"
-        {
-            return self.docs_rs("", fragment);
-        }
-        if let Some(path) = target.strip_prefix("https://docs.rs/crate/redmutex/latest/source/") {
+        if let Some(rest) = target.strip_prefix("https://docs.rs/crate/redmutex/") {
+            let path = rest
+                .split_once("/source/")
+                .map(|(_, path)| path)
+                .ok_or_else(|| format!("not a source address: {target}"))?;
             if self
                 .shipped_excludes
                 .iter()
@@ -275,10 +290,10 @@ impl Checker {
             {
                 return Err(format!("{path} is excluded from the package (Cargo.toml)"));
             }
-            return if root().join(path).is_file() {
+            return if self.tracked.contains(path) {
                 Ok(())
             } else {
-                Err(format!("no file {path} in the repository"))
+                Err(format!("no file {path} under version control"))
             };
         }
         if target.starts_with("http://") {
@@ -292,19 +307,16 @@ impl Checker {
             // `#fragment` within the same page.
             return self.fragment(from, fragment);
         }
-        let looks_like_a_file = target.contains('/')
-            || Path::new(target).extension().is_some_and(|e| {
-                [
-                    "md", "rs", "lua", "toml", "sh", "yaml", "txt", "service", "timer", "cron",
-                ]
-                .iter()
-                .any(|x| e == *x)
-            });
-        if !looks_like_a_file {
-            // An intra-doc link (`crate::…`, `Self::…`, `Lease::unlock`).
+        if is_rust_path(target) {
+            if shown == Shown::Repository {
+                return Err(format!(
+                    "{target} is an intra-doc link, which only rustdoc resolves: dead where this file is read"
+                ));
+            }
             if target == "crate" || target.starts_with("crate::") {
                 return self.crate_path(target, fragment);
             }
+            // Other intra-doc paths (`Self::…`, `Lease::unlock`) are rustdoc's.
             return Ok(());
         }
         if shown == Shown::Rendered {
@@ -322,6 +334,51 @@ impl Checker {
         }
         Ok(())
     }
+}
+
+/// `crate`, `crate::guide::cli`, `Lease::unlock`, `Self::x`, `Error`:
+/// what rustdoc reads as an intra-doc link. A file name has a `.`, a `/`
+/// or a `-` (`LICENSE-MIT`).
+fn is_rust_path(target: &str) -> bool {
+    let target = target.trim_end_matches("()").trim_end_matches('!');
+    !target.is_empty()
+        && target.split("::").all(|part| {
+            part.chars()
+                .next()
+                .is_some_and(|c| c.is_alphabetic() || c == '_')
+                && part.chars().all(|c| c.is_alphanumeric() || c == '_')
+        })
+}
+
+/// A fragment of an item's page, `method.lock`, `variant.Timeout`,
+/// `structfield.ttl`: a member the item has in `public-api.txt`.
+fn item_fragment(item: &str, fragment: &str) -> Result<(), String> {
+    if fragment.is_empty() {
+        return Ok(());
+    }
+    let Some((_, member)) = fragment.split_once('.') else {
+        // A heading of the item's own docs.
+        return Ok(());
+    };
+    let names = api_names();
+    match names.get(item) {
+        Some(known) if known.contains(member) => Ok(()),
+        _ => Err(format!("{item} has no {member} for #{fragment}")),
+    }
+}
+
+/// The files under version control: what the package can ship.
+fn tracked_files() -> BTreeSet<String> {
+    let out = std::process::Command::new("git")
+        .args(["ls-files"])
+        .current_dir(root())
+        .output()
+        .expect("git ls-files");
+    assert!(out.status.success(), "git ls-files: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Every document a reader meets, and where they meet it.
@@ -465,6 +522,50 @@ fn the_link_checker_finds_what_it_must() {
         .is_err()
     );
     assert!(ok(&mut checker, "http://example.com/", Shown::Rendered).is_err());
+    assert!(
+        ok(
+            &mut checker,
+            "crate::LockClient#method.open",
+            Shown::Rendered
+        )
+        .is_ok()
+    );
+    assert!(
+        ok(
+            &mut checker,
+            "crate::LockClient#method.nope",
+            Shown::Rendered
+        )
+        .is_err()
+    );
+    assert!(
+        ok(
+            &mut checker,
+            "https://docs.rs/redmutex/latest/redmutex/struct.LockClient.html#method.nope",
+            Shown::Rendered
+        )
+        .is_err()
+    );
+    assert!(ok(&mut checker, "https://docs.rs/redmutex/", Shown::Rendered).is_ok());
+    assert!(
+        ok(
+            &mut checker,
+            "https://docs.rs/redmutex/0.1.0/redmutex/guide/cli/index.html#nowhere",
+            Shown::Rendered
+        )
+        .is_err()
+    );
+    assert!(ok(&mut checker, "crate::Lease", Shown::Repository).is_err());
+    assert!(ok(&mut checker, "LICENSE-NOPE", Shown::Repository).is_err());
+    assert!(ok(&mut checker, "LICENSE-NOPE", Shown::Rendered).is_err());
+    assert!(
+        ok(
+            &mut checker,
+            "https://docs.rs/crate/redmutex/latest/source/target/debug/redmutex",
+            Shown::Rendered
+        )
+        .is_err()
+    );
     assert_eq!(
         slug("Waiting: notify (default) or spin"),
         "waiting-notify-default-or-spin"
@@ -631,6 +732,111 @@ mod cli {
                 );
             }
         }
+    }
+
+    /// Every long option the CLI chapter, the README and `contrib/` give
+    /// `redmutex` is one it has (a renamed option leaves no old name), and
+    /// every `REDMUTEX_…` variable they name is one the code reads or sets.
+    #[test]
+    fn every_option_and_variable_the_docs_name_exists() {
+        let top = help(&[]);
+        let mut known: BTreeSet<String> = options(&top).into_keys().collect();
+        for line in section(&top, "Commands:") {
+            if let Some(command) = line.split_whitespace().next().filter(|c| *c != "help") {
+                known.extend(options(&help(&[command])).into_keys());
+            }
+        }
+        // Other programs' options, in the same files.
+        const OTHERS: &[&str] = &[
+            "--path",
+            "--features",
+            "--release",
+            "--example",
+            "--install",
+            "--save",
+            "--port",
+            "--appendonly",
+            "--cluster-enabled",
+            "--replicaof",
+            "--tls-port",
+            "--tls-cert-file",
+            "--tls-key-file",
+            "--tls-ca-cert-file",
+            "--tls-auth-clients",
+            "--user-unit",
+            "--now",
+            "--no-block",
+            "--dir",
+            "--unixsocket",
+            "--full",
+            "--open",
+            "--init",
+        ];
+        let mut files = vec![root().join("docs/cli.md"), root().join("README.md")];
+        let mut dirs = vec![root().join("contrib")];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).expect("contrib/") {
+                let path = entry.expect("an entry").path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else {
+                    files.push(path);
+                }
+            }
+        }
+        let sources = {
+            let mut all = String::new();
+            let mut dirs = vec![root().join("src")];
+            while let Some(dir) = dirs.pop() {
+                for entry in std::fs::read_dir(&dir).expect("src/") {
+                    let path = entry.expect("an entry").path();
+                    if path.is_dir() {
+                        dirs.push(path);
+                    } else if path.extension().is_some_and(|e| e == "rs") {
+                        all.push_str(&read(&path));
+                    }
+                }
+            }
+            all
+        };
+        let mut unknown = BTreeSet::new();
+        for path in &files {
+            let text = read(path);
+            for option in long_options(&text) {
+                let option = option.trim_end_matches('-').to_owned();
+                if option.len() > 2
+                    && !known.contains(&option)
+                    && !OTHERS.contains(&option.as_str())
+                {
+                    unknown.insert(format!("{}: {option}", path.display()));
+                }
+            }
+            for (at, _) in text.match_indices("REDMUTEX_") {
+                let name: String = text[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                    .collect();
+                let name = name.trim_end_matches('_');
+                if !sources.contains(&format!("\"{name}\"")) {
+                    unknown.insert(format!("{}: ${name}", path.display()));
+                }
+            }
+        }
+        assert!(
+            unknown.is_empty(),
+            "named in the docs, unknown to redmutex:\n{}",
+            unknown.iter().cloned().collect::<Vec<_>>().join("\n")
+        );
+        // The server a URL-less call reaches, as the chapter says it.
+        let url = options(&top)
+            .get("--url")
+            .cloned()
+            .flatten()
+            .expect("--url has a default");
+        assert!(
+            chapter().contains(&format!("`{url}`")),
+            "the CLI chapter names --url's default, {url}"
+        );
     }
 
     /// What the chapter says a default is, after each "default `X`", is
@@ -906,6 +1112,28 @@ impl Value {
     }
 }
 
+/// Whether `sentence` states `value`: a number not part of a longer one
+/// ("1 ms" is not in "11 ms"), and of `true`/`false` the one said first.
+fn mentions(sentence: &str, value: &Value) -> bool {
+    let written = value.written();
+    match value {
+        Value::Flag(_) => {
+            let first = ["`true`", "`false`"]
+                .into_iter()
+                .filter_map(|f| sentence.find(f).map(|at| (at, f)))
+                .min();
+            first.is_some_and(|(_, f)| f == written)
+        }
+        Value::Time(_) | Value::Count(_) => sentence.match_indices(&written).any(|(at, _)| {
+            let before = sentence[..at].chars().next_back();
+            let after = sentence[at + written.len()..].chars().next();
+            !before.is_some_and(|c| c.is_ascii_digit() || c == '.')
+                && !after.is_some_and(|c| c.is_ascii_alphanumeric())
+        }),
+        Value::Text(_) => sentence.contains(&written),
+    }
+}
+
 /// Every "Defaults to …" sentence of the crate's API docs, with the name
 /// of the item it documents: `(file, item, sentence)`.
 fn defaults_in_docs() -> Vec<(String, String, String)> {
@@ -961,17 +1189,31 @@ fn defaults_in_docs() -> Vec<(String, String, String)> {
     out
 }
 
-/// Defaults are stated once, in the API docs; the chapters link there
-/// (the CLI chapter states the tool's, checked above against `--help`).
+/// Defaults are stated once, in the API docs; the chapters, the README
+/// and the other documents link there (the CLI chapter states the tool's,
+/// checked above against `--help`). Caught: "defaults to …", and "default"
+/// followed by a number ("default 16", "(default: 2 s)", "default `10s`").
 #[test]
 fn the_chapters_leave_defaults_to_the_api_docs() {
     let mut restated = Vec::new();
-    for (name, path) in chapters() {
-        if name == "cli" {
-            continue;
-        }
-        for (n, line) in read(&path).lines().enumerate() {
-            if line.to_lowercase().contains("defaults to") {
+    let mut files: Vec<PathBuf> = chapters()
+        .into_iter()
+        .filter(|(name, _)| name != "cli")
+        .map(|(_, path)| path)
+        .collect();
+    for name in [
+        "README.md",
+        "ARCHITECTURE.md",
+        "CONTRIBUTING.md",
+        "SECURITY.md",
+        "CHANGELOG.md",
+        "examples/README.md",
+    ] {
+        files.push(root().join(name));
+    }
+    for path in files.iter().filter(|p| p.exists()) {
+        for (n, line) in read(path).lines().enumerate() {
+            if states_a_default(line) {
                 restated.push(format!("{}:{}: {line}", path.display(), n + 1));
             }
         }
@@ -981,6 +1223,39 @@ fn the_chapters_leave_defaults_to_the_api_docs() {
         "a default restated outside the API docs:\n{}",
         restated.join("\n")
     );
+}
+
+/// "defaults to", or "default" then (after `s`, `to`, `is`, `:`, `,`,
+/// spaces and backquotes) a digit.
+fn states_a_default(line: &str) -> bool {
+    let lower = line.to_lowercase();
+    // Quoted, it names the phrase: `"Defaults to …"`.
+    if lower
+        .match_indices("defaults to")
+        .any(|(at, _)| !lower[..at].ends_with('"'))
+    {
+        return true;
+    }
+    lower.match_indices("default").any(|(at, _)| {
+        let rest = lower[at + "default".len()..].trim_start_matches('s');
+        let rest = rest.trim_start_matches([' ', ':', ',', '`', '(']);
+        let rest = rest
+            .strip_prefix("to ")
+            .or_else(|| rest.strip_prefix("is "))
+            .unwrap_or(rest)
+            .trim_start_matches([' ', '`']);
+        rest.starts_with(|c: char| c.is_ascii_digit())
+    })
+}
+
+#[test]
+fn a_restated_default_is_recognised() {
+    assert!(states_a_default(".pool_size(8) // default 16"));
+    assert!(states_a_default("the timeout (default: 2 s)"));
+    assert!(states_a_default("waits `--wait`, default `10s`"));
+    assert!(states_a_default("It defaults to none."));
+    assert!(!states_a_default("notify (the default) wakes waiters"));
+    assert!(!states_a_default("with the default options, 3 runs"));
 }
 
 /// `pub fn timeout(mut self, …)` → `timeout`; `pub ttl: Duration,` → `ttl`.
@@ -1023,7 +1298,7 @@ fn every_stated_default_is_the_codes() {
         used.insert((file.as_str(), item.as_str()));
         for value in values {
             let written = value.written();
-            if !sentence.contains(&written) {
+            if !mentions(sentence, value) {
                 wrong.push(format!(
                     "{file}: `{item}` says \"Defaults to {sentence}\", but the code has {written} ({value:?})"
                 ));

@@ -245,6 +245,17 @@ const FENCE: &str = "\u{0}fence";
 const MARKER: &str = "\u{0}marker";
 const CHANNEL: &str = "\u{0}channel";
 
+/// The servers the crate is tested against, as (Valkey?, major, minor):
+/// the guide's deployments chapter, Servers (8.0-m01 reports 7.9).
+const TESTED: &[(bool, u32, u32)] = &[
+    (false, 7, 0),
+    (false, 7, 2),
+    (false, 7, 4),
+    (false, 7, 9),
+    (true, 7, 2),
+    (true, 8, 0),
+];
+
 /// A script hash no script has: `EVALSHA` is checked for its keys, and a
 /// dry run never runs it anyway.
 const SHA: &str = "0000000000000000000000000000000000000000";
@@ -549,11 +560,18 @@ fn server(
         Some((major, minor, version)) => {
             let found = format!("{kind} {version}");
             match (valkey, major, minor) {
-                (true, _, _) | (false, 7.., _) => add(
+                _ if TESTED.contains(&(valkey, major, minor)) => add(
                     "version",
                     Severity::Ok,
-                    format!("{found}: tested (docs/deployments.md, Servers)"),
+                    format!("{found}: tested (the guide's deployments chapter, Servers)"),
                     "",
+                    "",
+                ),
+                (true, _, _) | (false, 7.., _) => add(
+                    "version",
+                    Severity::Info,
+                    format!("{found}: not among the versions tested, expected to work"),
+                    "the crate is tested against Redis 7.0, 7.2, 7.4 and 8.0-m01 and Valkey 7.2 and 8.0",
                     "",
                 ),
                 (false, 6, 2) => add(
