@@ -1520,3 +1520,63 @@ fn every_api_name_the_docs_mention_exists() {
         stale.join("\n")
     );
 }
+
+/// ARCHITECTURE.md's inventory of the threads the library starts names
+/// each one its code starts, and no other.
+#[test]
+fn the_thread_inventory_is_the_codes() {
+    let mut started = BTreeSet::new();
+    let mut dirs = vec![root().join("src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("src/") {
+            let path = entry.expect("an entry").path();
+            if path.is_dir() {
+                // The CLI's threads are its own business.
+                if !path.ends_with("bin") {
+                    dirs.push(path);
+                }
+                continue;
+            }
+            for line in read(&path).lines() {
+                let names_a_thread = line.contains("THREAD_NAME: &str")
+                    || line.contains(".name(\"")
+                    || line.contains("Worker::spawn(\"");
+                if !names_a_thread {
+                    continue;
+                }
+                for (at, _) in line.match_indices("\"redmutex-") {
+                    let name: String = line[at + 1..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                        .collect();
+                    started.insert(name);
+                }
+            }
+        }
+    }
+    assert!(
+        started.len() >= 4,
+        "the library's thread names: {started:?}"
+    );
+    let architecture = read(&root().join("ARCHITECTURE.md"));
+    let start = architecture
+        .find("**Threads the crate starts.**")
+        .expect("ARCHITECTURE.md has its thread inventory");
+    let end = architecture[start..]
+        .find("\n\n")
+        .map_or(architecture.len(), |e| start + e);
+    let inventory = &architecture[start..end];
+    let named: BTreeSet<String> = inventory
+        .match_indices("`redmutex-")
+        .map(|(at, _)| {
+            inventory[at + 1..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        named, started,
+        "ARCHITECTURE.md's threads are the ones the code starts"
+    );
+}
