@@ -51,9 +51,13 @@ if [ -n "$full" ]; then
 fi
 
 # Whole test files: the lock types and their capabilities, waiting, the watchdog, lost replies
-# through the fault proxy, mutual exclusion across processes, the CLI, the
-# copyable examples.
-whole=(lock reentrant_lock rwlock semaphore capabilities status notify watchdog lost_reply exclusion cli doctor examples docs)
+# through the fault proxy, mutual exclusion across processes, the CLI, and
+# (against the system's server; the docs and the examples do not change
+# with the server) the docs and the copyable examples.
+whole=(lock reentrant_lock rwlock semaphore capabilities status notify watchdog lost_reply exclusion cli doctor)
+if [ -z "$server" ]; then
+  whole+=(examples docs)
+fi
 # One test or two of the slow files: a deployment kind each, RedLock, and
 # the short chaos run. Each entry: file, then name filters.
 picked=(
