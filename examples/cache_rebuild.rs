@@ -2,11 +2,11 @@
 //! rebuilder alone, and no reader ever sees a half-built cache.
 //!
 //! ```sh
-//! REDMUTEX_URL=redis://127.0.0.1:6379/ cargo run --example cache_rebuild
+//! REDMUTEX_URL=redis://HOST:PORT/ cargo run --example cache_rebuild
 //! ```
 //!
-//! `REDMUTEX_URL` names the Redis server (`redis://127.0.0.1:6379/` when it
-//! is unset). Needs `redmutex` and std alone: copy it into the
+//! `REDMUTEX_URL` names the Redis server (required: the example takes
+//! locks on no server by default). Needs `redmutex` and std alone: copy it into the
 //! `src/main.rs` of a project with `redmutex = "0.1"` in its dependencies.
 //! Ends by itself in about a second, with exit code 0 when every read saw
 //! a whole cache.
@@ -85,8 +85,8 @@ fn reader(client: &LockClient, catalog: &RwLock) -> Result<usize, Error> {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url =
-        std::env::var("REDMUTEX_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
+    let url = std::env::var("REDMUTEX_URL")
+        .map_err(|_| "set REDMUTEX_URL to the Redis server to use, e.g. redis://HOST:PORT/")?;
     let client = LockClient::open(&url)?;
     let catalog = RwLock::with_options(
         &client,

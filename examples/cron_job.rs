@@ -3,11 +3,11 @@
 //! who holds it and exit quietly with success.
 //!
 //! ```sh
-//! REDMUTEX_URL=redis://127.0.0.1:6379/ cargo run --example cron_job
+//! REDMUTEX_URL=redis://HOST:PORT/ cargo run --example cron_job
 //! ```
 //!
-//! `REDMUTEX_URL` names the Redis server (`redis://127.0.0.1:6379/` when it
-//! is unset). Needs `redmutex` and std alone: copy it into the
+//! `REDMUTEX_URL` names the Redis server (required: the example takes
+//! locks on no server by default). Needs `redmutex` and std alone: copy it into the
 //! `src/main.rs` of a project with `redmutex = "0.1"` in its dependencies.
 //! Ends by itself in well under a second, with exit code 0.
 //!
@@ -111,8 +111,8 @@ fn write_stamped(
 }
 
 fn main() -> Result<(), Box<dyn StdError>> {
-    let url =
-        std::env::var("REDMUTEX_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
+    let url = std::env::var("REDMUTEX_URL")
+        .map_err(|_| "set REDMUTEX_URL to the Redis server to use, e.g. redis://HOST:PORT/")?;
     // The label shows in `status()` and `redmutex status`: which machine holds it.
     let machine_a = LockClient::builder().url(&url).label("machine-a").build()?;
     let machine_b = LockClient::builder().url(&url).label("machine-b").build()?;

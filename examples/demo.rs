@@ -4,11 +4,11 @@
 //! write by hand.
 //!
 //! ```sh
-//! REDMUTEX_URL=redis://127.0.0.1:6379/ cargo run --release --example demo
+//! REDMUTEX_URL=redis://HOST:PORT/ cargo run --release --example demo
 //! ```
 //!
-//! `REDMUTEX_URL` names the Redis server (`redis://127.0.0.1:6379/` when it
-//! is unset); `scripts/demo.sh` runs it against a private redis-server of
+//! `REDMUTEX_URL` names the Redis server (required: the example takes
+//! locks on no server by default); `scripts/demo.sh` runs it against a private redis-server of
 //! its own. Needs `redmutex` and std alone: copy it into the `src/main.rs`
 //! of a project with `redmutex = "0.1"` in its dependencies. Ends by itself
 //! in a few seconds, with exit code 0.
@@ -22,8 +22,8 @@ use redmutex::redis;
 use redmutex::{DistributedLock, Error, Lease, LockClient, LockOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url =
-        std::env::var("REDMUTEX_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
+    let url = std::env::var("REDMUTEX_URL")
+        .map_err(|_| "set REDMUTEX_URL to the Redis server to use, e.g. redis://HOST:PORT/")?;
     let client = LockClient::open(&url)?;
     let lock = DistributedLock::with_options(
         &client,

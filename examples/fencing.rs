@@ -2,11 +2,11 @@
 //! turns a lease into safety (Kleppmann's "33/34" case).
 //!
 //! ```sh
-//! REDMUTEX_URL=redis://127.0.0.1:6379/ cargo run --example fencing
+//! REDMUTEX_URL=redis://HOST:PORT/ cargo run --example fencing
 //! ```
 //!
-//! `REDMUTEX_URL` names the Redis server (`redis://127.0.0.1:6379/` when it
-//! is unset). Needs `redmutex` and std alone: copy it into the
+//! `REDMUTEX_URL` names the Redis server (required: the example takes
+//! locks on no server by default). Needs `redmutex` and std alone: copy it into the
 //! `src/main.rs` of a project with `redmutex = "0.1"` in its dependencies.
 //! Ends by itself in under a second, with exit code 0 when the store
 //! refused the stale write.
@@ -56,8 +56,8 @@ impl FencedStore {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url =
-        std::env::var("REDMUTEX_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
+    let url = std::env::var("REDMUTEX_URL")
+        .map_err(|_| "set REDMUTEX_URL to the Redis server to use, e.g. redis://HOST:PORT/")?;
     let (a, b) = (LockClient::open(&url)?, LockClient::open(&url)?);
     let mut store = FencedStore {
         con: LockClient::open(&url)?.connection()?,

@@ -3,11 +3,11 @@
 //! uses the same key.
 //!
 //! ```sh
-//! REDMUTEX_URL=redis://127.0.0.1:6379/ cargo run --example semaphore
+//! REDMUTEX_URL=redis://HOST:PORT/ cargo run --example semaphore
 //! ```
 //!
-//! `REDMUTEX_URL` names the Redis server (`redis://127.0.0.1:6379/` when it
-//! is unset). Needs `redmutex` and std alone: copy it into the
+//! `REDMUTEX_URL` names the Redis server (required: the example takes
+//! locks on no server by default). Needs `redmutex` and std alone: copy it into the
 //! `src/main.rs` of a project with `redmutex = "0.1"` in its dependencies.
 //! Ends by itself in about half a second, with exit code 0 when no more
 //! than three threads ever worked at once.
@@ -51,8 +51,8 @@ fn exporter(exports: &Semaphore, count: &Count) -> Result<(), Error> {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url =
-        std::env::var("REDMUTEX_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
+    let url = std::env::var("REDMUTEX_URL")
+        .map_err(|_| "set REDMUTEX_URL to the Redis server to use, e.g. redis://HOST:PORT/")?;
     let client = LockClient::open(&url)?;
     // Every process opening this key must name the same number of permits
     // (another is refused while permits are out; `set_permits` changes it).

@@ -2,11 +2,11 @@
 //! watchdog, and that stops as soon as it learns the lock is lost.
 //!
 //! ```sh
-//! REDMUTEX_URL=redis://127.0.0.1:6379/ cargo run --example worker
+//! REDMUTEX_URL=redis://HOST:PORT/ cargo run --example worker
 //! ```
 //!
-//! `REDMUTEX_URL` names the Redis server (`redis://127.0.0.1:6379/` when it
-//! is unset). Needs `redmutex` and std alone: copy it into the
+//! `REDMUTEX_URL` names the Redis server (required: the example takes
+//! locks on no server by default). Needs `redmutex` and std alone: copy it into the
 //! `src/main.rs` of a project with `redmutex = "0.1"` in its dependencies.
 //! Ends by itself in about 4 s, with exit code 0 when both parts behaved.
 //!
@@ -73,8 +73,8 @@ fn job(client: &LockClient, steps: u32, progress: &mpsc::Sender<u32>) -> Result<
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let url =
-        std::env::var("REDMUTEX_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".to_owned());
+    let url = std::env::var("REDMUTEX_URL")
+        .map_err(|_| "set REDMUTEX_URL to the Redis server to use, e.g. redis://HOST:PORT/")?;
     let client = LockClient::open(&url)?;
 
     // Part 1: 30 steps of 100 ms, half as long again as the ttl.

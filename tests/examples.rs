@@ -77,15 +77,34 @@ struct Run {
 }
 
 /// Runs example `name` against a fresh private server, killing it past
-/// [`DEADLINE`].
+/// [`DEADLINE`]; it must succeed.
 fn run(name: &str) -> Run {
-    let binary = example_binary(name);
     let server = RedisServer::start();
+    let run = launch(name, Some(&server.url()));
+    assert!(
+        run.status.success(),
+        "example {name} ended with {}\nstdout:\n{}\nstderr:\n{}",
+        run.status,
+        run.stdout,
+        run.stderr
+    );
+    println!("{name} ran in {:.1?}:\n{}", run.took, run.stdout);
+    run
+}
+
+/// Runs example `name` with `REDMUTEX_URL` set to `url` (unset for
+/// `None`), killing it past [`DEADLINE`].
+fn launch(name: &str, url: Option<&str>) -> Run {
+    let binary = example_binary(name);
     let dir = support::temp_dir();
     let (out, err) = (dir.path().join("stdout"), dir.path().join("stderr"));
     let started = Instant::now();
-    let mut child = Command::new(&binary)
-        .env("REDMUTEX_URL", server.url())
+    let mut command = Command::new(&binary);
+    match url {
+        Some(url) => command.env("REDMUTEX_URL", url),
+        None => command.env_remove("REDMUTEX_URL"),
+    };
+    let mut child = command
         .stdin(Stdio::null())
         .stdout(File::create(&out).expect("stdout file"))
         .stderr(File::create(&err).expect("stderr file"))
@@ -107,21 +126,27 @@ fn run(name: &str) -> Run {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    let run = Run {
+    Run {
         status,
         stdout: read(&out),
         stderr: read(&err),
         took: started.elapsed(),
-    };
-    assert!(
-        run.status.success(),
-        "example {name} ended with {}\nstdout:\n{}\nstderr:\n{}",
-        run.status,
-        run.stdout,
-        run.stderr
-    );
-    println!("{name} ran in {:.1?}:\n{}", run.took, run.stdout);
-    run
+    }
+}
+
+/// Without `REDMUTEX_URL` an example refuses to start, naming the
+/// variable: it never takes locks on a server nobody chose.
+#[test]
+fn without_redmutex_url_an_example_refuses_to_start() {
+    for name in COPYABLE {
+        let run = launch(name, None);
+        assert!(!run.status.success(), "{name} ran without REDMUTEX_URL");
+        assert!(
+            run.stderr.contains("set REDMUTEX_URL"),
+            "{name} says what is missing: {}",
+            run.stderr
+        );
+    }
 }
 
 /// Asserts that `run`'s output holds each of `lines` (as parts of lines).
@@ -318,7 +343,7 @@ fn copyable_examples_say_how_to_run_them_and_are_listed() {
         for wanted in [
             "REDMUTEX_URL=redis://",
             command.as_str(),
-            "`REDMUTEX_URL` names the Redis server (`redis://127.0.0.1:6379/` when it is unset)",
+            "`REDMUTEX_URL` names the Redis server (required: the example takes locks on no server by default)",
             "`redmutex = \"0.1\"`",
         ] {
             assert!(
