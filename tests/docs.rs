@@ -149,6 +149,7 @@ struct Checker {
     api: String,
     shipped_excludes: Vec<String>,
     tracked: BTreeSet<String>,
+    names: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl Checker {
@@ -172,6 +173,7 @@ impl Checker {
             api: read(&root().join("public-api.txt")),
             shipped_excludes,
             tracked: tracked_files(),
+            names: api_names(),
         }
     }
 
@@ -224,7 +226,7 @@ impl Checker {
         // The item is rustdoc's to check; its fragment (`#method.lock`) is
         // not, so it is checked here.
         match path.strip_prefix("crate::") {
-            Some(item) if !item.contains("::") => item_fragment(item, fragment),
+            Some(item) if !item.contains("::") => item_fragment(&self.names, item, fragment),
             _ => Ok(()),
         }
     }
@@ -258,7 +260,7 @@ impl Checker {
                 || l.starts_with(&format!("{listed}:"))
                 || l.starts_with(&format!("{listed} "))
         }) {
-            item_fragment(name, fragment)
+            item_fragment(&self.names, name, fragment)
         } else {
             Err(format!("public-api.txt has no `{listed}`"))
         }
@@ -352,7 +354,11 @@ fn is_rust_path(target: &str) -> bool {
 
 /// A fragment of an item's page, `method.lock`, `variant.Timeout`,
 /// `structfield.ttl`: a member the item has in `public-api.txt`.
-fn item_fragment(item: &str, fragment: &str) -> Result<(), String> {
+fn item_fragment(
+    names: &BTreeMap<String, BTreeSet<String>>,
+    item: &str,
+    fragment: &str,
+) -> Result<(), String> {
     if fragment.is_empty() {
         return Ok(());
     }
@@ -360,7 +366,6 @@ fn item_fragment(item: &str, fragment: &str) -> Result<(), String> {
         // A heading of the item's own docs.
         return Ok(());
     };
-    let names = api_names();
     match names.get(item) {
         Some(known) if known.contains(member) => Ok(()),
         _ => Err(format!("{item} has no {member} for #{fragment}")),
@@ -403,19 +408,38 @@ fn documents() -> Vec<(PathBuf, Shown, String)> {
         let text = read(&path);
         out.push((path, Shown::Rendered, text));
     }
-    let mut sources = vec![root.join("src")];
-    while let Some(dir) = sources.pop() {
-        for entry in std::fs::read_dir(&dir).expect("src/") {
+    for path in files_under("src", None).into_iter().filter(|p| is_rust(p)) {
+        let text = rustdoc_of(&read(&path));
+        out.push((path, Shown::Rendered, text));
+    }
+    out
+}
+
+/// Every file under `dir` (relative to the repository), `skip` and what
+/// is under it left out.
+fn files_under(dir: &str, skip: Option<&str>) -> Vec<PathBuf> {
+    let skip = skip.map(|s| root().join(s));
+    let mut out = Vec::new();
+    let mut dirs = vec![root().join(dir)];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
             let path = entry.expect("an entry").path();
+            if skip.as_ref().is_some_and(|s| path == *s) {
+                continue;
+            }
             if path.is_dir() {
-                sources.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                let text = rustdoc_of(&read(&path));
-                out.push((path, Shown::Rendered, text));
+                dirs.push(path);
+            } else {
+                out.push(path);
             }
         }
     }
+    out.sort();
     out
+}
+
+fn is_rust(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "rs")
 }
 
 #[test]
@@ -773,32 +797,12 @@ mod cli {
             "--init",
         ];
         let mut files = vec![root().join("docs/cli.md"), root().join("README.md")];
-        let mut dirs = vec![root().join("contrib")];
-        while let Some(dir) = dirs.pop() {
-            for entry in std::fs::read_dir(&dir).expect("contrib/") {
-                let path = entry.expect("an entry").path();
-                if path.is_dir() {
-                    dirs.push(path);
-                } else {
-                    files.push(path);
-                }
-            }
-        }
-        let sources = {
-            let mut all = String::new();
-            let mut dirs = vec![root().join("src")];
-            while let Some(dir) = dirs.pop() {
-                for entry in std::fs::read_dir(&dir).expect("src/") {
-                    let path = entry.expect("an entry").path();
-                    if path.is_dir() {
-                        dirs.push(path);
-                    } else if path.extension().is_some_and(|e| e == "rs") {
-                        all.push_str(&read(&path));
-                    }
-                }
-            }
-            all
-        };
+        files.extend(files_under("contrib", None));
+        let sources: String = files_under("src", None)
+            .iter()
+            .filter(|p| is_rust(p))
+            .map(|p| read(p))
+            .collect();
         let mut unknown = BTreeSet::new();
         for path in &files {
             let text = read(path);
@@ -1138,51 +1142,41 @@ fn mentions(sentence: &str, value: &Value) -> bool {
 /// of the item it documents: `(file, item, sentence)`.
 fn defaults_in_docs() -> Vec<(String, String, String)> {
     let mut out = Vec::new();
-    let mut dirs = vec![root().join("src")];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).expect("src/") {
-            let path = entry.expect("an entry").path();
-            if path.is_dir() {
-                if !path.ends_with("bin") {
-                    dirs.push(path);
-                }
+    for path in files_under("src", Some("src/bin"))
+        .into_iter()
+        .filter(|p| is_rust(p))
+    {
+        let file = path
+            .strip_prefix(root())
+            .unwrap_or(&path)
+            .display()
+            .to_string();
+        let lines: Vec<String> = read(&path).lines().map(str::to_owned).collect();
+        let mut i = 0;
+        while i < lines.len() {
+            if !lines[i].trim_start().starts_with("///") {
+                i += 1;
                 continue;
             }
-            if path.extension().is_none_or(|e| e != "rs") {
-                continue;
+            let mut block = String::new();
+            while i < lines.len() && lines[i].trim_start().starts_with("///") {
+                block.push(' ');
+                block.push_str(lines[i].trim_start().trim_start_matches("///").trim());
+                i += 1;
             }
-            let file = path
-                .strip_prefix(root())
-                .unwrap_or(&path)
-                .display()
-                .to_string();
-            let lines: Vec<String> = read(&path).lines().map(str::to_owned).collect();
-            let mut i = 0;
-            while i < lines.len() {
-                if !lines[i].trim_start().starts_with("///") {
-                    i += 1;
-                    continue;
-                }
-                let mut block = String::new();
-                while i < lines.len() && lines[i].trim_start().starts_with("///") {
-                    block.push(' ');
-                    block.push_str(lines[i].trim_start().trim_start_matches("///").trim());
-                    i += 1;
-                }
-                // The item: the next line that is not an attribute.
-                let item_line = lines[i..]
-                    .iter()
-                    .find(|l| !l.trim_start().starts_with("#["))
-                    .map(|l| l.trim().to_owned())
-                    .unwrap_or_default();
-                let item = item_name(&item_line);
-                let mut rest = block.as_str();
-                while let Some(at) = rest.find("Defaults to ") {
-                    let tail = &rest[at + "Defaults to ".len()..];
-                    let end = tail.find(". ").map(|e| e + 1).unwrap_or(tail.len());
-                    out.push((file.clone(), item.clone(), tail[..end].to_owned()));
-                    rest = &tail[end..];
-                }
+            // The item: the next line that is not an attribute.
+            let item_line = lines[i..]
+                .iter()
+                .find(|l| !l.trim_start().starts_with("#["))
+                .map(|l| l.trim().to_owned())
+                .unwrap_or_default();
+            let item = item_name(&item_line);
+            let mut rest = block.as_str();
+            while let Some(at) = rest.find("Defaults to ") {
+                let tail = &rest[at + "Defaults to ".len()..];
+                let end = tail.find(". ").map(|e| e + 1).unwrap_or(tail.len());
+                out.push((file.clone(), item.clone(), tail[..end].to_owned()));
+                rest = &tail[end..];
             }
         }
     }
@@ -1526,31 +1520,24 @@ fn every_api_name_the_docs_mention_exists() {
 #[test]
 fn the_thread_inventory_is_the_codes() {
     let mut started = BTreeSet::new();
-    let mut dirs = vec![root().join("src")];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).expect("src/") {
-            let path = entry.expect("an entry").path();
-            if path.is_dir() {
-                // The CLI's threads are its own business.
-                if !path.ends_with("bin") {
-                    dirs.push(path);
-                }
+    // The CLI's threads are its own business.
+    for path in files_under("src", Some("src/bin"))
+        .into_iter()
+        .filter(|p| is_rust(p))
+    {
+        for line in read(&path).lines() {
+            let names_a_thread = line.contains("THREAD_NAME: &str")
+                || line.contains(".name(\"")
+                || line.contains("Worker::spawn(\"");
+            if !names_a_thread {
                 continue;
             }
-            for line in read(&path).lines() {
-                let names_a_thread = line.contains("THREAD_NAME: &str")
-                    || line.contains(".name(\"")
-                    || line.contains("Worker::spawn(\"");
-                if !names_a_thread {
-                    continue;
-                }
-                for (at, _) in line.match_indices("\"redmutex-") {
-                    let name: String = line[at + 1..]
-                        .chars()
-                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
-                        .collect();
-                    started.insert(name);
-                }
+            for (at, _) in line.match_indices("\"redmutex-") {
+                let name: String = line[at + 1..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                    .collect();
+                started.insert(name);
             }
         }
     }
