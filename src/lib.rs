@@ -185,7 +185,7 @@ mod wait;
 
 pub mod guide;
 
-pub use client::builder::LockClientBuilder;
+pub use client::builder::{LockClientBuilder, redact_url};
 pub use client::holder::{Holder, redact};
 pub use client::list::{HeldLock, Listing};
 pub use client::options::{

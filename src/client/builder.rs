@@ -125,10 +125,10 @@ enum Servers {
 
 impl std::fmt::Debug for Servers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let urls = |list: &[String]| list.iter().map(|u| redacted_url(u)).collect::<Vec<_>>();
+        let urls = |list: &[String]| list.iter().map(|u| redact_url(u)).collect::<Vec<_>>();
         match self {
             Servers::None => f.write_str("None"),
-            Servers::Single(url) => f.debug_tuple("Single").field(&redacted_url(url)).finish(),
+            Servers::Single(url) => f.debug_tuple("Single").field(&redact_url(url)).finish(),
             Servers::Cluster(nodes) => f.debug_tuple("Cluster").field(&urls(nodes)).finish(),
             Servers::Sentinel { sentinels, master } => f
                 .debug_struct("Sentinel")
@@ -139,9 +139,18 @@ impl std::fmt::Debug for Servers {
     }
 }
 
-/// A URL as it may be shown: its login (`user:password@`) and its query
-/// string (`?pass=…` on a Unix socket's URL) replaced by `<redacted>`.
-fn redacted_url(url: &str) -> String {
+/// A Redis URL as it may be shown in a message or a log: its login
+/// (`user:password@`) and its query string (`?pass=…` on a Unix socket's
+/// URL) replaced by `<redacted>`. What a [`LockClientBuilder`]'s `Debug`
+/// shows, and the `redmutex` command's messages.
+///
+/// ```
+/// use redmutex::redact_url;
+/// assert_eq!(redact_url("redis://app:pw@10.0.0.1:6379/2"), "redis://<redacted>@10.0.0.1:6379/2");
+/// assert_eq!(redact_url("redis+unix:///run/redis.sock?pass=pw"), "redis+unix:///run/redis.sock?<redacted>");
+/// assert_eq!(redact_url("rediss://10.0.0.1:6380"), "rediss://10.0.0.1:6380");
+/// ```
+pub fn redact_url(url: &str) -> String {
     let (url, query) = match url.split_once('?') {
         Some((url, _)) => (url, "?<redacted>"),
         None => (url, ""),
@@ -704,15 +713,15 @@ mod tests {
             );
         }
         assert_eq!(
-            redacted_url("redis://user:pw@host:6379/2"),
+            redact_url("redis://user:pw@host:6379/2"),
             "redis://<redacted>@host:6379/2"
         );
-        assert_eq!(redacted_url("redis://host:6379/2"), "redis://host:6379/2");
+        assert_eq!(redact_url("redis://host:6379/2"), "redis://host:6379/2");
         assert_eq!(
-            redacted_url("redis://host/0?x=@y"),
+            redact_url("redis://host/0?x=@y"),
             "redis://host/0?<redacted>"
         );
-        assert_eq!(redacted_url("not a url"), "not a url");
+        assert_eq!(redact_url("not a url"), "not a url");
     }
 
     #[test]

@@ -336,7 +336,7 @@ fn shown_name(name: &str) -> String {
 pub(super) fn doctor(cli: &Cli, args: &DoctorArgs) -> Result<u8, Failure> {
     let client = client(cli)?;
     let mut findings = Vec::new();
-    let target = redact_url(&cli.url);
+    let target = crate::redact(&cli.url);
     let deployment = client.deployment();
     match deployment {
         redmutex::Deployment::Cluster => cluster(cli, &client, &mut findings)?,
@@ -400,19 +400,6 @@ pub(super) fn doctor(cli: &Cli, args: &DoctorArgs) -> Result<u8, Failure> {
         output::outln!("worst: {} (exit {})", worst.name(), worst.exit_code());
     }
     Ok(worst.exit_code())
-}
-
-/// The URL(s) without a password.
-fn redact_url(urls: &str) -> String {
-    urls.split(',')
-        .map(|url| match (url.find("://"), url.rfind('@')) {
-            (Some(scheme), Some(at)) if at > scheme => {
-                format!("{}://…@{}", &url[..scheme], &url[at + 1..])
-            }
-            _ => url.to_owned(),
-        })
-        .collect::<Vec<_>>()
-        .join(",")
 }
 
 /// A field of an `INFO` reply.
@@ -1440,7 +1427,7 @@ fn sentinels(cli: &Cli, findings: &mut Vec<Finding>) {
         };
         findings.push(Finding {
             check: "sentinel",
-            node: redact_url(url),
+            node: crate::redact(url),
             severity,
             found,
             why,

@@ -649,13 +649,10 @@ fn json_string(text: &str) -> String {
 
 /// The URL (or comma-separated URLs) without passwords, for messages.
 fn redact(urls: &str) -> String {
-    let one = |url: &str| match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}://…@{}", &url[..scheme], &url[at + 1..])
-        }
-        _ => url.to_owned(),
-    };
-    urls.split(',').map(one).collect::<Vec<_>>().join(",")
+    urls.split(',')
+        .map(redmutex::redact_url)
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// What KEY is in Redis, as `release` needs to know.
