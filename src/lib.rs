@@ -189,7 +189,8 @@ pub use client::builder::{LockClientBuilder, redact_url};
 pub use client::holder::{Holder, redact};
 pub use client::list::{HeldLock, Listing};
 pub use client::options::{
-    Backoff, HandoffBudget, LockExtra, LockOptions, Options, RedLockExtra, RedLockOptions,
+    Backoff, HandoffBudget, LockExtra, LockOptions, MultiLockExtra, MultiLockOptions, Options,
+    RedLockExtra, RedLockOptions,
     ReentrantExtra, ReentrantOptions, Release, RwLockExtra, RwLockOptions, SemaphoreExtra,
     SemaphoreOptions, WaitMode,
 };
@@ -198,6 +199,7 @@ pub use conn::backend::{Connection, Deployment};
 pub use conn::histogram::Distribution;
 pub use conn::stats::{KindStats, LockKind, LockStats};
 pub use error::{Error, LossReason, PoolError};
+pub use family::multi::{MultiGuard, MultiLock};
 pub use family::redlock::{RedLock, RedLockGuard};
 pub use family::reentrant::{ReentrantGuard, ReentrantLock};
 pub use family::rwlock::{RwGuard, RwLock};

@@ -221,6 +221,8 @@ pub type ReentrantOptions = Options<ReentrantExtra>;
 pub type RwLockOptions = Options<RwLockExtra>;
 /// A [`RedLock`](crate::RedLock)'s settings.
 pub type RedLockOptions = Options<RedLockExtra>;
+/// A [`MultiLock`](crate::MultiLock)'s settings.
+pub type MultiLockOptions = Options<MultiLockExtra>;
 
 /// What only a [`DistributedLock`](crate::DistributedLock) has among its
 /// [`LockOptions`]. These are also the client's defaults for the extras
@@ -369,6 +371,28 @@ pub struct RedLockExtra {
     pub node_timeout: Option<Duration>,
 }
 
+/// What only a [`MultiLock`](crate::MultiLock) has among its
+/// [`MultiLockOptions`].
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MultiLockExtra {
+    /// A fencing token for every key of the set, from each key's own
+    /// counter (the one [`LockExtra::fencing`] describes), taken in the
+    /// acquire script: a resource guarded by one key of the set checks
+    /// that key's token ([`MultiGuard::fencing_tokens`](crate::MultiGuard::fencing_tokens)).
+    /// Defaults to `false`.
+    pub fencing: bool,
+}
+
+impl MultiLockOptions {
+    /// Sets [`MultiLockExtra::fencing`].
+    #[must_use]
+    pub fn fencing(mut self, enabled: bool) -> Self {
+        self.extra.fencing = enabled;
+        self
+    }
+}
+
 impl LockOptions {
     /// Sets [`LockExtra::release`].
     #[must_use]
@@ -428,6 +452,14 @@ impl LockOptions {
         self.with_extra(ReentrantExtra {
             fencing: self.extra.fencing,
             min_replicas: self.extra.min_replicas,
+        })
+    }
+
+    /// As a [`MultiLock`](crate::MultiLock)'s: the core and fencing (no
+    /// release method, no handoff, no `min_replicas`).
+    pub fn for_multi(&self) -> MultiLockOptions {
+        self.with_extra(MultiLockExtra {
+            fencing: self.extra.fencing,
         })
     }
 

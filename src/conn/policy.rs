@@ -87,6 +87,17 @@ pub(crate) enum Op {
     SemExtend,
     /// `lua/sem_set_limit.lua`: *safe* (sets the same limit again).
     SemSetLimit,
+    /// `lua/multi_acquire.lua`. *Made safe*: a resend that finds a key of
+    /// the set holding this acquisition's token counts it as taken (its
+    /// fencing counter read back, not bumped again).
+    MultiAcquire,
+    /// `lua/multi_release.lua`. *Made safe*: it deletes only keys holding
+    /// the token, and a release that deleted any leaves a marker with its
+    /// answer for a resend to find.
+    MultiRelease,
+    /// `lua/multi_extend.lua`: *safe* (owner-checked `PEXPIRE`s, all or
+    /// none, never re-creating a key).
+    MultiExtend,
     /// The cleanup of a lease nobody owns (an acquisition that failed after
     /// its request may have run): owner-checked releases. *Safe*.
     Cleanup,
@@ -113,9 +124,18 @@ impl Op {
             | Op::AcquireScript
             | Op::ReentrantAcquire
             | Op::RwAcquire
-            | Op::SemAcquire => "acquire",
-            Op::Release | Op::ReentrantRelease | Op::RwRelease | Op::SemRelease => "release",
-            Op::Extend | Op::ReentrantExtend | Op::RwExtend | Op::SemExtend => "extend",
+            | Op::SemAcquire
+            | Op::MultiAcquire => "acquire",
+            Op::Release
+            | Op::ReentrantRelease
+            | Op::RwRelease
+            | Op::SemRelease
+            | Op::MultiRelease => "release",
+            Op::Extend
+            | Op::ReentrantExtend
+            | Op::RwExtend
+            | Op::SemExtend
+            | Op::MultiExtend => "extend",
             Op::Renew => "renew",
             Op::Read => "read",
             Op::Cleanup => "cleanup",

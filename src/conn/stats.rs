@@ -26,21 +26,24 @@ pub enum LockKind {
     RedLock,
     /// [`Semaphore`](crate::Semaphore) permits.
     Semaphore,
+    /// [`MultiLock`](crate::MultiLock): a set of keys taken together.
+    Multi,
 }
 
 impl LockKind {
     /// Every lock type.
-    pub const ALL: [LockKind; 6] = [
+    pub const ALL: [LockKind; 7] = [
         LockKind::Mutex,
         LockKind::Reentrant,
         LockKind::Read,
         LockKind::Write,
         LockKind::RedLock,
         LockKind::Semaphore,
+        LockKind::Multi,
     ];
 
     /// The name used as the `kind` metric label: `mutex`, `reentrant`,
-    /// `read`, `write`, `redlock` or `semaphore`.
+    /// `read`, `write`, `redlock`, `semaphore` or `multi`.
     pub fn name(self) -> &'static str {
         match self {
             LockKind::Mutex => "mutex",
@@ -49,6 +52,7 @@ impl LockKind {
             LockKind::Write => "write",
             LockKind::RedLock => "redlock",
             LockKind::Semaphore => "semaphore",
+            LockKind::Multi => "multi",
         }
     }
 
@@ -60,6 +64,7 @@ impl LockKind {
             LockKind::Write => 3,
             LockKind::RedLock => 4,
             LockKind::Semaphore => 5,
+            LockKind::Multi => 6,
         }
     }
 }

@@ -1,6 +1,8 @@
 //! The rest of the lock family: [`reentrant::ReentrantLock`] (holds counted
-//! in a Redis hash), [`rwlock::RwLock`] (readers and a writer in one hash)
-//! and [`redlock::RedLock`] (a majority of independent nodes).
+//! in a Redis hash), [`rwlock::RwLock`] (readers and a writer in one hash),
+//! [`semaphore::Semaphore`] (permits in one hash), [`multi::MultiLock`] (a
+//! set of plain lock keys, all or none) and [`redlock::RedLock`] (a
+//! majority of independent nodes).
 //!
 //! Each supplies the acquire loop (`wait::acquire`) with its one attempt
 //! and owns its guard; they share the release and marker machinery of
@@ -11,6 +13,7 @@
 //! hash field per hold or holder, a marker when the key is deleted); what a
 //! failed request may have left goes to the client's cleanup.
 
+pub(crate) mod multi;
 pub(crate) mod redlock;
 pub(crate) mod reentrant;
 pub(crate) mod rwlock;

@@ -37,8 +37,13 @@ impl Default for LossState {
 struct Loss {
     reason: Option<LossReason>,
     /// The lease's local expiry (minus drift) and the reason a loss at that
-    /// moment has.
+    /// moment has: the earliest of `parts` when there are any.
     deadline: Option<(Instant, LossReason)>,
+    /// A lease made of parts renewed apart (a multi-lock over several
+    /// cluster slots): each part's local expiry. The lease is lost when
+    /// the first of them passes, so a part whose renewals fail cannot
+    /// hide behind another's success. Empty for a lease of one part.
+    parts: Vec<Option<(Instant, LossReason)>>,
 }
 
 impl Loss {
@@ -52,6 +57,33 @@ impl Loss {
             return true;
         }
         false
+    }
+}
+
+impl Loss {
+    /// Sets one part's expiry and recomputes the lease's. A lease of one
+    /// part (part 0, no parts yet) keeps no list: the common case
+    /// allocates nothing.
+    fn set_part(&mut self, part: usize, deadline: Option<(Instant, LossReason)>) {
+        if part == 0 && self.parts.is_empty() {
+            self.deadline = deadline;
+            return;
+        }
+        if self.parts.is_empty() {
+            self.parts.push(self.deadline);
+        }
+        if self.parts.len() <= part {
+            self.parts.resize(part.saturating_add(1), None);
+        }
+        if let Some(slot) = self.parts.get_mut(part) {
+            *slot = deadline;
+        }
+        self.deadline = self
+            .parts
+            .iter()
+            .flatten()
+            .min_by_key(|(at, _)| *at)
+            .copied();
     }
 }
 
@@ -85,6 +117,12 @@ impl LossState {
     /// Returns false, changing nothing, when the lease is already lost
     /// (a loss, once seen, stays).
     pub(crate) fn expire_at(&self, deadline: Instant, reason: LossReason) -> bool {
+        self.expire_part_at(0, deadline, reason)
+    }
+
+    /// [`LossState::expire_at`] for one `part` of a lease made of parts
+    /// (see `Loss::parts`): the lease's expiry is the earliest part's.
+    pub(crate) fn expire_part_at(&self, part: usize, deadline: Instant, reason: LossReason) -> bool {
         if !self.birth.is_current() {
             return false;
         }
@@ -93,7 +131,7 @@ impl LossState {
         if loss.reason.is_some() {
             return false;
         }
-        loss.deadline = Some((deadline, reason));
+        loss.set_part(part, Some((deadline, reason)));
         // Waiters sleep until the old deadline at most; they look again.
         self.fired.notify_all();
         true
@@ -109,6 +147,7 @@ impl LossState {
         let mut loss = self.inner.lock();
         loss.settle(Instant::now());
         loss.deadline = None;
+        loss.parts.clear();
     }
 
     /// Blocks until the lease is found lost or `until` passes.
@@ -252,6 +291,25 @@ mod tests {
             "a renewal after the loss does not bring the lease back"
         );
         assert_eq!(signal.reason(), Some(LossReason::Unreachable));
+    }
+
+    #[test]
+    fn a_lease_of_parts_expires_with_its_earliest_part() {
+        let state = LossState::default();
+        let now = Instant::now();
+        let (soon, late) = (now + Duration::from_millis(20), now + Duration::from_secs(60));
+        assert!(state.expire_part_at(0, late, LossReason::Unreachable));
+        assert!(state.expire_part_at(1, soon, LossReason::Unreachable));
+        // Part 0 renewed again: it must not push part 1's expiry away.
+        assert!(state.expire_part_at(0, late, LossReason::Unreachable));
+        let signal = LossSignal {
+            state: Arc::new(state),
+        };
+        assert_eq!(
+            signal.wait_timeout(Duration::from_secs(10)),
+            Some(LossReason::Unreachable)
+        );
+        assert!(Instant::now() >= soon);
     }
 
     #[test]

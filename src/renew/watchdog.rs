@@ -44,7 +44,7 @@ const ORPHAN_FIRST_STEP: Duration = Duration::from_millis(50);
 const ORPHAN_MAX_STEP: Duration = Duration::from_secs(1);
 
 /// What a watched lease is in Redis, and so which script renews it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Renewal {
     /// A string key holding the token (`lua/extend.lua`).
     Plain,
@@ -62,6 +62,13 @@ pub(crate) enum Renewal {
         /// The writer's hold.
         write: bool,
     },
+    /// The keys of one slot's part of a multi-lock, each holding the
+    /// token, renewed together (`lua/multi_extend.lua`: all or none, so a
+    /// part with a key lost is lost whole). The entry's key is the first.
+    Multi {
+        /// Every key of the part, in the set's order.
+        keys: Arc<[Arc<str>]>,
+    },
 }
 
 /// One watched lease.
@@ -69,6 +76,9 @@ pub(crate) struct WatchEntry {
     key: Arc<str>,
     token: Arc<str>,
     renewal: Renewal,
+    /// Which part of its lease this entry renews (a multi-lock over several
+    /// slots has one entry per slot, sharing one loss state); 0 otherwise.
+    part: usize,
     /// The lock type and key class its renewals count for.
     tag: Tag,
     pub(crate) loss: Arc<LossState>,
@@ -152,7 +162,10 @@ impl WatchEntry {
             state.ttl = ttl;
         }
         state.generation = state.generation.wrapping_add(1);
-        if !self.loss.expire_at(state.end(), LossReason::Unreachable) {
+        if !self
+            .loss
+            .expire_part_at(self.part, state.end(), LossReason::Unreachable)
+        {
             state.stopped = true;
         }
     }
@@ -463,11 +476,30 @@ impl Watchdog {
         cap: Option<Instant>,
         loss: Arc<LossState>,
     ) -> Arc<WatchEntry> {
-        loss.expire_at(local_expiry(sent, ttl), LossReason::Unreachable);
+        self.watch_part(renewal, 0, tag, key, token, sent, ttl, cap, loss)
+    }
+
+    /// [`Watchdog::watch`] for one `part` of a lease renewed in parts
+    /// (every part shares `loss`, whose expiry is the earliest part's).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn watch_part(
+        &self,
+        renewal: Renewal,
+        part: usize,
+        tag: Tag,
+        key: &Arc<str>,
+        token: &Arc<str>,
+        sent: Instant,
+        ttl: Duration,
+        cap: Option<Instant>,
+        loss: Arc<LossState>,
+    ) -> Arc<WatchEntry> {
+        loss.expire_part_at(part, local_expiry(sent, ttl), LossReason::Unreachable);
         let entry = Arc::new(WatchEntry {
             key: key.clone(),
             token: token.clone(),
             renewal,
+            part,
             tag,
             loss,
             state: Mutex::new(EntryState {
@@ -797,7 +829,9 @@ fn renew_due(shared: &Shared, entries: &[Arc<WatchEntry>]) -> Instant {
         let left = remaining(state.sent, state.ttl, now);
         if state.cap.is_some_and(|cap| now >= cap) {
             // No more renewals: the lease runs out, and says why.
-            entry.loss.expire_at(state.end(), LossReason::MaxHold);
+            entry
+                .loss
+                .expire_part_at(entry.part, state.end(), LossReason::MaxHold);
             next = next.min(state.end());
             continue;
         }
@@ -975,17 +1009,27 @@ fn renew(
         .map(|d| {
             // Every script answers as extend.lua does: 1 renewed, 0 gone,
             // -1 another owner's (a permit cannot be another's).
-            let (script, code) = match d.entry.renewal {
+            let (script, code) = match &d.entry.renewal {
                 Renewal::Plain => (&script::EXTEND, None),
                 Renewal::Permit => (&script::SEM_EXTEND, None),
                 Renewal::Reentrant => (&script::REENTRANT_EXTEND, None),
-                Renewal::Rw { write } => (&script::RW_EXTEND, Some(if write { "w" } else { "r" })),
+                Renewal::Rw { write } => (&script::RW_EXTEND, Some(if *write { "w" } else { "r" })),
+                Renewal::Multi { .. } => (&script::MULTI_EXTEND, None),
             };
             let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(script.get_hash())
-                .arg(1)
-                .arg(&*d.entry.key)
-                .arg(&*d.entry.token);
+            cmd.arg(script.get_hash());
+            match &d.entry.renewal {
+                Renewal::Multi { keys } => {
+                    cmd.arg(keys.len());
+                    for key in keys.iter() {
+                        cmd.arg(&**key);
+                    }
+                }
+                _ => {
+                    cmd.arg(1).arg(&*d.entry.key);
+                }
+            }
+            cmd.arg(&*d.entry.token);
             if let Some(code) = code {
                 cmd.arg(code);
             }
@@ -1019,6 +1063,7 @@ fn renew(
                     &script::SEM_EXTEND,
                     &script::REENTRANT_EXTEND,
                     &script::RW_EXTEND,
+                    &script::MULTI_EXTEND,
                 ],
                 &shared.stats,
             )

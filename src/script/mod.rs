@@ -172,6 +172,22 @@ pub(crate) static SEM_CHECK: LazyLock<Script> =
 pub(crate) static SEM_SET_LIMIT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/sem_set_limit.lua")));
 
+/// `lua/multi_acquire.lua`: every key of one slot's part of a set, all or
+/// none (fencing counters bumped first). Returns `{1, 0, 0, nil, fences}`
+/// acquired or `{0, pttl, index, holder, {}}` held.
+pub(crate) static MULTI_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/multi_acquire.lua")));
+
+/// `lua/multi_release.lua`: owner-checked delete of every key of one slot's
+/// part of a set, at once, with one marker. Returns `{code, index}`.
+pub(crate) static MULTI_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/multi_release.lua")));
+
+/// `lua/multi_extend.lua`: owner-checked `PEXPIRE` of every key of one
+/// slot's part of a set, all or none. Answers as `lua/extend.lua`.
+pub(crate) static MULTI_EXTEND: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/multi_extend.lua")));
+
 /// `lua/inspect.lua`: what one key holds, for listing. Returns `{kind,
 /// ms, holders, limit}`, never a token.
 pub(crate) static INSPECT: LazyLock<Script> =

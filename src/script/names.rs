@@ -15,6 +15,13 @@ pub(crate) fn hash_tag(key: &str) -> Option<&str> {
     (close > 0).then(|| &rest[..close])
 }
 
+/// The Redis Cluster slot of `key` (0 to 16383): CRC16/XMODEM of its hash
+/// tag, or of the whole key without one, as the server computes it.
+pub(crate) fn slot(key: &str) -> u16 {
+    let hashed = hash_tag(key).unwrap_or(key);
+    crc16::State::<crc16::XMODEM>::calculate(hashed.as_bytes()) % 16384
+}
+
 /// The pub/sub channel releases of `key` are published on:
 /// `redmutex:released:{KEY}`, or `redmutex:released:{TAG}:KEY` when the key
 /// has a `{TAG}` hash tag (so the channel maps to the key's cluster slot).
@@ -223,6 +230,20 @@ mod tests {
         }
         for key in ["a}b", "x{}y"] {
             assert!(!same_slot_fence(key), "{key}");
+        }
+    }
+
+    #[test]
+    fn slots_are_the_ones_the_server_and_redis_rs_compute() {
+        // CLUSTER KEYSLOT's answers.
+        assert_eq!(slot("foo"), 12182);
+        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+        for key in ["foo", "bar", "{a}x", "a{}b{c}", "open{only", "", "k\u{e9}y"] {
+            assert_eq!(
+                redis::cluster_routing::Slot::new(slot(key)),
+                Some(redis::cluster_routing::Slot::for_key(key)),
+                "{key:?}"
+            );
         }
     }
 
