@@ -182,7 +182,7 @@ pub enum Error {
         /// The lock key.
         key: String,
         /// What was being done: acquire, release, extend, renew, cleanup,
-        /// force release.
+        /// force release, downgrade.
         operation: &'static str,
         /// The last connection error.
         #[source]

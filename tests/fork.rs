@@ -260,6 +260,7 @@ fn inert_in_child(world: World) -> i32 {
         || !read.is_lost()
         || read.is_held().is_ok()
         || !refused(write.extend(Duration::from_secs(60)))
+        || !refused(write.downgrade())
         || !refused(read.unlock().map(drop))
         || !refused(write.unlock().map(drop))
     {

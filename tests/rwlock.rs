@@ -474,3 +474,303 @@ fn is_held_whose_reply_is_lost_is_asked_again() {
     assert_eq!(proxy.lost_replies(), 2, "the fault fired");
     reader.unlock().expect("unlock");
 }
+
+/// The hash's fields and values.
+fn hash(server: &RedisServer, key: &str) -> std::collections::HashMap<String, String> {
+    server.conn().hgetall(key).expect("HGETALL")
+}
+
+/// A writer downgrades while another writer waits: at no moment is the
+/// key without this holder (a sampler reads the hash throughout), no
+/// writer gets in while the read hold lives, new readers still wait
+/// behind the queued writer, and the writer gets the lock once the reader
+/// lets go.
+#[test]
+fn a_downgrade_keeps_a_waiting_writer_out_until_the_reader_leaves() {
+    let server = RedisServer::start();
+    let (a_client, b_client) = (server.lock_client(), server.lock_client());
+    let key = "rw:down";
+    let mut a = RwLock::new(&a_client, key).write().expect("write");
+    let token = a.token().to_owned();
+    let reader = format!("r:{token}");
+    let b_got = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let lock = RwLock::with_options(
+            &b_client,
+            key,
+            redmutex::Options::default().wait(Duration::from_secs(30)),
+        );
+        let b_got = b_got.clone();
+        std::thread::spawn(move || {
+            let guard = lock.write();
+            b_got.store(true, Ordering::SeqCst);
+            guard.map(|g| (g.is_write(), g.unlock().is_ok()))
+        })
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            fields(&server, key).iter().any(|f| f.starts_with("q:"))
+        }),
+        "the second writer queues"
+    );
+    // Samples the hash until told to stop: each sample must show this
+    // holder (as the writer or as its reader), and never its reader
+    // alongside a writer.
+    let stop = Arc::new(AtomicBool::new(false));
+    let samples = Arc::new(AtomicU32::new(0));
+    let sampler = {
+        let (stop, samples) = (stop.clone(), samples.clone());
+        let (token, reader) = (token.clone(), reader.clone());
+        let mut con = server.conn();
+        std::thread::spawn(move || {
+            let mut bad = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !stop.load(Ordering::SeqCst) && Instant::now() < deadline {
+                let map: std::collections::HashMap<String, String> =
+                    con.hgetall(key).expect("HGETALL");
+                let writing = map.get("w") == Some(&token);
+                let reading = map.contains_key(&reader);
+                if !writing && !reading {
+                    bad.push(format!("holder absent: {map:?}"));
+                }
+                if reading && map.contains_key("w") {
+                    bad.push(format!("a writer beside the reader: {map:?}"));
+                }
+                samples.fetch_add(1, Ordering::SeqCst);
+            }
+            bad
+        })
+    };
+    assert!(wait_until(Duration::from_secs(5), || samples
+        .load(Ordering::SeqCst)
+        >= 20));
+    a.downgrade().expect("downgrade");
+    assert!(!a.is_write());
+    assert_eq!(a.fencing_token(), None);
+    assert!(a.is_held().expect("is_held"));
+    let map = hash(&server, key);
+    assert!(map.contains_key(&reader), "a reads now: {map:?}");
+    assert!(
+        !map.contains_key("w") && !map.contains_key("wexp"),
+        "{map:?}"
+    );
+    assert!(
+        map.keys().any(|f| f.starts_with("q:")),
+        "the waiting writer stays queued: {map:?}"
+    );
+    let reading_from = samples.load(Ordering::SeqCst);
+    // While a reads, the writer stays out (bounded look: the sampler
+    // checks every sample meanwhile), and new readers wait behind it.
+    assert!(
+        !wait_until(Duration::from_millis(500), || b_got.load(Ordering::SeqCst)),
+        "a writer got in beside the reader"
+    );
+    assert!(
+        RwLock::new(&a_client, key)
+            .try_read()
+            .expect("try")
+            .is_none(),
+        "writer preference holds after the downgrade"
+    );
+    assert!(wait_until(Duration::from_secs(5), || samples
+        .load(Ordering::SeqCst)
+        >= reading_from + 20));
+    stop.store(true, Ordering::SeqCst);
+    let bad = sampler.join().expect("sampler");
+    assert!(
+        bad.is_empty(),
+        "{} bad samples: {:?}",
+        bad.len(),
+        &bad[..bad.len().min(3)]
+    );
+    a.unlock().expect("unlock the read hold");
+    let (is_write, unlocked) = writer
+        .join()
+        .expect("writer")
+        .expect("the writer gets the lock once the reader leaves");
+    assert!(is_write && unlocked);
+    assert!(!support::exists(&server, key));
+}
+
+#[test]
+fn a_downgrade_lets_other_readers_in() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let lock = RwLock::new(&client, "rw:share");
+    let mut writer = lock.write().expect("write");
+    assert!(lock.try_read().expect("try").is_none());
+    writer.downgrade().expect("downgrade");
+    let other = lock.try_read().expect("try").expect("readers share now");
+    assert!(
+        lock.try_write().expect("try").is_none(),
+        "two readers hold it"
+    );
+    assert!(left_ms(&server, "rw:share", &reader_field(&writer)) > 0);
+    other.unlock().expect("unlock");
+    writer.unlock().expect("unlock");
+    assert!(!support::exists(&server, "rw:share"));
+}
+
+#[test]
+fn a_downgrade_of_a_lost_write_hold_reports_the_loss() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let lock = RwLock::new(&client, "rw:lost");
+    let mut gone = lock.write().expect("write");
+    let _: () = server.conn().del("rw:lost").expect("DEL");
+    let err = gone.downgrade().expect_err("gone");
+    assert_eq!(err.not_held_reason(), Some(LossReason::Expired), "{err:?}");
+    assert!(gone.is_lost());
+    assert!(!support::exists(&server, "rw:lost"), "nothing re-created");
+    drop(gone);
+
+    let mut replaced = lock.write().expect("write");
+    let _: () = server
+        .conn()
+        .hset("rw:lost", "w", "another-writer")
+        .expect("HSET");
+    let err = replaced.downgrade().expect_err("replaced");
+    assert_eq!(
+        err.not_held_reason(),
+        Some(LossReason::OwnedByOther),
+        "{err:?}"
+    );
+    assert!(replaced.is_lost());
+    let map = hash(&server, "rw:lost");
+    assert_eq!(map.get("w").map(String::as_str), Some("another-writer"));
+    assert!(!map.keys().any(|f| f.starts_with("r:")), "{map:?}");
+}
+
+#[test]
+fn a_read_hold_cannot_be_downgraded() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let lock = RwLock::new(&client, "rw:reader");
+    let mut reader = lock.read().expect("read");
+    let before = hash(&server, "rw:reader");
+    let err = reader.downgrade().expect_err("a reader");
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    assert_eq!(hash(&server, "rw:reader"), before, "nothing changed");
+    assert!(!reader.is_lost());
+    reader.unlock().expect("still held");
+}
+
+#[test]
+fn a_watched_downgraded_hold_is_renewed_as_a_reader() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let ttl = Duration::from_millis(300);
+    let lock = RwLock::with_options(
+        &client,
+        "rw:watched",
+        redmutex::Options::default().ttl(ttl).watchdog(true),
+    );
+    let mut guard = lock.write().expect("write");
+    guard.downgrade().expect("downgrade");
+    let field = reader_field(&guard);
+    let deadline = |server: &RedisServer| -> i64 {
+        let value: Option<i64> = server.conn().hget("rw:watched", &field).expect("HGET");
+        value.unwrap_or(0)
+    };
+    let first = deadline(&server);
+    assert!(first > 0, "the reader's field is there");
+    // Renewed well past several ttls, and never seen lost meanwhile.
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            assert!(!guard.is_lost(), "lost while renewed");
+            deadline(&server) > first + 4 * 300
+        }),
+        "the reader's deadline moves on"
+    );
+    assert!(left_ms(&server, "rw:watched", &field) > 0);
+    let pttl: i64 = server.conn().pttl("rw:watched").expect("PTTL");
+    assert!(pttl > 0, "the hash lives: {pttl}");
+    assert!(!fields(&server, "rw:watched").contains(&"w".to_owned()));
+    assert!(guard.validity() > Duration::ZERO);
+    guard.unlock().expect("unlock");
+    assert!(!support::exists(&server, "rw:watched"));
+}
+
+const RW_DOWNGRADE: &str = include_str!("../lua/rw_downgrade.lua");
+
+/// The downgrade's reply is lost once: the resend answers "downgraded"
+/// and changes nothing more.
+#[test]
+fn a_downgrade_whose_reply_is_lost_is_sent_again() {
+    let server = RedisServer::start();
+    support::load_scripts(&server);
+    let proxy = support::FaultProxy::to(&server);
+    let client = redmutex::LockClient::open(&proxy.url()).expect("client");
+    let lock = RwLock::new(&client, "rw:lossy-down");
+    let mut guard = lock.write().expect("write");
+    proxy.lose_reply(&support::sha(RW_DOWNGRADE), 1);
+    guard.downgrade().expect("sent again");
+    assert_eq!(proxy.lost_replies(), 1, "the fault fired");
+    assert!(!guard.is_write());
+    let map = hash(&server, "rw:lossy-down");
+    assert!(map.contains_key(&reader_field(&guard)), "{map:?}");
+    assert!(!map.contains_key("w"), "{map:?}");
+    guard.unlock().expect("unlock the read hold");
+    assert!(!support::exists(&server, "rw:lossy-down"));
+}
+
+/// Every send of the downgrade loses its reply: the outcome is unknown.
+/// The guard then claims neither hold; a downgrade sent again settles it,
+/// and a release removes whatever the token holds.
+#[test]
+fn a_downgrade_of_unknown_outcome_is_settled_or_released_whole() {
+    let server = RedisServer::start();
+    support::load_scripts(&server);
+    let proxy = support::FaultProxy::to(&server);
+    let client = redmutex::LockClient::open(&proxy.url()).expect("client");
+    let lock = RwLock::new(&client, "rw:unknown");
+
+    let mut settled = lock.write().expect("write");
+    proxy.lose_reply(&support::sha(RW_DOWNGRADE), 3);
+    let err = settled.downgrade().expect_err("no reply");
+    assert!(err.is_outcome_unknown(), "{err:?}");
+    assert!(!settled.is_write());
+    assert_eq!(settled.fencing_token(), None);
+    assert!(settled.is_held().expect("held, one way or the other"));
+    let err = settled
+        .extend(Duration::from_secs(60))
+        .expect_err("refused");
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    proxy.heal();
+    settled.downgrade().expect("settled");
+    assert!(!settled.is_write() && !settled.is_lost());
+    let map = hash(&server, "rw:unknown");
+    assert!(map.contains_key(&reader_field(&settled)), "{map:?}");
+    assert!(!map.contains_key("w"), "{map:?}");
+    settled.unlock().expect("unlock");
+    assert!(!support::exists(&server, "rw:unknown"));
+
+    let mut released = lock.write().expect("write");
+    let token = released.token().to_owned();
+    proxy.lose_reply(&support::sha(RW_DOWNGRADE), 3);
+    let err = released.downgrade().expect_err("no reply");
+    assert!(err.is_outcome_unknown(), "{err:?}");
+    proxy.heal();
+    released.unlock().expect("whatever it was, released");
+    let map = hash(&server, "rw:unknown");
+    assert!(
+        !map.iter().any(|(k, v)| k.contains(&token) || v == &token),
+        "no field of the token is left: {map:?}"
+    );
+
+    // The requests never reached Redis: still the write hold there, and
+    // the release takes that out too.
+    let mut unsent = lock.write().expect("write");
+    proxy.drop_request(&support::sha(RW_DOWNGRADE), 3);
+    let err = unsent.downgrade().expect_err("no reply");
+    assert!(err.is_outcome_unknown(), "{err:?}");
+    proxy.heal();
+    assert_eq!(
+        hash(&server, "rw:unknown").get("w"),
+        Some(&unsent.token().to_owned())
+    );
+    assert!(!unsent.is_write(), "not claimed while unknown");
+    assert!(unsent.is_held().expect("is_held"));
+    unsent.unlock().expect("released");
+    assert!(!support::exists(&server, "rw:unknown"));
+}

@@ -76,6 +76,10 @@ pub(crate) enum Op {
     /// `lua/rw_extend.lua`: *safe* (owner-checked, never re-creates a
     /// hold, never moves a deadline earlier).
     RwExtend,
+    /// `lua/rw_downgrade.lua`. *Made safe*: a resend that finds this
+    /// token reading and not writing answers "downgraded" and changes
+    /// nothing.
+    RwDowngrade,
     /// `lua/sem_acquire.lua`. *Made safe*: the permit id is chosen before
     /// the first send; a resend that finds its own permit answers
     /// "acquired" and takes no second one.
@@ -137,6 +141,7 @@ impl Op {
             | Op::SemExtend
             | Op::MultiExtend => "extend",
             Op::Renew => "renew",
+            Op::RwDowngrade => "downgrade",
             Op::Read => "read",
             Op::Cleanup => "cleanup",
             Op::SemSetLimit => "set the limit",

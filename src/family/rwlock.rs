@@ -16,7 +16,7 @@ use crate::conn::policy::Op;
 use crate::conn::stats::{LockKind, Tag};
 use crate::error::{Error, LossReason};
 use crate::lease::loss::{LossSignal, LossState};
-use crate::lease::remaining;
+use crate::lease::{local_expiry, remaining};
 use crate::renew::watchdog::{OrphanKind, Renewal, WatchEntry};
 use crate::script;
 use crate::wait::acquire::{Attempt, Contender, Queued, Waiting, Within, acquire, blocking};
@@ -459,10 +459,13 @@ impl Contender for Grant<'_> {
             sent,
             ttl,
             released: false,
+            unsettled: false,
             tag,
             held_since: Instant::now(),
             loss,
             watch,
+            watched: options.watchdog,
+            cap: options.max_hold.and_then(|cap| sent.checked_add(cap)),
             fence: fence_key.is_some().then_some(fence),
         }))
     }
@@ -575,6 +578,11 @@ pub struct RwGuard {
     sent: Instant,
     ttl: Duration,
     released: bool,
+    /// A downgrade's outcome is unknown: Redis holds either this writer's
+    /// fields or its reader's, so the release removes every field of the
+    /// token (`'x'`), and the hold is treated as neither a write nor a
+    /// settled read until a downgrade sent again settles it.
+    unsettled: bool,
     /// For the client's stats: the lock type and key class.
     tag: Tag,
     /// When this hold began.
@@ -585,6 +593,10 @@ pub struct RwGuard {
     /// The watchdog's entry, when it renews this hold (it then owns the
     /// hold's timing).
     watch: Option<Arc<WatchEntry>>,
+    /// Whether the caller asked for the watchdog, and the renewals' cap
+    /// (`max_hold`): what a downgrade needs to watch the read hold.
+    watched: bool,
+    cap: Option<Instant>,
     /// The writer's fencing token, when the lock fences.
     fence: Option<u64>,
 }
@@ -596,6 +608,7 @@ impl std::fmt::Debug for RwGuard {
             .field("key", &self.key)
             .field("token", &Redacted(&self.token))
             .field("mode", &self.mode)
+            .field("unsettled", &self.unsettled)
             .field("released", &self.released)
             .finish_non_exhaustive()
     }
@@ -608,9 +621,163 @@ impl RwGuard {
         &self.token
     }
 
-    /// Whether this is the write lock.
+    /// Whether this is the write lock: false once
+    /// [`downgrade`](RwGuard::downgrade)d, and after a downgrade whose
+    /// outcome is unknown (until a downgrade sent again settles it).
     pub fn is_write(&self) -> bool {
-        self.mode == Mode::Write
+        self.mode == Mode::Write && !self.unsettled
+    }
+
+    /// What the release script removes: this holder's field, or after a
+    /// downgrade whose outcome is unknown, every field of the token.
+    fn code(&self) -> &'static str {
+        if self.unsettled {
+            "x"
+        } else {
+            self.mode.code()
+        }
+    }
+
+    /// Turns this write hold into a read hold in one atomic step
+    /// (`lua/rw_downgrade.lua`), owner-checked: the writer's fields go and
+    /// this holder's reader field comes in the same script, so no other
+    /// writer can take the lock in between. Waiting writers stay queued:
+    /// with writer preference, new readers still wait behind them, while
+    /// this holder reads at once. The read hold gets the hold's current
+    /// lease (its ttl, or the last [`extend`](crate::Lease::extend)'s) from
+    /// now by the server's clock; waiting readers are told.
+    ///
+    /// It changes the guard in place (`&mut self`) rather than consuming
+    /// it, so that on an error the caller still has its guard, and whatever
+    /// the hold then is, its release (or drop) takes it out.
+    ///
+    /// After it, [`is_write`](RwGuard::is_write) is false and
+    /// [`fencing_token`](crate::Lease::fencing_token) is `None`: a reader
+    /// orders nothing, and the writer's number must not pass writes made
+    /// under a read hold. A watched guard's watchdog renews the reader's
+    /// field from then on, with the same
+    /// [`loss_signal`](crate::Lease::loss_signal).
+    ///
+    /// Safe to send twice: a resend after a lost reply finds this token
+    /// reading and not writing, and answers "downgraded". When no reply
+    /// comes back at all ([`Error::OutcomeUnknown`], or another error from
+    /// Redis), the hold is either still the write hold or already the read
+    /// hold: the guard then reports neither ([`is_write`](RwGuard::is_write)
+    /// false, no fencing token, [`extend`](crate::Lease::extend) refused),
+    /// its watchdog stops (the hold reads as lost from its local expiry),
+    /// and its release removes every field of the token. Calling
+    /// `downgrade` again settles it: it answers as the first run would
+    /// have.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a read hold, or a guard inherited
+    /// through `fork()` (nothing is sent, nothing changes);
+    /// [`Error::NotHeld`] ([`LossReason::Expired`] when the write hold is
+    /// gone, [`LossReason::OwnedByOther`] when another writer holds the
+    /// lock), after which [`is_lost`](crate::Lease::is_lost) is true;
+    /// [`Error::WrongType`] when the key is another type's, or
+    /// [`Error::Pool`] (nothing changes: still the write hold);
+    /// [`Error::OutcomeUnknown`] or [`Error::Redis`] (the outcome is
+    /// unknown, as above).
+    pub fn downgrade(&mut self) -> Result<(), Error> {
+        self.client.check_process()?;
+        if self.mode == Mode::Read {
+            return Err(Error::InvalidArgument(
+                "only a write hold can be downgraded; this is a read hold".into(),
+            ));
+        }
+        if self.released {
+            return Err(Error::not_held(&self.key, LossReason::Expired));
+        }
+        let (lease_sent, ttl) = self.timing();
+        let millis = ttl_millis(ttl)?;
+        // The write hold's renewals end before the request leaves: one
+        // that runs after the downgrade finds no writer, which must not
+        // read as a loss (an ended entry's renewal reports none).
+        if let Some(entry) = self.watch.take() {
+            self.client.watchdog().end(&entry);
+        }
+        let key = self.key.as_str();
+        let channel = self.client.release_channel(key);
+        let sharded = self.client.sharded(&channel);
+        let sent = Instant::now();
+        self.client.counters().commands(1);
+        let result = self.client.run(Op::RwDowngrade, key, |con, _| {
+            let mut script = script::RW_DOWNGRADE.key(key);
+            script.arg(&self.token).arg(millis).arg(&channel);
+            if sharded {
+                script.arg(script::SHARDED);
+            }
+            script.invoke::<i64>(con)
+        });
+        match result {
+            Ok(1) => {
+                self.mode = Mode::Read;
+                self.unsettled = false;
+                self.fence = None;
+                // The reader's deadline was set from a moment no earlier
+                // than this send.
+                self.sent = sent;
+                self.ttl = ttl;
+                self.watch = self.watch_as(false, sent, ttl);
+                Ok(())
+            }
+            Ok(0) => {
+                self.loss.lose(LossReason::Expired);
+                Err(Error::not_held(key, LossReason::Expired))
+            }
+            Ok(_) => {
+                self.loss.lose(LossReason::OwnedByOther);
+                Err(Error::not_held(key, LossReason::OwnedByOther))
+            }
+            // Refused before anything ran (no connection, another type's
+            // key): still the write hold (or, after an earlier unknown
+            // outcome, still unsettled), renewed as before.
+            Err(err @ (Error::Pool(_) | Error::WrongType { .. })) => {
+                if !self.unsettled {
+                    self.watch = self.watch_as(true, lease_sent, ttl);
+                }
+                Err(err)
+            }
+            // The script may have run (its reply lost, or an error inside
+            // it): the hold is the writer's or already the reader's, and
+            // no renewal can be sent without knowing which. The guard
+            // claims neither: no writes under it (no fencing token), and
+            // its release removes every field of the token. Its lease
+            // counts from the earlier of the two deadlines, and a watched
+            // hold reads as lost when that passes. A downgrade sent again
+            // settles it (the script answers 1 for a reader).
+            Err(err) => {
+                self.unsettled = true;
+                self.fence = None;
+                self.sent = lease_sent;
+                self.ttl = ttl;
+                if self.watched {
+                    self.loss
+                        .expire_at(local_expiry(lease_sent, ttl), LossReason::Unreachable);
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// The watchdog's entry for this hold as the writer (`write`) or a
+    /// reader, its lease set by a request sent at `sent` for `ttl`; `None`
+    /// when the caller did not ask for the watchdog.
+    fn watch_as(&self, write: bool, sent: Instant, ttl: Duration) -> Option<Arc<WatchEntry>> {
+        self.watched.then(|| {
+            self.client.watchdog().watch(
+                Renewal::Rw { write },
+                self.tag,
+                &Arc::from(self.key.as_str()),
+                &Arc::from(self.token.as_str()),
+                sent,
+                ttl,
+                self.cap,
+                self.loss.clone(),
+            )
+        })
     }
 
     /// When the request that set the hold's current deadline was sent, and
@@ -642,7 +809,7 @@ impl RwGuard {
             &self.client,
             &self.key,
             &self.token,
-            self.mode.code(),
+            self.code(),
             Duration::MAX,
         )
         .inspect_err(|err| {
@@ -722,6 +889,33 @@ impl crate::lease::Lease for RwGuard {
         // A read: a lost reply is asked again. The writer's token and
         // deadline, or this reader's deadline, with the server's time.
         let (ours, deadline, now) = match self.mode {
+            // After a downgrade of unknown outcome: the writer's hold or
+            // the reader's, whichever Redis has.
+            Mode::Write if self.unsettled => {
+                let reader = format!("r:{}", self.token);
+                let (owner, wexp, rexp, now): (
+                    Option<String>,
+                    Option<u64>,
+                    Option<u64>,
+                    (u64, u64),
+                ) = self.client.run(Op::Read, key, |con, _| {
+                    redis::pipe()
+                        .cmd("HGET")
+                        .arg(key)
+                        .arg("w")
+                        .cmd("HGET")
+                        .arg(key)
+                        .arg("wexp")
+                        .cmd("HGET")
+                        .arg(key)
+                        .arg(&reader)
+                        .cmd("TIME")
+                        .query(con)
+                })?;
+                let writing = owner.as_deref() == Some(self.token.as_str());
+                let deadline = if writing { wexp.max(rexp) } else { rexp };
+                (true, deadline, now)
+            }
             Mode::Write => {
                 let (owner, deadline, now): (Option<String>, Option<u64>, (u64, u64)) =
                     self.client.run(Op::Read, key, |con, _| {
@@ -768,7 +962,9 @@ impl crate::lease::Lease for RwGuard {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] for a ttl under 1 ms or over ten years,
-    /// or a guard inherited through `fork()` (nothing is sent);
+    /// a guard inherited through `fork()`, or one whose
+    /// [`downgrade`](RwGuard::downgrade) has an unknown outcome (nothing is
+    /// sent: downgrade again to settle it);
     /// [`Error::NotHeld`] ([`LossReason::Expired`] when its field is
     /// gone, [`LossReason::OwnedByOther`] when another writer holds the
     /// write lock), after which [`RwGuard::is_lost`](crate::Lease::is_lost) is true;
@@ -780,6 +976,13 @@ impl crate::lease::Lease for RwGuard {
         let millis = ttl_millis(ttl)?;
         if self.released {
             return Err(Error::not_held(&self.key, LossReason::Expired));
+        }
+        if self.unsettled {
+            // Which field to renew is not known: renewing the writer's
+            // would call a done downgrade a loss.
+            return Err(Error::InvalidArgument(
+                "a downgrade's outcome is unknown: downgrade again to settle it, or unlock".into(),
+            ));
         }
         let key = self.key.as_str();
         let generation = self.watch.as_ref().map(|entry| entry.generation());

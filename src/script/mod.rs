@@ -138,6 +138,12 @@ pub(crate) static RW_RELEASE: LazyLock<Script> =
 pub(crate) static RW_EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/rw_extend.lua")));
 
+/// `lua/rw_downgrade.lua`: turn this token's write hold into a read hold
+/// in one step, owner-checked. Returns 1 (or already done), 0 gone, -1
+/// other writer.
+pub(crate) static RW_DOWNGRADE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/rw_downgrade.lua")));
+
 /// `lua/sem_acquire.lua`: take a permit. Returns `{acquired, wait_ms,
 /// fence}`; `LIMIT <n>` when live permits exist under another limit,
 /// `FENCE ...` when the fencing counter cannot be incremented.

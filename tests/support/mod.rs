@@ -577,7 +577,7 @@ pub fn quick_acquire_pattern() -> String {
 }
 
 /// Every script of the crate, by file name.
-pub const SCRIPTS: [(&str, &str); 16] = [
+pub const SCRIPTS: [(&str, &str); 17] = [
     ("inspect", include_str!("../../lua/inspect.lua")),
     ("sem_status", include_str!("../../lua/sem_status.lua")),
     ("sem_check", include_str!("../../lua/sem_check.lua")),
@@ -603,6 +603,7 @@ pub const SCRIPTS: [(&str, &str); 16] = [
     ),
     ("rw_acquire", include_str!("../../lua/rw_acquire.lua")),
     ("rw_release", include_str!("../../lua/rw_release.lua")),
+    ("rw_downgrade", include_str!("../../lua/rw_downgrade.lua")),
 ];
 
 /// Loads every script on `server`, so that an `EVALSHA` runs at once
