@@ -190,9 +190,8 @@ pub use client::holder::{Holder, redact};
 pub use client::list::{HeldLock, Listing};
 pub use client::options::{
     Backoff, HandoffBudget, LockExtra, LockOptions, MultiLockExtra, MultiLockOptions, Options,
-    RedLockExtra, RedLockOptions,
-    ReentrantExtra, ReentrantOptions, Release, RwLockExtra, RwLockOptions, SemaphoreExtra,
-    SemaphoreOptions, WaitMode,
+    RedLockExtra, RedLockOptions, ReentrantExtra, ReentrantOptions, Release, RwLockExtra,
+    RwLockOptions, SemaphoreExtra, SemaphoreOptions, WaitMode,
 };
 pub use client::{DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT, LockClient, MAX_TIMEOUT};
 pub use conn::backend::{Connection, Deployment};
@@ -207,7 +206,7 @@ pub use family::semaphore::{Permit, PermitHolder, Semaphore, SemaphoreStatus};
 pub use lease::loss::LossSignal;
 pub use lease::{Lease, Unlocked};
 pub use mutex::DistributedLock;
-pub use mutex::guard::LockGuard;
+pub use mutex::guard::{LockGuard, MovableGuard};
 
 /// The connection pool type a [`LockClient`] is built on.
 pub type Pool = r2d2::Pool<redis::Client>;

@@ -58,7 +58,11 @@ fn the_set_is_taken_whole_or_not_at_all() {
         .query(&mut server.conn())
         .expect("DBSIZE");
     let markers: Vec<String> = server.conn().keys("*released*").expect("KEYS");
-    assert_eq!(left as usize, markers.len(), "only the release marker is left");
+    assert_eq!(
+        left as usize,
+        markers.len(),
+        "only the release marker is left"
+    );
 }
 
 #[test]
@@ -117,8 +121,16 @@ fn a_waiter_is_woken_by_the_release_of_any_key_of_its_set() {
         }));
         held.unlock().expect("unlock");
         let guard = waiter.join().expect("waiter").expect("the set");
-        assert_eq!(value(&server, "x").as_deref(), Some(guard.token()), "{mode:?}");
-        assert_eq!(value(&server, "y").as_deref(), Some(guard.token()), "{mode:?}");
+        assert_eq!(
+            value(&server, "x").as_deref(),
+            Some(guard.token()),
+            "{mode:?}"
+        );
+        assert_eq!(
+            value(&server, "y").as_deref(),
+            Some(guard.token()),
+            "{mode:?}"
+        );
     }
 }
 
@@ -140,13 +152,10 @@ fn the_guard_keeps_the_lease_contract() {
     assert!(pttl > 10_000, "extended: {pttl}");
     guard.unlock().expect("unlock");
     // The keys' own counters: a plain lock on one fences after the set.
-    let plain = DistributedLock::with_options(
-        &client,
-        "q",
-        redmutex::LockOptions::default().fencing(true),
-    )
-    .lock()
-    .expect("q");
+    let plain =
+        DistributedLock::with_options(&client, "q", redmutex::LockOptions::default().fencing(true))
+            .lock()
+            .expect("q");
     assert!(plain.fencing_token().expect("fenced") > first[1].1);
     drop(plain);
     let again = set.lock().expect("again");
@@ -262,8 +271,12 @@ fn a_deadline_is_kept_while_a_key_stays_held() {
     );
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(matches!(
-        MultiLock::with_options(&client, ["d1", "d2"], options().wait(Duration::from_millis(50)))
-            .lock(),
+        MultiLock::with_options(
+            &client,
+            ["d1", "d2"],
+            options().wait(Duration::from_millis(50))
+        )
+        .lock(),
         Err(Error::Timeout { .. })
     ));
     assert_eq!(value(&server, "d1"), None);
@@ -311,9 +324,8 @@ fn philosophers(client_of: impl Fn() -> LockClient, keys: [&str; 5], secs: u64) 
         })
         .collect();
     let sampler_client = client_of();
-    let expected: HashMap<String, usize> = (0..6usize)
-        .map(|w| (format!("w{w}"), 2 + w % 2))
-        .collect();
+    let expected: HashMap<String, usize> =
+        (0..6usize).map(|w| (format!("w{w}"), 2 + w % 2)).collect();
     let mut con = sampler_client.connection().expect("sampler");
     let (mut samples, mut partial) = (0u64, 0u64);
     let until = Instant::now() + Duration::from_secs(secs);

@@ -135,11 +135,9 @@ impl Op {
             | Op::RwRelease
             | Op::SemRelease
             | Op::MultiRelease => "release",
-            Op::Extend
-            | Op::ReentrantExtend
-            | Op::RwExtend
-            | Op::SemExtend
-            | Op::MultiExtend => "extend",
+            Op::Extend | Op::ReentrantExtend | Op::RwExtend | Op::SemExtend | Op::MultiExtend => {
+                "extend"
+            }
             Op::Renew => "renew",
             Op::RwDowngrade => "downgrade",
             Op::Read => "read",

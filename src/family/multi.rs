@@ -491,10 +491,9 @@ impl Contender for Take<'_> {
 
     fn attempt(&mut self, _quick: bool) -> Result<Attempt<MultiGuard>, Error> {
         let lock = self.lock;
-        let token = lock.client.token_once(
-            &mut self.token,
-            lock.keys.first().map_or("", |key| &**key),
-        )?;
+        let token = lock
+            .client
+            .token_once(&mut self.token, lock.keys.first().map_or("", |key| &**key))?;
         // Parts in order, keeping those taken: a set over several slots
         // waits for its next part holding the earlier ones, never the
         // other way round.

@@ -122,7 +122,12 @@ impl LossState {
 
     /// [`LossState::expire_at`] for one `part` of a lease made of parts
     /// (see `Loss::parts`): the lease's expiry is the earliest part's.
-    pub(crate) fn expire_part_at(&self, part: usize, deadline: Instant, reason: LossReason) -> bool {
+    pub(crate) fn expire_part_at(
+        &self,
+        part: usize,
+        deadline: Instant,
+        reason: LossReason,
+    ) -> bool {
         if !self.birth.is_current() {
             return false;
         }
@@ -297,7 +302,10 @@ mod tests {
     fn a_lease_of_parts_expires_with_its_earliest_part() {
         let state = LossState::default();
         let now = Instant::now();
-        let (soon, late) = (now + Duration::from_millis(20), now + Duration::from_secs(60));
+        let (soon, late) = (
+            now + Duration::from_millis(20),
+            now + Duration::from_secs(60),
+        );
         assert!(state.expire_part_at(0, late, LossReason::Unreachable));
         assert!(state.expire_part_at(1, soon, LossReason::Unreachable));
         // Part 0 renewed again: it must not push part 1's expiry away.

@@ -86,6 +86,176 @@ impl LockGuard {
     }
 }
 
+impl LockGuard {
+    /// Turns this guard into a [`MovableGuard`]: the same lease (same
+    /// token, expiry, watchdog, fencing token and loss signal), leaving this
+    /// thread's holds, so it can be sent to another thread and released
+    /// there. Nothing is sent to Redis.
+    ///
+    /// From then on the hold is no longer this thread's: a `lock()` of the
+    /// same key on this thread waits for it like any other owner's (a
+    /// movable hold is not reentrant, by construction).
+    ///
+    /// ```no_run
+    /// use redmutex::{DistributedLock, Lease};
+    ///
+    /// # fn main() -> Result<(), redmutex::Error> {
+    /// let client = redmutex::LockClient::open("redis://127.0.0.1:6379/")?;
+    /// // The dispatcher takes the lock; a worker does the job and releases.
+    /// let guard = DistributedLock::new(&client, "jobs:export").lock()?;
+    /// let Ok(guard) = guard.into_movable() else {
+    ///     unreachable!("not nested: this thread holds it once")
+    /// };
+    /// let worker = std::thread::spawn(move || {
+    ///     // ... the job ...
+    ///     guard.unlock()
+    /// });
+    /// # let _ = worker.join();
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Gives the guard back when other guards of the same hold are alive
+    /// on this thread (a nested hold cannot leave its thread), or when it
+    /// was inherited through `fork()`.
+    pub fn into_movable(self) -> Result<MovableGuard, LockGuard> {
+        if Rc::strong_count(&self.lease) != 1 || self.lease.client.inherited() {
+            return Err(self);
+        }
+        let LockGuard { lease, hold_count } = self;
+        let (client_id, key, at) = (lease.client.id(), lease.key.clone(), Rc::as_ptr(&lease));
+        match Rc::try_unwrap(lease) {
+            Ok(lease) => {
+                // Out of this thread's table: a later lock() here is a new
+                // owner's, never a nested guard of a lease on another
+                // thread.
+                crate::mutex::holds::leave(client_id, &key, at);
+                Ok(MovableGuard { lease })
+            }
+            Err(lease) => Err(LockGuard { lease, hold_count }),
+        }
+    }
+}
+
+/// A plain lock's lease that may go to another thread: made by
+/// [`LockGuard::into_movable`]. The same lease contract as a
+/// [`LockGuard`] ([`Lease`](crate::Lease)): dropping it releases the lock
+/// (written behind where it can), [`MovableGuard::unlock`](crate::Lease::unlock)
+/// releases and reports.
+///
+/// `Send` (a lease that left its thread's reentrancy table), not `Sync`:
+///
+/// ```
+/// fn assert_send<T: Send>() {}
+/// assert_send::<redmutex::MovableGuard>();
+/// ```
+///
+/// ```compile_fail
+/// fn assert_sync<T: Sync>() {}
+/// assert_sync::<redmutex::MovableGuard>();
+/// ```
+#[must_use = "the lock is released as soon as the guard is dropped"]
+pub struct MovableGuard {
+    lease: Lease,
+}
+
+impl MovableGuard {
+    /// The token the acquisition wrote into the key (as
+    /// [`LockGuard::token`]).
+    pub fn token(&self) -> &str {
+        &self.lease.token
+    }
+
+    /// Like [`MovableGuard::unlock`](crate::Lease::unlock), with the given
+    /// release method.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockGuard::unlock_with`].
+    pub fn unlock_with(self, release: Release) -> Result<Unlocked, Error> {
+        self.lease.client.check_process()?;
+        self.lease.client.check_release(release)?;
+        self.lease.release_now(release).map(|()| Unlocked::Released)
+    }
+}
+
+impl crate::lease::sealed::Sealed for MovableGuard {}
+
+impl crate::lease::Lease for MovableGuard {
+    /// The lock key.
+    fn key(&self) -> &str {
+        &self.lease.key
+    }
+
+    /// As [`LockGuard`]'s.
+    fn validity(&self) -> Duration {
+        self.lease.validity()
+    }
+
+    /// As [`LockGuard`]'s.
+    fn is_lost(&self) -> bool {
+        self.lease.is_lost()
+    }
+
+    /// As [`LockGuard`]'s.
+    fn loss_signal(&self) -> LossSignal {
+        LossSignal {
+            state: self.lease.loss_state().clone(),
+        }
+    }
+
+    fn fencing_token(&self) -> Option<u64> {
+        self.lease.fence
+    }
+
+    /// Asks Redis whether the key still holds this guard's token.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockGuard`]'s.
+    fn is_held(&self) -> Result<bool, Error> {
+        let key = self.key();
+        self.lease.client.counters().commands(1);
+        let current: Option<Vec<u8>> = self.lease.client.run(Op::Read, key, |con, _| {
+            redis::cmd("GET").arg(key).query(con)
+        })?;
+        Ok(current.is_some_and(|v| v == self.token().as_bytes()))
+    }
+
+    /// As [`LockGuard`]'s: owner-checked, never re-creating the key.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockGuard`]'s.
+    fn extend(&mut self, ttl: Duration) -> Result<(), Error> {
+        self.lease.extend(ttl)
+    }
+
+    /// Releases the lock with the lock's configured [`Release`] (or hands
+    /// it to a waiting thread of the client, as a [`LockGuard`] does).
+    ///
+    /// # Errors
+    ///
+    /// As [`LockGuard`]'s.
+    fn unlock(self) -> Result<Unlocked, Error> {
+        let how = self.lease.release;
+        self.unlock_with(how)
+    }
+}
+
+impl fmt::Debug for MovableGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MovableGuard")
+            .field("key", &self.key())
+            // The token is a capability: only its public part is shown.
+            .field("token", &Redacted(self.token()))
+            .field("validity", &self.validity())
+            .finish()
+    }
+}
+
 impl crate::lease::sealed::Sealed for LockGuard {}
 
 impl crate::lease::Lease for LockGuard {
