@@ -189,15 +189,16 @@ pub use client::builder::{LockClientBuilder, redact_url};
 pub use client::holder::{Holder, redact};
 pub use client::list::{HeldLock, Listing};
 pub use client::options::{
-    Backoff, HandoffBudget, LockExtra, LockOptions, MultiLockExtra, MultiLockOptions, Options,
-    RedLockExtra, RedLockOptions, ReentrantExtra, ReentrantOptions, Release, RwLockExtra,
-    RwLockOptions, SemaphoreExtra, SemaphoreOptions, WaitMode,
+    Backoff, FairLockExtra, FairLockOptions, HandoffBudget, LockExtra, LockOptions, MultiLockExtra,
+    MultiLockOptions, Options, RedLockExtra, RedLockOptions, ReentrantExtra, ReentrantOptions,
+    Release, RwLockExtra, RwLockOptions, SemaphoreExtra, SemaphoreOptions, WaitMode,
 };
 pub use client::{DEFAULT_POOL_SIZE, DEFAULT_TIMEOUT, LockClient, MAX_TIMEOUT};
 pub use conn::backend::{Connection, Deployment};
 pub use conn::histogram::Distribution;
 pub use conn::stats::{KindStats, LockKind, LockStats};
 pub use error::{Error, LossReason, PoolError};
+pub use family::fair::{FairGuard, FairLock};
 pub use family::multi::{MultiGuard, MultiLock};
 pub use family::redlock::{RedLock, RedLockGuard};
 pub use family::reentrant::{ReentrantGuard, ReentrantLock};

@@ -223,6 +223,8 @@ pub type RwLockOptions = Options<RwLockExtra>;
 pub type RedLockOptions = Options<RedLockExtra>;
 /// A [`MultiLock`](crate::MultiLock)'s settings.
 pub type MultiLockOptions = Options<MultiLockExtra>;
+/// A [`FairLock`](crate::FairLock)'s settings.
+pub type FairLockOptions = Options<FairLockExtra>;
 
 /// What only a [`DistributedLock`](crate::DistributedLock) has among its
 /// [`LockOptions`]. These are also the client's defaults for the extras
@@ -384,6 +386,48 @@ pub struct MultiLockExtra {
     pub fencing: bool,
 }
 
+/// What only a [`FairLock`](crate::FairLock) has among its
+/// [`FairLockOptions`].
+#[non_exhaustive]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FairLockExtra {
+    /// How long a waiter's place in the queue lives without a new attempt
+    /// (by the server's clock). A waiter asks again at least every third of
+    /// it, so only a waiter that stopped asking (killed, partitioned,
+    /// paused) loses its place; it holds the queue up for at most this
+    /// long. Between 100 ms and ten years, checked when the lock is taken.
+    /// Defaults to 2 s.
+    pub entry_ttl: Duration,
+    /// A fencing token for every acquisition, from the key's counter (the
+    /// one [`LockExtra::fencing`] describes). Defaults to `false`.
+    pub fencing: bool,
+}
+
+impl Default for FairLockExtra {
+    fn default() -> Self {
+        FairLockExtra {
+            entry_ttl: Duration::from_secs(2),
+            fencing: false,
+        }
+    }
+}
+
+impl FairLockOptions {
+    /// Sets [`FairLockExtra::entry_ttl`].
+    #[must_use]
+    pub fn entry_ttl(mut self, ttl: Duration) -> Self {
+        self.extra.entry_ttl = ttl;
+        self
+    }
+
+    /// Sets [`FairLockExtra::fencing`].
+    #[must_use]
+    pub fn fencing(mut self, enabled: bool) -> Self {
+        self.extra.fencing = enabled;
+        self
+    }
+}
+
 impl MultiLockOptions {
     /// Sets [`MultiLockExtra::fencing`].
     #[must_use]
@@ -452,6 +496,16 @@ impl LockOptions {
         self.with_extra(ReentrantExtra {
             fencing: self.extra.fencing,
             min_replicas: self.extra.min_replicas,
+        })
+    }
+
+    /// As a [`FairLock`](crate::FairLock)'s: the core and fencing, with
+    /// the default entry ttl (no release method, no handoff, no
+    /// `min_replicas`).
+    pub fn for_fair(&self) -> FairLockOptions {
+        self.with_extra(FairLockExtra {
+            fencing: self.extra.fencing,
+            ..FairLockExtra::default()
         })
     }
 

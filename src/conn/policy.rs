@@ -102,6 +102,13 @@ pub(crate) enum Op {
     /// `lua/multi_extend.lua`: *safe* (owner-checked `PEXPIRE`s, all or
     /// none, never re-creating a key).
     MultiExtend,
+    /// `lua/fair_acquire.lua`. *Made safe*: a resend that finds the key
+    /// holding this acquisition's token answers "acquired"; a queued
+    /// waiter keeps its ticket.
+    FairAcquire,
+    /// `lua/fair_release.lua`. *Made safe* as `Release`: a marker when it
+    /// deleted the key; leaving the queue twice removes nothing more.
+    FairRelease,
     /// The cleanup of a lease nobody owns (an acquisition that failed after
     /// its request may have run): owner-checked releases. *Safe*.
     Cleanup,
@@ -129,12 +136,14 @@ impl Op {
             | Op::ReentrantAcquire
             | Op::RwAcquire
             | Op::SemAcquire
-            | Op::MultiAcquire => "acquire",
+            | Op::MultiAcquire
+            | Op::FairAcquire => "acquire",
             Op::Release
             | Op::ReentrantRelease
             | Op::RwRelease
             | Op::SemRelease
-            | Op::MultiRelease => "release",
+            | Op::MultiRelease
+            | Op::FairRelease => "release",
             Op::Extend | Op::ReentrantExtend | Op::RwExtend | Op::SemExtend | Op::MultiExtend => {
                 "extend"
             }

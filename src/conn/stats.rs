@@ -28,11 +28,13 @@ pub enum LockKind {
     Semaphore,
     /// [`MultiLock`](crate::MultiLock): a set of keys taken together.
     Multi,
+    /// [`FairLock`](crate::FairLock): granted in queue order.
+    Fair,
 }
 
 impl LockKind {
     /// Every lock type.
-    pub const ALL: [LockKind; 7] = [
+    pub const ALL: [LockKind; 8] = [
         LockKind::Mutex,
         LockKind::Reentrant,
         LockKind::Read,
@@ -40,10 +42,11 @@ impl LockKind {
         LockKind::RedLock,
         LockKind::Semaphore,
         LockKind::Multi,
+        LockKind::Fair,
     ];
 
     /// The name used as the `kind` metric label: `mutex`, `reentrant`,
-    /// `read`, `write`, `redlock`, `semaphore` or `multi`.
+    /// `read`, `write`, `redlock`, `semaphore`, `multi` or `fair`.
     pub fn name(self) -> &'static str {
         match self {
             LockKind::Mutex => "mutex",
@@ -53,6 +56,7 @@ impl LockKind {
             LockKind::RedLock => "redlock",
             LockKind::Semaphore => "semaphore",
             LockKind::Multi => "multi",
+            LockKind::Fair => "fair",
         }
     }
 
@@ -65,6 +69,7 @@ impl LockKind {
             LockKind::RedLock => 4,
             LockKind::Semaphore => 5,
             LockKind::Multi => 6,
+            LockKind::Fair => 7,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The rest of the lock family: [`reentrant::ReentrantLock`] (holds counted
 //! in a Redis hash), [`rwlock::RwLock`] (readers and a writer in one hash),
-//! [`semaphore::Semaphore`] (permits in one hash), [`multi::MultiLock`] (a
+//! [`semaphore::Semaphore`] (permits in one hash), [`fair::FairLock`] (a
+//! plain key granted in queue order), [`multi::MultiLock`] (a
 //! set of plain lock keys, all or none) and [`redlock::RedLock`] (a
 //! majority of independent nodes).
 //!
@@ -13,6 +14,7 @@
 //! hash field per hold or holder, a marker when the key is deleted); what a
 //! failed request may have left goes to the client's cleanup.
 
+pub(crate) mod fair;
 pub(crate) mod multi;
 pub(crate) mod redlock;
 pub(crate) mod reentrant;

@@ -178,6 +178,18 @@ pub(crate) static SEM_CHECK: LazyLock<Script> =
 pub(crate) static SEM_SET_LIMIT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("../../lua/sem_set_limit.lua")));
 
+/// `lua/fair_acquire.lua`: the lock for the queue's head (or anyone, the
+/// queue empty), else a place in the queue. Returns `{1, 0, 0, nil, fence}`
+/// or `{0, pttl, position, holder, ticket}`.
+pub(crate) static FAIR_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/fair_acquire.lua")));
+
+/// `lua/fair_release.lua`: owner-checked release (or a waiter leaving the
+/// queue) that wakes the queue's head alone. Returns as `lua/release.lua`
+/// without the subscriber count.
+pub(crate) static FAIR_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("../../lua/fair_release.lua")));
+
 /// `lua/multi_acquire.lua`: every key of one slot's part of a set, all or
 /// none (fencing counters bumped first). Returns `{1, 0, 0, nil, fences}`
 /// acquired or `{0, pttl, index, holder, {}}` held.

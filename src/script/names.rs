@@ -45,6 +45,19 @@ pub(crate) fn fence_key(key: &str) -> String {
     }
 }
 
+/// The fair lock's queue of `key` (waiting tokens by ticket), and its
+/// waiters' deadlines, in the key's hash slot: `{KEY}:fairq` and
+/// `{KEY}:fairexp`, or `{TAG}:fairq:KEY` and `{TAG}:fairexp:KEY` when the
+/// key has a `{TAG}`.
+pub(crate) fn fair_keys(key: &str) -> (String, String) {
+    let name = |what: &str| match hash_tag(key) {
+        Some(tag) => format!("{{{tag}}}:{what}:{key}"),
+        None if key.contains('}') => format!("redmutex:{what}:{key}"),
+        None => format!("{{{key}}}:{what}"),
+    };
+    (name("fairq"), name("fairexp"))
+}
+
 /// The marker a release of `key` by `id` (a token or a hold id) leaves
 /// behind, in the key's hash slot: `{KEY}:released:ID`, or
 /// `{TAG}:released:KEY:ID` when the key has a `{TAG}`. `None` for a key
@@ -71,6 +84,10 @@ pub(crate) fn marker_anywhere(key: &str, id: &str) -> String {
 pub(crate) fn is_auxiliary(name: &str) -> bool {
     name.starts_with("redmutex:released:")
         || name.starts_with("redmutex:fence:")
+        || name.starts_with("redmutex:fairq:")
+        || name.starts_with("redmutex:fairexp:")
+        || name.contains("}:fairq")
+        || name.contains("}:fairexp")
         || name.contains("}:released:")
         || name.contains("}:fence:")
         || name.ends_with("}:fence")
@@ -136,6 +153,12 @@ impl Namespace {
     /// [`release_channel`] of `key` (a key of this namespace), prefixed.
     pub(crate) fn release_channel(&self, key: &str) -> String {
         self.prefixed(release_channel(key))
+    }
+
+    /// [`fair_keys`] of `key`, prefixed.
+    pub(crate) fn fair_keys(&self, key: &str) -> (String, String) {
+        let (queue, deadlines) = fair_keys(key);
+        (self.prefixed(queue), self.prefixed(deadlines))
     }
 
     /// [`fence_key`] of `key`, prefixed.
