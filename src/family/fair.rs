@@ -357,7 +357,9 @@ impl Contender for Wait<'_> {
             )));
         }
         if number > 0 {
-            self.ticket.get_or_insert(number);
+            // Its place now: a place that lapsed (the waiter stalled) is
+            // taken again at the back, with a new ticket.
+            self.ticket = Some(number);
         }
         self.seen = holder.as_deref().and_then(named_holder);
         // The head sleeps until woken (or the holder's expiry); the others
@@ -497,10 +499,10 @@ impl FairGuard {
         &self.token
     }
 
-    /// The place this acquisition had in the queue: its ticket (the
-    /// server's clock in microseconds when it first queued, strictly
-    /// increasing per queue), or `None` when it got the lock without
-    /// queueing. Grants go in ticket order.
+    /// The place this acquisition had in the queue when the lock came to
+    /// it: its ticket (the server's clock in microseconds when it took the
+    /// place, strictly increasing per queue), or `None` when it got the
+    /// lock without queueing. Grants go in ticket order.
     pub fn ticket(&self) -> Option<u64> {
         self.ticket
     }
