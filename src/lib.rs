@@ -198,7 +198,7 @@ pub use conn::backend::{Connection, Deployment};
 pub use conn::histogram::Distribution;
 pub use conn::stats::{KindStats, LockKind, LockStats};
 pub use error::{Error, LossReason, PoolError};
-pub use family::fair::{FairGuard, FairLock};
+pub use family::fair::{FairGuard, FairLock, FairWaiter};
 pub use family::multi::{MultiGuard, MultiLock};
 pub use family::redlock::{RedLock, RedLockGuard};
 pub use family::reentrant::{ReentrantGuard, ReentrantLock};

@@ -18,14 +18,14 @@ use support::{RedisServer, exists, secret, wait_until};
 const RULE: &str = "on >secret resetkeys ~locks:* ~{locks:* resetchannels &redmutex:released:* \
     -@all +set +get +getdel +pttl +eval +evalsha +script|load +wait +watch +unwatch +multi +exec \
     +subscribe +unsubscribe +ping +client|setname +role \
-    +del +exists +pexpire +pexpireat +psetex +publish +incr +decr +time +hget +hset +hdel +hlen +hgetall";
+    +del +exists +pexpire +pexpireat +psetex +publish +incr +decr +time +hget +hset +hdel +hlen +hgetall +mget +zadd +zrem +zrange +zrangebyscore +zscore +zrank +zcard";
 
 /// The documented rule for a client whose key prefix is `teamA:`: one key
 /// pattern and one channel pattern cover everything the crate touches.
 const PREFIX_RULE: &str = "on >secret resetkeys ~teamA:* resetchannels &teamA:* \
     -@all +set +get +getdel +pttl +eval +evalsha +script|load +wait +watch +unwatch +multi +exec \
     +subscribe +unsubscribe +ping +client|setname +role \
-    +del +exists +pexpire +pexpireat +psetex +publish +incr +decr +time +hget +hset +hdel +hlen +hgetall";
+    +del +exists +pexpire +pexpireat +psetex +publish +incr +decr +time +hget +hset +hdel +hlen +hgetall +mget +zadd +zrem +zrange +zrangebyscore +zscore +zrank +zcard";
 
 fn set_user(server: &RedisServer, name: &str, rule: &str) {
     let mut cmd = redis::cmd("ACL");
@@ -116,6 +116,35 @@ fn the_readme_rule_runs_every_lock_type() {
     let writer = rw.write().expect("write");
     writer.unlock().expect("unlock");
 
+    // A set of keys, fenced and watched, checked, released.
+    let set = redmutex::MultiLock::with_options(
+        &client,
+        ["locks:m1", "locks:m2"],
+        redmutex::MultiLockOptions::default()
+            .fencing(true)
+            .ttl(Duration::from_millis(300))
+            .watchdog(true),
+    );
+    let mut guard = set.lock().expect("multi");
+    assert!(guard.is_held().expect("is_held"));
+    guard.extend(Duration::from_secs(5)).expect("extend");
+    guard.unlock().expect("unlock");
+    // A fair lock queues (a waiter behind a holder), and its release wakes
+    // the head on the head's own channel.
+    let fair = redmutex::FairLock::new(&client, "locks:fair");
+    let held = fair.lock().expect("fair");
+    let waiter = {
+        let fair = redmutex::FairLock::new(&client_as(&server, "locker"), "locks:fair");
+        std::thread::spawn(move || fair.lock().map(drop))
+    };
+    assert!(wait_until(Duration::from_secs(5), || {
+        server
+            .try_query::<u64>(redis::cmd("ZCARD").arg("{locks:fair}:fairq"))
+            .is_some_and(|n| n == 1)
+    }));
+    held.unlock().expect("unlock");
+    waiter.join().expect("waiter").expect("served");
+
     // Notify waiting: the waiter is woken by the release message.
     let holder = client_as(&server, "locker");
     let waited = support::release_wakes_waiter(&holder, &client, "locks:notify", |channel| {
@@ -137,6 +166,9 @@ fn the_readme_rule_runs_every_lock_type() {
         "locks:watched",
         "locks:rw",
         "locks:forced",
+        "locks:m1",
+        "locks:fair",
+        "{locks:fair}:fairq",
     ] {
         assert!(!exists(&server, key), "{key}");
     }

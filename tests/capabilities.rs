@@ -8,8 +8,9 @@ use redmutex_test_support as support;
 use std::time::{Duration, Instant};
 
 use redmutex::{
-    DistributedLock, Error, Lease, LockClient, LockKind, LockOptions, LossReason, RedLock,
-    ReentrantLock, RwLock, Semaphore, SemaphoreOptions, Unlocked,
+    DistributedLock, Error, FairLock, FairLockOptions, Lease, LockClient, LockKind, LockOptions,
+    LossReason, MultiLock, MultiLockOptions, RedLock, ReentrantLock, RwLock, Semaphore,
+    SemaphoreOptions, Unlocked,
 };
 use support::{RedisServer, numsub, wait_until};
 
@@ -96,6 +97,36 @@ fn the_lease_contract_holds_for_every_lock_type() {
             .acquire()
             .expect("permit");
         lease_contract(permit, delete(&server, "cap:sem"));
+    }
+    {
+        // A plain lock's guard made movable keeps the whole contract, on
+        // whichever thread it is.
+        let server = RedisServer::start();
+        let client = server.lock_client();
+        let guard = DistributedLock::new(&client, "cap:movable")
+            .lock()
+            .expect("lock")
+            .into_movable()
+            .expect("movable");
+        let server_ref = &server;
+        std::thread::scope(|scope| {
+            scope.spawn(move || lease_contract(guard, delete(server_ref, "cap:movable")));
+        });
+    }
+    {
+        // A set of keys is one lease: one key gone loses the set.
+        let server = RedisServer::start();
+        let client = server.lock_client();
+        let guard = MultiLock::new(&client, ["cap:multi-a", "cap:multi-b"])
+            .lock()
+            .expect("lock");
+        lease_contract(guard, delete(&server, "cap:multi-b"));
+    }
+    {
+        let server = RedisServer::start();
+        let client = server.lock_client();
+        let guard = FairLock::new(&client, "cap:fair").lock().expect("lock");
+        lease_contract(guard, delete(&server, "cap:fair"));
     }
     {
         let nodes = RedisServer::start_many(3);
@@ -303,6 +334,47 @@ fn watched_guards(
                 .expect("permit"),
             ),
         ),
+        (
+            "multi",
+            key("multi"),
+            Box::new(
+                MultiLock::with_options(
+                    &client,
+                    [key("multi"), key("multi-other")],
+                    options.with_extra(Default::default()),
+                )
+                .lock()
+                .expect("lock"),
+            ),
+        ),
+        (
+            "fair",
+            key("fair"),
+            Box::new(
+                FairLock::with_options(
+                    &client,
+                    key("fair"),
+                    options.with_extra(Default::default()),
+                )
+                .lock()
+                .expect("lock"),
+            ),
+        ),
+        (
+            "movable",
+            key("movable"),
+            Box::new(
+                DistributedLock::with_options(
+                    &client,
+                    key("movable"),
+                    options.with_extra(Default::default()),
+                )
+                .lock()
+                .expect("lock")
+                .into_movable()
+                .expect("movable"),
+            ),
+        ),
     ];
     if servers.len() >= 3 {
         let nodes = servers.iter().map(RedisServer::lock_client).collect();
@@ -407,6 +479,30 @@ fn a_silent_link_is_a_loss_before_the_lease_ends_on_every_type() {
             ),
         ),
         (
+            "multi",
+            Box::new(
+                MultiLock::with_options(
+                    &client,
+                    [format!("{key}-m1"), format!("{key}-m2")],
+                    options.with_extra(Default::default()),
+                )
+                .lock()
+                .expect("lock"),
+            ),
+        ),
+        (
+            "fair",
+            Box::new(
+                FairLock::with_options(
+                    &client,
+                    format!("{key}-fair"),
+                    options.with_extra(Default::default()),
+                )
+                .lock()
+                .expect("lock"),
+            ),
+        ),
+        (
             "redlock",
             Box::new(
                 RedLock::with_options(
@@ -498,6 +594,38 @@ fn fencing_tokens_increase_where_the_type_has_them() {
     first.unlock().expect("unlock");
     let second = rw.write().expect("write");
     assert!(second.fencing_token().expect("a token") > a);
+    second.unlock().expect("unlock");
+    // A multi-lock: each key its own token, from the key's own counter.
+    let set = MultiLock::with_options(
+        &client,
+        ["cap:f-lock", "cap:f-m"],
+        MultiLockOptions::default().fencing(true),
+    );
+    let first = set.lock().expect("set");
+    let tokens: Vec<(String, u64)> = first
+        .fencing_tokens()
+        .expect("tokens")
+        .map(|(k, t)| (k.to_owned(), t))
+        .collect();
+    assert_eq!(tokens.len(), 2);
+    first.unlock().expect("unlock");
+    let plain = lock.lock().expect("lock");
+    assert!(
+        plain.fencing_token().expect("a token") > tokens[0].1,
+        "the key's own counter"
+    );
+    plain.unlock().expect("unlock");
+    // A fair lock: as the plain lock, one counter per key.
+    let fair = FairLock::with_options(
+        &client,
+        "cap:f-fair",
+        FairLockOptions::default().fencing(true),
+    );
+    let first = fair.lock().expect("lock");
+    let f = first.fencing_token().expect("a token");
+    first.unlock().expect("unlock");
+    let second = fair.lock().expect("lock");
+    assert!(second.fencing_token().expect("a token") > f);
     second.unlock().expect("unlock");
     let counter: u64 = redis::cmd("GET")
         .arg(client.fence_key("cap:f-rw"))
@@ -619,6 +747,34 @@ fn every_type_that_waits_by_notify_is_woken_by_the_release() {
                 })
             }),
         ),
+        (
+            "multi",
+            Box::new(move |c| {
+                let g = DistributedLock::with_options(
+                    c,
+                    "n",
+                    LockOptions::default().ttl(Duration::from_secs(30)),
+                )
+                .lock()
+                .expect("lock");
+                Box::new(move || {
+                    g.unlock().expect("unlock");
+                })
+            }),
+            Box::new(move |c| {
+                let set = MultiLock::with_options(
+                    c,
+                    ["n", "n-other"],
+                    slow.with_extra(Default::default()),
+                );
+                Box::new(move || {
+                    let g = set.try_lock_for(Duration::from_secs(20)).expect("wait");
+                    {
+                        g.expect("woken").unlock().expect("unlock");
+                    };
+                })
+            }),
+        ),
     ];
     for (name, hold, wait) in cases {
         let server = RedisServer::start();
@@ -646,6 +802,48 @@ fn every_type_that_waits_by_notify_is_woken_by_the_release() {
             "{name}: woken {after:?} after the release, not by the 8 s backoff"
         );
     }
+}
+
+/// A fair lock's waiter is woken by the release on its own channel (the
+/// head's), long before its 8 s backoff step.
+#[test]
+fn a_fair_waiter_is_woken_by_the_release() {
+    let server = RedisServer::start();
+    let slow = FairLockOptions::default()
+        .ttl(Duration::from_secs(30))
+        .backoff(redmutex::Backoff::constant(Duration::from_secs(8)))
+        .entry_ttl(Duration::from_secs(60));
+    let held = FairLock::with_options(&server.lock_client(), "nf", slow)
+        .lock()
+        .expect("lock");
+    let waiter = FairLock::with_options(&server.lock_client(), "nf", slow);
+    let waiting = std::thread::spawn(move || {
+        let g = waiter.try_lock_for(Duration::from_secs(20)).expect("wait");
+        g.expect("woken").unlock().expect("unlock");
+        Instant::now()
+    });
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            let channels: Vec<String> = redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .arg("redmutex:released:{nf}:w:*")
+                .query(&mut server.conn())
+                .expect("PUBSUB");
+            channels.len() == 1
+        }),
+        "the waiter subscribed to its own channel"
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    let released = Instant::now();
+    held.unlock().expect("unlock");
+    let after = waiting
+        .join()
+        .expect("waiter")
+        .saturating_duration_since(released);
+    assert!(
+        after < Duration::from_secs(4),
+        "woken {after:?} after the release"
+    );
 }
 
 /// RedLock waits by notify too: woken by the nodes' release message.
@@ -969,6 +1167,24 @@ fn a_timeout_names_the_holder_on_every_type() {
     .expect_err("held");
     named("semaphore", err, &secret(permit.id()));
     permit.unlock().expect("unlock");
+    let held = DistributedLock::new(&holder, "cap:t-m2")
+        .lock()
+        .expect("lock");
+    let err = MultiLock::with_options(
+        &waiter,
+        ["cap:t-m1", "cap:t-m2"],
+        short.with_extra(Default::default()),
+    )
+    .lock()
+    .expect_err("held");
+    named("multi", err, &secret(held.token()));
+    held.unlock().expect("unlock");
+    let held = FairLock::new(&holder, "cap:t-fair").lock().expect("lock");
+    let err = FairLock::with_options(&waiter, "cap:t-fair", short.with_extra(Default::default()))
+        .lock()
+        .expect_err("held");
+    named("fair", err, &secret(held.token()));
+    held.unlock().expect("unlock");
 }
 
 /// `RedLock::status` tells holders apart by their tokens, not their

@@ -94,7 +94,11 @@ fn main() -> Result<(), Failure> {
 fn run(args: &Args, url: &str, server: &support::RedisServer, what: &str) -> Result<(), Failure> {
     let mut con = server.conn();
     let _: () = con.del("fairness:grants")?;
-    let before = support::total_calls(&redis::cmd("INFO").arg("commandstats").query::<String>(&mut con)?);
+    let before = support::total_calls(
+        &redis::cmd("INFO")
+            .arg("commandstats")
+            .query::<String>(&mut con)?,
+    );
     let exe = std::env::current_exe()?;
     let started = Instant::now();
     let children: Vec<_> = (0..args.processes)
@@ -123,9 +127,8 @@ fn run(args: &Args, url: &str, server: &support::RedisServer, what: &str) -> Res
             let mut n = 0;
             for grant in fields {
                 let mut parts = grant.split(',');
-                let mut next = || -> Result<u64, Failure> {
-                    Ok(parts.next().ok_or("short grant")?.parse()?)
-                };
+                let mut next =
+                    || -> Result<u64, Failure> { Ok(parts.next().ok_or("short grant")?.parse()?) };
                 grants.push((next()?, next()?, next()?));
                 n += 1;
             }
@@ -136,7 +139,11 @@ fn run(args: &Args, url: &str, server: &support::RedisServer, what: &str) -> Res
         }
     }
     let elapsed = started.elapsed();
-    let after = support::total_calls(&redis::cmd("INFO").arg("commandstats").query::<String>(&mut con)?);
+    let after = support::total_calls(
+        &redis::cmd("INFO")
+            .arg("commandstats")
+            .query::<String>(&mut con)?,
+    );
     grants.sort_unstable();
     let mut inversions = 0u64;
     let mut highest = 0u64;
@@ -160,14 +167,22 @@ fn run(args: &Args, url: &str, server: &support::RedisServer, what: &str) -> Res
     let smallest = per_worker.iter().min().copied().unwrap_or(0);
     println!(
         "| {} | {:.0} | {} | {} | {} | {:.2} | {:.1} | {} |",
-        if what == "fair" { "FairLock" } else { "DistributedLock (notify)" },
+        if what == "fair" {
+            "FairLock"
+        } else {
+            "DistributedLock (notify)"
+        },
         total as f64 / elapsed.as_secs_f64(),
         ms(at(0.5)),
         ms(at(0.99)),
         ms(waits.last().copied().unwrap_or(0)),
         smallest as f64 / even,
         (after - before) as f64 / total.max(1) as f64,
-        if what == "fair" { inversions.to_string() } else { "n/a".to_owned() },
+        if what == "fair" {
+            inversions.to_string()
+        } else {
+            "n/a".to_owned()
+        },
     );
     Ok(())
 }
@@ -202,7 +217,11 @@ fn dead_head(args: &Args, url: &str) -> Result<(), Failure> {
     };
     let mut con = client.connection()?;
     let queued = Instant::now();
-    while redis::cmd("ZCARD").arg("{deadhead}:fairq").query::<u64>(&mut con)? < 2 {
+    while redis::cmd("ZCARD")
+        .arg("{deadhead}:fairq")
+        .query::<u64>(&mut con)?
+        < 2
+    {
         if queued.elapsed() > Duration::from_secs(10) {
             return Err("the second waiter did not queue".into());
         }
@@ -230,7 +249,11 @@ fn child(args: &Args, what: &str) -> Result<(), Failure> {
         let mut out = std::io::stdout();
         let waiter = std::thread::spawn(move || lock.lock().map(drop));
         let mut con = client.connection()?;
-        while redis::cmd("ZCARD").arg("{deadhead}:fairq").query::<u64>(&mut con)? < 1 {
+        while redis::cmd("ZCARD")
+            .arg("{deadhead}:fairq")
+            .query::<u64>(&mut con)?
+            < 1
+        {
             std::thread::sleep(Duration::from_millis(1));
         }
         writeln!(out, "queued")?;
@@ -262,7 +285,10 @@ fn child(args: &Args, what: &str) -> Result<(), Failure> {
                     let (ticket, guard): (u64, Box<dyn FnOnce() -> Result<(), redmutex::Error>>) =
                         if fair {
                             let guard = fair_lock.lock().map_err(|e| e.to_string())?;
-                            (guard.ticket().unwrap_or(0), Box::new(move || guard.unlock().map(drop)))
+                            (
+                                guard.ticket().unwrap_or(0),
+                                Box::new(move || guard.unlock().map(drop)),
+                            )
                         } else {
                             let guard = plain.lock().map_err(|e| e.to_string())?;
                             (0, Box::new(move || guard.unlock().map(drop)))

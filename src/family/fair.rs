@@ -207,13 +207,33 @@ impl FairLock {
         }
     }
 
+    /// A place in this lock's queue kept across waits: see
+    /// [`FairWaiter`].
+    pub fn waiter(&self) -> FairWaiter {
+        FairWaiter {
+            lock: self.clone(),
+            token: None,
+        }
+    }
+
     fn acquire(
         &self,
         within: Within,
         seen: &mut Option<String>,
     ) -> Result<Option<FairGuard>, Error> {
+        self.acquire_with(within, seen, None)
+    }
+
+    /// `kept`: the token of a [`FairWaiter`]'s place, made here first,
+    /// which the place keeps when the wait ends without the lock.
+    fn acquire_with(
+        &self,
+        within: Within,
+        seen: &mut Option<String>,
+        kept: Option<&mut Option<Arc<str>>>,
+    ) -> Result<Option<FairGuard>, Error> {
         let started = Instant::now();
-        let result = self.acquire_inner(within, seen);
+        let result = self.acquire_inner(within, seen, kept);
         self.client
             .counters()
             .acquisition(self.tag(), started, result)
@@ -223,6 +243,7 @@ impl FairLock {
         &self,
         within: Within,
         seen: &mut Option<String>,
+        kept: Option<&mut Option<Arc<str>>>,
     ) -> Result<Option<FairGuard>, Error> {
         let key: &str = &self.names.key;
         if key.is_empty() {
@@ -240,7 +261,11 @@ impl FairLock {
         let entry_millis = ttl_millis(entry_ttl)?;
         self.client.check_key(key)?;
         let deadline = within.deadline();
-        let token: Arc<str> = self.client.new_token(key)?.into();
+        let keeps = kept.is_some();
+        let token: Arc<str> = match kept {
+            Some(kept) => self.client.token_once(kept, key)?,
+            None => self.client.new_token(key)?.into(),
+        };
         let secret = token.split('|').next().unwrap_or(&token);
         let channel = format!("{}{secret}", self.names.channels);
         let mut contender = Wait {
@@ -279,7 +304,7 @@ impl FairLock {
         };
         let result = acquire(&mut contender, deadline, backoff, waiting);
         *seen = contender.seen.take();
-        if contender.queues && !matches!(result, Ok(Some(_))) {
+        if contender.queues && !keeps && !matches!(result, Ok(Some(_))) {
             // Gave up (or failed) with a place in the queue: leave it now,
             // within the call's own bound, or let it lapse within its
             // entry ttl (a waiter behind it waits that long at most).
@@ -292,6 +317,83 @@ impl FairLock {
             }
         }
         result
+    }
+}
+
+/// A place in a [`FairLock`]'s queue kept from one wait to the next, for a
+/// caller that waits in slices (to look at a signal, a shutdown flag, a
+/// progress display between them) without going to the back of the queue
+/// each time. Made by [`FairLock::waiter`]; the place is taken by the first
+/// wait and kept, renewed by each wait, until the lock comes (the next
+/// wait then queues afresh) or the waiter is dropped, which leaves the
+/// queue. Between waits the place lapses after the entry ttl
+/// ([`FairLockExtra::entry_ttl`](crate::FairLockExtra::entry_ttl)) if no
+/// wait renews it.
+///
+/// ```no_run
+/// use std::time::Duration;
+///
+/// # fn main() -> Result<(), redmutex::Error> {
+/// # let client = redmutex::LockClient::open("redis://127.0.0.1:6379/")?;
+/// # let stop = std::sync::atomic::AtomicBool::new(false);
+/// let lock = redmutex::FairLock::new(&client, "printer");
+/// let mut waiter = lock.waiter();
+/// let guard = loop {
+///     if let Some(guard) = waiter.try_lock_for(Duration::from_millis(250))? {
+///         break Some(guard);
+///     }
+///     if stop.load(std::sync::atomic::Ordering::Relaxed) {
+///         break None; // dropping the waiter leaves the queue
+///     }
+/// };
+/// # drop(guard);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct FairWaiter {
+    lock: FairLock,
+    /// The token of the place, once a wait took one.
+    token: Option<Arc<str>>,
+}
+
+impl FairWaiter {
+    /// Waits in the queue, keeping the place, until the lock comes or
+    /// `wait` has passed (`Ok(None)`: the place is kept for the next wait).
+    ///
+    /// # Errors
+    ///
+    /// As [`FairLock::lock`], without [`Error::Timeout`].
+    #[must_use = "the guard is the lock: dropping it at once releases the lock"]
+    pub fn try_lock_for(&mut self, wait: Duration) -> Result<Option<FairGuard>, Error> {
+        let result = self
+            .lock
+            .acquire_with(Within::For(wait), &mut None, Some(&mut self.token));
+        if matches!(result, Ok(Some(_))) {
+            // The place became the lock: the next wait is a new one.
+            self.token = None;
+        }
+        result
+    }
+}
+
+impl Drop for FairWaiter {
+    fn drop(&mut self) {
+        // Leaves the queue within one timeout; failing that (Redis
+        // unreachable, a forked child's copy), the place lapses within
+        // its entry ttl.
+        if let Some(token) = self.token.take()
+            && !self.lock.client.inherited()
+        {
+            let budget = self.lock.client.timeout();
+            if let Err(err) = fair_release(&self.lock.client, &self.lock.names, &token, "q", budget)
+            {
+                log::debug!(
+                    "redmutex: leaving the queue of {:?}: {err}",
+                    self.lock.names.key
+                );
+            }
+        }
     }
 }
 

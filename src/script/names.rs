@@ -259,11 +259,15 @@ mod tests {
     #[test]
     fn slots_are_the_ones_the_server_and_redis_rs_compute() {
         // CLUSTER KEYSLOT's answers.
-        assert_eq!(slot("foo"), 12182);
-        assert_eq!(slot("{user1000}.following"), slot("{user1000}.followers"));
+        use crate::script::names::slot as slot_of;
+        assert_eq!(slot_of("foo"), 12182);
+        assert_eq!(
+            slot_of("{user1000}.following"),
+            slot_of("{user1000}.followers")
+        );
         for key in ["foo", "bar", "{a}x", "a{}b{c}", "open{only", "", "k\u{e9}y"] {
             assert_eq!(
-                redis::cluster_routing::Slot::new(slot(key)),
+                redis::cluster_routing::Slot::new(slot_of(key)),
                 Some(redis::cluster_routing::Slot::for_key(key)),
                 "{key:?}"
             );

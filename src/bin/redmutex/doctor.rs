@@ -151,6 +151,17 @@ const NEEDED: &[Needed] = &[
         "reentrant locks, read-write locks and semaphores cannot be released",
     ),
     needed("hlen", "reentrant locks and semaphores fail"),
+    needed("mget", "a multi-lock cannot be checked (is_held)"),
+    needed("zadd", "fair locks cannot queue"),
+    needed("zrem", "fair locks cannot be taken or released"),
+    needed("zrange", "fair locks cannot be taken or released"),
+    needed(
+        "zrangebyscore",
+        "fair locks cannot be taken or released (dead waiters are not dropped)",
+    ),
+    needed("zscore", "fair locks cannot queue"),
+    needed("zrank", "fair locks cannot queue"),
+    needed("zcard", "fair locks cannot be taken or released"),
     needed(
         "hgetall",
         "read-write locks and semaphores fail; a held reentrant lock cannot be waited for",
@@ -280,6 +291,18 @@ const PROBES: &[&[&str]] = &[
     &["HDEL", LOCK, "h:v"],
     &["HLEN", LOCK],
     &["HGETALL", LOCK],
+    &["MGET", LOCK],
+    // A fair lock's queue and deadlines are `{KEY}:…` names, as the
+    // markers are.
+    &["ZADD", MARKER, "1", "v"],
+    &["ZREM", MARKER, "v"],
+    &["ZRANGE", MARKER, "0", "0"],
+    &["ZRANGEBYSCORE", MARKER, "-inf", "0"],
+    &["ZSCORE", MARKER, "v"],
+    &["ZRANK", MARKER, "v"],
+    &["ZCARD", MARKER],
+    &["DEL", MARKER],
+    &["PEXPIREAT", MARKER, "4102444800000"],
     &["EVALSHA", SHA, "2", LOCK, FENCE],
     &["EVALSHA", SHA, "2", LOCK, MARKER],
     // A release written behind, sent again after `NOSCRIPT`: a dry run
@@ -1473,12 +1496,24 @@ mod tests {
         found
     }
 
-    /// What a script's `KEYS[2]` is, from its header.
-    fn second_key(script: &str) -> Option<Target> {
-        let line = script.lines().find(|l| l.starts_with("-- KEYS[2]"))?;
+    /// What a script's key `name` (`KEYS[2]`, or a local the script
+    /// names its keys by) is, from its header: a fencing counter, a
+    /// marker, or a fair lock's queue or deadlines (`{KEY}:…` names, as
+    /// the markers, which the probes stand them for).
+    fn named_key(script: &str, name: &str) -> Option<Target> {
+        match name {
+            "KEYS[1]" | "KEYS[i]" => return Some(Target::Lock),
+            "counter" => return Some(Target::Fence),
+            "marker" => return Some(Target::Marker),
+            "channel" => return Some(Target::Channel),
+            _ => {}
+        }
+        let line = script
+            .lines()
+            .find(|l| l.starts_with(&format!("-- {name}")))?;
         if line.contains("fenc") {
             Some(Target::Fence)
-        } else if line.contains("marker") {
+        } else if line.contains("marker") || line.contains("queue") || line.contains("deadline") {
             Some(Target::Marker)
         } else {
             None
@@ -1514,15 +1549,14 @@ mod tests {
             for (command, first) in calls(&script) {
                 seen += 1;
                 let target = match first.as_str() {
-                    "KEYS[1]" => Some(Target::Lock),
-                    "KEYS[2]" => Some(second_key(&script).unwrap_or_else(|| {
-                        panic!(
-                            "{path:?}: what is KEYS[2]? (its header says neither fence nor marker)"
-                        )
-                    })),
                     "" => None,
                     argv if argv.starts_with("ARGV[") => Some(Target::Channel),
-                    other => panic!("{path:?}: {command} on {other}: which name is that?"),
+                    key => Some(named_key(&script, key).unwrap_or_else(|| {
+                        panic!(
+                            "{path:?}: {command} on {key}: which name is that? (its header \
+                             says neither fence, marker, queue nor deadline)"
+                        )
+                    })),
                 };
                 assert!(
                     needed_for(&command).is_some(),
@@ -1535,7 +1569,7 @@ mod tests {
             }
         }
         assert!(
-            scripts >= 17 && seen >= 100,
+            scripts >= 23 && seen >= 150,
             "{scripts} scripts, {seen} calls"
         );
     }

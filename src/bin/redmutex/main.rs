@@ -40,8 +40,8 @@ mod supervise;
 
 use clap::{Args, Parser, Subcommand};
 use redmutex::{
-    DistributedLock, Error, HeldLock, Holder, LockClient, LockClientBuilder, LockOptions,
-    Semaphore, WaitMode,
+    DistributedLock, Error, FairLock, HeldLock, Holder, LockClient, LockClientBuilder, LockOptions,
+    MultiLock, Semaphore, WaitMode,
 };
 
 const EXIT_CONFLICT: u8 = 1;
@@ -272,6 +272,18 @@ struct RunArgs {
     /// is the permit's id). Every run on KEY must give the same N.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     limit: Option<u32>,
+    /// Hold every one of these keys (comma-separated), all or none: a
+    /// multi-lock, never partly held, so runs over overlapping sets cannot
+    /// deadlock. REDMUTEX_KEY is the keys as given to the command, in the
+    /// order taken; REDMUTEX_FENCING_TOKENS (with --fencing) is KEY=TOKEN
+    /// for each, comma-separated.
+    #[arg(long, value_name = "KEYS", value_delimiter = ',', num_args = 1,
+          conflicts_with_all = ["key", "limit", "fair"])]
+    keys: Vec<String>,
+    /// Take the lock in the order the waiters asked for it, across hosts
+    /// (a fair lock: a waiter that dies loses its place within 2 s).
+    #[arg(long, conflicts_with = "limit")]
+    fair: bool,
     /// A label in the lock's holder metadata (shown by `status` and `list`),
     /// e.g. a job or deploy id; no `|`, whitespace or control characters.
     #[arg(long, env = "REDMUTEX_LABEL", value_name = "LABEL")]

@@ -13,10 +13,11 @@ struct Spinner {
 }
 
 impl Spinner {
-    fn start(cli: &Cli, client: &LockClient, key: &str, limit: Option<u32>) -> Spinner {
+    fn start(cli: &Cli, client: &LockClient, keys: &[String], limit: Option<u32>) -> Spinner {
         let stop = Arc::new(AtomicBool::new(false));
         let thread = (!cli.quiet && std::io::stderr().is_terminal()).then(|| {
-            let (stop, client, key) = (stop.clone(), client.clone(), key.to_owned());
+            let (stop, client, keys) = (stop.clone(), client.clone(), keys.to_vec());
+            let key = keys.join(",");
             std::thread::spawn(move || {
                 let frames = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'];
                 let started = Instant::now();
@@ -25,7 +26,7 @@ impl Spinner {
                 let mut held = String::from("…");
                 while !stop.load(Ordering::Relaxed) {
                     if last_poll.is_none_or(|t| t.elapsed() > Duration::from_millis(500)) {
-                        held = match describe(&client, &key, limit) {
+                        held = match describe_any(&client, &keys, limit) {
                             Ok(Some(who)) => who,
                             Ok(None) => "free, taking it".into(),
                             Err(_) => "Redis not answering".into(),
@@ -161,10 +162,14 @@ fn exit_code_of(status: ExitStatus) -> u8 {
 /// arrives while waiting is acted on within it.
 const WAIT_SLICE: Duration = Duration::from_millis(250);
 
-/// What `run` takes: the lock, or with `--limit` a permit of a semaphore.
+/// What `run` takes: the lock, with `--limit` a permit of a semaphore,
+/// with `--fair` the lock in queue order, with `--keys` every key at once.
 enum Target {
     Lock(DistributedLock),
     Permit(Semaphore),
+    /// The waiter keeps its place in the queue across the wait's slices.
+    Fair(FairLock, std::cell::RefCell<redmutex::FairWaiter>),
+    Multi(MultiLock),
 }
 
 /// What `run` holds while the command runs.
@@ -172,6 +177,8 @@ enum Held {
     Lock(redmutex::LockGuard),
     // Boxed: a permit is much larger than a guard.
     Permit(Box<redmutex::Permit>),
+    Fair(Box<redmutex::FairGuard>),
+    Multi(Box<redmutex::MultiGuard>),
 }
 
 impl Target {
@@ -181,6 +188,8 @@ impl Target {
             Target::Permit(semaphore) => semaphore
                 .try_acquire()?
                 .map(|permit| Held::Permit(Box::new(permit))),
+            Target::Fair(lock, _) => lock.try_lock()?.map(|g| Held::Fair(Box::new(g))),
+            Target::Multi(lock) => lock.try_lock()?.map(|g| Held::Multi(Box::new(g))),
         })
     }
 
@@ -190,6 +199,11 @@ impl Target {
             Target::Permit(semaphore) => semaphore
                 .try_acquire_for(wait)?
                 .map(|permit| Held::Permit(Box::new(permit))),
+            Target::Fair(_, waiter) => waiter
+                .borrow_mut()
+                .try_lock_for(wait)?
+                .map(|g| Held::Fair(Box::new(g))),
+            Target::Multi(lock) => lock.try_lock_for(wait)?.map(|g| Held::Multi(Box::new(g))),
         })
     }
 }
@@ -200,13 +214,29 @@ impl Held {
         match self {
             Held::Lock(guard) => guard.token(),
             Held::Permit(permit) => permit.id(),
+            Held::Fair(guard) => guard.token(),
+            Held::Multi(guard) => guard.token(),
         }
+    }
+
+    /// Every key's fencing token, `KEY=TOKEN,…`, for a set of keys.
+    fn fencing_tokens(&self) -> Option<String> {
+        let Held::Multi(guard) = self else {
+            return None;
+        };
+        let tokens: Vec<String> = guard
+            .fencing_tokens()?
+            .map(|(key, token)| format!("{key}={token}"))
+            .collect();
+        Some(tokens.join(","))
     }
 
     fn fencing_token(&self) -> Option<u64> {
         match self {
             Held::Lock(guard) => guard.fencing_token(),
             Held::Permit(permit) => permit.fencing_token(),
+            Held::Fair(guard) => guard.fencing_token(),
+            Held::Multi(guard) => guard.fencing_token(),
         }
     }
 
@@ -214,6 +244,8 @@ impl Held {
         match self {
             Held::Lock(guard) => guard.loss_signal(),
             Held::Permit(permit) => permit.loss_signal(),
+            Held::Fair(guard) => guard.loss_signal(),
+            Held::Multi(guard) => guard.loss_signal(),
         }
     }
 
@@ -221,6 +253,8 @@ impl Held {
         match self {
             Held::Lock(guard) => guard.validity(),
             Held::Permit(permit) => permit.validity(),
+            Held::Fair(guard) => guard.validity(),
+            Held::Multi(guard) => guard.validity(),
         }
     }
 
@@ -228,6 +262,8 @@ impl Held {
         match self {
             Held::Lock(guard) => guard.unlock().map(|_| ()),
             Held::Permit(permit) => permit.release(),
+            Held::Fair(guard) => guard.unlock().map(|_| ()),
+            Held::Multi(guard) => guard.unlock().map(|_| ()),
         }
     }
 }
@@ -334,6 +370,25 @@ pub(super) fn die_as_asked(code: u8) {
 /// `--limit`) on every host and version (FNV-1a, 64 bits, over the
 /// arguments' bytes, each ended by a NUL). As with run-one, it is the
 /// command line as typed: `./job.sh` in two directories is one key.
+/// Who holds the first of `keys` that is held (named with its key when
+/// there are several), `None` when all are free.
+fn describe_any(
+    client: &LockClient,
+    keys: &[String],
+    limit: Option<u32>,
+) -> Result<Option<String>, Failure> {
+    for key in keys {
+        if let Some(who) = describe(client, key, limit)? {
+            return Ok(Some(if keys.len() > 1 {
+                format!("{key:?} {who}")
+            } else {
+                who
+            }));
+        }
+    }
+    Ok(None)
+}
+
 fn derived_key(command: &[OsString], limit: Option<u32>) -> String {
     use std::os::unix::ffi::OsStrExt;
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -379,11 +434,15 @@ fn run_watched(
     args: &RunArgs,
     watcher: Option<&supervise::Watcher>,
 ) -> Result<u8, Failure> {
+    if args.keys.iter().any(String::is_empty) {
+        return Err(fail(EXIT_USAGE, "--keys: a key must not be empty"));
+    }
     let key = match &args.key {
         Some(key) if key.is_empty() => {
             return Err(fail(EXIT_USAGE, "the lock key must not be empty"));
         }
         Some(key) => key.clone(),
+        None if !args.keys.is_empty() => args.keys.join(","),
         None => {
             let key = derived_key(&args.command, args.limit);
             verbose(
@@ -455,11 +514,35 @@ fn run_watched(
             limit,
             options.for_semaphore(),
         )),
+        None if !args.keys.is_empty() => Target::Multi(MultiLock::with_options(
+            &client,
+            args.keys.iter().cloned(),
+            options.for_multi(),
+        )),
+        None if args.fair => {
+            let lock = FairLock::with_options(&client, key.clone(), options.for_fair());
+            let waiter = std::cell::RefCell::new(lock.waiter());
+            Target::Fair(lock, waiter)
+        }
         None => Target::Lock(DistributedLock::with_options(&client, key.clone(), options)),
     };
-    let what = match args.limit {
-        Some(limit) => format!("a permit of {key:?} (limit {limit})"),
-        None => format!("the lock {key:?}"),
+    // The keys whose holders a message names: the set's, or the one key.
+    let shown_keys: Vec<String> = match &target {
+        Target::Multi(lock) => lock
+            .keys()
+            .map(|k| {
+                k.strip_prefix(cli.key_prefix.as_str())
+                    .unwrap_or(k)
+                    .to_owned()
+            })
+            .collect(),
+        _ => vec![key.clone()],
+    };
+    let what = match (args.limit, &target) {
+        (Some(limit), _) => format!("a permit of {key:?} (limit {limit})"),
+        (None, Target::Multi(_)) => format!("the keys {shown_keys:?}, all at once"),
+        (None, Target::Fair(..)) => format!("the lock {key:?}, in queue order"),
+        _ => format!("the lock {key:?}"),
     };
     verbose(
         cli,
@@ -469,7 +552,8 @@ fn run_watched(
     // is held); the lease taken is checked after, before the command
     // starts.
     let acquired = {
-        let _spinner = (!args.no_wait).then(|| Spinner::start(cli, &client, &key, args.limit));
+        let _spinner =
+            (!args.no_wait).then(|| Spinner::start(cli, &client, &shown_keys, args.limit));
         acquire(&target, args, &forwarded)
     };
     let acquired = match acquired {
@@ -487,7 +571,7 @@ fn run_watched(
         report::outcome("not_acquired", None);
         if args.quiet_if_held {
             if args.report.is_some()
-                && let Ok(Some(who)) = describe(&client, &key, args.limit)
+                && let Ok(Some(who)) = describe_any(&client, &shown_keys, args.limit)
             {
                 report::holder(who);
             }
@@ -497,7 +581,7 @@ fn run_watched(
             );
             return Ok(0);
         }
-        let who = match describe(&client, &key, args.limit) {
+        let who = match describe_any(&client, &shown_keys, args.limit) {
             Ok(Some(who)) => who,
             _ => "held".into(),
         };
@@ -522,6 +606,9 @@ fn run_watched(
     ];
     if let Some(fence) = guard.fencing_token() {
         environment.push(("REDMUTEX_FENCING_TOKEN", fence.to_string().into()));
+    }
+    if let Some(fences) = guard.fencing_tokens() {
+        environment.push(("REDMUTEX_FENCING_TOKENS", fences.into()));
     }
     // A signal that came while acquiring: the command is not started.
     if let Some(signal) = forwarded.take().map(|f| f.signal) {
