@@ -1678,3 +1678,112 @@ fn status_tokens_shows_live_permit_ids_only() {
     assert_eq!(json["in_use"], 1);
     drop(live);
 }
+
+/// `run --keys`: every key at once, or none; the command learns the keys
+/// and each key's fencing token.
+#[test]
+fn run_with_keys_takes_the_set_whole_or_not_at_all() {
+    let server = RedisServer::start();
+    let out = redmutex(&server)
+        .args([
+            "run",
+            "--fencing",
+            "--keys",
+            "acct:b,acct:a",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$REDMUTEX_KEY\"; echo \"$REDMUTEX_FENCING_TOKENS\"; echo \"$REDMUTEX_TOKEN\"",
+        ])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.first(), Some(&"acct:b,acct:a"), "{stdout}");
+    let fences: Vec<&str> = lines
+        .get(1)
+        .copied()
+        .unwrap_or_default()
+        .split(',')
+        .collect();
+    assert_eq!(fences.len(), 2, "{stdout}");
+    assert!(fences[0].starts_with("acct:a="), "{stdout}");
+    assert!(fences[1].starts_with("acct:b="), "{stdout}");
+    assert_eq!(held(&server, "acct:a"), None, "released after the command");
+    // One key of the set held elsewhere: nothing is taken, exit 1.
+    let client = server.lock_client();
+    let other = redmutex::DistributedLock::new(&client, "acct:c")
+        .lock()
+        .expect("lock");
+    let refused = redmutex(&server)
+        .args(["run", "--no-wait", "--keys", "acct:b,acct:c", "--", "true"])
+        .output()
+        .expect("run");
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("acct:c"),
+        "names the held key: {refused:?}"
+    );
+    assert_eq!(
+        held(&server, "acct:b"),
+        None,
+        "nothing of the set was taken"
+    );
+    other.unlock().expect("unlock");
+    for bad in [
+        vec!["run", "--keys", "a,b", "k", "--", "true"],
+        vec!["run", "--keys", "a,b", "--limit", "2", "--", "true"],
+        vec!["run", "--keys", "a,,b", "--", "true"],
+        vec!["run", "--fair", "--limit", "2", "k", "--", "true"],
+    ] {
+        let out = redmutex(&server).args(&bad).output().expect("run");
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {out:?}");
+    }
+}
+
+/// `run --fair`: a waiter SIGKILLed at the head of the queue costs the
+/// next one at most its place's ttl (2 s), not its wait.
+#[test]
+fn a_fair_run_killed_at_the_head_of_the_queue_drops_out() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let holder = redmutex::FairLock::new(&client, "turn")
+        .lock()
+        .expect("lock");
+    let queue =
+        |server: &RedisServer| -> u64 { server.conn().zcard("{turn}:fairq").expect("ZCARD") };
+    let mut head = redmutex(&server)
+        .args(["run", "--fair", "--wait", "60s", "turn", "--", "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run");
+    assert!(wait_until(Duration::from_secs(10), || queue(&server) == 1));
+    let behind = {
+        let lock = redmutex::FairLock::with_options(
+            &server.lock_client(),
+            "turn",
+            redmutex::FairLockOptions::default().wait(Duration::from_secs(30)),
+        );
+        std::thread::spawn(move || lock.lock().map(|guard| guard.ticket()))
+    };
+    assert!(wait_until(Duration::from_secs(10), || queue(&server) == 2));
+    head.kill().expect("SIGKILL");
+    let _ = head.wait();
+    let released = Instant::now();
+    holder.unlock().expect("unlock");
+    let ticket = behind.join().expect("waiter").expect("served");
+    assert!(ticket.is_some(), "it queued");
+    let waited = released.elapsed();
+    assert!(
+        waited < Duration::from_secs(5),
+        "the dead head's place lapsed within its ttl: {waited:?}"
+    );
+    // And a fair run that is not killed takes its turn.
+    let out = redmutex(&server)
+        .args(["run", "--fair", "turn", "--", "true"])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}

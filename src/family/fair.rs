@@ -139,6 +139,23 @@ impl FairLock {
         &self.names.key
     }
 
+    /// Who holds the key now, read in one step as
+    /// [`DistributedLock::status`](crate::DistributedLock::status) reads a
+    /// plain lock (never a token's secret); `None` when it is free. The
+    /// queue is not shown.
+    ///
+    /// # Errors
+    ///
+    /// As [`DistributedLock::status`](crate::DistributedLock::status).
+    pub fn status(&self) -> Result<Option<crate::client::list::HeldLock>, Error> {
+        if self.names.key.is_empty() {
+            return Err(Error::InvalidArgument(
+                "the lock key must not be empty".into(),
+            ));
+        }
+        self.client.status_of(&self.names.key)
+    }
+
     /// The options it is taken with (read as `lock.options().ttl`,
     /// `lock.options().extra.entry_ttl`).
     pub fn options(&self) -> &FairLockOptions {
