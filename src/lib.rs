@@ -53,9 +53,15 @@
 //! |---|---|
 //! | [`DistributedLock`] | one holder at a time; the [`LockGuard`] releases on drop, [`unlock`](Lease::unlock) reports |
 //! | [`ReentrantLock`] | the same thread (through any client) may take it again; the holds are counted in Redis |
-//! | [`RwLock`] | many readers or one writer, writers not starved |
+//! | [`RwLock`] | many readers or one writer, writers not starved; a writer may [downgrade](RwGuard::downgrade) to a reader |
 //! | [`Semaphore`] | at most N holders at once |
+//! | [`MultiLock`] | several keys, all or none, without deadlock |
+//! | [`FairLock`] | one holder at a time, granted in the order the waiters asked, across processes |
 //! | [`RedLock`] | a majority of independent Redis masters |
+//!
+//! A [`LockGuard`] stays on its thread (its reentrancy lives there);
+//! [`LockGuard::into_movable`] makes it a [`MovableGuard`] another thread
+//! may finish and release.
 //!
 //! ### Capabilities by lock type
 //!
@@ -66,17 +72,18 @@
 //! type cannot honour cannot be passed). What each type offers (each ✓ is
 //! exercised against a real Redis by `tests/capabilities.rs`):
 //!
-//! | | [`DistributedLock`] | [`ReentrantLock`] | [`RwLock`] (read / write) | [`Semaphore`] | [`RedLock`] |
-//! |---|---|---|---|---|---|
-//! | [`Lease`]: `validity` (zero once lost), `is_held` (asks Redis), `extend` (owner-checked), `is_lost`, `loss_signal`, `unlock` | ✓ | ✓ | ✓ (each holder its own deadline) | ✓ | ✓ (by majority) |
-//! | watchdog, `max_hold` ([`Options::watchdog`]) | ✓ | ✓ (the owner's hash) | ✓ (each holder's field) | ✓ | ✓ (on a majority, a thread per guard) |
-//! | [`Lease::fencing_token`] (one counter per key) | ✓ | ✓ (the owner's: drawn by its first fenced hold, carried by the others) | writer ✓, readers none | ✓ | no, by design ([why](guide::deployments#redlock-over-independent-masters)) |
-//! | `min_replicas` | ✓ | ✓ | ✓ | ✓ | n/a |
-//! | `status()`: who holds it, atomic | ✓ | ✓ | ✓ | ✓ (per permit, ids redacted) | ✓ (the majority's holder) |
-//! | [`Error::Timeout`] names the holder | ✓ | ✓ | ✓ | ✓ (the permit that frees first) | – |
-//! | a nested unlock says [`Unlocked::StillHeld`] | ✓ | ✓ | – | – | – |
-//! | waits by notify (a local queue, woken by the release) | ✓ | ✓ | ✓ | ✓ | ✓ (any node's message) |
-//! | handoff between threads of a client | ✓ | – | – | ✓ | – |
+//! | | [`DistributedLock`] | [`ReentrantLock`] | [`RwLock`] (read / write) | [`Semaphore`] | [`MultiLock`] | [`FairLock`] | [`RedLock`] |
+//! |---|---|---|---|---|---|---|---|
+//! | [`Lease`]: `validity` (zero once lost), `is_held` (asks Redis), `extend` (owner-checked), `is_lost`, `loss_signal`, `unlock` | ✓ | ✓ | ✓ (each holder its own deadline) | ✓ | ✓ (the set is one lease: one key lost loses it) | ✓ | ✓ (by majority) |
+//! | watchdog, `max_hold` ([`Options::watchdog`]) | ✓ | ✓ (the owner's hash) | ✓ (each holder's field) | ✓ | ✓ (each slot's keys at once) | ✓ | ✓ (on a majority, a thread per guard) |
+//! | [`Lease::fencing_token`] (one counter per key) | ✓ | ✓ (the owner's: drawn by its first fenced hold, carried by the others) | writer ✓, readers none | ✓ | ✓ (one per key: [`MultiGuard::fencing_tokens`]) | ✓ | no, by design ([why](guide::deployments#redlock-over-independent-masters)) |
+//! | `min_replicas` | ✓ | ✓ | ✓ | ✓ | – | – | n/a |
+//! | `status()`: who holds it, atomic | ✓ | ✓ | ✓ | ✓ (per permit, ids redacted) | – (each key's, by [`DistributedLock::status`]) | ✓ | ✓ (the majority's holder) |
+//! | [`Error::Timeout`] names the holder | ✓ | ✓ | ✓ | ✓ (the permit that frees first) | ✓ (of the first key held) | ✓ | – |
+//! | a nested unlock says [`Unlocked::StillHeld`] | ✓ | ✓ | – | – | – | – | – |
+//! | waits by notify (a local queue, woken by the release) | ✓ | ✓ | ✓ | ✓ | ✓ (any key's release) | ✓ (the queue's head alone) | ✓ (any node's message) |
+//! | handoff between threads of a client | ✓ | – | – | ✓ | – | – | – |
+//! | the guard is `Send` | with [`LockGuard::into_movable`] | – | ✓ | ✓ | ✓ | ✓ | ✓ |
 //!
 //! The constructor of the [`LockClient`] picks the deployment (one server,
 //! Sentinel, Cluster; [`LockClient::builder`] covers them all); the lock

@@ -929,6 +929,8 @@ fn stated_defaults(client: &redmutex::LockClient) -> Vec<(&'static str, &'static
     let re = ReentrantOptions::default();
     let rw = RwLockOptions::default();
     let red = RedLockOptions::default();
+    let multi = redmutex::MultiLockOptions::default();
+    let fair = redmutex::FairLockOptions::default();
     let budget = HandoffBudget::default();
     let backoff = Backoff::default();
     let o = "src/client/options.rs";
@@ -983,6 +985,8 @@ fn stated_defaults(client: &redmutex::LockClient) -> Vec<(&'static str, &'static
                 Flag(sem.extra.fencing),
                 Flag(re.extra.fencing),
                 Flag(rw.extra.fencing),
+                Flag(multi.extra.fencing),
+                Flag(fair.extra.fencing),
             ],
         ),
         (
@@ -996,6 +1000,7 @@ fn stated_defaults(client: &redmutex::LockClient) -> Vec<(&'static str, &'static
             ],
         ),
         (o, "prefer_readers", vec![Flag(rw.extra.prefer_readers)]),
+        (o, "entry_ttl", vec![Time(fair.extra.entry_ttl)]),
         (
             o,
             "node_timeout",
