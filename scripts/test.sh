@@ -54,7 +54,7 @@ fi
 # through the fault proxy, mutual exclusion across processes, the CLI, and
 # (against the system's server; the docs and the examples do not change
 # with the server) the docs and the copyable examples.
-whole=(lock reentrant_lock rwlock semaphore capabilities status notify watchdog lost_reply exclusion cli doctor)
+whole=(lock reentrant_lock rwlock semaphore multilock fairlock movable capabilities status notify watchdog lost_reply exclusion cli doctor)
 if [ -z "$server" ]; then
   whole+=(examples docs)
 fi
