@@ -1352,3 +1352,18 @@ fn a_timeout_names_nobody_for_a_token_without_metadata() {
         "{err:?}"
     );
 }
+
+/// Which guards may go to another thread: checked by the compiler. (The
+/// ones that may not, `LockGuard` and `ReentrantGuard`, have `compile_fail`
+/// examples in their docs; `public-api.txt` lists every guard's auto
+/// traits.)
+#[test]
+fn the_guards_that_move_are_send() {
+    fn send<T: Send>() {}
+    send::<redmutex::MovableGuard>();
+    send::<redmutex::RwGuard>();
+    send::<redmutex::Permit>();
+    send::<redmutex::MultiGuard>();
+    send::<redmutex::FairGuard>();
+    send::<redmutex::RedLockGuard>();
+}

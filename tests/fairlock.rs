@@ -242,3 +242,27 @@ fn lost_replies_are_recognised() {
     assert_eq!(proxy.lost_replies(), 2);
     assert_eq!(value(&server, "lossy"), None);
 }
+
+/// The queue beside a fair lock is no lock of its own: `list` shows the
+/// key, held as a plain lock, and not its queue; `status` names the holder.
+#[test]
+fn a_listing_shows_the_lock_and_not_its_queue() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let lock = FairLock::with_options(&client, "listed", options());
+    let held = lock.lock().expect("lock");
+    let waiter = {
+        let lock = FairLock::with_options(&server.lock_client(), "listed", options());
+        std::thread::spawn(move || lock.lock().map(drop))
+    };
+    assert!(wait_until(Duration::from_secs(5), || queue_len(
+        &server, "listed"
+    ) == 1));
+    let listing = client.list("*", Duration::from_secs(10)).expect("list");
+    let keys: Vec<&str> = listing.held.iter().map(|h| h.key.as_str()).collect();
+    assert_eq!(keys, ["listed"], "{keys:?}");
+    let status = lock.status().expect("status").expect("held");
+    assert_eq!(status.holders, 1);
+    held.unlock().expect("unlock");
+    waiter.join().expect("waiter").expect("served");
+}
