@@ -30,8 +30,9 @@
 --
 -- Safe to run twice: a run that finds a key already holding ARGV[1] (an
 -- earlier run of this request set it and its reply was lost) counts it as
--- taken and reads its counter back instead of bumping it; keys of the set
--- that expired since are taken again under the same token.
+-- taken (its expiry left as it is) and reads its counter back instead of
+-- bumping it; keys of the set that expired since are taken again under the
+-- same token.
 local n = tonumber(ARGV[3])
 local fencing = ARGV[4] == '1'
 local mine = {}
@@ -77,7 +78,12 @@ if fencing then
 else
   for i = 1, n do fences[i] = 0 end
 end
+-- A key already ours keeps its expiry (as lua/acquire.lua leaves its own
+-- key alone): a copy of this request arriving late must not shorten a
+-- lease its holder has extended since.
 for i = 1, n do
-  redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+  if not mine[i] then
+    redis.call('SET', KEYS[i], ARGV[1], 'PX', ARGV[2])
+  end
 end
 return {1, 0, 0, false, fences}

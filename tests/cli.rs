@@ -1711,6 +1711,27 @@ fn run_with_keys_takes_the_set_whole_or_not_at_all() {
     assert!(fences[0].starts_with("acct:a="), "{stdout}");
     assert!(fences[1].starts_with("acct:b="), "{stdout}");
     assert_eq!(held(&server, "acct:a"), None, "released after the command");
+    // With a key prefix the command names the keys as it was given them.
+    let out = redmutex(&server)
+        .args([
+            "--key-prefix",
+            "p:",
+            "run",
+            "--fencing",
+            "--keys",
+            "x,y",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$REDMUTEX_FENCING_TOKENS\"",
+        ])
+        .output()
+        .expect("run");
+    let tokens = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        tokens.starts_with("x=") && tokens.contains(",y="),
+        "{tokens}"
+    );
     // One key of the set held elsewhere: nothing is taken, exit 1.
     let client = server.lock_client();
     let other = redmutex::DistributedLock::new(&client, "acct:c")

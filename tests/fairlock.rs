@@ -266,3 +266,81 @@ fn a_listing_shows_the_lock_and_not_its_queue() {
     held.unlock().expect("unlock");
     waiter.join().expect("waiter").expect("served");
 }
+
+/// A waiter whose wait failed (every reply lost) does not take the lock
+/// again with the token the client's cleanup is releasing: the lock it
+/// takes next stays its own through the cleanup's whole window.
+#[test]
+fn a_waiter_starts_afresh_after_a_failed_wait() {
+    let server = RedisServer::start();
+    support::load_scripts(&server);
+    let proxy = FaultProxy::to(&server);
+    let client = LockClient::open(&proxy.url()).expect("client");
+    let lock = FairLock::with_options(&client, "fw", options().wait(Duration::from_secs(5)));
+    let mut waiter = lock.waiter();
+    proxy.lose_reply(&sha(include_str!("../lua/fair_acquire.lua")), 3);
+    let failed = waiter.try_lock_for(Duration::from_millis(500));
+    assert!(failed.is_err(), "{failed:?}");
+    let guard = waiter
+        .try_lock_for(Duration::from_secs(2))
+        .expect("second wait")
+        .expect("free");
+    // The cleanup of the failed wait's token runs for three timeouts (at
+    // least 1 s) after it: the key must stay this guard's throughout.
+    let until = Instant::now() + Duration::from_millis(2500);
+    while Instant::now() < until {
+        assert_eq!(value(&server, "fw").as_deref(), Some(guard.token()));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    guard.unlock().expect("unlock");
+}
+
+/// A waiter's place is one across its waits: the same ticket, renewed by
+/// every wait, a wait of zero included.
+#[test]
+fn a_waiter_keeps_one_place_across_its_waits() {
+    let server = RedisServer::start();
+    let held = FairLock::with_options(&server.lock_client(), "slices", options())
+        .lock()
+        .expect("lock");
+    let lock = FairLock::with_options(
+        &server.lock_client(),
+        "slices",
+        options().entry_ttl(Duration::from_millis(600)),
+    );
+    let mut waiter = lock.waiter();
+    let score = |server: &RedisServer| -> Option<f64> {
+        let queue: Vec<(String, f64)> = server
+            .conn()
+            .zrange_withscores("{slices}:fairq", 0, -1)
+            .expect("ZRANGE");
+        assert!(queue.len() <= 1, "{queue:?}");
+        queue.first().map(|(_, ticket)| *ticket)
+    };
+    assert!(
+        waiter
+            .try_lock_for(Duration::from_millis(100))
+            .expect("wait")
+            .is_none()
+    );
+    let ticket = score(&server).expect("queued");
+    // Longer than its entry ttl in all, in waits of zero.
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        assert!(waiter.try_lock_for(Duration::ZERO).expect("wait").is_none());
+        assert_eq!(score(&server), Some(ticket), "the same place");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    held.unlock().expect("unlock");
+    let guard = waiter
+        .try_lock_for(Duration::from_secs(5))
+        .expect("wait")
+        .expect("its turn");
+    assert_eq!(
+        guard.ticket().map(|t| t as f64),
+        Some(ticket),
+        "its one place"
+    );
+    drop(waiter);
+    guard.unlock().expect("unlock");
+}

@@ -439,3 +439,21 @@ fn on_a_cluster_one_slot_is_atomic_and_several_slots_are_ordered() {
     }
     assert_eq!(timeouts.load(Ordering::Relaxed), 0);
 }
+
+/// An extension to a shorter lease shortens the estimate too (the keys
+/// expire as asked).
+#[test]
+fn a_shorter_extension_shortens_the_validity() {
+    let server = RedisServer::start();
+    let client = server.lock_client();
+    let set = MultiLock::with_options(&client, ["sa", "sb"], options());
+    let mut guard = set.lock().expect("lock");
+    guard.extend(Duration::from_millis(200)).expect("extend");
+    assert!(
+        guard.validity() <= Duration::from_millis(200),
+        "{:?}",
+        guard.validity()
+    );
+    assert!(wait_until(Duration::from_secs(5), || value(&server, "sa").is_none()));
+    assert_eq!(guard.validity(), Duration::ZERO);
+}

@@ -395,7 +395,7 @@ pub struct FairLockExtra {
     /// (by the server's clock). A waiter asks again at least every third of
     /// it, so only a waiter that stopped asking (killed, partitioned,
     /// paused) loses its place; it holds the queue up for at most this
-    /// long. Between 100 ms and ten years, checked when the lock is taken.
+    /// long. Between 500 ms and ten years, checked when the lock is taken.
     /// Defaults to 2 s.
     pub entry_ttl: Duration,
     /// A fencing token for every acquisition, from the key's counter (the

@@ -27,8 +27,9 @@ use crate::wait::acquire::{Attempt, Contender, Queued, Waiting, Within, acquire,
 use crate::wait::queue::Queues;
 
 /// The shortest place in the queue a waiter may ask for: it must outlast
-/// a round trip and the wait for its subscription.
-const MIN_ENTRY_TTL: Duration = Duration::from_millis(100);
+/// the wait for its subscription (200 ms, `wait::pacing`), a round trip
+/// and a poll step.
+const MIN_ENTRY_TTL: Duration = Duration::from_millis(500);
 
 /// The fair locks' state in one client: a local queue per waiting
 /// acquisition (each waits for its own turn in Redis's queue, never for
@@ -171,7 +172,7 @@ impl FairLock {
     ///
     /// [`Error::Timeout`] when the lock did not come to it within the
     /// wait; [`Error::InvalidArgument`] for an empty key, a ttl under 1 ms
-    /// or over ten years, or an entry ttl under 100 ms or over ten years
+    /// or over ten years, or an entry ttl under 500 ms or over ten years
     /// (nothing is sent); [`Error::WrongType`] when the key (or its queue)
     /// holds another type; [`Error::FenceCounter`]; [`Error::Redis`],
     /// [`Error::Pool`] or [`Error::OutcomeUnknown`] (what the attempt may
@@ -229,7 +230,7 @@ impl FairLock {
     pub fn waiter(&self) -> FairWaiter {
         FairWaiter {
             lock: self.clone(),
-            token: None,
+            place: Place::default(),
         }
     }
 
@@ -241,13 +242,14 @@ impl FairLock {
         self.acquire_with(within, seen, None)
     }
 
-    /// `kept`: the token of a [`FairWaiter`]'s place, made here first,
-    /// which the place keeps when the wait ends without the lock.
+    /// `kept`: a [`FairWaiter`]'s place (its token made here first, and
+    /// its ticket), which the place keeps when the wait ends without the
+    /// lock.
     fn acquire_with(
         &self,
         within: Within,
         seen: &mut Option<String>,
-        kept: Option<&mut Option<Arc<str>>>,
+        kept: Option<&mut Place>,
     ) -> Result<Option<FairGuard>, Error> {
         let started = Instant::now();
         let result = self.acquire_inner(within, seen, kept);
@@ -260,7 +262,7 @@ impl FairLock {
         &self,
         within: Within,
         seen: &mut Option<String>,
-        kept: Option<&mut Option<Arc<str>>>,
+        mut kept: Option<&mut Place>,
     ) -> Result<Option<FairGuard>, Error> {
         let key: &str = &self.names.key;
         if key.is_empty() {
@@ -272,15 +274,15 @@ impl FairLock {
         let entry_ttl = self.options.extra.entry_ttl;
         if !(MIN_ENTRY_TTL..=MAX_TTL).contains(&entry_ttl) {
             return Err(Error::InvalidArgument(format!(
-                "a fair lock's entry ttl must be between 100 ms and ten years, not {entry_ttl:?}"
+                "a fair lock's entry ttl must be between 500 ms and ten years, not {entry_ttl:?}"
             )));
         }
         let entry_millis = ttl_millis(entry_ttl)?;
         self.client.check_key(key)?;
         let deadline = within.deadline();
         let keeps = kept.is_some();
-        let token: Arc<str> = match kept {
-            Some(kept) => self.client.token_once(kept, key)?,
+        let token: Arc<str> = match kept.as_deref_mut() {
+            Some(place) => self.client.token_once(&mut place.token, key)?,
             None => self.client.new_token(key)?.into(),
         };
         let secret = token.split('|').next().unwrap_or(&token);
@@ -290,8 +292,9 @@ impl FairLock {
             token: token.clone(),
             millis,
             entry_millis,
-            queues: deadline.is_none_or(|d| d > Instant::now()),
-            ticket: None,
+            // A kept place is renewed by every wait, however short.
+            queues: keeps || deadline.is_none_or(|d| d > Instant::now()),
+            ticket: kept.as_deref().and_then(|place| place.ticket),
             seen: None,
         };
         // A waiter asks again at least every third of its entry's ttl, so
@@ -321,6 +324,9 @@ impl FairLock {
         };
         let result = acquire(&mut contender, deadline, backoff, waiting);
         *seen = contender.seen.take();
+        if let Some(place) = kept {
+            place.ticket = contender.ticket;
+        }
         if contender.queues && !keeps && !matches!(result, Ok(Some(_))) {
             // Gave up (or failed) with a place in the queue: leave it now,
             // within the call's own bound, or let it lapse within its
@@ -370,8 +376,15 @@ impl FairLock {
 #[derive(Debug)]
 pub struct FairWaiter {
     lock: FairLock,
-    /// The token of the place, once a wait took one.
+    place: Place,
+}
+
+/// A waiter's place: its token, once a wait made one, and its ticket, once
+/// it queued.
+#[derive(Debug, Default)]
+struct Place {
     token: Option<Arc<str>>,
+    ticket: Option<u64>,
 }
 
 impl FairWaiter {
@@ -385,10 +398,17 @@ impl FairWaiter {
     pub fn try_lock_for(&mut self, wait: Duration) -> Result<Option<FairGuard>, Error> {
         let result = self
             .lock
-            .acquire_with(Within::For(wait), &mut None, Some(&mut self.token));
-        if matches!(result, Ok(Some(_))) {
+            .acquire_with(Within::For(wait), &mut None, Some(&mut self.place));
+        match &result {
+            Ok(None) => {}
             // The place became the lock: the next wait is a new one.
-            self.token = None;
+            Ok(Some(_)) => self.place = Place::default(),
+            // The token may have gone to the client's cleanup, which
+            // releases it (owner-checked) for a while yet: a lock taken
+            // with it again would be deleted under its guard. The next
+            // wait queues afresh; the old place lapses within its entry
+            // ttl.
+            Err(_) => self.place = Place::default(),
         }
         result
     }
@@ -399,7 +419,7 @@ impl Drop for FairWaiter {
         // Leaves the queue within one timeout; failing that (Redis
         // unreachable, a forked child's copy), the place lapses within
         // its entry ttl.
-        if let Some(token) = self.token.take()
+        if let Some(token) = self.place.token.take()
             && !self.lock.client.inherited()
         {
             let budget = self.lock.client.timeout();
@@ -620,8 +640,9 @@ impl FairGuard {
 
     /// The place this acquisition had in the queue when the lock came to
     /// it: its ticket (the server's clock in microseconds when it took the
-    /// place, strictly increasing per queue), or `None` when it got the
-    /// lock without queueing. Grants go in ticket order.
+    /// place, strictly increasing per queue; a [`FairWaiter`]'s place is
+    /// one across its waits), or `None` when it got the lock without
+    /// queueing. Grants go in ticket order.
     pub fn ticket(&self) -> Option<u64> {
         self.ticket
     }

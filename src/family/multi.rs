@@ -519,6 +519,12 @@ impl Contender for Take<'_> {
                 }
                 Err(err) if err.is_not_held() => {
                     self.roll_back();
+                    // A fresh token for the next try: a part the roll-back
+                    // could not release went to the cleanup, which keeps
+                    // releasing this token for a while; a set taken with
+                    // it again would be deleted under its guard (and the
+                    // roll-back's markers would answer for its release).
+                    self.token = None;
                     return Ok(Attempt::Held(Some(Duration::ZERO)));
                 }
                 Err(err) => return Err(err),
@@ -886,6 +892,15 @@ impl crate::lease::Lease for MultiGuard {
         for (i, part) in self.parts.iter().enumerate() {
             let generation = self.watch.get(i).map(|entry| entry.generation());
             let sent = Instant::now();
+            // `PEXPIRE` sets the expiry asked, shorter ones too: whatever
+            // this part's request does (a lost reply included), the
+            // estimate is at most what it may have set.
+            if crate::lease::local_expiry(sent, asked)
+                < crate::lease::local_expiry(self.sent, self.ttl)
+            {
+                self.sent = sent;
+                self.ttl = asked;
+            }
             match extend_part(&self.client, part, &self.token, millis) {
                 Ok(()) => {}
                 Err(err) => {
@@ -901,9 +916,9 @@ impl crate::lease::Lease for MultiGuard {
             }
             earliest.get_or_insert(sent);
         }
-        if let Some(sent) = earliest
-            && remaining(sent, asked, sent) >= remaining(self.sent, self.ttl, sent)
-        {
+        // Every part now expires `asked` after its own request left: the
+        // set, after the first one's.
+        if let Some(sent) = earliest {
             self.sent = sent;
             self.ttl = asked;
         }

@@ -274,9 +274,9 @@ struct RunArgs {
     limit: Option<u32>,
     /// Hold every one of these keys (comma-separated), all or none: a
     /// multi-lock, never partly held, so runs over overlapping sets cannot
-    /// deadlock. REDMUTEX_KEY is the keys as given to the command, in the
-    /// order taken; REDMUTEX_FENCING_TOKENS (with --fencing) is KEY=TOKEN
-    /// for each, comma-separated.
+    /// deadlock. REDMUTEX_KEY is the keys as given here; with --fencing,
+    /// REDMUTEX_FENCING_TOKENS is KEY=TOKEN for each, comma-separated, in
+    /// the order taken. A key cannot contain a comma.
     #[arg(long, value_name = "KEYS", value_delimiter = ',', num_args = 1,
           conflicts_with_all = ["key", "limit", "fair"])]
     keys: Vec<String>,

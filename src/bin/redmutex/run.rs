@@ -219,14 +219,15 @@ impl Held {
         }
     }
 
-    /// Every key's fencing token, `KEY=TOKEN,…`, for a set of keys.
-    fn fencing_tokens(&self) -> Option<String> {
+    /// Every key's fencing token, `KEY=TOKEN,…`, for a set of keys, the
+    /// keys named as the command line names them (without `prefix`).
+    fn fencing_tokens(&self, prefix: &str) -> Option<String> {
         let Held::Multi(guard) = self else {
             return None;
         };
         let tokens: Vec<String> = guard
             .fencing_tokens()?
-            .map(|(key, token)| format!("{key}={token}"))
+            .map(|(key, token)| format!("{}={token}", key.strip_prefix(prefix).unwrap_or(key)))
             .collect();
         Some(tokens.join(","))
     }
@@ -607,7 +608,7 @@ fn run_watched(
     if let Some(fence) = guard.fencing_token() {
         environment.push(("REDMUTEX_FENCING_TOKEN", fence.to_string().into()));
     }
-    if let Some(fences) = guard.fencing_tokens() {
+    if let Some(fences) = guard.fencing_tokens(&cli.key_prefix) {
         environment.push(("REDMUTEX_FENCING_TOKENS", fences.into()));
     }
     // A signal that came while acquiring: the command is not started.
