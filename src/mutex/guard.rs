@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use crate::client::holder::Redacted;
 use crate::client::options::Release;
-use crate::conn::policy::Op;
 use crate::error::Error;
 use crate::lease::Lease as _;
 use crate::lease::Unlocked;
@@ -216,12 +215,7 @@ impl crate::lease::Lease for MovableGuard {
     ///
     /// As [`LockGuard`]'s.
     fn is_held(&self) -> Result<bool, Error> {
-        let key = self.key();
-        self.lease.client.counters().commands(1);
-        let current: Option<Vec<u8>> = self.lease.client.run(Op::Read, key, |con, _| {
-            redis::cmd("GET").arg(key).query(con)
-        })?;
-        Ok(current.is_some_and(|v| v == self.token().as_bytes()))
+        self.lease.held_in_redis()
     }
 
     /// As [`LockGuard`]'s: owner-checked, never re-creating the key.
@@ -299,12 +293,7 @@ impl crate::lease::Lease for LockGuard {
     /// [`Error::Redis`] or [`Error::Pool`] when Redis cannot be asked;
     /// [`Error::WrongType`] when the key now holds a non-string value.
     fn is_held(&self) -> Result<bool, Error> {
-        let key = self.key();
-        self.lease.client.counters().commands(1);
-        let current: Option<Vec<u8>> = self.lease.client.run(Op::Read, key, |con, _| {
-            redis::cmd("GET").arg(key).query(con)
-        })?;
-        Ok(current.is_some_and(|v| v == self.token().as_bytes()))
+        self.lease.held_in_redis()
     }
 
     /// Sets the lease to expire `ttl` from now, if the key still holds our

@@ -338,6 +338,17 @@ impl Lease {
         self.loss.get_or_init(Arc::default)
     }
 
+    /// Whether the key holds this lease's token (`GET`, a read: a lost
+    /// reply is asked again). Changes nothing.
+    pub(crate) fn held_in_redis(&self) -> Result<bool, Error> {
+        let key: &str = &self.key;
+        self.client.counters().commands(1);
+        let current: Option<Vec<u8>> = self.client.run(Op::Read, key, |con, _| {
+            redis::cmd("GET").arg(key).query(con)
+        })?;
+        Ok(current.is_some_and(|v| v == self.token.as_bytes()))
+    }
+
     pub(crate) fn is_released(&self) -> bool {
         self.released.get()
     }
