@@ -24,7 +24,7 @@ use crate::conn::stats::{LockKind, Tag};
 use crate::error::{Error, LossReason};
 use crate::lease::loss::{LossSignal, LossState};
 use crate::lease::remaining;
-use crate::renew::watchdog::{OrphanKind, Renewal, WatchEntry};
+use crate::renew::watchdog::{MultiPart, OrphanKind, Renewal, WatchEntry};
 use crate::script;
 use crate::wait::acquire::{Attempt, Contender, Queued, Waiting, Within, acquire, blocking};
 use crate::wait::queue::{Feed, Queues, Waker};
@@ -668,11 +668,11 @@ impl MultiGuard {
             let cap = options.max_hold.and_then(|cap| sent.checked_add(cap));
             for (i, (part, taken)) in lock.parts.iter().zip(&held).enumerate() {
                 let first = part.keys.first().cloned().unwrap_or_else(|| Arc::from(""));
-                watch.push(lock.client.watchdog().watch_part(
-                    Renewal::Multi {
+                watch.push(lock.client.watchdog().watch(
+                    Renewal::Multi(Arc::new(MultiPart {
                         keys: part.keys.clone(),
-                    },
-                    i,
+                        part: i,
+                    })),
                     tag,
                     &first,
                     &token,

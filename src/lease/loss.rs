@@ -42,8 +42,10 @@ struct Loss {
     /// A lease made of parts renewed apart (a multi-lock over several
     /// cluster slots): each part's local expiry. The lease is lost when
     /// the first of them passes, so a part whose renewals fail cannot
-    /// hide behind another's success. Empty for a lease of one part.
-    parts: Vec<Option<(Instant, LossReason)>>,
+    /// hide behind another's success. `None` for a lease of one part (a
+    /// pointer's room in every lease, not a list's).
+    #[allow(clippy::type_complexity)]
+    parts: Option<Box<Vec<Option<(Instant, LossReason)>>>>,
 }
 
 impl Loss {
@@ -65,25 +67,19 @@ impl Loss {
     /// part (part 0, no parts yet) keeps no list: the common case
     /// allocates nothing.
     fn set_part(&mut self, part: usize, deadline: Option<(Instant, LossReason)>) {
-        if part == 0 && self.parts.is_empty() {
+        if part == 0 && self.parts.is_none() {
             self.deadline = deadline;
             return;
         }
-        if self.parts.is_empty() {
-            self.parts.push(self.deadline);
+        let first = self.deadline;
+        let parts = self.parts.get_or_insert_with(|| Box::new(vec![first]));
+        if parts.len() <= part {
+            parts.resize(part.saturating_add(1), None);
         }
-        if self.parts.len() <= part {
-            self.parts.resize(part.saturating_add(1), None);
-        }
-        if let Some(slot) = self.parts.get_mut(part) {
+        if let Some(slot) = parts.get_mut(part) {
             *slot = deadline;
         }
-        self.deadline = self
-            .parts
-            .iter()
-            .flatten()
-            .min_by_key(|(at, _)| *at)
-            .copied();
+        self.deadline = parts.iter().flatten().min_by_key(|(at, _)| *at).copied();
     }
 }
 
@@ -152,7 +148,7 @@ impl LossState {
         let mut loss = self.inner.lock();
         loss.settle(Instant::now());
         loss.deadline = None;
-        loss.parts.clear();
+        loss.parts = None;
     }
 
     /// Blocks until the lease is found lost or `until` passes.

@@ -65,10 +65,18 @@ pub(crate) enum Renewal {
     /// The keys of one slot's part of a multi-lock, each holding the
     /// token, renewed together (`lua/multi_extend.lua`: all or none, so a
     /// part with a key lost is lost whole). The entry's key is the first.
-    Multi {
-        /// Every key of the part, in the set's order.
-        keys: Arc<[Arc<str>]>,
-    },
+    /// Behind one pointer: every other lease's entry stays as small.
+    Multi(Arc<MultiPart>),
+}
+
+/// One slot's part of a watched multi-lock.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct MultiPart {
+    /// Every key of the part, in the set's order.
+    pub(crate) keys: Arc<[Arc<str>]>,
+    /// Which part of the set's lease this is: the set's parts share one
+    /// loss state, which keeps each part's expiry.
+    pub(crate) part: usize,
 }
 
 /// One watched lease.
@@ -76,9 +84,6 @@ pub(crate) struct WatchEntry {
     key: Arc<str>,
     token: Arc<str>,
     renewal: Renewal,
-    /// Which part of its lease this entry renews (a multi-lock over several
-    /// slots has one entry per slot, sharing one loss state); 0 otherwise.
-    part: usize,
     /// The lock type and key class its renewals count for.
     tag: Tag,
     pub(crate) loss: Arc<LossState>,
@@ -103,6 +108,16 @@ struct EntryState {
 impl EntryState {
     fn end(&self) -> Instant {
         local_expiry(self.sent, self.ttl)
+    }
+}
+
+impl Renewal {
+    /// Which part of its lease's loss state an entry renewing this keeps.
+    fn part(&self) -> usize {
+        match self {
+            Renewal::Multi(part) => part.part,
+            _ => 0,
+        }
     }
 }
 
@@ -164,7 +179,7 @@ impl WatchEntry {
         state.generation = state.generation.wrapping_add(1);
         if !self
             .loss
-            .expire_part_at(self.part, state.end(), LossReason::Unreachable)
+            .expire_part_at(self.renewal.part(), state.end(), LossReason::Unreachable)
         {
             state.stopped = true;
         }
@@ -476,16 +491,15 @@ impl Watchdog {
         cap: Option<Instant>,
         loss: Arc<LossState>,
     ) -> Arc<WatchEntry> {
-        self.watch_part(renewal, 0, tag, key, token, sent, ttl, cap, loss)
+        let part = renewal.part();
+        loss.expire_part_at(part, local_expiry(sent, ttl), LossReason::Unreachable);
+        self.register(renewal, tag, key, token, sent, ttl, cap, loss)
     }
 
-    /// [`Watchdog::watch`] for one `part` of a lease renewed in parts
-    /// (every part shares `loss`, whose expiry is the earliest part's).
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn watch_part(
+    fn register(
         &self,
         renewal: Renewal,
-        part: usize,
         tag: Tag,
         key: &Arc<str>,
         token: &Arc<str>,
@@ -494,12 +508,10 @@ impl Watchdog {
         cap: Option<Instant>,
         loss: Arc<LossState>,
     ) -> Arc<WatchEntry> {
-        loss.expire_part_at(part, local_expiry(sent, ttl), LossReason::Unreachable);
         let entry = Arc::new(WatchEntry {
             key: key.clone(),
             token: token.clone(),
             renewal,
-            part,
             tag,
             loss,
             state: Mutex::new(EntryState {
@@ -831,7 +843,7 @@ fn renew_due(shared: &Shared, entries: &[Arc<WatchEntry>]) -> Instant {
             // No more renewals: the lease runs out, and says why.
             entry
                 .loss
-                .expire_part_at(entry.part, state.end(), LossReason::MaxHold);
+                .expire_part_at(entry.renewal.part(), state.end(), LossReason::MaxHold);
             next = next.min(state.end());
             continue;
         }
@@ -1014,14 +1026,14 @@ fn renew(
                 Renewal::Permit => (&script::SEM_EXTEND, None),
                 Renewal::Reentrant => (&script::REENTRANT_EXTEND, None),
                 Renewal::Rw { write } => (&script::RW_EXTEND, Some(if *write { "w" } else { "r" })),
-                Renewal::Multi { .. } => (&script::MULTI_EXTEND, None),
+                Renewal::Multi(_) => (&script::MULTI_EXTEND, None),
             };
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(script.get_hash());
             match &d.entry.renewal {
-                Renewal::Multi { keys } => {
-                    cmd.arg(keys.len());
-                    for key in keys.iter() {
+                Renewal::Multi(part) => {
+                    cmd.arg(part.keys.len());
+                    for key in part.keys.iter() {
                         cmd.arg(&**key);
                     }
                 }
