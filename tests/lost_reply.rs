@@ -736,3 +736,25 @@ fn family_renewals_survive_lost_replies() {
     writer.unlock().expect("unlock");
     hold.unlock().expect("unlock");
 }
+
+/// Every script of `lua/` is in the list the tests load before arming a
+/// lost reply on it: a script not loaded would meet the fault as a
+/// `NOSCRIPT` answer, not as a command that ran.
+#[test]
+fn every_script_is_loaded_before_a_fault_is_armed_on_it() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/lua");
+    let mut files: Vec<String> = std::fs::read_dir(dir)
+        .expect("lua/")
+        .filter_map(|entry| {
+            let name = entry.ok()?.file_name().into_string().ok()?;
+            name.strip_suffix(".lua").map(str::to_owned)
+        })
+        .collect();
+    files.sort();
+    let mut listed: Vec<String> = support::SCRIPTS
+        .iter()
+        .map(|(name, _)| (*name).to_owned())
+        .collect();
+    listed.sort();
+    assert_eq!(files, listed);
+}

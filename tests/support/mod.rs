@@ -577,7 +577,7 @@ pub fn quick_acquire_pattern() -> String {
 }
 
 /// Every script of the crate, by file name.
-pub const SCRIPTS: [(&str, &str); 17] = [
+pub const SCRIPTS: [(&str, &str); 23] = [
     ("inspect", include_str!("../../lua/inspect.lua")),
     ("sem_status", include_str!("../../lua/sem_status.lua")),
     ("sem_check", include_str!("../../lua/sem_check.lua")),
@@ -603,7 +603,13 @@ pub const SCRIPTS: [(&str, &str); 17] = [
     ),
     ("rw_acquire", include_str!("../../lua/rw_acquire.lua")),
     ("rw_release", include_str!("../../lua/rw_release.lua")),
+    ("rw_extend", include_str!("../../lua/rw_extend.lua")),
     ("rw_downgrade", include_str!("../../lua/rw_downgrade.lua")),
+    ("multi_acquire", include_str!("../../lua/multi_acquire.lua")),
+    ("multi_release", include_str!("../../lua/multi_release.lua")),
+    ("multi_extend", include_str!("../../lua/multi_extend.lua")),
+    ("fair_acquire", include_str!("../../lua/fair_acquire.lua")),
+    ("fair_release", include_str!("../../lua/fair_release.lua")),
 ];
 
 /// Loads every script on `server`, so that an `EVALSHA` runs at once
