@@ -54,9 +54,13 @@ fi
 # through the fault proxy, mutual exclusion across processes, the CLI, and
 # (against the system's server; the docs and the examples do not change
 # with the server) the docs and the copyable examples.
-whole=(lock reentrant_lock rwlock semaphore multilock fairlock movable capabilities status notify watchdog lost_reply exclusion cli doctor)
+whole=(lock reentrant_lock rwlock semaphore multilock fairlock capabilities status notify watchdog lost_reply exclusion doctor)
 if [ -z "$server" ]; then
-  whole+=(examples docs)
+  # The docs, the examples, the movable guard (the plain lock's lease on
+  # another thread) and the CLI's supervisor do not change with the
+  # server: against the system's server only. Another server runs the
+  # CLI's runs that meet Redis.
+  whole+=(movable cli examples docs)
 fi
 # One test or two of the slow files: a deployment kind each, RedLock, and
 # the short chaos run. Each entry: file, then name filters.
@@ -68,6 +72,8 @@ picked=(
 )
 if [ -z "$server" ]; then
   picked+=("tls lock_and_unlock_over_tls the_watchdog_renews_over_tls")
+else
+  picked+=("cli two_racing_runs_take_turns_and_no_wait_gives_up the_childs_exit_code_and_environment_pass_through status_json_parses_and_release_is_owner_checked run_with_keys_takes_the_set_whole_or_not_at_all a_fair_run_killed_at_the_head_of_the_queue_drops_out")
 fi
 
 targets=(--lib)
