@@ -241,6 +241,20 @@ fn lost_replies_are_recognised() {
     guard.unlock().expect("the resend answers from the marker");
     assert_eq!(proxy.lost_replies(), 2);
     assert_eq!(value(&server, "lossy"), None);
+    // A waiter that gives up leaves its place even when the reply to its
+    // leaving is lost (sent again: a place is removed once).
+    let held = FairLock::with_options(&server.lock_client(), "lossy", options())
+        .lock()
+        .expect("held elsewhere");
+    proxy.lose_reply(&sha(include_str!("../lua/fair_release.lua")), 1);
+    assert!(
+        lock.try_lock_for(Duration::from_millis(200))
+            .expect("try")
+            .is_none()
+    );
+    assert_eq!(proxy.lost_replies(), 3);
+    assert_eq!(queue_len(&server, "lossy"), 0, "it left its place");
+    held.unlock().expect("unlock");
 }
 
 /// The queue beside a fair lock is no lock of its own: `list` shows the

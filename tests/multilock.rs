@@ -236,9 +236,19 @@ fn lost_replies_are_recognised() {
         .get(client.fence_key("l1"))
         .expect("GET counter");
     assert_eq!(Some(fences[0]), counter, "the counter was bumped once");
+    // An extension whose reply is lost is sent again: the same expiry set
+    // again, all or none.
+    let mut guard = guard;
+    proxy.lose_reply(&sha(include_str!("../lua/multi_extend.lua")), 1);
+    guard
+        .extend(Duration::from_secs(20))
+        .expect("the resend extends");
+    assert_eq!(proxy.lost_replies(), 2);
+    let pttl: i64 = server.conn().pttl("l2").expect("PTTL");
+    assert!(pttl > 10_000, "extended: {pttl}");
     proxy.lose_reply(&sha(MULTI_RELEASE), 1);
     guard.unlock().expect("the resend answers from the marker");
-    assert_eq!(proxy.lost_replies(), 2);
+    assert_eq!(proxy.lost_replies(), 3);
     assert_eq!(value(&server, "l1"), None);
     assert_eq!(value(&server, "l2"), None);
     // A release whose replies are all lost: unknown, and the cleanup

@@ -63,6 +63,19 @@ impl Part {
     fn first(&self) -> &str {
         self.keys.first().map_or("", |key| key)
     }
+
+    /// Hands the part's keys to the client's cleanup (owner-checked
+    /// releases of `token`, key by key, once Redis answers).
+    fn orphan(&self, client: &LockClient, token: &Arc<str>) {
+        for key in self.keys.iter() {
+            client.orphan(
+                key,
+                OrphanKind::Plain {
+                    token: token.clone(),
+                },
+            );
+        }
+    }
 }
 
 /// A set of keys locked together: all of them or none, as one lease.
@@ -405,7 +418,7 @@ impl MultiLock {
                 if err.may_leave_a_lease() || err.is_connection() {
                     // The script may have run: its keys hold our token
                     // until the cleanup takes them out.
-                    self.orphan_part(part, token);
+                    part.orphan(&self.client, &Arc::from(token));
                 }
             })?;
         if acquired != 1 {
@@ -419,20 +432,6 @@ impl MultiLock {
             sent,
             fences: fencing.then_some(fences),
         }))
-    }
-
-    /// Hands a part's keys to the client's cleanup (owner-checked releases
-    /// of `token`, key by key, once Redis answers).
-    fn orphan_part(&self, part: &Part, token: &str) {
-        let token: Arc<str> = Arc::from(token);
-        for key in part.keys.iter() {
-            self.client.orphan(
-                key,
-                OrphanKind::Plain {
-                    token: token.clone(),
-                },
-            );
-        }
     }
 }
 
@@ -479,7 +478,7 @@ impl Take<'_> {
             if let Err(err) = release_part(&self.lock.client, part, &token)
                 && !err.is_not_held()
             {
-                self.lock.orphan_part(part, &token);
+                part.orphan(&self.lock.client, &token);
             }
         }
     }
@@ -749,14 +748,7 @@ impl MultiGuard {
             if let Err(err) = release_part(&self.client, part, &self.token) {
                 if err.may_leave_a_lease() {
                     // Released in the background once Redis answers.
-                    for key in part.keys.iter() {
-                        self.client.orphan(
-                            key,
-                            OrphanKind::Plain {
-                                token: self.token.clone(),
-                            },
-                        );
-                    }
+                    part.orphan(&self.client, &self.token);
                 }
                 first_error.get_or_insert(err);
             }
